@@ -1,0 +1,1 @@
+"""model_repository_gen"""

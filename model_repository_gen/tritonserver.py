@@ -1,0 +1,217 @@
+"""Find and run a real ``tritonserver``: NVIDIA's container install, or the one in the nvidia-pytriton wheel.
+
+The wheel ships the binary, its libraries and Python-backend stubs for several Python versions but
+no ready backend directory, so :func:`backend_directory` assembles one (python backend + the stub
+matching the running interpreter) under a cache directory. :class:`TritonProcess` starts one server,
+waits until it is ready, and stops it (SIGTERM, then SIGKILL), removing the Python backend's
+shared-memory regions it owned.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from planner.errors import InputError
+
+CONTAINER_ROOT = Path("/opt/tritonserver")
+CACHE_DIR = Path(os.environ.get("POOLPIPE_CACHE", Path(tempfile.gettempdir()) / "poolpipe-triton"))
+SHM_PREFIX = "poolpipe_pb_"  # Python-backend shm regions get this prefix, so leftovers can be found
+
+
+@dataclass(frozen=True)
+class TritonInstall:
+    binary: Path
+    backend_dir: Path
+    lib_dirs: tuple[Path, ...]
+
+
+def _pytriton_root() -> Path | None:
+    try:
+        import pytriton  # noqa: PLC0415
+    except ImportError:
+        return None
+    return Path(pytriton.__file__).parent
+
+
+def backend_directory(pytriton_root: Path) -> Path:
+    """A backend dir with the python backend and the stub for this interpreter (built once, cached)."""
+    ver = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = pytriton_root / "tritonserver" / "python_backend_stubs" / ver / "triton_python_backend_stub"
+    if not stub.is_file():
+        raise InputError(f"nvidia-pytriton has no Python backend stub for Python {ver}; use Python 3.8-3.13")
+    dest = CACHE_DIR / f"backends-py{ver}"
+    marker = dest / "python" / "triton_python_backend_stub"
+    if not marker.is_file() or marker.stat().st_size != stub.stat().st_size:
+        tmp = Path(tempfile.mkdtemp(dir=CACHE_DIR.mkdir(parents=True, exist_ok=True) or CACHE_DIR))
+        shutil.copytree(pytriton_root / "tritonserver" / "backends", tmp / "b")
+        shutil.copy2(stub, tmp / "b" / "python" / "triton_python_backend_stub")
+        shutil.rmtree(dest, ignore_errors=True)
+        os.replace(tmp / "b", dest)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def find_triton() -> TritonInstall:
+    """The tritonserver to use: $POOLPIPE_TRITONSERVER, NVIDIA's container, or the nvidia-pytriton wheel."""
+    env_bin = os.environ.get("POOLPIPE_TRITONSERVER")
+    if env_bin:
+        b = Path(env_bin)
+        return TritonInstall(b, b.parent.parent / "backends", ())
+    if (CONTAINER_ROOT / "bin" / "tritonserver").is_file():
+        return TritonInstall(CONTAINER_ROOT / "bin" / "tritonserver", CONTAINER_ROOT / "backends", ())
+    root = _pytriton_root()
+    if root is None or not (root / "tritonserver" / "bin" / "tritonserver").is_file():
+        raise InputError("no tritonserver found: install the nvidia-pytriton wheel (pip install nvidia-pytriton), "
+                         "run inside NVIDIA's Triton container, or set POOLPIPE_TRITONSERVER")
+    libs = (root.parent / "nvidia_pytriton.libs", root / "tritonserver" / "backends" / "python")
+    return TritonInstall(root / "tritonserver" / "bin" / "tritonserver", backend_directory(root), libs)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def server_env(install: TritonInstall, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for a tritonserver: its libraries, and this interpreter's packages for Python models."""
+    env = dict(os.environ)
+    if install.lib_dirs:
+        env["LD_LIBRARY_PATH"] = os.pathsep.join([*(str(p) for p in install.lib_dirs),
+                                                  env.get("LD_LIBRARY_PATH", "")]).rstrip(os.pathsep)
+    # The backend stub ignores PYTHONPATH for its own sys.path; our model.py files read it explicitly.
+    paths = [p for p in sys.path if p and Path(p).is_dir()]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths + [str(Path(__file__).resolve().parent.parent)]))
+    env.update(extra or {})
+    return env
+
+
+@dataclass
+class TritonProcess:
+    """One tritonserver on loopback; use as a context manager or call start()/stop()."""
+
+    model_repository: Path
+    http_port: int = 0
+    grpc_port: int = 0
+    metrics_port: int = 0
+    host: str = "127.0.0.1"
+    env: dict[str, str] = field(default_factory=dict)
+    log_path: Path | None = None
+    extra_args: tuple[str, ...] = ()
+    name: str = "triton"
+    proc: subprocess.Popen | None = None
+
+    def __post_init__(self) -> None:
+        self.http_port = self.http_port or free_port(self.host)
+        self.grpc_port = self.grpc_port or free_port(self.host)
+        self.metrics_port = self.metrics_port or free_port(self.host)
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.host}:{self.http_port}"
+
+    def command(self, install: TritonInstall) -> list[str]:
+        return [str(install.binary), f"--model-repository={self.model_repository}",
+                f"--backend-directory={install.backend_dir}", f"--http-address={self.host}",
+                f"--grpc-address={self.host}", f"--http-port={self.http_port}", f"--grpc-port={self.grpc_port}",
+                f"--metrics-address={self.host}", f"--metrics-port={self.metrics_port}",
+                f"--backend-config=python,shm-region-prefix-name={SHM_PREFIX}{os.getpid()}_{self.grpc_port}_",
+                "--exit-timeout-secs=10", "--log-verbose=0", *self.extra_args]
+
+    def start(self, timeout_s: float = 60.0) -> "TritonProcess":
+        for port in (self.http_port, self.grpc_port, self.metrics_port):
+            if port_in_use(port, self.host):
+                raise InputError(f"{self.name}: port {port} on {self.host} is already in use; choose another port")
+        install = find_triton()
+        log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
+        self.proc = subprocess.Popen(self.command(install), env=server_env(install, self.env),
+                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            self.wait_ready(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def is_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=1) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name}: tritonserver exited with status {self.proc.returncode} "
+                                   f"before it was ready{self._log_hint()}")
+            if self.is_ready():
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"{self.name}: tritonserver not ready after {timeout_s:.0f} s{self._log_hint()}")
+
+    def _log_hint(self) -> str:
+        if not self.log_path or not Path(self.log_path).exists():
+            return ""
+        errors = [ln for ln in Path(self.log_path).read_text(errors="replace").splitlines() if ln.startswith("E")]
+        return f" (log {self.log_path}: {errors[-1][:400] if errors else 'no error lines'})"
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = None
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        except ProcessLookupError:
+            pass
+        finally:
+            remove_shm_regions(f"{SHM_PREFIX}{os.getpid()}_{self.grpc_port}_")
+            self.proc = None
+
+    def __enter__(self) -> "TritonProcess":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def remove_shm_regions(prefix: str, shm_dir: Path = Path("/dev/shm")) -> list[str]:
+    """Unlink POSIX shared-memory regions whose names start with ``prefix``; returns their names."""
+    removed = []
+    for p in shm_dir.glob(prefix + "*"):
+        try:
+            p.unlink()
+            removed.append(p.name)
+        except FileNotFoundError:
+            pass
+    return removed

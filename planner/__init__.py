@@ -1,0 +1,1 @@
+"""Planner: profile data model and importers, profiler, pre-partitioning, MILP planner and baselines."""

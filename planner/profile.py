@@ -1,0 +1,219 @@
+"""Block-level latency profiles: the JSON format, its validating loader, and latency lookups.
+
+Format (``format: poolpipe.profile/1``)::
+
+    {
+      "format": "poolpipe.profile/1",
+      "model": "resnet50",
+      "input_bytes": 602112,                # bytes of the model input at batch 1 (null if unknown)
+      "blocks": [                           # in execution order
+        {"name": "block0", "output_bytes": 802816,        # bytes crossing the boundary after it, batch 1
+         "output_tensors": ["/layer1/Relu_output_0"]},    # tensor names at that boundary (null if unknown)
+        ...
+      ],
+      "devices": {                          # device type -> vGPU level V (1 = whole GPU) -> timings
+        "L4": {"1": {"batch_sizes": [1, 2, 4, 8],
+                     "latency_us": [[...per batch size...], ...one row per block...]}}
+      },
+      "provenance": {"source": "...", "method": "...", ...}
+    }
+
+Latencies are per block, in microseconds, of one vGPU while all V vGPUs of the GPU run at once.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from planner.errors import InputError
+
+FORMAT = "poolpipe.profile/1"
+MIN_BLOCK_US = 1.0  # every block counts as at least 1 µs (the reference planner's rule)
+
+
+@dataclass(frozen=True)
+class Block:
+    name: str
+    output_bytes: int | None  # bytes per request crossing the boundary after this block
+    output_tensors: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class DeviceTiming:
+    """Latencies of every block at the profiled batch sizes on one (device type, vGPU level)."""
+
+    batch_sizes: tuple[int, ...]
+    latency_us: np.ndarray  # shape (num_blocks, len(batch_sizes))
+
+    def column(self, batch: int) -> np.ndarray:
+        """Per-block latency at ``batch`` (must be profiled)."""
+        return self.latency_us[:, self.batch_sizes.index(batch)]
+
+
+@dataclass(frozen=True)
+class Profile:
+    model: str
+    blocks: tuple[Block, ...]
+    timings: dict[str, dict[int, DeviceTiming]]  # device type -> V -> timing
+    input_bytes: int | None = None
+    input_tensors: tuple[str, ...] | None = None
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def devices(self) -> list[str]:
+        return list(self.timings)
+
+    def levels(self, device: str) -> list[int]:
+        return sorted(self.timings[device])
+
+    def batch_sizes(self, device: str, v: int) -> tuple[int, ...]:
+        return self.timings[device][v].batch_sizes
+
+    def latency_us(self, device: str, v: int, batch: int, first: int = 0, end: int | None = None) -> float:
+        """Latency of blocks [first, end) at one batch size, each block counted as at least 1 µs."""
+        end = self.num_blocks if end is None else end
+        col = self.timings[device][v].column(batch)[first:end]
+        return float(np.maximum(col, MIN_BLOCK_US).sum())
+
+    def boundary_bytes(self, cut: int) -> int:
+        """Bytes per request of the tensor crossing cut ``cut`` (between block cut-1 and block cut)."""
+        if not 0 < cut < self.num_blocks:
+            raise ValueError(f"cut {cut} is not inside the model (1..{self.num_blocks - 1})")
+        b = self.blocks[cut - 1].output_bytes
+        if b is None:
+            raise ValueError(f"profile {self.model}: boundary size after block {cut - 1} is unknown")
+        return b
+
+    def fastest_latency_us(self, batch: int = 1) -> float:
+        """Whole-model latency at ``batch`` on the fastest profiled device at V=1."""
+        return min(self.latency_us(d, 1, batch) for d in self.timings if 1 in self.timings[d]
+                   and batch in self.timings[d][1].batch_sizes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "model": self.model,
+            "input_bytes": self.input_bytes,
+            "input_tensors": list(self.input_tensors) if self.input_tensors else None,
+            "blocks": [
+                {"name": b.name, "output_bytes": b.output_bytes,
+                 "output_tensors": list(b.output_tensors) if b.output_tensors else None}
+                for b in self.blocks
+            ],
+            "devices": {
+                dev: {str(v): {"batch_sizes": list(t.batch_sizes),
+                               "latency_us": [[float(x) for x in row] for row in t.latency_us]}
+                      for v, t in sorted(levels.items())}
+                for dev, levels in self.timings.items()
+            },
+            "provenance": self.provenance,
+        }
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+
+
+def _need(obj: dict, key: str, where: str) -> Any:
+    if not isinstance(obj, dict):
+        raise InputError(f"{where}: expected an object, got {type(obj).__name__}")
+    if key not in obj:
+        raise InputError(f"{where}: missing field '{key}'")
+    return obj[key]
+
+
+def _positive_int_or_none(x: Any, where: str) -> int | None:
+    if x is None:
+        return None
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or x < 0 or int(x) != x:
+        raise InputError(f"{where}: expected a non-negative integer, got {x!r}")
+    return int(x)
+
+
+def _names(x: Any, where: str) -> tuple[str, ...] | None:
+    if x is None:
+        return None
+    if not isinstance(x, list) or not all(isinstance(s, str) and s for s in x):
+        raise InputError(f"{where}: expected a list of tensor names, got {x!r}")
+    return tuple(x)
+
+
+def profile_from_dict(d: Any, source: str = "profile") -> Profile:
+    """Validate a profile document; every error names the offending field."""
+    fmt = _need(d, "format", source)
+    if fmt != FORMAT:
+        raise InputError(f"{source}: field 'format' is {fmt!r}, expected {FORMAT!r}")
+    model = _need(d, "model", source)
+    if not isinstance(model, str) or not model:
+        raise InputError(f"{source}: field 'model' must be a non-empty string")
+    raw_blocks = _need(d, "blocks", source)
+    if not isinstance(raw_blocks, list) or not raw_blocks:
+        raise InputError(f"{source}: field 'blocks' must be a non-empty list")
+    blocks = []
+    for i, b in enumerate(raw_blocks):
+        w = f"{source}: blocks[{i}]"
+        name = b.get("name", f"block{i}") if isinstance(b, dict) else None
+        if not isinstance(name, str):
+            raise InputError(f"{w}.name: expected a string")
+        blocks.append(Block(name, _positive_int_or_none(_need(b, "output_bytes", w), f"{w}.output_bytes"),
+                            _names(b.get("output_tensors"), f"{w}.output_tensors")))
+    devices = _need(d, "devices", source)
+    if not isinstance(devices, dict) or not devices:
+        raise InputError(f"{source}: field 'devices' must be a non-empty object (device type -> levels)")
+    timings: dict[str, dict[int, DeviceTiming]] = {}
+    for dev, levels in devices.items():
+        if not isinstance(levels, dict) or not levels:
+            raise InputError(f"{source}: devices.{dev} must map vGPU levels ('1'..'4') to timings")
+        timings[dev] = {}
+        for vk, t in levels.items():
+            w = f"{source}: devices.{dev}.{vk}"
+            try:
+                v = int(vk)
+            except ValueError:
+                raise InputError(f"{w}: vGPU level must be an integer 1..8, got {vk!r}") from None
+            if not 1 <= v <= 8:
+                raise InputError(f"{w}: vGPU level must be 1..8")
+            bs = _need(t, "batch_sizes", w)
+            if (not isinstance(bs, list) or not bs
+                    or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in bs)
+                    or sorted(set(bs)) != bs):
+                raise InputError(f"{w}.batch_sizes: expected increasing positive integers, got {bs!r}")
+            lat = _need(t, "latency_us", w)
+            try:
+                arr = np.asarray(lat, dtype=float)
+            except (TypeError, ValueError):
+                raise InputError(f"{w}.latency_us: expected a numeric matrix (blocks x batch sizes)") from None
+            if arr.shape != (len(blocks), len(bs)):
+                raise InputError(f"{w}.latency_us: shape {list(arr.shape)} but the profile has "
+                                 f"{len(blocks)} blocks and {len(bs)} batch sizes")
+            if not np.all(np.isfinite(arr)) or np.any(arr < 0):
+                raise InputError(f"{w}.latency_us: latencies must be finite and non-negative")
+            timings[dev][v] = DeviceTiming(tuple(bs), arr)
+    prov = d.get("provenance", {})
+    if not isinstance(prov, dict):
+        raise InputError(f"{source}: field 'provenance' must be an object")
+    return Profile(model, tuple(blocks), timings,
+                   _positive_int_or_none(d.get("input_bytes"), f"{source}: input_bytes"),
+                   _names(d.get("input_tensors"), f"{source}: input_tensors"), prov)
+
+
+def load_profile(path: str | Path) -> Profile:
+    """Read and validate a profile file; errors name the file and field."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise InputError(f"cannot read profile {p}: {e.strerror or e}") from None
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InputError(f"profile {p} is not valid JSON: {e}") from None
+    return profile_from_dict(d, str(p))

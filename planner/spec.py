@@ -1,0 +1,226 @@
+"""The planning spec: one planning problem (cluster, limits, models with SLOs), loaded and validated.
+
+YAML or JSON::
+
+    cluster:
+      gpus: {L4: 25, T4: 75}            # GPU type -> count
+      gpus_per_server: {L4: 4, T4: 2}   # GPUs that share one server's NIC (default 1)
+      bandwidth_gbps: 10                # effective NIC bandwidth per server
+      vgpu_levels: {L4: 4, T4: 4}       # V may be 1..this (default 1)
+    max_partitions: 3
+    batch_unification: true
+    models:
+      - profile: path/to/profile.json   # relative to the spec file
+        slo_us: 33278                   # or slo_multiplier: 5
+        slo_margin_us: 3328             # or slo_margin: 0.1
+        batch_wait_us_per_request: 130
+        weight: 1.0
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from planner.errors import InputError
+from planner.profile import Profile, load_profile, profile_from_dict
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    gpus: dict[str, int]
+    gpus_per_server: dict[str, int]
+    bandwidth_gbps: float
+    vgpu_levels: dict[str, int]
+
+    @property
+    def gpu_types(self) -> list[str]:
+        return list(self.gpus)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"gpus": dict(self.gpus), "gpus_per_server": dict(self.gpus_per_server),
+                "bandwidth_gbps": self.bandwidth_gbps, "vgpu_levels": dict(self.vgpu_levels)}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    profile: Profile
+    slo_us: float
+    slo_margin_us: float = 0.0
+    batch_wait_us_per_request: float = 0.0
+    weight: float = 1.0
+    profile_path: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.profile.model
+
+    @property
+    def latency_budget_us(self) -> float:
+        """What a planned pipeline's latency (incl. batch forming) may reach: SLO minus margin."""
+        return self.slo_us - self.slo_margin_us
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"profile": self.profile_path, "model": self.name, "slo_us": self.slo_us,
+                "slo_margin_us": self.slo_margin_us,
+                "batch_wait_us_per_request": self.batch_wait_us_per_request, "weight": self.weight}
+
+
+@dataclass(frozen=True)
+class PlanningSpec:
+    cluster: ClusterSpec
+    models: tuple[ModelSpec, ...]
+    max_partitions: int = 3
+    batch_unification: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        """Serialisable form; profiles are referenced by path (plan.json embeds them separately)."""
+        return {"cluster": self.cluster.to_dict(), "max_partitions": self.max_partitions,
+                "batch_unification": self.batch_unification,
+                "models": [m.to_dict() for m in self.models]}
+
+
+def _num(x: Any, where: str, *, positive: bool = False, integer: bool = False) -> float:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise InputError(f"{where}: expected a number, got {x!r}")
+    if integer and int(x) != x:
+        raise InputError(f"{where}: expected a whole number, got {x!r}")
+    if x < 0 or (positive and x == 0):
+        raise InputError(f"{where}: must be {'> 0' if positive else '>= 0'}, got {x!r}")
+    return int(x) if integer else float(x)
+
+
+def _type_map(x: Any, where: str, *, default: int | None = None, types: list[str] | None = None) -> dict[str, int]:
+    if x is None:
+        if default is None:
+            raise InputError(f"{where}: missing")
+        return {t: default for t in types or []}
+    if not isinstance(x, dict) or not x:
+        raise InputError(f"{where}: expected a map of GPU type -> count, e.g. {{L4: 25, T4: 75}}")
+    out = {str(k): _num(v, f"{where}.{k}", integer=True) for k, v in x.items()}
+    if types is not None:
+        unknown = sorted(set(out) - set(types))
+        if unknown:
+            raise InputError(f"{where}: GPU type(s) {', '.join(unknown)} not in cluster.gpus ({', '.join(types)})")
+        out = {t: out.get(t, default if default is not None else 1) for t in types}
+    return out
+
+
+def cluster_from_dict(d: Any, where: str = "cluster") -> ClusterSpec:
+    if not isinstance(d, dict):
+        raise InputError(f"{where}: expected an object with gpus, bandwidth_gbps, ...")
+    if "gpus" not in d:
+        raise InputError(f"{where}: missing field 'gpus' (GPU type -> count)")
+    gpus = _type_map(d["gpus"], f"{where}.gpus")
+    if sum(gpus.values()) == 0:
+        raise InputError(f"{where}.gpus: the cluster has zero GPUs")
+    types = list(gpus)
+    per_server = _type_map(d.get("gpus_per_server"), f"{where}.gpus_per_server", default=1, types=types)
+    levels = _type_map(d.get("vgpu_levels"), f"{where}.vgpu_levels", default=1, types=types)
+    for t in types:
+        if per_server[t] < 1:
+            raise InputError(f"{where}.gpus_per_server.{t}: must be >= 1")
+        if not 1 <= levels[t] <= 8:
+            raise InputError(f"{where}.vgpu_levels.{t}: must be 1..8, got {levels[t]}")
+    if "bandwidth_gbps" not in d:
+        raise InputError(f"{where}: missing field 'bandwidth_gbps' (effective NIC bandwidth per server)")
+    bw = _num(d["bandwidth_gbps"], f"{where}.bandwidth_gbps", positive=True)
+    return ClusterSpec(gpus, per_server, bw, levels)
+
+
+def model_spec_from_dict(d: Any, where: str, base_dir: Path | None = None,
+                         profile: Profile | None = None) -> ModelSpec:
+    """Build one model entry; ``profile`` may be given directly (else loaded from d['profile'])."""
+    if not isinstance(d, dict):
+        raise InputError(f"{where}: expected an object with profile and slo_us")
+    path = None
+    if profile is None:
+        if "profile" not in d:
+            raise InputError(f"{where}: missing field 'profile' (path to a profile JSON)")
+        raw = d["profile"]
+        if isinstance(raw, dict):
+            profile = profile_from_dict(raw, f"{where}.profile")
+        else:
+            p = Path(str(raw))
+            if base_dir is not None and not p.is_absolute():
+                p = base_dir / p
+            path = str(p)
+            profile = load_profile(p)
+    fastest = profile.fastest_latency_us(1)
+    if "slo_us" in d:
+        slo = _num(d["slo_us"], f"{where}.slo_us", positive=True)
+    elif "slo_multiplier" in d:
+        slo = _num(d["slo_multiplier"], f"{where}.slo_multiplier", positive=True) * fastest
+    else:
+        raise InputError(f"{where}: give slo_us or slo_multiplier")
+    if "slo_margin_us" in d:
+        margin = _num(d["slo_margin_us"], f"{where}.slo_margin_us")
+    else:
+        margin = _num(d.get("slo_margin", 0.0), f"{where}.slo_margin") * slo
+    if slo - margin < fastest:
+        raise InputError(f"{where}: SLO {slo:.0f} us minus margin {margin:.0f} us is below the fastest "
+                         f"possible latency of {profile.model} ({fastest:.0f} us at batch 1); raise the SLO")
+    wait = _num(d.get("batch_wait_us_per_request", 0.0), f"{where}.batch_wait_us_per_request")
+    weight = _num(d.get("weight", 1.0), f"{where}.weight", positive=True)
+    return ModelSpec(profile, slo, margin, wait, weight, path)
+
+
+def check_spec(spec: PlanningSpec) -> PlanningSpec:
+    """Cross-checks between the cluster and the profiles; returns the spec unchanged when it is sound."""
+    if spec.max_partitions < 1:
+        raise InputError(f"max_partitions must be >= 1, got {spec.max_partitions}")
+    if not spec.models:
+        raise InputError("models: at least one model is needed")
+    names = [m.name for m in spec.models]
+    if len(set(names)) != len(names):
+        raise InputError(f"models: the same model appears twice ({names})")
+    for m in spec.models:
+        usable = [t for t in spec.cluster.gpu_types if t in m.profile.timings]
+        if not usable:
+            raise InputError(f"model {m.name}: its profile has none of the cluster's GPU types "
+                             f"(profile: {', '.join(m.profile.devices)}; cluster: {', '.join(spec.cluster.gpu_types)})")
+    for t, levels in spec.cluster.vgpu_levels.items():
+        if not any(t in m.profile.timings for m in spec.models):
+            raise InputError(f"cluster.gpus: GPU type {t} is not profiled for any model "
+                             f"(profiled: {sorted({d for m in spec.models for d in m.profile.devices})})")
+        for m in spec.models:
+            if t in m.profile.timings:
+                missing = [v for v in range(1, levels + 1) if v not in m.profile.timings[t]]
+                if missing:
+                    raise InputError(f"cluster.vgpu_levels.{t} = {levels}, but profile {m.name} has no "
+                                     f"{t} timings at V = {missing}; lower vgpu_levels or profile those levels")
+    return spec
+
+
+def spec_from_dict(d: Any, base_dir: Path | None = None, source: str = "spec") -> PlanningSpec:
+    if not isinstance(d, dict):
+        raise InputError(f"{source}: expected a mapping with cluster and models")
+    if "cluster" not in d:
+        raise InputError(f"{source}: missing field 'cluster'")
+    cluster = cluster_from_dict(d["cluster"], f"{source}: cluster")
+    raw_models = d.get("models")
+    if not isinstance(raw_models, list) or not raw_models:
+        raise InputError(f"{source}: field 'models' must be a non-empty list")
+    models = tuple(model_spec_from_dict(m, f"{source}: models[{i}]", base_dir) for i, m in enumerate(raw_models))
+    maxp = _num(d.get("max_partitions", 3), f"{source}: max_partitions", positive=True, integer=True)
+    bu = d.get("batch_unification", True)
+    if not isinstance(bu, bool):
+        raise InputError(f"{source}: batch_unification must be true or false")
+    return check_spec(PlanningSpec(cluster, models, int(maxp), bu))
+
+
+def load_spec(path: str | Path) -> PlanningSpec:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise InputError(f"cannot read spec {p}: {e.strerror or e}") from None
+    try:
+        d = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as e:
+        raise InputError(f"spec {p} does not parse: {str(e).splitlines()[0]}") from None
+    return spec_from_dict(d, p.parent, str(p))

@@ -1,0 +1,3 @@
+from poolpipe.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,63 @@
+"""The ``poolpipe`` command: a thin dispatcher into the packages' subcommand modules.
+
+Each subcommand lives beside the code it drives, in a module exposing
+``register(subparsers)`` that adds its parser and sets ``func(args) -> int``. Those modules keep
+heavy imports inside ``func`` so that ``poolpipe --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from planner.errors import InputError
+
+# Order is the order shown in --help: the pipeline from measurement to serving.
+SUBCOMMAND_MODULES = (
+    "planner.profile_cli",          # profile import-ppipe | measure | merge
+    "planner.plan_cli",             # plan
+    "model_repository_gen.generate_cli",  # generate
+    "model_repository_gen.launch_cli",    # launch
+    "scheduler.server.serve_cli",   # serve
+    "scheduler.sim.simulate_cli",   # simulate
+    "loadtest.loadtest_cli",        # loadtest
+    "poolpipe.demo",                # demo
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="poolpipe",
+        description="Serve CNNs on heterogeneous GPU clusters with pooled pipelines behind NVIDIA Triton: "
+                    "profile -> plan -> generate -> launch -> serve, plus simulate and loadtest.")
+    parser.add_argument("--version", action="version", version="poolpipe " + __import__("poolpipe").__version__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in SUBCOMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name == name:  # not built yet in this checkout
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except InputError as e:
+        print(f"poolpipe {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
