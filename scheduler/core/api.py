@@ -1,0 +1,71 @@
+"""The interface between a scheduling policy and the driver that runs it (simulator or live sidecar).
+
+Like vLLM's scheduler/engine split: the driver owns time and I/O; the policy owns decisions. The
+driver calls ``enqueue`` on each arrival and ``step(now)`` after every event (arrival, completion,
+or the wake-up time the last step asked for); it executes the returned dispatches, answers the
+drops with an explicit error, and reports measured stage timings back with ``report``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass
+class Request:
+    id: int
+    model: str
+    arrival_us: float
+    deadline_us: float  # absolute time by which the response must be complete
+
+
+@dataclass(frozen=True)
+class StageAssignment:
+    stage: int
+    vgpu: str
+    start_us: float  # reserved compute interval on the vGPU
+    end_us: float
+    transfer_start_us: float | None = None  # reserved NIC interval for the input transfer (None: same server or stage 0)
+    transfer_end_us: float | None = None
+
+
+@dataclass
+class Dispatch:
+    id: int
+    model: str
+    pipeline_id: str
+    requests: list[Request]
+    stages: list[StageAssignment]
+    completion_us: float  # predicted
+
+    @property
+    def batch(self) -> int:
+        return len(self.requests)
+
+
+@dataclass(frozen=True)
+class Drop:
+    request: Request
+    reason: str  # e.g. "deadline cannot be met"
+
+
+@dataclass
+class StepResult:
+    dispatches: list[Dispatch] = field(default_factory=list)
+    drops: list[Drop] = field(default_factory=list)
+    wake_at_us: float | None = None  # call step() again at this time even if nothing happens
+
+
+class Scheduler(Protocol):
+    """A data-plane policy over one Topology (all models)."""
+
+    def enqueue(self, request: Request) -> None: ...
+
+    def step(self, now_us: float) -> StepResult: ...
+
+    def report(self, dispatch_id: int, stage: int, start_us: float, end_us: float) -> None:
+        """Measured start/end of one stage of a dispatched batch (feedback correction)."""
+
+    def set_vgpu_up(self, vgpu_id: str, up: bool, now_us: float) -> None:
+        """Take a vGPU out of (or back into) service; its future reservations are released."""

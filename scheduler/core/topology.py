@@ -1,0 +1,50 @@
+"""The scheduler's view of a deployment: vGPUs behind server NICs, and each model's pooled pipelines.
+
+Built from a plan by the simulator (synthetic placement) and from manifest.json by the sidecar
+(real placement); the policies see only this.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class VGpu:
+    id: str
+    gpu_type: str
+    v: int  # vGPU level of its GPU (1 = whole GPU)
+    server: str  # the server whose NIC (one uplink, one downlink) this vGPU shares
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One partition of a pipeline, served by a pool of vGPUs of one type and level."""
+
+    blocks: tuple[int, int]
+    pool: tuple[str, ...]  # vGPU ids
+    latency_us: dict[int, float]  # batch size -> latency on one vGPU of the pool
+    in_bytes_per_request: int  # bytes of the boundary tensor arriving at this stage (0 for the first)
+
+    def latency(self, batch: int) -> float:
+        return self.latency_us[batch]
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    id: str  # "<model>/<index>"
+    model: str
+    batch: int  # planned (unified) batch size
+    stages: tuple[Stage, ...]
+    throughput_rps: float  # planned
+
+
+@dataclass(frozen=True)
+class Topology:
+    vgpus: dict[str, VGpu]
+    pipelines: dict[str, tuple[Pipeline, ...]]  # model -> its pooled pipelines
+    slo_us: dict[str, float]  # model -> SLO
+    bandwidth_gbps: float  # per server NIC, each direction
+
+    def transfer_us(self, nbytes: float) -> float:
+        return nbytes * 8.0 / (self.bandwidth_gbps * 1e3)
