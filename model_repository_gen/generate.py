@@ -187,6 +187,21 @@ def _launch_sh(host: ClusterHost, servers: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _prepare_out_dir(out: Path) -> None:
+    """Create ``out``; an earlier generate's output there is replaced, any other non-empty directory refused."""
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out}: exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()):
+        if not (out / "manifest.json").is_file():
+            raise InputError(f"--out {out}: directory is not empty and holds no earlier poolpipe output; "
+                             f"choose a new or empty directory")
+        for child in out.iterdir():
+            if child.is_dir() and (child / "launch.json").is_file():
+                shutil.rmtree(child)
+        (out / "manifest.json").unlink()
+    out.mkdir(parents=True, exist_ok=True)
+
+
 def generate(plan: Plan, onnx_paths: Mapping[str, Path], cluster: Cluster | str | Path, out_dir: str | Path,
              fp16_boundaries: bool = False) -> Manifest:
     """Write repositories, launch files and manifest.json for ``plan`` under ``out_dir``; returns the manifest."""
@@ -213,7 +228,7 @@ def generate(plan: Plan, onnx_paths: Mapping[str, Path], cluster: Cluster | str 
     ports = _host_ports(cluster, all_slots)
     vgpus_per_host = {h.name: sum(1 for s in all_slots if s.host.name == h.name) for h in cluster.hosts}
 
-    out.mkdir(parents=True, exist_ok=True)
+    _prepare_out_dir(out)
     work = Path(tempfile.mkdtemp(prefix=".partitions-", dir=out))
     try:
         cut_cache: dict[tuple[str, int, int], tuple[Path, list[TensorSpec], list[TensorSpec]]] = {}
