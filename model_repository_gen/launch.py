@@ -176,8 +176,10 @@ class Deployment:
                     raise InputError(f"vGPU {s.vgpu}: port {port} on {s.address} is already in use; stop what "
                                      f"uses it or re-generate with another base_port for host {s.host}")
 
-    def start(self) -> "Deployment":
-        self.preflight()
+    def start(self, preflight: bool = True) -> "Deployment":
+        """Start every server in parallel and wait until all are ready (all stopped again on failure)."""
+        if preflight:
+            self.preflight()
         try:
             for s in self.server_launches:
                 log = (self.log_dir / f"{s.vgpu}.tritonserver.log" if self.log_dir

@@ -38,13 +38,14 @@ def _run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, terminate)
     signal.signal(signal.SIGINT, terminate)
     total = len(dep.server_launches)
+    dep.preflight()  # hardware and port problems: one-line errors before anything starts
     try:
         with Progress(TextColumn("starting tritonservers"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=err, transient=False) as progress:
             task = progress.add_task("start", total=total)
             dep.on_ready = lambda _vid, ready, _total: progress.update(task, completed=ready)
             try:
-                dep.start()
+                dep.start(preflight=False)
             except (RuntimeError, TimeoutError) as e:
                 err.print(f"poolpipe launch: error: {e}")
                 return 1
