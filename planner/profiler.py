@@ -170,7 +170,8 @@ def measure_level(models: list[bytes], input_specs: list[TensorSpec], opts: Meas
             try:
                 worker, step, value = results.get(timeout=WORKER_TIMEOUT_S)
             except queue_mod.Empty:
-                raise RuntimeError(f"vGPU level {v}: a worker process sent nothing for {WORKER_TIMEOUT_S:.0f} s") from None
+                raise RuntimeError(f"vGPU level {v}: a worker process sent nothing for "
+                                   f"{WORKER_TIMEOUT_S:.0f} s") from None
             if step == -2:
                 raise RuntimeError(f"vGPU level {v}: worker {worker} failed: {value}")
             if step == -1:
