@@ -40,7 +40,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--warmup", type=int, default=5, help="untimed runs before timing")
     m.add_argument("--max-boundary-tensors", type=int, default=1,
                    help="most tensors allowed to cross a block boundary when pre-partitioning (default 1)")
-    m.add_argument("--model-name", default=None, help="model name in the profile (default: file name stem)")
+    m.add_argument("--model-name", default=None,
+                   help="model name in the profile (default: the --like profile's model, else the file name stem)")
     m.add_argument("--out", required=True, type=Path, help="profile JSON to write")
     m.set_defaults(func=_measure)
 

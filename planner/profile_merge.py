@@ -34,7 +34,8 @@ def merge_profiles(named: list[tuple[str, Profile]]) -> Profile:
     dev_prov: dict[str, Any] = dict(base.provenance.get("devices") or {d: base.provenance for d in base.timings})
     for src, p in rest:
         if p.model != base.model:
-            raise InputError(f"{src}: model {p.model!r} differs from {base.model!r} in {src0}; merge profiles of one model")
+            raise InputError(f"{src}: model {p.model!r} differs from {base.model!r} in {src0}; "
+                             "merge profiles of one model")
         diff = _first_block_mismatch(base, p)
         if diff:
             raise InputError(f"{src}: blocks differ from {src0}: {diff}; measure it with "

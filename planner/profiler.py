@@ -170,7 +170,8 @@ def measure_level(models: list[bytes], input_specs: list[TensorSpec], opts: Meas
             try:
                 worker, step, value = results.get(timeout=WORKER_TIMEOUT_S)
             except queue_mod.Empty:
-                raise RuntimeError(f"vGPU level {v}: a worker process sent nothing for {WORKER_TIMEOUT_S:.0f} s") from None
+                raise RuntimeError(f"vGPU level {v}: a worker process sent nothing for "
+                                   f"{WORKER_TIMEOUT_S:.0f} s") from None
             if step == -2:
                 raise RuntimeError(f"vGPU level {v}: worker {worker} failed: {value}")
             if step == -1:
@@ -258,5 +259,6 @@ def measure_profile(model_path: str | Path, opts: MeasureOptions, n_blocks: int 
             "model_sha256": hashlib.sha256(model_path.read_bytes()).hexdigest(),
             **dev_prov, "devices": {opts.label: dev_prov}}
     input_bytes = int(sum(int(np.prod(s.shape)) * s.dtype.itemsize for s in specs if s.name in plan.input_tensors))
-    return Profile(model_name or model_path.stem, blocks, {opts.label: timings}, input_bytes,
+    name = model_name or (like.model if like is not None else model_path.stem)  # --like: mergeable by default
+    return Profile(name, blocks, {opts.label: timings}, input_bytes,
                    plan.input_tensors, prov)

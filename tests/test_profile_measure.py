@@ -59,6 +59,7 @@ def test_like_keeps_blocks_and_vgpu_levels_are_measured(measured):
     assert b.levels("cpu-2t") == [1, 2]
     assert np.all(b.timings["cpu-2t"][2].latency_us > 0)
     assert b.provenance["blocks_from"] == str(measured["a"])
+    assert b.model == a.model == "mobilenet"
 
 
 def test_merge_joins_device_types_and_partitions_still_chain(measured):
