@@ -158,6 +158,7 @@ class Deployment:
         self.log_dir = Path(log_dir) if log_dir else None
         self.on_ready = on_ready
         self.servers: dict[str, TritonProcess] = {}
+        self.gpus: list[GpuInfo] = []  # the local GPUs found by preflight (GPU hosts only)
 
     @property
     def server_launches(self) -> list[ServerLaunch]:
@@ -167,9 +168,9 @@ class Deployment:
         """Hardware and port checks, before anything starts."""
         gpu_hosts = [h for h in self.launches if h.device == "gpu"]
         if gpu_hosts and self.check_hardware:
-            gpus, mps = discover_gpus(), mps_running()
+            self.gpus, mps = discover_gpus(), mps_running()
             for h in gpu_hosts:
-                check_host_hardware(h, gpus, mps)
+                check_host_hardware(h, self.gpus, mps)
         for s in self.server_launches:
             for port in (s.http_port, s.grpc_port, s.metrics_port):
                 if port_in_use(port, s.address):

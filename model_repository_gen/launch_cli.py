@@ -39,6 +39,8 @@ def _run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, terminate)
     total = len(dep.server_launches)
     dep.preflight()  # hardware and port problems: one-line errors before anything starts
+    for g in dep.gpus:
+        err.print(f"GPU {g.index}: {g.name}, {g.memory_bytes / 2**30:.1f} GiB")
     try:
         with Progress(TextColumn("starting tritonservers"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=err, transient=False) as progress:

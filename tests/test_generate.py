@@ -111,6 +111,11 @@ def test_gpu_hosts_get_kind_gpu_visible_devices_and_mps_percentage(resnet, tmp_p
         check_host_hardware(launch, [GpuInfo(0, "Tesla T4", 1), *l4], mps=True)
     assert gpu_matches("V100", "Tesla V100-SXM2-16GB") and not gpu_matches("T4", "NVIDIA RTX A4000")
 
+    # launching the GPU host where its GPUs are not (no pynvml, no driver, or other GPUs): refused, one line
+    r = run_cli("launch", tmp_path / "d", "--host", "g")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert any(s in r.stderr for s in ("pynvml is not installed", "no NVIDIA driver", "host g:")), r.stderr
+
 
 def g_model(manifest, vgpu_id: str) -> str:
     return next(s.triton_model for m in manifest.models for p in m.pipelines for s in p.stages if vgpu_id in s.vgpus)
