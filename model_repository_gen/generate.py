@@ -140,15 +140,27 @@ def _host_ports(cluster: Cluster, slots: list[Slot]) -> dict[str, tuple[int, int
     ports: dict[str, tuple[int, int, int]] = {}
     for h in cluster.hosts:
         mine = sorted({s.id: s for s in slots if s.host.name == h.name}.values(), key=lambda s: (s.gpu_index, s.slot))
+        if h.base_port and h.base_port + 3 * len(mine) > 65536:
+            last = h.base_port + 3 * len(mine) - 1
+            raise InputError(f"{cluster.source}: host {h.name} needs ports {h.base_port}..{last} for its "
+                             f"{len(mine)} vGPU(s); lower its base_port")
+        taken: set[int] = set()
         for k, s in enumerate(mine):
             if h.base_port:
                 ports[s.id] = (h.base_port + 3 * k, h.base_port + 3 * k + 1, h.base_port + 3 * k + 2)
                 continue
-            try:
-                ports[s.id] = (free_port(h.address), free_port(h.address), free_port(h.address))
-            except OSError:
-                raise InputError(f"{cluster.source}: host {h.name} has base_port 0 (pick free ports now), which "
-                                 f"needs its address {h.address} to be on this machine; give a base_port") from None
+            picked = []
+            while len(picked) < 3:
+                try:
+                    port = free_port(h.address)
+                except OSError:
+                    raise InputError(f"{cluster.source}: host {h.name} has base_port 0 (pick free ports now), "
+                                     f"which needs its address {h.address} to be on this machine; give a base_port"
+                                     ) from None
+                if port not in taken:
+                    taken.add(port)
+                    picked.append(port)
+            ports[s.id] = (picked[0], picked[1], picked[2])
     return ports
 
 

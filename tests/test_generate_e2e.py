@@ -1,4 +1,7 @@
-"""A zoo model from ONNX to running Triton servers: profile measure (two labels) -> merge -> plan -> generate -> launch."""
+"""A zoo model from ONNX to running Triton servers.
+
+profile measure (two labels) -> profile merge -> plan -> generate -> launch, all through the CLI.
+"""
 
 from __future__ import annotations
 
