@@ -196,3 +196,14 @@ def prune_dominated(c: Candidates) -> Candidates:
             alive[rest] &= ~dom
         keep.append(idx[alive])
     return c.take(np.sort(np.concatenate(keep)))
+
+
+def partition_rate_rps(model: ModelSpec, cluster: ClusterSpec, gpu: str, v: int, batch: int,
+                       first: int, end: int) -> float:
+    """Throughput of one vGPU running blocks [first, end) (the same rule as the candidates)."""
+    tr = transfer_us_per_request(model, cluster.bandwidth_gbps)
+    lat = model.profile.latency_us(gpu, v, batch, first, end)
+    nic = v * cluster.gpus_per_server.get(gpu, 1)
+    rates = [batch * 1e6 / lat if lat > 0 else np.inf]
+    rates += [1e6 / (tr[c] * nic) for c in (first, end) if tr[c] > 0]
+    return float(min(rates))

@@ -32,6 +32,7 @@ class ColumnLayout:
     model_of: np.ndarray  # (C,) model index of each candidate
     x_index: np.ndarray  # (C,) column of x_c
     n_index: np.ndarray  # (C, P) column of n_ck, -1 where unused
+    y_index: np.ndarray  # (Y,) columns of y_mpt
     z_index: int | None
 
 
@@ -122,7 +123,7 @@ def build_column_milp(cands: list[Candidates], gpu_counts: np.ndarray, weights: 
     milp = MilpArrays(cost, lower, upper, integer, np.concatenate(rows).astype(int),
                       np.concatenate(cols).astype(int), np.concatenate(vals).astype(float),
                       np.concatenate(rlo), np.concatenate(rhi), maximize=True)
-    return milp, ColumnLayout(model_of, x_idx, n_index, z_index)
+    return milp, ColumnLayout(model_of, x_idx, n_index, y_idx, z_index)
 
 
 def chosen_pipelines(cands: list[Candidates], layout: ColumnLayout, x: np.ndarray,
@@ -144,20 +145,24 @@ def chosen_pipelines(cands: list[Candidates], layout: ColumnLayout, x: np.ndarra
 
 def solve_columns(cands: list[Candidates], gpu_counts: np.ndarray, weights: list[float], solver: str,
                   time_limit_s: float | None, log: bool = False, rel_gap: float = DEFAULT_REL_GAP,
-                  fill_leftover: bool = True) -> tuple[MilpResult, list[ChosenPipeline]]:
-    """Solve the column MILP; with several models, a second pass spends what the max-min left over."""
+                  second_pass: str | None = "fill") -> tuple[MilpResult, list[ChosenPipeline]]:
+    """Solve the column MILP. With several models a second pass keeps the smallest throughput/weight
+    and either spends what is left over ("fill": maximise total throughput/weight) or frees it
+    ("lean": use as few physical GPUs as possible)."""
     max_min = len(cands) > 1
     milp, layout = build_column_milp(cands, gpu_counts, weights, max_min)
     res = solve_milp(milp, solver, time_limit_s, rel_gap, log)
     if res.x is None:
         return res, []
-    if max_min and fill_leftover and res.objective is not None and res.objective > 0:
-        # Keep the smallest throughput/weight (up to the gap) and maximise the total throughput/weight.
+    if max_min and second_pass and res.objective is not None and res.objective > 0:
         z = res.objective
         lower = milp.lower.copy()
         lower[layout.z_index] = z * (1 - 1e-9)
         cost = np.zeros_like(milp.cost)
-        cost[layout.x_index] = 1.0 / np.asarray(weights, float)[layout.model_of]
+        if second_pass == "fill":
+            cost[layout.x_index] = 1.0 / np.asarray(weights, float)[layout.model_of]
+        else:
+            cost[layout.y_index] = -1.0
         second = MilpArrays(cost, lower, milp.upper, milp.integer, milp.a_row, milp.a_col, milp.a_val,
                             milp.row_lower, milp.row_upper, True)
         left = None if time_limit_s is None else max(1e-3, time_limit_s - res.seconds)

@@ -90,11 +90,12 @@ def chosen_to_models(spec: PlanningSpec, cands: list[Candidates], chosen: list[C
 
 
 def solve_pooled(spec: PlanningSpec, cluster: ClusterSpec, max_parts: int, solver: str,
-                 time_limit_s: float | None, progress: bool) -> tuple[list[ModelPipelines], MilpResult]:
+                 time_limit_s: float | None, progress: bool, second_pass: str = "fill"
+                 ) -> tuple[list[ModelPipelines], MilpResult]:
     """Plan every model of ``spec`` on ``cluster`` with the column MILP (pipelines of <= max_parts)."""
     cands = model_candidates(spec, cluster, max_parts)
     res, chosen = solve_columns(cands, gpu_counts(cluster), [m.weight for m in spec.models], solver,
-                                time_limit_s, log=progress)
+                                time_limit_s, log=progress, second_pass=second_pass)
     if res.x is None:
         what = "infeasible" if res.status == "infeasible" else f"stopped without a plan ({res.status})"
         raise InfeasibleError(f"the MILP is {what}; raise --time-limit or check the spec")
