@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -119,31 +120,47 @@ def _write_mps(m: MilpArrays, path: Path) -> None:
     h.writeModel(str(path))
 
 
+def _pulp_problem(m: MilpArrays):
+    """The same model through PuLP's API (one expression per row, built from the sorted COO arrays)."""
+    import pulp
+
+    prob = pulp.LpProblem("poolpipe", pulp.LpMaximize if m.maximize else pulp.LpMinimize)
+    xs = [prob.add_variable(f"x{i}", None if not np.isfinite(lo) else float(lo),
+                            None if not np.isfinite(up) else float(up), pulp.LpInteger if isint else pulp.LpContinuous)
+          for i, (lo, up, isint) in enumerate(zip(m.lower, m.upper, m.integer))]
+    nz = np.flatnonzero(m.cost)
+    prob += pulp.LpAffineExpression([(xs[i], float(m.cost[i])) for i in nz])
+    order = np.argsort(m.a_row, kind="stable")
+    bounds = np.searchsorted(m.a_row[order], np.arange(m.num_rows + 1))
+    for r in range(m.num_rows):
+        sl = order[bounds[r]:bounds[r + 1]]
+        expr = pulp.LpAffineExpression([(xs[j], float(v)) for j, v in zip(m.a_col[sl], m.a_val[sl])])
+        if np.isfinite(m.row_upper[r]):
+            prob += expr <= float(m.row_upper[r])
+        if np.isfinite(m.row_lower[r]):
+            prob += expr >= float(m.row_lower[r])
+    return prob, xs
+
+
 def _solve_cbc(m: MilpArrays, time_limit_s: float | None, rel_gap: float, log: bool) -> MilpResult:
     import pulp
 
-    with tempfile.TemporaryDirectory(prefix="poolpipe-cbc-") as d:
-        path = Path(d) / "model.mps"
-        _write_mps(m, path)
-        names, prob = pulp.LpProblem.fromMPS(str(path), sense=pulp.LpMinimize)
-        cmd = pulp.PULP_CBC_CMD(msg=log, timeLimit=time_limit_s, gapRel=rel_gap, threads=1,
-                                keepFiles=False)
-        t = time.perf_counter()
-        prob.solve(cmd)
-        secs = time.perf_counter() - t
+    prob, xs = _pulp_problem(m)
+    with warnings.catch_warnings():  # PuLP 3 flags its bundled CBC for PuLP 4; it is the CBC it ships
+        warnings.simplefilter("ignore", DeprecationWarning)
+        cmd = pulp.PULP_CBC_CMD(msg=log, timeLimit=time_limit_s, gapRel=rel_gap, threads=1)
+    t = time.perf_counter()
+    prob.solve(cmd)
+    secs = time.perf_counter() - t
     status = pulp.LpStatus[prob.status]
     sol_status = getattr(prob, "sol_status", None)
     if status == "Infeasible":
         return MilpResult("infeasible", None, None, secs)
     if status != "Optimal" and sol_status != pulp.LpSolutionIntegerFeasible:
         return MilpResult("no_solution", None, None, secs)
-    x = np.zeros(m.num_cols)
-    for name, var in names.items():
-        if name.startswith("x") and name[1:].isdigit():
-            x[int(name[1:])] = var.value() or 0.0
-    obj = float(m.cost @ x)
-    proven = sol_status == pulp.LpSolutionOptimal or (status == "Optimal" and time_limit_s is None)
-    return MilpResult("optimal" if proven else "time_limit", x, obj, secs)
+    x = np.array([v.value() or 0.0 for v in xs])
+    proven = status == "Optimal" and sol_status != pulp.LpSolutionIntegerFeasible
+    return MilpResult("optimal" if proven else "time_limit", x, float(m.cost @ x), secs)
 
 
 def _solve_gurobi(m: MilpArrays, time_limit_s: float | None, rel_gap: float, log: bool) -> MilpResult:
