@@ -116,57 +116,58 @@ def _option_tables(model: ModelSpec, cluster: ClusterSpec, gpu_types: list[str],
 
 
 def enumerate_candidates(model: ModelSpec, cluster: ClusterSpec, gpu_types: list[str], max_parts: int,
-                         batch_unification: bool, part_counts: tuple[int, ...] | None = None) -> Candidates:
-    """All pipelines within the latency budget (numpy, vectorised over cuts x option tuples)."""
-    prof = model.profile
-    n = prof.num_blocks
+                         batch_unification: bool, prune: bool = False, chunk_cells: int = 2_000_000) -> Candidates:
+    """All pipelines within the latency budget (numpy, vectorised over cuts x option tuples, in chunks
+    of about ``chunk_cells`` pipelines); with ``prune``, dominated candidates are dropped on the way."""
+    n = model.profile.num_blocks
     opts = partition_options(model, cluster, gpu_types)
-    tr = transfer_us_per_request(model, cluster.bandwidth_gbps)
     if not opts:
         return Candidates.empty(max_parts)
+    tr = transfer_us_per_request(model, cluster.bandwidth_gbps)
     lat_t, rate_t = _option_tables(model, cluster, gpu_types, opts, tr)
     og = np.array([o.gpu for o in opts])
     ov = np.array([o.v for o in opts])
     ob = np.array([o.batch for o in opts])
     limit = model.slo_us + LATENCY_TOLERANCE_US  # the totals below include the margin
+    inner = [c for c in range(1, n) if np.isfinite(tr[c])]
     found = []
-    for k in part_counts or range(1, max_parts + 1):
-        if k > n:
-            break
-        inner = [c for c in range(1, n) if np.isfinite(tr[c])]
+    for k in range(1, min(max_parts, n) + 1):
         cuts = np.array([(0, *c, n) for c in itertools.combinations(inner, k - 1)], int).reshape(-1, k + 1)
         if not len(cuts):
             continue
         if batch_unification:
-            tuples = [t for b in sorted(set(ob.tolist()))
-                      for t in itertools.product(np.flatnonzero(ob == b).tolist(), repeat=k)]
+            groups = [np.flatnonzero(ob == b).tolist() for b in sorted(set(ob.tolist()))]
         else:
-            tuples = list(itertools.product(range(len(opts)), repeat=k))
-        ot = np.array(tuples, int).reshape(-1, k)  # (T, k) option per position
-        # latency and rate of each position: shape (T, Ccut)
-        lat = np.stack([lat_t[ot[:, p][:, None], cuts[None, :, p], cuts[None, :, p + 1]] for p in range(k)], -1)
-        rate = np.stack([rate_t[ot[:, p][:, None], cuts[None, :, p], cuts[None, :, p + 1]] for p in range(k)], -1)
-        trans = np.zeros_like(lat)
-        for p in range(k - 1):
-            trans[..., p] = tr[cuts[:, p + 1]][None, :] * ob[ot[:, p]][:, None]
-        total = lat.sum(-1) + trans.sum(-1) + model.batch_wait_us_per_request * (ob[ot[:, 0]] - 1)[:, None]
-        total = total + model.slo_margin_us
-        ti, ci = np.nonzero((total <= limit) & (rate.min(-1) > 0))
-        if not len(ti):
-            continue
-        pad = max_parts - k
-        sel_o = ot[ti]
-        found.append(Candidates(
-            num_parts=np.full(len(ti), k),
-            cuts=np.pad(cuts[ci], ((0, 0), (0, pad)), constant_values=n),
-            gpu=np.pad(og[sel_o], ((0, 0), (0, pad)), constant_values=-1),
-            v=np.pad(ov[sel_o], ((0, 0), (0, pad))),
-            batch=np.pad(ob[sel_o], ((0, 0), (0, pad))),
-            rate_rps=np.pad(rate[ti, ci], ((0, 0), (0, pad))),
-            latency_us=np.pad(lat[ti, ci], ((0, 0), (0, pad))),
-            transfer_us=np.pad(trans[ti, ci], ((0, 0), (0, pad))),
-            pipeline_latency_us=total[ti, ci]))
-    return Candidates.concat(found, max_parts)
+            groups = [list(range(len(opts)))]
+        tuples = np.array([t for g in groups for t in itertools.product(g, repeat=k)], int).reshape(-1, k)
+        step = max(1, chunk_cells // len(cuts))
+        for s0 in range(0, len(tuples), step):
+            ot = tuples[s0:s0 + step]  # (T, k) option per position
+            lat = np.stack([lat_t[ot[:, p][:, None], cuts[None, :, p], cuts[None, :, p + 1]] for p in range(k)], -1)
+            rate = np.stack([rate_t[ot[:, p][:, None], cuts[None, :, p], cuts[None, :, p + 1]] for p in range(k)], -1)
+            trans = np.zeros_like(lat)
+            for p in range(k - 1):
+                trans[..., p] = tr[cuts[:, p + 1]][None, :] * ob[ot[:, p]][:, None]
+            total = (lat.sum(-1) + trans.sum(-1) + model.batch_wait_us_per_request * (ob[ot[:, 0]] - 1)[:, None]
+                     + model.slo_margin_us)
+            ti, ci = np.nonzero((total <= limit) & (rate.min(-1) > 0))
+            if not len(ti):
+                continue
+            pad = max_parts - k
+            sel_o = ot[ti]
+            chunk = Candidates(
+                num_parts=np.full(len(ti), k),
+                cuts=np.pad(cuts[ci], ((0, 0), (0, pad)), constant_values=n),
+                gpu=np.pad(og[sel_o], ((0, 0), (0, pad)), constant_values=-1),
+                v=np.pad(ov[sel_o], ((0, 0), (0, pad))),
+                batch=np.pad(ob[sel_o], ((0, 0), (0, pad))),
+                rate_rps=np.pad(rate[ti, ci], ((0, 0), (0, pad))),
+                latency_us=np.pad(lat[ti, ci], ((0, 0), (0, pad))),
+                transfer_us=np.pad(trans[ti, ci], ((0, 0), (0, pad))),
+                pipeline_latency_us=total[ti, ci])
+            found.append(prune_dominated(chunk) if prune else chunk)
+    out = Candidates.concat(found, max_parts)
+    return prune_dominated(out) if prune and len(found) > 1 else out
 
 
 def prune_dominated(c: Candidates) -> Candidates:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.candidates import Candidates, enumerate_candidates, prune_dominated
+from planner.candidates import Candidates, enumerate_candidates
 from planner.errors import InputError
 from planner.milp_solvers import SOLVERS, MilpResult
 from planner.plan import ModelPlan, PartitionPlan, PipelinePlan, Plan
@@ -61,7 +61,7 @@ def model_candidates(spec: PlanningSpec, cluster: ClusterSpec, max_parts: int) -
     """Pruned candidates of every model; a model with none is infeasible."""
     out = []
     for m in spec.models:
-        c = prune_dominated(enumerate_candidates(m, cluster, cluster.gpu_types, max_parts, spec.batch_unification))
+        c = enumerate_candidates(m, cluster, cluster.gpu_types, max_parts, spec.batch_unification, prune=True)
         if not len(c):
             raise InfeasibleError(f"model {m.name} is infeasible: {infeasible_reason(m, cluster)}")
         out.append(c)
