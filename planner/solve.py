@@ -99,7 +99,13 @@ def solve_pooled(spec: PlanningSpec, cluster: ClusterSpec, max_parts: int, solve
     if res.x is None:
         what = "infeasible" if res.status == "infeasible" else f"stopped without a plan ({res.status})"
         raise InfeasibleError(f"the MILP is {what}; raise --time-limit or check the spec")
-    return chosen_to_models(spec, cands, chosen, cluster.gpu_types), res
+    models = chosen_to_models(spec, cands, chosen, cluster.gpu_types)
+    starved = [mp.model.name for mp in models if mp.throughput_rps <= 0]
+    if starved:
+        raise InfeasibleError(f"model {starved[0]} is infeasible together with the others: the cluster's GPUs "
+                              f"({', '.join(f'{t}={n}' for t, n in cluster.gpus.items())}) cannot give every one of "
+                              f"the {len(models)} models a pipeline that meets its SLO; add GPUs or plan fewer models")
+    return models, res
 
 
 def assemble_plan(spec: PlanningSpec, planner: str, solver: str, seconds: float,

@@ -148,6 +148,26 @@ def test_hand_instance_infeasible_model_is_named():
         solve_spec(spec)
 
 
+def test_models_that_cannot_all_be_served_are_named():
+    """SLO 5000 µs: B alone needs 9000 µs (or 1000 + 8000 cut), so every pipeline needs an A GPU.
+
+    One A GPU and two models: one model starves. Two A GPUs: each model gets B[0,1) -> A[1,3) (3000 µs),
+    500/s on one A and one B.
+    """
+    second = tiny_profile()
+    second["model"] = "tiny2"
+    spec = spec_from_dict({"cluster": {"gpus": {"A": 1, "B": 2}, "bandwidth_gbps": 10},
+                           "models": [{"profile": tiny_profile(), "slo_us": 5000},
+                                      {"profile": second, "slo_us": 5000}]})
+    with pytest.raises(InfeasibleError, match=r"model tiny2? is infeasible together with the others"):
+        solve_spec(spec)
+    roomy = spec_from_dict({"cluster": {"gpus": {"A": 2, "B": 2}, "bandwidth_gbps": 10},
+                            "models": [{"profile": tiny_profile(), "slo_us": 5000},
+                                       {"profile": second, "slo_us": 5000}]})
+    plan = solve_spec(roomy)
+    assert [m.throughput_rps for m in plan.models] == pytest.approx([500.0, 500.0])
+
+
 def test_cbc_agrees_with_highs():
     for s in (tiny_spec(), tiny_spec(slo_us=8000)):
         assert solve_spec(s, solver="cbc").objective == pytest.approx(solve_spec(s).objective, rel=1e-6)
