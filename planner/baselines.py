@@ -19,8 +19,8 @@ from dataclasses import replace
 import numpy as np
 
 from planner.errors import InputError
-from planner.plan import PartitionPlan, PipelinePlan
-from planner.solve import ModelPipelines, gpu_counts, solve_pooled
+from planner.plan import PipelinePlan
+from planner.solve import ModelPipelines, solve_pooled
 from planner.spec import ClusterSpec, PlanningSpec
 
 

@@ -68,12 +68,11 @@ def model_candidates(spec: PlanningSpec, cluster: ClusterSpec, max_parts: int) -
     return out
 
 
-def pipeline_plan(cand: Candidates, c: int, num_vgpus: tuple[int, ...], gpu_types: list[str],
-                  scale: int = 1) -> PipelinePlan:
-    """Candidate row ``c`` with its vGPU counts (x ``scale`` copies) as a PipelinePlan."""
+def pipeline_plan(cand: Candidates, c: int, num_vgpus: tuple[int, ...], gpu_types: list[str]) -> PipelinePlan:
+    """Candidate row ``c`` with its vGPU counts as a PipelinePlan (latency: partitions + transfers)."""
     k = int(cand.num_parts[c])
     parts = tuple(PartitionPlan((int(cand.cuts[c, p]), int(cand.cuts[c, p + 1])), gpu_types[int(cand.gpu[c, p])],
-                                int(cand.v[c, p]), int(cand.batch[c, p]), int(num_vgpus[p]) * scale,
+                                int(cand.v[c, p]), int(cand.batch[c, p]), int(num_vgpus[p]),
                                 float(cand.latency_us[c, p]), float(cand.transfer_us[c, p]))
                   for p in range(k))
     thr = min(pp.num_vgpus * float(cand.rate_rps[c, p]) for p, pp in enumerate(parts))
@@ -82,10 +81,10 @@ def pipeline_plan(cand: Candidates, c: int, num_vgpus: tuple[int, ...], gpu_type
 
 
 def chosen_to_models(spec: PlanningSpec, cands: list[Candidates], chosen: list[ChosenPipeline],
-                     gpu_types: list[str], scale: int = 1) -> list[ModelPipelines]:
+                     gpu_types: list[str]) -> list[ModelPipelines]:
     per = [[] for _ in spec.models]
     for ch in chosen:
-        per[ch.model].append(pipeline_plan(cands[ch.model], ch.candidate, ch.num_vgpus, gpu_types, scale))
+        per[ch.model].append(pipeline_plan(cands[ch.model], ch.candidate, ch.num_vgpus, gpu_types))
     return [ModelPipelines(m, tuple(sorted(p, key=lambda x: -x.throughput_rps))) for m, p in zip(spec.models, per)]
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 from collections import defaultdict
@@ -12,10 +11,9 @@ import yaml
 
 from planner.errors import InputError
 from planner.plan import Plan, load_plan
-from planner.profile import profile_from_dict
 from planner.reference import import_ppipe_profile, load_reference_plans, spec_from_reference
 from planner.solve import InfeasibleError, solve_spec
-from planner.spec import ModelSpec, spec_from_dict
+from planner.spec import spec_from_dict
 from tests.conftest import run_cli
 
 
@@ -76,7 +74,7 @@ def _spec_doc(profile_path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def colorization_profile(tmp_path_factory, ):
+def colorization_profile(tmp_path_factory):
     from tests.conftest import REFERENCE_DIR
 
     path = tmp_path_factory.mktemp("prof") / "colorization.json"
