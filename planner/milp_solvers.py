@@ -1,0 +1,210 @@
+"""One sparse MILP in array form, solved by HiGHS (highspy), CBC (PuLP) or Gurobi (gurobipy).
+
+The planner builds its model once as numpy arrays (COO constraint matrix, bounds, integrality) and
+hands it to a solver here: HiGHS gets it through ``passModel`` directly; CBC and Gurobi read the
+same model from an MPS file that HiGHS writes, so all three solve exactly the same problem.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from planner.errors import InputError
+
+SOLVERS = ("highs", "cbc", "gurobi")
+DEFAULT_REL_GAP = 1e-4  # the published planner ran Gurobi with this relative gap
+
+
+@dataclass(frozen=True)
+class MilpArrays:
+    """max/min cost @ x  s.t.  row_lower <= A x <= row_upper, lower <= x <= upper, some x integer."""
+
+    cost: np.ndarray
+    lower: np.ndarray
+    upper: np.ndarray
+    integer: np.ndarray  # bool per column
+    a_row: np.ndarray
+    a_col: np.ndarray
+    a_val: np.ndarray
+    row_lower: np.ndarray
+    row_upper: np.ndarray
+    maximize: bool = True
+
+    @property
+    def num_cols(self) -> int:
+        return len(self.cost)
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.row_lower)
+
+
+@dataclass(frozen=True)
+class MilpResult:
+    status: str  # optimal | time_limit (feasible, not proven) | infeasible | no_solution
+    x: np.ndarray | None
+    objective: float | None
+    seconds: float
+    gap: float | None = None
+
+
+def _highs_model(m: MilpArrays, names: bool = False):
+    import highspy
+
+    order = np.lexsort((m.a_row, m.a_col))
+    cols, rows, vals = m.a_col[order], m.a_row[order], m.a_val[order]
+    start = np.searchsorted(cols, np.arange(m.num_cols + 1))
+    lp = highspy.HighsLp()
+    lp.num_col_ = m.num_cols
+    lp.num_row_ = m.num_rows
+    lp.col_cost_ = np.asarray(m.cost, float)
+    lp.col_lower_ = np.asarray(m.lower, float)
+    lp.col_upper_ = np.asarray(m.upper, float)
+    lp.row_lower_ = np.asarray(m.row_lower, float)
+    lp.row_upper_ = np.asarray(m.row_upper, float)
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.start_ = start.astype(np.int32)
+    lp.a_matrix_.index_ = rows.astype(np.int32)
+    lp.a_matrix_.value_ = vals.astype(float)
+    lp.sense_ = highspy.ObjSense.kMaximize if m.maximize else highspy.ObjSense.kMinimize
+    if names:
+        lp.col_names_ = [f"x{i}" for i in range(m.num_cols)]
+        lp.row_names_ = [f"r{i}" for i in range(m.num_rows)]
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.passModel(lp)
+    idx = np.flatnonzero(m.integer).astype(np.int32)
+    if len(idx):
+        h.changeColsIntegrality(len(idx), idx, np.full(len(idx), highspy.HighsVarType.kInteger.value, np.uint8))
+    return h
+
+
+def _solve_highs(m: MilpArrays, time_limit_s: float | None, rel_gap: float, log: bool) -> MilpResult:
+    import highspy
+
+    h = _highs_model(m)
+    h.setOptionValue("output_flag", log)
+    h.setOptionValue("mip_rel_gap", rel_gap)
+    h.setOptionValue("threads", 1)
+    if time_limit_s is not None:
+        h.setOptionValue("time_limit", float(time_limit_s))
+    t = time.perf_counter()
+    h.run()
+    secs = time.perf_counter() - t
+    st = h.getModelStatus()
+    info = h.getInfo()
+    has_sol = info.primal_solution_status == 2  # kSolutionStatusFeasible
+    if st == highspy.HighsModelStatus.kOptimal:
+        status = "optimal"
+    elif st == highspy.HighsModelStatus.kInfeasible:
+        return MilpResult("infeasible", None, None, secs)
+    elif has_sol:
+        status = "time_limit"
+    else:
+        return MilpResult("no_solution", None, None, secs)
+    x = np.asarray(h.getSolution().col_value)
+    return MilpResult(status, x, float(info.objective_function_value), secs, float(info.mip_gap))
+
+
+def _write_mps(m: MilpArrays, path: Path) -> None:
+    """MPS as a minimisation with named columns x0.. so that other solvers read it unambiguously."""
+    neg = MilpArrays(-m.cost if m.maximize else m.cost, m.lower, m.upper, m.integer, m.a_row, m.a_col,
+                     m.a_val, m.row_lower, m.row_upper, maximize=False)
+    h = _highs_model(neg, names=True)
+    h.writeModel(str(path))
+
+
+def _pulp_problem(m: MilpArrays):
+    """The same model through PuLP's API (one expression per row, built from the sorted COO arrays)."""
+    import pulp
+
+    prob = pulp.LpProblem("poolpipe", pulp.LpMaximize if m.maximize else pulp.LpMinimize)
+    xs = [prob.add_variable(f"x{i}", None if not np.isfinite(lo) else float(lo),
+                            None if not np.isfinite(up) else float(up), pulp.LpInteger if isint else pulp.LpContinuous)
+          for i, (lo, up, isint) in enumerate(zip(m.lower, m.upper, m.integer))]
+    nz = np.flatnonzero(m.cost)
+    prob += pulp.LpAffineExpression([(xs[i], float(m.cost[i])) for i in nz])
+    order = np.argsort(m.a_row, kind="stable")
+    bounds = np.searchsorted(m.a_row[order], np.arange(m.num_rows + 1))
+    for r in range(m.num_rows):
+        sl = order[bounds[r]:bounds[r + 1]]
+        expr = pulp.LpAffineExpression([(xs[j], float(v)) for j, v in zip(m.a_col[sl], m.a_val[sl])])
+        if np.isfinite(m.row_upper[r]):
+            prob += expr <= float(m.row_upper[r])
+        if np.isfinite(m.row_lower[r]):
+            prob += expr >= float(m.row_lower[r])
+    return prob, xs
+
+
+def _solve_cbc(m: MilpArrays, time_limit_s: float | None, rel_gap: float, log: bool) -> MilpResult:
+    import pulp
+
+    prob, xs = _pulp_problem(m)
+    with warnings.catch_warnings():  # PuLP 3 flags its bundled CBC for PuLP 4; it is the CBC it ships
+        warnings.simplefilter("ignore", DeprecationWarning)
+        cmd = pulp.PULP_CBC_CMD(msg=log, timeLimit=time_limit_s, gapRel=rel_gap, threads=1)
+    t = time.perf_counter()
+    prob.solve(cmd)
+    secs = time.perf_counter() - t
+    status = pulp.LpStatus[prob.status]
+    sol_status = getattr(prob, "sol_status", None)
+    if status == "Infeasible":
+        return MilpResult("infeasible", None, None, secs)
+    if status != "Optimal" and sol_status != pulp.LpSolutionIntegerFeasible:
+        return MilpResult("no_solution", None, None, secs)
+    x = np.array([v.value() or 0.0 for v in xs])
+    proven = status == "Optimal" and sol_status != pulp.LpSolutionIntegerFeasible
+    return MilpResult("optimal" if proven else "time_limit", x, float(m.cost @ x), secs)
+
+
+def _solve_gurobi(m: MilpArrays, time_limit_s: float | None, rel_gap: float, log: bool) -> MilpResult:
+    try:
+        import gurobipy as gp
+    except ImportError:
+        raise InputError("--solver gurobi needs the gurobipy package and a Gurobi license "
+                         "(pip install gurobipy); or use --solver highs (default) or cbc") from None
+    with tempfile.TemporaryDirectory(prefix="poolpipe-grb-") as d:
+        path = Path(d) / "model.mps"
+        _write_mps(m, path)
+        try:
+            env = gp.Env(empty=True)
+            env.setParam("OutputFlag", int(log))
+            env.start()
+            model = gp.read(str(path), env=env)
+        except gp.GurobiError as e:
+            raise InputError(f"--solver gurobi: Gurobi is not usable here ({e}); "
+                             "install a license or use --solver highs") from None
+    model.Params.MIPGap = rel_gap
+    if time_limit_s is not None:
+        model.Params.TimeLimit = float(time_limit_s)
+    t = time.perf_counter()
+    try:
+        model.optimize()
+    except gp.GurobiError as e:
+        raise InputError(f"--solver gurobi failed: {e} (a size-limited license cannot solve this model; "
+                         "use --solver highs)") from None
+    secs = time.perf_counter() - t
+    if model.Status == gp.GRB.INFEASIBLE:
+        return MilpResult("infeasible", None, None, secs)
+    if model.SolCount == 0:
+        return MilpResult("no_solution", None, None, secs)
+    x = np.array([v.X for v in sorted(model.getVars(), key=lambda v: int(v.VarName[1:]))])
+    status = "optimal" if model.Status == gp.GRB.OPTIMAL else "time_limit"
+    return MilpResult(status, x, float(m.cost @ x), secs, float(model.MIPGap))
+
+
+def solve_milp(m: MilpArrays, solver: str = "highs", time_limit_s: float | None = None,
+               rel_gap: float = DEFAULT_REL_GAP, log: bool = False) -> MilpResult:
+    """Solve ``m`` with the named solver; bad solver names and unusable solvers raise InputError."""
+    if solver not in SOLVERS:
+        raise InputError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}")
+    if time_limit_s is not None and not time_limit_s > 0:
+        raise InputError(f"--time-limit must be > 0 seconds, got {time_limit_s}")
+    fn = {"highs": _solve_highs, "cbc": _solve_cbc, "gurobi": _solve_gurobi}[solver]
+    return fn(m, time_limit_s, rel_gap, log)
