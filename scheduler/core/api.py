@@ -38,6 +38,12 @@ class Dispatch:
     requests: list[Request]
     stages: list[StageAssignment]
     completion_us: float  # predicted
+    # False: the batch continues in a later Dispatch of the same requests (per-stage policies such as
+    # `reactive`); the driver reports the stages and does not complete the requests.
+    final: bool = True
+    # True: stage/transfer start times are reservations; an executor must not run ahead of them
+    # (False: run as soon as the input and the vGPU are free, in arrival order).
+    reserved: bool = True
 
     @property
     def batch(self) -> int:

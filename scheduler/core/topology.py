@@ -6,7 +6,7 @@ Built from a plan by the simulator (synthetic placement) and from manifest.json 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,14 @@ class Topology:
     pipelines: dict[str, tuple[Pipeline, ...]]  # model -> its pooled pipelines
     slo_us: dict[str, float]  # model -> SLO
     bandwidth_gbps: float  # per server NIC, each direction
+    gpu_counts: dict[str, int] = field(default_factory=dict)  # physical GPUs per type in the cluster
+
+    def pipeline(self, pipeline_id: str) -> Pipeline:
+        model = pipeline_id.rsplit("/", 1)[0]
+        for p in self.pipelines.get(model, ()):
+            if p.id == pipeline_id:
+                return p
+        raise KeyError(f"no pipeline {pipeline_id!r} in the topology")
 
     def transfer_us(self, nbytes: float) -> float:
         return nbytes * 8.0 / (self.bandwidth_gbps * 1e3)

@@ -1,0 +1,64 @@
+"""Synthetic placement of a plan onto a cluster: vGPUs on physical GPUs, GPUs on servers behind one NIC.
+
+The simulator uses this (the live sidecar builds its Topology from manifest.json instead). Each GPU
+type fills servers of ``cluster.gpus_per_server[type]`` GPUs; a GPU split at level V hosts V vGPUs
+of one level, and partitions are packed onto GPUs in plan order (consecutive partitions of one type
+land on the same servers where they fit, as a real deployment would try to).
+"""
+
+from __future__ import annotations
+
+from planner.plan import Plan
+from scheduler.core.topology import Pipeline, Stage, Topology, VGpu
+
+
+def vgpu_id(gpu_type: str, gpu_index: int, slot: int) -> str:
+    return f"{gpu_type}-{gpu_index}:{slot}"
+
+
+class _GpuAllocator:
+    """Hands out vGPU slots of one GPU type, opening a new physical GPU when the level changes or it is full."""
+
+    def __init__(self, gpu_type: str, per_server: int) -> None:
+        self.gpu_type = gpu_type
+        self.per_server = per_server
+        self.next_gpu = 0
+        self.open: dict[int, tuple[int, int]] = {}  # level V -> (gpu index, next free slot)
+
+    def take(self, v: int) -> VGpu:
+        gpu, slot = self.open.get(v, (-1, v))
+        if slot >= v:
+            gpu, slot = self.next_gpu, 0
+            self.next_gpu += 1
+        self.open[v] = (gpu, slot + 1)
+        return VGpu(vgpu_id(self.gpu_type, gpu, slot), self.gpu_type, v,
+                    f"{self.gpu_type}-srv{gpu // self.per_server}")
+
+
+def topology_from_plan(plan: Plan) -> Topology:
+    """Place every partition's vGPUs and build each model's pooled pipelines with latency tables."""
+    cluster = plan.cluster
+    allocs = {t: _GpuAllocator(t, cluster.gpus_per_server.get(t, 1)) for t in cluster.gpus}
+    vgpus: dict[str, VGpu] = {}
+    pipelines: dict[str, tuple[Pipeline, ...]] = {}
+    for m in plan.models:
+        prof = m.profile
+        pipes = []
+        for j, pl in enumerate(m.pipelines):
+            stages = []
+            for part in pl.partitions:
+                alloc = allocs.setdefault(part.gpu, _GpuAllocator(part.gpu, cluster.gpus_per_server.get(part.gpu, 1)))
+                pool = []
+                for _ in range(part.num_vgpus):
+                    vg = alloc.take(part.v)
+                    vgpus[vg.id] = vg
+                    pool.append(vg.id)
+                first, end = part.blocks
+                lat = {b: prof.latency_us(part.gpu, part.v, b, first, end)
+                       for b in prof.batch_sizes(part.gpu, part.v) if b <= pl.batch}
+                in_bytes = prof.boundary_bytes(first) if first > 0 else 0
+                stages.append(Stage((first, end), tuple(pool), lat, in_bytes))
+            pipes.append(Pipeline(f"{m.name}/{j}", m.name, pl.batch, tuple(stages), pl.throughput_rps))
+        pipelines[m.name] = tuple(pipes)
+    return Topology(vgpus, pipelines, {m.name: m.slo_us for m in plan.models}, cluster.bandwidth_gbps,
+                    dict(cluster.gpus))

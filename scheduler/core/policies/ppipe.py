@@ -1,0 +1,130 @@
+"""PPipe's reservation-based adaptive batching (also how np / dart-r plans are served for comparison).
+
+For the oldest pending request of a model: probe every pooled pipeline at its planned batch and take
+the one that waits least; then the largest batch <= planned whose completion meets the oldest
+request's deadline; if not even batch 1 can, drop the oldest and start over. With fewer pending
+requests than that batch, wait, but no later than the last moment they can still make the deadline;
+otherwise reserve the probed path and dispatch. Executors' measured timings correct the tables.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from scheduler.core.api import Dispatch, Drop, Request, StageAssignment, StepResult
+from scheduler.core.policies.base import EPS_US, QueueingPolicy
+from scheduler.core.probe import CompiledPipeline, ProbeResult, ReservationState
+from scheduler.core.topology import Topology
+
+
+class PPipePolicy(QueueingPolicy):
+    name = "ppipe"
+
+    def __init__(self, topology: Topology, prune_every_us: float = 20_000.0,
+                 forget_after_us: float = 10_000_000.0) -> None:
+        super().__init__(topology)
+        self.state = ReservationState(topology)
+        self.prune_every_us = prune_every_us
+        self.forget_after_us = forget_after_us
+        self._last_prune = float("-inf")
+        # dispatch id -> (completion, stage assignments, source server of each stage's transfer)
+        self.live: dict[int, tuple[float, list[StageAssignment], list[str | None]]] = {}
+
+    @property
+    def probe_calls(self) -> int:
+        return self.state.probe_calls
+
+    # -- driver interface ------------------------------------------------------------------------
+    def step(self, now_us: float) -> StepResult:
+        result = StepResult()
+        self.take_unknown(result)
+        if now_us - self._last_prune >= self.prune_every_us:
+            self._housekeeping(now_us)
+        wake = None
+        for model, q in self.queues.items():
+            if q:
+                w = self._decide(model, q, now_us, result)
+                if w is not None and (wake is None or w < wake):
+                    wake = w
+        result.wake_at_us = wake
+        return result
+
+    def report(self, dispatch_id: int, stage: int, start_us: float, end_us: float) -> None:
+        entry = self.live.get(dispatch_id)
+        if entry is None:
+            return  # unknown, released, or already finished: nothing to correct
+        _, stages, _ = entry
+        for a in stages:
+            if a.stage == stage:
+                self.state.correct(dispatch_id, stage, a.vgpu, start_us, end_us)
+                break
+        else:
+            return
+        if stage == stages[-1].stage:
+            del self.live[dispatch_id]
+
+    def set_vgpu_up(self, vgpu_id: str, up: bool, now_us: float) -> None:
+        self.state.set_vgpu_up(vgpu_id, up, now_us)
+
+    # -- decisions -------------------------------------------------------------------------------
+    def _housekeeping(self, now_us: float) -> None:
+        self.state.prune(now_us)
+        self._last_prune = now_us
+        stale = [d for d, (c, _, _) in self.live.items() if c < now_us - self.forget_after_us]
+        for d in stale:
+            del self.live[d]
+
+    def _choose_pipeline(self, pipes: list[CompiledPipeline], now: float
+                         ) -> tuple[CompiledPipeline, ProbeResult] | None:
+        best = None
+        best_wait = float("inf")
+        for cp in pipes:
+            r = self.state.probe(cp, cp.batch, now)
+            if r is None:
+                continue
+            wait = r.completion_us - now - cp.ideal_us[cp.batch]
+            if wait < best_wait:
+                best, best_wait = (cp, r), wait
+        return best
+
+    def _decide(self, model: str, q: deque[Request], now: float, result: StepResult) -> float | None:
+        """Dispatch or drop from the head of ``q`` until it must wait; returns the wake-up time, if any."""
+        pipes = self.state.pipelines[model]
+        while q:
+            self.drop_expired(q, now, result)
+            if not q:
+                return None
+            oldest = q[0]
+            chosen = self._choose_pipeline(pipes, now)
+            if chosen is None:
+                result.drops.append(Drop(q.popleft(), "no vGPU in service for this model"))
+                continue
+            cp, r = chosen
+            batches = cp.batches
+            k = len(batches) - 1
+            while r.completion_us > oldest.deadline_us:
+                k -= 1
+                if k < 0:
+                    break
+                r = self.state.probe(cp, batches[k], now)
+            if k < 0:
+                result.drops.append(Drop(q.popleft(), "deadline cannot be met"))
+                continue
+            n = len(q)
+            if n < r.batch:
+                while batches[k] > n:
+                    k -= 1
+                if batches[k] != r.batch:
+                    r = self.state.probe(cp, batches[k], now)
+                latest = max(r.start_us, now) + (oldest.deadline_us - r.completion_us)
+                if n < cp.batch and latest > now + EPS_US:
+                    return latest
+            self._dispatch(model, cp, r, now, result)
+        return None
+
+    def _dispatch(self, model: str, cp: CompiledPipeline, r: ProbeResult, now: float, result: StepResult) -> None:
+        did = self.new_dispatch_id()
+        stages = self.state.commit(r, did)
+        requests = self.take(self.queues[model], r.batch)
+        self.live[did] = (r.completion_us, stages, [leg.src_server for leg in r.legs])
+        result.dispatches.append(Dispatch(did, model, cp.id, requests, stages, r.completion_us))
