@@ -140,23 +140,41 @@ class TritonProcess:
                 f"--backend-directory={install.backend_dir}", f"--http-address={self.host}",
                 f"--grpc-address={self.host}", f"--http-port={self.http_port}", f"--grpc-port={self.grpc_port}",
                 f"--metrics-address={self.host}", f"--metrics-port={self.metrics_port}",
-                f"--backend-config=python,shm-region-prefix-name={SHM_PREFIX}{os.getpid()}_{self.grpc_port}_",
+                f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
                 "--exit-timeout-secs=10", "--log-verbose=0", *self.extra_args]
 
-    def start(self, timeout_s: float = 60.0) -> "TritonProcess":
+    def spawn(self) -> "TritonProcess":
+        """Start the process without waiting for readiness (start many, then :meth:`wait_ready` on each)."""
         for port in (self.http_port, self.grpc_port, self.metrics_port):
             if port_in_use(port, self.host):
                 raise InputError(f"{self.name}: port {port} on {self.host} is already in use; choose another port")
         install = find_triton()
         log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
-        self.proc = subprocess.Popen(self.command(install), env=server_env(install, self.env),
-                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            self.proc = subprocess.Popen(self.command(install), env=server_env(install, self.env),
+                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        finally:
+            if log is not subprocess.DEVNULL:
+                log.close()
+        return self
+
+    def start(self, timeout_s: float = 60.0) -> "TritonProcess":
+        self.spawn()
         try:
             self.wait_ready(timeout_s)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def exited(self) -> int | None:
+        """The exit status if the server has exited (None while it runs)."""
+        return None if self.proc is None else self.proc.poll()
+
+    @property
+    def shm_prefix(self) -> str:
+        """Prefix of the Python backend's shared-memory regions of this server (under /dev/shm)."""
+        return f"{SHM_PREFIX}{os.getpid()}_{self.grpc_port}_"
 
     def is_ready(self) -> bool:
         try:
@@ -183,19 +201,25 @@ class TritonProcess:
         return f" (log {self.log_path}: {errors[-1][:400] if errors else 'no error lines'})"
 
     def stop(self, timeout_s: float = 15.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            self.proc = None
+        """SIGTERM the server's process group (server + backend stubs), SIGKILL after ``timeout_s``; clean shm."""
+        if self.proc is None:
             return
+        pgid = self.proc.pid  # start_new_session: the server leads its own process group
         try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout_s)
+            if self.proc.poll() is None:
+                os.killpg(pgid, signal.SIGTERM)
+                self.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            os.killpg(pgid, signal.SIGKILL)
             self.proc.wait()
         except ProcessLookupError:
             pass
         finally:
-            remove_shm_regions(f"{SHM_PREFIX}{os.getpid()}_{self.grpc_port}_")
+            try:  # backend stubs that outlived their server
+                os.killpg(pgid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            remove_shm_regions(self.shm_prefix)
             self.proc = None
 
     def __enter__(self) -> "TritonProcess":

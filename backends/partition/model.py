@@ -1,0 +1,230 @@
+"""poolpipe partition backend: a Triton Python-backend model that runs one ONNX partition.
+
+Copied as ``<repository>/<model>/1/model.py`` by ``poolpipe generate`` (and by ``ensembles/``). It reads
+its settings from the ``parameters`` of its config.pbtxt:
+
+==========================  =====================================================================
+``onnx_file``               ONNX file, relative to the version directory (default ``model.onnx``)
+``provider``                ``auto`` (default), ``cpu``, ``cuda``, ``tensorrt`` or ``torch`` (onnx2torch)
+``intra_op_threads``        ONNX Runtime intra-op threads (0 = ONNX Runtime's default)
+``inter_op_threads``        ONNX Runtime inter-op threads (default 1)
+``mps_thread_percentage``   sets ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` before CUDA starts (0 = leave as is)
+==========================  =====================================================================
+
+Every request gets, besides the partition's outputs, two extra outputs for the scheduler's feedback:
+``POOLPIPE_COMPUTE_START_NS`` and ``POOLPIPE_COMPUTE_END_NS``, INT64 with config dims ``[1]`` (so
+``[batch, 1]`` on the wire, every row equal): the wall-clock time (``time.time_ns()``, ns since the
+Unix epoch) when the engine run that computed this request began and ended. All requests handed to
+one ``execute`` call are concatenated along the batch axis and computed in one engine run. A request
+that cannot be computed gets a ``TritonError`` response; the model keeps serving.
+"""
+
+import os
+import sys
+
+# The Python backend stub ignores PYTHONPATH for its sys.path; take it from the environment explicitly
+# (before numpy/onnxruntime are imported) so that the server's interpreter packages are found.
+for _p in reversed([p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+import json  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+import triton_python_backend_utils as pb_utils  # noqa: E402
+
+COMPUTE_START_OUTPUT = "POOLPIPE_COMPUTE_START_NS"
+COMPUTE_END_OUTPUT = "POOLPIPE_COMPUTE_END_NS"
+TIMING_OUTPUTS = (COMPUTE_START_OUTPUT, COMPUTE_END_OUTPUT)
+PROVIDERS = ("auto", "cpu", "cuda", "tensorrt", "torch")
+
+_NUMPY_TYPES = {
+    "TYPE_FP32": np.float32, "TYPE_FP16": np.float16, "TYPE_FP64": np.float64, "TYPE_INT64": np.int64,
+    "TYPE_INT32": np.int32, "TYPE_INT8": np.int8, "TYPE_UINT8": np.uint8, "TYPE_BOOL": np.bool_,
+}
+
+
+def _parameters(config):
+    """config.pbtxt ``parameters`` as a plain dict of strings."""
+    return {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
+
+
+def _int_param(params, key, default):
+    raw = params.get(key, "")
+    if raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"config parameter {key}={raw!r} is not an integer") from None
+
+
+class _OrtEngine:
+    """An ONNX Runtime session on the CPU, CUDA or TensorRT execution provider."""
+
+    def __init__(self, path, provider, device_id, intra, inter):
+        import onnxruntime as ort
+
+        available = ort.get_available_providers()
+        chain = {
+            "cpu": ["CPUExecutionProvider"],
+            "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
+            "tensorrt": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
+        }[provider]
+        if chain[0] not in available:
+            raise RuntimeError(f"provider {provider!r} needs {chain[0]}, which this onnxruntime lacks "
+                               f"(available: {', '.join(available)})")
+        providers = [(p, {"device_id": device_id}) if p != "CPUExecutionProvider" else p
+                     for p in chain if p in available]
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = intra
+        so.inter_op_num_threads = inter
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        self.session = ort.InferenceSession(path, sess_options=so, providers=providers)
+        self.providers = self.session.get_providers()
+
+    def run(self, outputs, feeds):
+        return self.session.run(outputs, feeds)
+
+
+class _TorchEngine:
+    """The partition converted with onnx2torch, on a CUDA device (GPU hosts with only PyTorch)."""
+
+    def __init__(self, path, device_id):
+        import onnx2torch
+        import torch
+
+        if not torch.cuda.is_available():
+            raise RuntimeError("provider 'torch' needs a CUDA device visible to PyTorch")
+        self.torch = torch
+        self.device = torch.device("cuda", device_id)
+        self.module = onnx2torch.convert(path).to(self.device).eval()
+        self.providers = [f"torch:{self.device}"]
+
+    def run(self, outputs, feeds):
+        torch = self.torch
+        with torch.no_grad():
+            result = self.module(*(torch.from_numpy(x).to(self.device) for x in feeds.values()))
+        if not isinstance(result, (tuple, list)):
+            result = (result,)
+        torch.cuda.synchronize(self.device)
+        return [r.cpu().numpy() for r in result][: len(outputs)]
+
+
+def _resolve_provider(provider, kind):
+    """``auto``: the CPU for KIND_CPU; on a GPU TensorRT, else CUDA, else onnx2torch, else the CPU."""
+    if provider != "auto":
+        return provider
+    if kind != "GPU":
+        return "cpu"
+    import onnxruntime as ort
+
+    available = ort.get_available_providers()
+    if "TensorrtExecutionProvider" in available:
+        return "tensorrt"
+    if "CUDAExecutionProvider" in available:
+        return "cuda"
+    try:
+        import onnx2torch  # noqa: F401
+        import torch
+
+        if torch.cuda.is_available():
+            return "torch"
+    except ImportError:
+        pass
+    return "cpu"
+
+
+class TritonPythonModel:
+    """Runs one ONNX partition; one engine run per ``execute`` call."""
+
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        params = _parameters(config)
+        mps = _int_param(params, "mps_thread_percentage", 0)
+        if mps:
+            if not 1 <= mps <= 100:
+                raise ValueError(f"config parameter mps_thread_percentage={mps} must be 1..100")
+            os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(mps)  # before any CUDA context exists
+        provider = params.get("provider", "") or "auto"
+        if provider not in PROVIDERS:
+            raise ValueError(f"config parameter provider={provider!r} is not one of {', '.join(PROVIDERS)}")
+        version_dir = os.path.join(args["model_repository"], args["model_version"])
+        path = os.path.join(version_dir, params.get("onnx_file", "") or "model.onnx")
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"ONNX partition {path} not found (config parameter onnx_file)")
+        device_id = int(args.get("model_instance_device_id", 0) or 0)
+        provider = _resolve_provider(provider, args.get("model_instance_kind", "CPU"))
+        if provider == "torch":
+            self.engine = _TorchEngine(path, device_id)
+        else:
+            self.engine = _OrtEngine(path, provider, device_id, _int_param(params, "intra_op_threads", 0),
+                                     _int_param(params, "inter_op_threads", 1))
+        self.inputs = [(t["name"], _NUMPY_TYPES[t["data_type"]], [int(d) for d in t["dims"]])
+                       for t in config["input"]]
+        self.outputs = [t["name"] for t in config["output"] if t["name"] not in TIMING_OUTPUTS]
+        self.timing = [t["name"] for t in config["output"] if t["name"] in TIMING_OUTPUTS]
+        self.logger = pb_utils.Logger
+        self.logger.log_info(f"poolpipe partition {args['model_name']}: {path} on {self.engine.providers}")
+
+    def _feeds(self, request):
+        """The request's inputs as numpy arrays, checked against the config (ValueError if wrong)."""
+        feeds = {}
+        batch = None
+        for name, dtype, dims in self.inputs:
+            t = pb_utils.get_input_tensor_by_name(request, name)
+            if t is None:
+                raise ValueError(f"input {name!r} is missing")
+            x = t.as_numpy()
+            if x.dtype != dtype:
+                raise ValueError(f"input {name!r} has dtype {x.dtype}, expected {np.dtype(dtype)}")
+            if x.ndim != len(dims) + 1 or any(d not in (-1, s) for d, s in zip(dims, x.shape[1:])):
+                raise ValueError(f"input {name!r} has shape {list(x.shape)}, expected [batch, {dims}]")
+            if batch is not None and x.shape[0] != batch:
+                raise ValueError(f"inputs disagree on the batch size ({batch} vs {x.shape[0]})")
+            batch = x.shape[0]
+            feeds[name] = x
+        return feeds, batch
+
+    def _respond(self, outs, batch, start_ns, end_ns):
+        tensors = [pb_utils.Tensor(n, np.ascontiguousarray(o)) for n, o in zip(self.outputs, outs)]
+        stamps = {COMPUTE_START_OUTPUT: start_ns, COMPUTE_END_OUTPUT: end_ns}
+        tensors += [pb_utils.Tensor(n, np.full((batch, 1), stamps[n], dtype=np.int64)) for n in self.timing]
+        return pb_utils.InferenceResponse(output_tensors=tensors)
+
+    def _run(self, feeds):
+        start = time.time_ns()
+        outs = self.engine.run(self.outputs, feeds)
+        return outs, start, time.time_ns()
+
+    def execute(self, requests):
+        responses = [None] * len(requests)
+        good = []  # (index, feeds, batch)
+        for i, request in enumerate(requests):
+            try:
+                feeds, batch = self._feeds(request)
+                good.append((i, feeds, batch))
+            except Exception as e:  # noqa: BLE001 - a bad request must not take the model down
+                responses[i] = pb_utils.InferenceResponse(error=pb_utils.TritonError(f"bad request: {e}"))
+        if len(good) > 1:
+            try:
+                feeds = {name: np.concatenate([g[1][name] for g in good]) for name, _, _ in self.inputs}
+                outs, start, end = self._run(feeds)
+                offset = 0
+                for i, _, batch in good:
+                    responses[i] = self._respond([o[offset:offset + batch] for o in outs], batch, start, end)
+                    offset += batch
+                good = []
+            except Exception:  # noqa: BLE001 - retry one by one so that only the failing request errs
+                pass
+        for i, feeds, batch in good:
+            try:
+                outs, start, end = self._run(feeds)
+                responses[i] = self._respond(outs, batch, start, end)
+            except Exception as e:  # noqa: BLE001
+                responses[i] = pb_utils.InferenceResponse(error=pb_utils.TritonError(f"inference failed: {e}"))
+        return responses
+
+    def finalize(self):
+        self.engine = None

@@ -1,0 +1,287 @@
+"""``poolpipe generate``: a plan + ONNX models + a cluster file -> per-vGPU Triton repositories, launch files, manifest.
+
+Layout of ``out_dir``::
+
+    manifest.json                                  # what runs where (model_repository_gen/manifest.py)
+    <host>/launch.json                             # the host's tritonservers: ports, environment
+    <host>/launch.sh                               # the same as a readable shell script
+    <host>/<vgpu>/model_repository/<partition>/{config.pbtxt, 1/model.py, 1/model.onnx}
+
+Each planned vGPU becomes one tritonserver (decision 3 of ARCHITECTURE.md) on a concrete (host, GPU,
+slot). A GPU split into V vGPUs runs V servers, each with ``CUDA_VISIBLE_DEVICES=<gpu>`` (so its
+config says ``gpus: [0]``) and ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100/V``. On CPU devices the
+vGPUs of a host share its cores: each gets ``cores // vGPUs on the host`` engine threads.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shlex
+import shutil
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from model_repository_gen import triton_config as tc
+from model_repository_gen.cluster_file import Cluster, ClusterHost, cpu_cores, load_cluster
+from model_repository_gen.manifest import (HostInfo, Manifest, ModelInfo, PipelineInfo, StageInfo, TensorSpec,
+                                           VGpuInfo)
+from model_repository_gen.tritonserver import free_port
+from planner.errors import InputError
+from planner.plan import ModelPlan, Plan
+
+LAUNCH_FORMAT = "poolpipe.launch/1"
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One vGPU: slot ``slot`` of GPU ``gpu_index`` on ``host``, whose GPU is split into ``v``."""
+
+    host: ClusterHost
+    gpu_index: int
+    slot: int
+    v: int
+
+    @property
+    def id(self) -> str:
+        return f"{self.host.name}-gpu{self.gpu_index}-s{self.slot}"
+
+
+StageKey = tuple[str, int, int]  # (model, pipeline index, stage index)
+
+
+def gpus_needed(plan: Plan) -> dict[str, int]:
+    """Physical GPUs of each type the plan needs; vGPUs of one level share GPUs, levels do not mix."""
+    per_level: dict[tuple[str, int], int] = {}
+    for m in plan.models:
+        for pl in m.pipelines:
+            for p in pl.partitions:
+                per_level[(p.gpu, p.v)] = per_level.get((p.gpu, p.v), 0) + p.num_vgpus
+    out: dict[str, int] = {}
+    for (gpu, v), n in per_level.items():
+        out[gpu] = out.get(gpu, 0) + math.ceil(n / v)
+    return out
+
+
+def assign_vgpus(plan: Plan, cluster: Cluster) -> dict[StageKey, list[Slot]]:
+    """Give every planned vGPU a concrete (host, GPU, slot); InputError if a GPU type is short."""
+    available = cluster.gpus_of_type()
+    for gpu, need in sorted(gpus_needed(plan).items()):
+        have = available.get(gpu, 0)
+        if need > have:
+            hosts = ", ".join(f"{t}: {n}" for t, n in sorted(available.items()))
+            raise InputError(f"{cluster.source}: the plan needs {need} {gpu} GPU(s) but the cluster file has {have} "
+                             f"(hosts offer {hosts}); add hosts with gpu_type {gpu} or re-plan for this cluster")
+    physical = {gpu: [(h, i) for h in cluster.hosts_of_type(gpu) for i in range(h.gpus)] for gpu in available}
+    next_gpu = {gpu: 0 for gpu in available}
+    demands: dict[tuple[str, int], list[tuple[StageKey, int]]] = {}
+    for m in plan.models:
+        for j, pl in enumerate(plan.model(m.name).pipelines):
+            for k, p in enumerate(pl.partitions):
+                demands.setdefault((p.gpu, p.v), []).append(((m.name, j, k), p.num_vgpus))
+    out: dict[StageKey, list[Slot]] = {}
+    for (gpu, v), items in sorted(demands.items()):
+        slot, current = v, None  # start on a fresh GPU for each level
+        for key, n in items:
+            pool = []
+            for _ in range(n):
+                if slot == v:
+                    current, slot = physical[gpu][next_gpu[gpu]], 0
+                    next_gpu[gpu] += 1
+                pool.append(Slot(current[0], current[1], slot, v))
+                slot += 1
+            out[key] = pool
+    return out
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_-]", "_", name)
+
+
+def partition_model_name(model: str, first: int, end: int) -> str:
+    return f"{_safe(model)}_b{first}_{end}"
+
+
+def _check_cut_info(m: ModelPlan, onnx_path: Path, graph: onnx.GraphProto) -> None:
+    """Every boundary the plan cuts at must name tensors of this ONNX file (else the plan is for another model)."""
+    prof = m.profile
+    known = {vi.name for vi in graph.input} | {t for n in graph.node for t in n.output}
+    cuts = sorted({p.blocks[0] for pl in m.pipelines for p in pl.partitions if p.blocks[0] > 0})
+    for cut in cuts:
+        names = prof.blocks[cut - 1].output_tensors
+        if not names:
+            raise InputError(f"plan model {m.name}: its profile has no tensor names at the boundary after block "
+                             f"{cut - 1}; measure the profile with 'poolpipe profile measure' on {onnx_path}")
+        missing = [t for t in names if t not in known]
+        if missing:
+            raise InputError(f"plan model {m.name}: the plan cuts after block {cut - 1} of {prof.num_blocks} at "
+                             f"tensor(s) {missing}, which {onnx_path} does not have; the plan's profile was "
+                             f"measured on another model (or more blocks than {onnx_path} has)")
+
+
+def _load_onnx(path: Path, model: str) -> onnx.ModelProto:
+    try:
+        return onnx.load(str(path), load_external_data=False)
+    except FileNotFoundError:
+        raise InputError(f"--onnx {model}={path}: file not found") from None
+    except Exception as e:  # noqa: BLE001 - onnx raises DecodeError, OSError, ...
+        raise InputError(f"--onnx {model}={path}: not a readable ONNX model ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else 'parse error'})") from None
+
+
+def _host_ports(cluster: Cluster, slots: list[Slot]) -> dict[str, tuple[int, int, int]]:
+    """(http, grpc, metrics) per vGPU id: base+3k.. on each host, or free local ports for base_port 0."""
+    ports: dict[str, tuple[int, int, int]] = {}
+    for h in cluster.hosts:
+        mine = sorted({s.id: s for s in slots if s.host.name == h.name}.values(), key=lambda s: (s.gpu_index, s.slot))
+        for k, s in enumerate(mine):
+            if h.base_port:
+                ports[s.id] = (h.base_port + 3 * k, h.base_port + 3 * k + 1, h.base_port + 3 * k + 2)
+                continue
+            try:
+                ports[s.id] = (free_port(h.address), free_port(h.address), free_port(h.address))
+            except OSError:
+                raise InputError(f"{cluster.source}: host {h.name} has base_port 0 (pick free ports now), which "
+                                 f"needs its address {h.address} to be on this machine; give a base_port") from None
+    return ports
+
+
+def _env(slot: Slot, threads: int) -> dict[str, str]:
+    if slot.host.on_cpu:
+        return {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": str(threads)}
+    return {"CUDA_VISIBLE_DEVICES": str(slot.gpu_index), "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(100 // slot.v)}
+
+
+def _launch_sh(host: ClusterHost, servers: list[dict[str, Any]]) -> str:
+    lines = [
+        "#!/usr/bin/env bash",
+        f"# The tritonservers of host {host.name} ({host.gpus} x {host.gpu_type}, device {host.device}), "
+        "written by 'poolpipe generate'.",
+        "# 'poolpipe launch DIR --host NAME' does the same and also checks GPUs/MPS and waits for readiness.",
+        "# TRITONSERVER / TRITON_BACKEND_DIR: the binary and its backends directory (with the python backend);",
+        "# PYTHONPATH must name the site-packages with numpy and onnxruntime (the partition backend adds it).",
+        "set -euo pipefail",
+        'cd "$(dirname "$0")"',
+        'TRITONSERVER="${TRITONSERVER:-/opt/tritonserver/bin/tritonserver}"',
+        'TRITON_BACKEND_DIR="${TRITON_BACKEND_DIR:-/opt/tritonserver/backends}"',
+        "pids=()",
+        'trap \'kill "${pids[@]}" 2>/dev/null || true; wait\' INT TERM EXIT',
+    ]
+    for s in servers:
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in s["env"].items())
+        lines += [
+            f"# vGPU {s['vgpu']}: GPU {s['gpu_index']} slot {s['slot']} of {s['v']}, models {', '.join(s['models'])}",
+            f'{env} "$TRITONSERVER" --model-repository={shlex.quote(s["repository"])} '
+            f'--backend-directory="$TRITON_BACKEND_DIR" --http-address={shlex.quote(host.address)} '
+            f"--http-port={s['http_port']} --grpc-address={shlex.quote(host.address)} --grpc-port={s['grpc_port']} "
+            f"--metrics-address={shlex.quote(host.address)} --metrics-port={s['metrics_port']} &",
+            "pids+=($!)",
+        ]
+    lines.append("wait")
+    return "\n".join(lines) + "\n"
+
+
+def generate(plan: Plan, onnx_paths: Mapping[str, Path], cluster: Cluster | str | Path, out_dir: str | Path,
+             fp16_boundaries: bool = False) -> Manifest:
+    """Write repositories, launch files and manifest.json for ``plan`` under ``out_dir``; returns the manifest."""
+    from model_repository_gen.cut import cut_partition, partition_io  # onnx graph work only when generating
+
+    if not isinstance(cluster, Cluster):
+        cluster = load_cluster(cluster)
+    out = Path(out_dir)
+    planned = [m.name for m in plan.models]
+    missing = [n for n in planned if n not in onnx_paths]
+    if missing:
+        raise InputError(f"no ONNX file for plan model(s) {', '.join(missing)}: pass --onnx NAME=MODEL.onnx")
+    extra = sorted(set(onnx_paths) - set(planned))
+    if extra:
+        raise InputError(f"--onnx {', '.join(extra)}: not a model of the plan (it has {', '.join(planned)})")
+    full_io = {}
+    for m in plan.models:
+        path = Path(onnx_paths[m.name])
+        model = _load_onnx(path, m.name)
+        _check_cut_info(m, path, model.graph)
+        full_io[m.name] = partition_io(model)
+    assignment = assign_vgpus(plan, cluster)
+    all_slots = [s for pool in assignment.values() for s in pool]
+    ports = _host_ports(cluster, all_slots)
+    vgpus_per_host = {h.name: sum(1 for s in all_slots if s.host.name == h.name) for h in cluster.hosts}
+
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=".partitions-", dir=out))
+    try:
+        cut_cache: dict[tuple[str, int, int], tuple[Path, list[TensorSpec], list[TensorSpec]]] = {}
+
+        def partition(m: ModelPlan, first: int, end: int) -> tuple[Path, list[TensorSpec], list[TensorSpec]]:
+            key = (m.name, first, end)
+            if key not in cut_cache:
+                sub = cut_partition(Path(onnx_paths[m.name]), m.profile, first, end, fp16_boundaries)
+                f = work / f"{partition_model_name(*key)}.onnx"
+                onnx.save(sub, str(f))
+                cut_cache[key] = (f, *partition_io(sub))
+            return cut_cache[key]
+
+        servers: dict[str, dict[str, Any]] = {}
+        models = []
+        for m in plan.models:
+            pipes = []
+            for j, pl in enumerate(m.pipelines):
+                stages = []
+                for k, p in enumerate(pl.partitions):
+                    f, ins, outs = partition(m, *p.blocks)
+                    name = partition_model_name(m.name, *p.blocks)
+                    pool = assignment[(m.name, j, k)]
+                    for s in pool:
+                        threads = max(1, cpu_cores(s.host) // vgpus_per_host[s.host.name]) if s.host.on_cpu else 0
+                        settings = tc.BackendSettings(
+                            provider="cpu" if s.host.on_cpu else "auto", intra_op_threads=threads,
+                            mps_thread_percentage=0 if s.host.on_cpu else 100 // s.v)
+                        cfg = tc.partition_config(name, ins, outs, pl.batch,
+                                                  kind="KIND_CPU" if s.host.on_cpu else "KIND_GPU",
+                                                  gpu=None if s.host.on_cpu else 0, settings=settings)
+                        repo = out / s.host.name / s.id / "model_repository"
+                        tc.write_model(repo, cfg, f)
+                        http, grpc, metrics = ports[s.id]
+                        srv = servers.setdefault(s.id, {
+                            "vgpu": s.id, "host": s.host.name, "gpu_index": s.gpu_index, "slot": s.slot, "v": s.v,
+                            "repository": f"{s.id}/model_repository", "http_port": http, "grpc_port": grpc,
+                            "metrics_port": metrics, "env": _env(s, threads), "models": []})
+                        srv["models"].append(name)
+                    lat = {b: m.profile.latency_us(p.gpu, p.v, b, *p.blocks)
+                           for b in m.profile.batch_sizes(p.gpu, p.v)}
+                    stages.append(StageInfo(name, p.blocks, p.gpu, p.v, tuple(s.id for s in pool), tuple(ins),
+                                            tuple(outs), lat))
+                pipes.append(PipelineInfo(f"{m.name}/{j}", pl.batch, pl.throughput_rps, pl.latency_us, tuple(stages)))
+            ins, outs = full_io[m.name]
+            models.append(ModelInfo(m.name, m.slo_us, max(pl.batch for pl in m.pipelines), tuple(ins), tuple(outs),
+                                    tuple(pipes)))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    vgpus = []
+    for h in cluster.hosts:
+        mine = sorted((s for s in servers.values() if s["host"] == h.name), key=lambda s: (s["gpu_index"], s["slot"]))
+        for s in mine:
+            vgpus.append(VGpuInfo(s["vgpu"], h.name, h.gpu_type, s["gpu_index"], s["slot"], s["v"],
+                                  f"{h.address}:{s['grpc_port']}", f"{h.address}:{s['http_port']}",
+                                  f"{h.address}:{s['metrics_port']}", f"{h.name}/{s['repository']}",
+                                  "KIND_CPU" if h.on_cpu else "KIND_GPU", dict(s["env"])))
+        if not mine:
+            continue
+        launch = {"format": LAUNCH_FORMAT, "host": h.name, "address": h.address, "gpu_type": h.gpu_type,
+                  "device": h.device, "gpus": h.gpus,
+                  "needs_mps": (not h.on_cpu) and any(s["v"] > 1 for s in mine), "servers": mine}
+        (out / h.name / "launch.json").write_text(json.dumps(launch, indent=1) + "\n")
+        sh = out / h.name / "launch.sh"
+        sh.write_text(_launch_sh(h, mine))
+        sh.chmod(0o755)
+    hosts = tuple(HostInfo(h.name, h.address, h.gpu_type, h.gpus, h.bandwidth_gbps) for h in cluster.hosts)
+    manifest = Manifest(hosts, tuple(vgpus), tuple(models), plan, out.resolve())
+    manifest.save(out / "manifest.json")
+    return manifest

@@ -1,0 +1,233 @@
+"""Start and stop the tritonservers of a generated deployment (``poolpipe launch``, tests, demo, benchmarks).
+
+:class:`Deployment` reads ``DIR/manifest.json`` and ``DIR/<host>/launch.json`` (written by
+``poolpipe generate``), checks each GPU host's hardware (pynvml: GPU names and count, MPS daemon when
+a GPU is split into vGPUs), starts every server of the chosen hosts in parallel, waits until all
+are ready, and stops them all on exit, removing their shared-memory regions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from model_repository_gen.generate import LAUNCH_FORMAT
+from model_repository_gen.manifest import Manifest, load_manifest
+from model_repository_gen.tritonserver import TritonProcess, port_in_use
+from planner.errors import InputError
+
+
+@dataclass(frozen=True)
+class ServerLaunch:
+    vgpu: str
+    host: str
+    address: str
+    repository: Path
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+    env: dict[str, str]
+
+
+@dataclass(frozen=True)
+class HostLaunch:
+    host: str
+    address: str
+    gpu_type: str
+    device: str
+    gpus: int
+    needs_mps: bool
+    servers: tuple[ServerLaunch, ...]
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    name: str
+    memory_bytes: int
+
+
+def load_host_launch(directory: Path, host: str) -> HostLaunch:
+    """``DIR/<host>/launch.json``, validated."""
+    p = directory / host / "launch.json"
+    try:
+        d: Any = json.loads(p.read_text())
+    except OSError as e:
+        raise InputError(f"cannot read {p}: {e.strerror or e} (run 'poolpipe generate' first)") from None
+    except json.JSONDecodeError as e:
+        raise InputError(f"{p} is not valid JSON: {e}") from None
+    if not isinstance(d, dict) or d.get("format") != LAUNCH_FORMAT:
+        raise InputError(f"{p}: not a poolpipe launch file (format {LAUNCH_FORMAT!r})")
+    try:
+        servers = tuple(ServerLaunch(s["vgpu"], host, d["address"], (p.parent / s["repository"]).resolve(),
+                                     int(s["http_port"]), int(s["grpc_port"]), int(s["metrics_port"]),
+                                     {str(k): str(v) for k, v in s["env"].items()}) for s in d["servers"])
+        return HostLaunch(host, d["address"], d["gpu_type"], d["device"], int(d["gpus"]), bool(d["needs_mps"]),
+                          servers)
+    except (KeyError, TypeError, ValueError) as e:
+        raise InputError(f"{p}: malformed launch file ({type(e).__name__}: {e})") from None
+
+
+def discover_gpus() -> list[GpuInfo]:
+    """The local NVIDIA GPUs via pynvml (InputError when pynvml or the driver is missing)."""
+    try:
+        import pynvml  # noqa: PLC0415
+    except ImportError:
+        raise InputError("pynvml is not installed, so the local GPUs cannot be checked: "
+                         "pip install nvidia-ml-py (or poolpipe[gpu])") from None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as e:
+        raise InputError(f"no NVIDIA driver answers on this machine (NVML: {e})") from None
+    try:
+        out = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            name = pynvml.nvmlDeviceGetName(h)
+            out.append(GpuInfo(i, name.decode() if isinstance(name, bytes) else str(name),
+                               int(pynvml.nvmlDeviceGetMemoryInfo(h).total)))
+        return out
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def mps_running(proc: Path = Path("/proc")) -> bool:
+    """Whether an MPS control daemon runs: its pipe exists or a ``nvidia-cuda-mps-control`` process is alive."""
+    pipe = Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")) / "control"
+    if pipe.exists():
+        return True
+    for comm in proc.glob("[0-9]*/comm"):
+        try:
+            if comm.read_text().strip().startswith("nvidia-cuda-mps"):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def gpu_matches(gpu_type: str, name: str) -> bool:
+    """``L4`` matches "NVIDIA L4", ``V100`` "Tesla V100-SXM2-16GB"; ``T4`` does not match "NVIDIA RTX A4000"."""
+    tokens = name.upper().replace("-", " ").replace("_", " ").split()
+    return gpu_type.upper() in tokens
+
+
+def check_host_hardware(launch: HostLaunch, gpus: Sequence[GpuInfo], mps: bool) -> None:
+    """Refuse a GPU host whose GPUs differ from the cluster file, or that needs MPS without a daemon."""
+    if launch.device != "gpu":
+        return
+    matching = [g for g in gpus if gpu_matches(launch.gpu_type, g.name)]
+    if len(matching) < launch.gpus or len(gpus) < launch.gpus:
+        found = ", ".join(f"{g.index}: {g.name}" for g in gpus) or "none"
+        raise InputError(f"host {launch.host}: the cluster file says {launch.gpus} x {launch.gpu_type}, but this "
+                         f"machine has {len(matching)} matching GPU(s) (found: {found}); launch it on the right "
+                         f"machine or fix the cluster file and re-generate")
+    wrong = [g for g in gpus[:launch.gpus] if not gpu_matches(launch.gpu_type, g.name)]
+    if wrong:
+        raise InputError(f"host {launch.host}: GPU {wrong[0].index} is {wrong[0].name}, not {launch.gpu_type}; "
+                         f"GPUs 0..{launch.gpus - 1} must all be {launch.gpu_type}")
+    if launch.needs_mps and not mps:
+        raise InputError(f"host {launch.host}: the plan splits its GPUs into vGPUs, which needs the MPS daemon; "
+                         f"start it with 'nvidia-cuda-mps-control -d' (as the GPUs' owner) and launch again")
+
+
+class Deployment:
+    """All tritonservers of a generated deployment (or of some hosts); a context manager.
+
+    ``on_ready(vgpu_id, ready, total)`` is called as servers become ready (progress display).
+    """
+
+    def __init__(self, directory: str | Path, hosts: Sequence[str] | None = None, *, check_hardware: bool = True,
+                 timeout_s: float = 180.0, log_dir: str | Path | None = None,
+                 on_ready: Callable[[str, int, int], None] | None = None) -> None:
+        self.directory = Path(directory).resolve()
+        self.manifest: Manifest = load_manifest(self.directory)
+        deployed = [h.name for h in self.manifest.hosts if (self.directory / h.name / "launch.json").is_file()]
+        unknown = [h for h in hosts or () if h not in deployed]
+        if unknown:
+            raise InputError(f"--host {', '.join(unknown)}: not a host with servers in {self.directory} "
+                             f"(hosts: {', '.join(deployed) or 'none'})")
+        self.launches = tuple(load_host_launch(self.directory, h) for h in (hosts or deployed))
+        self.check_hardware = check_hardware
+        self.timeout_s = timeout_s
+        self.log_dir = Path(log_dir) if log_dir else None
+        self.on_ready = on_ready
+        self.servers: dict[str, TritonProcess] = {}
+
+    @property
+    def server_launches(self) -> list[ServerLaunch]:
+        return [s for h in self.launches for s in h.servers]
+
+    def preflight(self) -> None:
+        """Hardware and port checks, before anything starts."""
+        gpu_hosts = [h for h in self.launches if h.device == "gpu"]
+        if gpu_hosts and self.check_hardware:
+            gpus, mps = discover_gpus(), mps_running()
+            for h in gpu_hosts:
+                check_host_hardware(h, gpus, mps)
+        for s in self.server_launches:
+            for port in (s.http_port, s.grpc_port, s.metrics_port):
+                if port_in_use(port, s.address):
+                    raise InputError(f"vGPU {s.vgpu}: port {port} on {s.address} is already in use; stop what "
+                                     f"uses it or re-generate with another base_port for host {s.host}")
+
+    def start(self) -> "Deployment":
+        self.preflight()
+        try:
+            for s in self.server_launches:
+                log = (self.log_dir / f"{s.vgpu}.tritonserver.log" if self.log_dir
+                       else s.repository.parent / "tritonserver.log")
+                log.parent.mkdir(parents=True, exist_ok=True)
+                self.servers[s.vgpu] = TritonProcess(s.repository, s.http_port, s.grpc_port, s.metrics_port,
+                                                     host=s.address, env=s.env, log_path=log,
+                                                     name=f"vGPU {s.vgpu}").spawn()
+            self._wait_all_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_all_ready(self) -> None:
+        pending = dict(self.servers)
+        total = len(pending)
+        deadline = time.monotonic() + self.timeout_s
+        while pending:
+            for vid, srv in list(pending.items()):
+                if srv.exited() is not None:
+                    srv.wait_ready(0)  # raises with the exit status and the log's last error
+                if srv.is_ready():
+                    del pending[vid]
+                    if self.on_ready:
+                        self.on_ready(vid, total - len(pending), total)
+            if pending and time.monotonic() > deadline:
+                raise TimeoutError(f"{len(pending)} tritonserver(s) not ready after {self.timeout_s:.0f} s: "
+                                   f"{', '.join(pending)} (logs: {next(iter(pending.values())).log_path})")
+            if pending:
+                time.sleep(0.2)
+
+    def failed(self) -> dict[str, int]:
+        """Servers that have exited since they started: vGPU id -> exit status."""
+        return {vid: rc for vid, srv in self.servers.items() if (rc := srv.exited()) is not None}
+
+    def stop(self) -> None:
+        """Stop every server (all SIGTERMed at once, then each awaited) and remove their shm regions."""
+        for srv in self.servers.values():
+            if srv.proc is not None and srv.proc.poll() is None:
+                try:
+                    os.killpg(srv.proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        for srv in self.servers.values():
+            srv.stop()
+        self.servers.clear()
+
+    def __enter__(self) -> "Deployment":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,146 @@
+"""Triton ``config.pbtxt`` for partition models and ensembles, built as ``ModelConfig`` protobufs.
+
+Partition models run the poolpipe partition backend (``backends/partition/model.py``, a Python-based
+backend). poolpipe's own deployments have no ``dynamic_batching``: the sidecar forms every batch.
+The Triton-only baselines in ``ensembles/`` add Triton's dynamic batcher.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from backends.partition import MODEL_PY
+from model_repository_gen.manifest import TensorSpec
+from planner.errors import InputError
+
+# Extra outputs of every partition model (see backends/partition/model.py): wall-clock ns of the engine run.
+COMPUTE_START_OUTPUT = "POOLPIPE_COMPUTE_START_NS"
+COMPUTE_END_OUTPUT = "POOLPIPE_COMPUTE_END_NS"
+TIMING_OUTPUTS = (COMPUTE_START_OUTPUT, COMPUTE_END_OUTPUT)
+KINDS = ("KIND_CPU", "KIND_GPU")
+
+
+@dataclass(frozen=True)
+class DynamicBatching:
+    """Triton's dynamic batcher settings (only for the Triton-only baselines)."""
+
+    preferred_batch_sizes: tuple[int, ...] = ()
+    max_queue_delay_us: int = 0
+
+
+@dataclass(frozen=True)
+class BackendSettings:
+    """The partition backend's config ``parameters`` (see backends/partition/model.py)."""
+
+    onnx_file: str = "model.onnx"
+    provider: str = "auto"
+    intra_op_threads: int = 0
+    inter_op_threads: int = 1
+    mps_thread_percentage: int = 0
+
+    def parameters(self) -> dict[str, str]:
+        return {"onnx_file": self.onnx_file, "provider": self.provider,
+                "intra_op_threads": str(self.intra_op_threads), "inter_op_threads": str(self.inter_op_threads),
+                "mps_thread_percentage": str(self.mps_thread_percentage)}
+
+
+def _tensor(t: mc.ModelInput | mc.ModelOutput, spec: TensorSpec) -> None:
+    t.name = spec.name
+    t.data_type = mc.DataType.Value(f"TYPE_{spec.datatype}")
+    t.dims.extend(spec.shape)
+
+
+def partition_config(name: str, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec], max_batch_size: int,
+                     kind: str = "KIND_CPU", gpu: int | None = None, settings: BackendSettings = BackendSettings(),
+                     dynamic_batching: DynamicBatching | None = None, timing_outputs: bool = True
+                     ) -> mc.ModelConfig:
+    """A partition model: python backend, ``max_batch_size``, one instance on one GPU (or the CPU)."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    if kind == "KIND_GPU" and gpu is None:
+        raise ValueError("KIND_GPU needs a gpu index")
+    if max_batch_size < 1:
+        raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+    cfg = mc.ModelConfig(name=name, backend="python", max_batch_size=max_batch_size)
+    for spec in inputs:
+        _tensor(cfg.input.add(), spec)
+    for spec in outputs:
+        _tensor(cfg.output.add(), spec)
+    if timing_outputs:
+        for n in TIMING_OUTPUTS:
+            _tensor(cfg.output.add(), TensorSpec(n, "INT64", (1,)))
+    group = cfg.instance_group.add()
+    group.count = 1
+    group.kind = mc.ModelInstanceGroup.Kind.Value(kind)
+    if kind == "KIND_GPU":
+        group.gpus.append(gpu)
+    for k, v in settings.parameters().items():
+        cfg.parameters[k].string_value = v
+    if dynamic_batching is not None:
+        cfg.dynamic_batching.preferred_batch_size.extend(dynamic_batching.preferred_batch_sizes)
+        cfg.dynamic_batching.max_queue_delay_microseconds = dynamic_batching.max_queue_delay_us
+    return cfg
+
+
+def ensemble_config(name: str, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec], max_batch_size: int,
+                    steps: Sequence[tuple[str, Mapping[str, str], Mapping[str, str]]]) -> mc.ModelConfig:
+    """A Triton ensemble; ``steps`` are (model name, input_map, output_map) with model tensor -> ensemble tensor."""
+    cfg = mc.ModelConfig(name=name, platform="ensemble", max_batch_size=max_batch_size)
+    for spec in inputs:
+        _tensor(cfg.input.add(), spec)
+    for spec in outputs:
+        _tensor(cfg.output.add(), spec)
+    for model, in_map, out_map in steps:
+        step = cfg.ensemble_scheduling.step.add()
+        step.model_name = model
+        step.model_version = -1
+        for k, v in in_map.items():
+            step.input_map[k] = v
+        for k, v in out_map.items():
+            step.output_map[k] = v
+    return cfg
+
+
+def config_text(cfg: mc.ModelConfig) -> str:
+    return text_format.MessageToString(cfg)
+
+
+def parse_config(path: str | Path) -> mc.ModelConfig:
+    """Read a config.pbtxt back into a ModelConfig (InputError naming the file if it does not parse)."""
+    p = Path(path)
+    try:
+        return text_format.Parse(p.read_text(), mc.ModelConfig())
+    except OSError as e:
+        raise InputError(f"cannot read {p}: {e.strerror or e}") from None
+    except text_format.ParseError as e:
+        raise InputError(f"{p} is not a valid Triton model config: {e}") from None
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    dst.unlink(missing_ok=True)
+    try:
+        dst.hardlink_to(src)
+    except OSError:
+        shutil.copyfile(src, dst)
+
+
+def write_model(repository: Path, cfg: mc.ModelConfig, onnx_file: Path | None = None) -> Path:
+    """Write ``<repository>/<name>/config.pbtxt`` (+ ``1/model.py`` and ``1/<onnx>`` for python models)."""
+    model_dir = repository / cfg.name
+    model_dir.mkdir(parents=True, exist_ok=True)
+    (model_dir / "config.pbtxt").write_text(config_text(cfg))
+    if cfg.backend == "python":
+        version = model_dir / "1"
+        version.mkdir(exist_ok=True)
+        shutil.copyfile(MODEL_PY, version / "model.py")
+        if onnx_file is not None:
+            _link_or_copy(Path(onnx_file), version / cfg.parameters["onnx_file"].string_value)
+    elif cfg.platform == "ensemble":
+        (model_dir / "1").mkdir(exist_ok=True)
+    return model_dir
