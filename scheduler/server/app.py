@@ -47,6 +47,8 @@ class Sidecar:
             from scheduler.server.dispatch import PlannedModels  # noqa: PLC0415
             self.planned = await PlannedModels.create(c.manifest, c.policy, self.metrics)
         self.router = Router(c.passthrough, self.planned, self.metrics)
+        if self.planned is not None:
+            self.planned.client_shm = self.router.shm
         await self.router.start()
         self._grpc = await start_grpc(self.router, c.bind, c.grpc_port)
         self._runners.append(await start_http(HttpFront(self.router).app(), c.bind, c.http_port))

@@ -36,11 +36,13 @@ class SidecarMetrics:
                                   buckets=(1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2))
         self.retries = Counter(_P + "retries", "Batches retried on another path after a server fault", ["model"],
                                registry=r)
+        self.hops = Counter(_P + "hops", "Boundary tensors handed between stages, by how", ["kind"], registry=r)
         self._finished: dict[str, list[int]] = {}
 
     def finished(self, model: str, met_slo: bool) -> None:
         """Record one finished planned request (answered or shed) for the attainment gauge."""
         met, total = self._finished.setdefault(model, [0, 0])
+        self.hops = Counter(_P + "hops", "Boundary tensors handed between stages, by how", ["kind"], registry=r)
         self._finished[model] = [met + int(met_slo), total + 1]
         if met_slo:
             self.slo_met.labels(model).inc()

@@ -7,9 +7,6 @@ from pathlib import Path
 
 from planner.errors import InputError
 
-POLICIES = ("auto", "ppipe", "fifo")
-
-
 def _hostport(value: str) -> str:
     host, sep, port = value.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
@@ -50,6 +47,11 @@ def config_from_args(args: argparse.Namespace):  # -> SidecarConfig
             raise InputError(f"{flag}: port {port} on {args.bind} is already in use; choose another port")
     if len(set(ports.values())) != len(ports):
         raise InputError("--grpc-port, --http-port and --metrics-port must differ")
+    from scheduler.server.dispatch import LIVE_POLICIES  # noqa: PLC0415
+
+    if args.policy not in ("auto", *LIVE_POLICIES):
+        raise InputError(f"--policy {args.policy}: choose one of auto, {', '.join(LIVE_POLICIES)} "
+                         "(per-stage policies such as 'reactive' are for the simulator)")
     manifest = None
     if args.manifest is not None:
         from model_repository_gen.manifest import load_manifest  # noqa: PLC0415 (validates now: one-line errors)
