@@ -19,7 +19,7 @@ from planner.profile import Block, DeviceTiming, Profile
 from planner.spec import ClusterSpec
 from planner.zoo import build_zoo_model
 
-BATCHES = (1, 2, 4, 8)
+BATCHES = (1, 2, 3, 4, 6, 8)
 # (blocks, gpu type, vGPUs) per stage
 STAGES = (((0, 1), "A", 2), ((1, 2), "A", 1), ((2, 3), "B", 2))
 

@@ -41,6 +41,13 @@ log = logging.getLogger("poolpipe.sidecar.dispatch")
 DEFAULT_POLICY = "ppipe"
 LIVE_POLICIES = ("ppipe", "fifs", "elsa")  # policies whose dispatches carry whole batches (final=True)
 MAX_ATTEMPTS = 3
+# The core plans against the deadline minus this margin (the sidecar's own hops and Python scheduling
+# jitter are not in the profiles): the larger of the plan's slo_margin_us, 5 % of the SLO and 3 ms.
+MIN_MARGIN_US = 3000.0
+MARGIN_FRACTION = 0.05
+# A wake-up that fires this late is stepped at the time the core asked for (the event loop is not a
+# real-time clock; the core would otherwise see "too late" and drop requests it meant to dispatch).
+LATE_WAKE_TOLERANCE_US = 2000.0
 HEALTH_PERIOD_S = 0.5
 # Codes that say "this request is wrong", not "this server is broken": the batch fails, the server stays.
 CLIENT_FAULTS = (grpc.StatusCode.INVALID_ARGUMENT,)
@@ -145,6 +152,8 @@ class PlannedModels:
         self.topology = topology_from_manifest(manifest)
         self.scheduler = make_scheduler(self.policy, self.topology)
         self.models = {m.name: m for m in manifest.models}
+        self.margin_us = {m.name: max(MIN_MARGIN_US, MARGIN_FRACTION * m.slo_us, _plan_margin(manifest, m.name))
+                          for m in manifest.models}
         self.pipelines: dict[str, PipelineInfo] = {p.id: p for m in manifest.models for p in m.pipelines}
         self.client_shm: ClientShmRegistry | None = None
         self.samples: dict[int, Sample] = {}
@@ -372,7 +381,8 @@ class PlannedModels:
         self._next_request += 1
         sample.attempts += 1
         self.samples[rid] = sample
-        self.scheduler.enqueue(Request(rid, sample.call.model.name, now_us(), sample.call.deadline_us))
+        model = sample.call.model.name
+        self.scheduler.enqueue(Request(rid, model, now_us(), sample.call.deadline_us - self.margin_us[model]))
 
     async def _scheduler_loop(self) -> None:
         while True:
@@ -389,7 +399,10 @@ class PlannedModels:
 
     def _step(self) -> None:
         t0 = time.perf_counter()
-        result = self.scheduler.step(now_us())
+        t = now_us()
+        if self._wake_us is not None and self._wake_us <= t < self._wake_us + LATE_WAKE_TOLERANCE_US:
+            t = self._wake_us
+        result = self.scheduler.step(t)
         self.metrics.decision.observe(time.perf_counter() - t0)
         self._wake_us = result.wake_at_us
         for drop in result.drops:
@@ -437,6 +450,12 @@ class PlannedModels:
         except asyncio.CancelledError:
             self._release(hops)
             raise
+        except Exception as e:  # noqa: BLE001 - never leave a client waiting on a bug: answer, log, go on
+            log.exception("event=dispatch_failed dispatch=%d", d.id)
+            self._release(hops)
+            for s in live:
+                self._fail(s.call, ServeError(grpc.StatusCode.INTERNAL, f"dispatch {d.id} failed: {e}"))
+            return
         self._complete(live, hops)
         self._kick.set()
 
@@ -486,6 +505,9 @@ class PlannedModels:
             s_us = wall_ns_to_mono_us(float(np.frombuffer(start[1], np.int64).min()))
             e_us = wall_ns_to_mono_us(float(np.frombuffer(end[1], np.int64).max()))
             self.scheduler.report(d.id, index, s_us, e_us)
+            a = next(x for x in d.stages if x.stage == index)
+            log.debug("event=stage dispatch=%d stage=%d vgpu=%s batch=%d planned_us=%.0f-%.0f measured_us=%.0f-%.0f",
+                      d.id, index, vgpu, batch, a.start_us, a.end_us, s_us, e_us)
             self.metrics.vgpu_busy.labels(vgpu).inc(max(e_us - s_us, 0.0) / 1e6)
         out = []
         for spec in stage.outputs:
@@ -584,6 +606,13 @@ class PlannedModels:
         c.last_ms = int(time.time() * 1e3)
         self.metrics.finished(call.model.name, t <= call.deadline_us)
         call.future.set_result(resp)
+
+
+def _plan_margin(manifest: Manifest, model: str) -> float:
+    try:
+        return float(manifest.plan.model(model).slo_margin_us)
+    except KeyError:
+        return 0.0
 
 
 def _raw_outputs(resp: service_pb2.ModelInferResponse, in_shm: set[str]) -> dict[str, tuple[list[int], bytes]]:

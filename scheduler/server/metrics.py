@@ -42,7 +42,6 @@ class SidecarMetrics:
     def finished(self, model: str, met_slo: bool) -> None:
         """Record one finished planned request (answered or shed) for the attainment gauge."""
         met, total = self._finished.setdefault(model, [0, 0])
-        self.hops = Counter(_P + "hops", "Boundary tensors handed between stages, by how", ["kind"], registry=r)
         self._finished[model] = [met + int(met_slo), total + 1]
         if met_slo:
             self.slo_met.labels(model).inc()

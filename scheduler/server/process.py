@@ -24,6 +24,7 @@ class SidecarProcess:
     policy: str = "auto"
     log_path: Path | None = None
     extra_args: tuple[str, ...] = ()
+    verbose: bool = False
     grpc_port: int = field(default_factory=free_port)
     http_port: int = field(default_factory=free_port)
     metrics_port: int = field(default_factory=free_port)
@@ -38,7 +39,7 @@ class SidecarProcess:
         return f"127.0.0.1:{self.http_port}"
 
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "poolpipe", "serve", "--grpc-port", str(self.grpc_port), "--http-port",
+        cmd = [sys.executable, "-m", "poolpipe", *(["-v"] if self.verbose else []), "serve", "--grpc-port", str(self.grpc_port), "--http-port",
                str(self.http_port), "--metrics-port", str(self.metrics_port), "--policy", self.policy]
         if self.manifest:
             cmd += ["--manifest", str(self.manifest)]
