@@ -92,6 +92,9 @@ def _add_fp16_boundaries(sub: onnx.ModelProto, cast_inputs: tuple[str, ...], cas
         if vi.name in cast_inputs and vi.type.tensor_type.elem_type == TensorProto.FLOAT:
             inner = vi.name + FP32_SUFFIX
             _rename_uses(g, vi.name, inner)
+            for info in g.value_info:
+                if info.name == vi.name:
+                    info.name = inner
             vi.type.tensor_type.elem_type = TensorProto.FLOAT16
             casts_in.append(helper.make_node("Cast", [vi.name], [inner], name=f"{vi.name}/cast_from_fp16",
                                              to=TensorProto.FLOAT))

@@ -67,7 +67,8 @@ def check_engine(device: str, engine: str, vgpu_levels: tuple[int, ...] = (1,)) 
         raise InputError(f"--engine {engine!r}: choose one of {', '.join(ENGINES)}")
     if device == "cpu":
         if engine != "ort":
-            raise InputError(f"--engine {engine} needs --device cuda; the CPU is profiled with ONNX Runtime (--engine ort)")
+            raise InputError(f"--engine {engine} needs --device cuda; the CPU is profiled with ONNX Runtime "
+                             "(--engine ort)")
         return
     gpus = gpu_names()
     if not gpus:

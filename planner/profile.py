@@ -6,6 +6,7 @@ Format (``format: poolpipe.profile/1``)::
       "format": "poolpipe.profile/1",
       "model": "resnet50",
       "input_bytes": 602112,                # bytes of the model input at batch 1 (null if unknown)
+      "input_tensors": ["input"],           # the model's input tensor names (null if unknown)
       "blocks": [                           # in execution order
         {"name": "block0", "output_bytes": 802816,        # bytes crossing the boundary after it, batch 1
          "output_tensors": ["/layer1/Relu_output_0"]},    # tensor names at that boundary (null if unknown)

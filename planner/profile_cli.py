@@ -19,6 +19,39 @@ def register(sub: argparse._SubParsersAction) -> None:
     imp.add_argument("--out", required=True, type=Path, help="profile JSON to write")
     imp.set_defaults(func=_import_ppipe)
 
+    m = psub.add_parser("measure", help="measure an ONNX model block by block on this machine",
+                        description="Time each block of an ONNX model at each batch size (warm-up, repeats, median) "
+                                    "and each boundary tensor's bytes, on one device type; blocks come from "
+                                    "pre-partitioning (--blocks N) or from an existing profile (--like).")
+    m.add_argument("model", type=Path, metavar="MODEL.onnx")
+    m.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    m.add_argument("--engine", default=None, help="ort, trt (TensorRT) or torch (onnx2torch); default: trt on "
+                                                  "cuda when tensorrt imports, else ort")
+    m.add_argument("--threads", type=int, default=None, help="CPU threads of ONNX Runtime (default: all cores)")
+    m.add_argument("--label", default=None, help="device type name in the profile (default: cpu, or the GPU "
+                                                 "model on cuda, e.g. L4)")
+    which = m.add_mutually_exclusive_group(required=True)
+    which.add_argument("--blocks", type=int, help="pre-partition into N blocks of similar time on this device")
+    which.add_argument("--like", type=Path, metavar="EXISTING.json", help="reuse the blocks of an existing profile")
+    m.add_argument("--batch-sizes", default="1,2,4,8", help="comma-separated batch sizes (default 1,2,4,8)")
+    m.add_argument("--vgpu-levels", default="1", help="comma-separated vGPU levels V, each measured with V "
+                                                      "concurrent processes (default 1)")
+    m.add_argument("--repeats", type=int, default=20, help="timed runs per block and batch size (median taken)")
+    m.add_argument("--warmup", type=int, default=5, help="untimed runs before timing")
+    m.add_argument("--max-boundary-tensors", type=int, default=1,
+                   help="most tensors allowed to cross a block boundary when pre-partitioning (default 1)")
+    m.add_argument("--model-name", default=None,
+                   help="model name in the profile (default: the --like profile's model, else the file name stem)")
+    m.add_argument("--out", required=True, type=Path, help="profile JSON to write")
+    m.set_defaults(func=_measure)
+
+    mg = psub.add_parser("merge", help="join profiles of one model measured on different device types",
+                         description="Join the device types of several profiles of one model; their blocks must "
+                                     "match (measure later device types with --like).")
+    mg.add_argument("profiles", nargs="+", type=Path, metavar="PROFILE.json")
+    mg.add_argument("--out", required=True, type=Path, help="merged profile JSON to write")
+    mg.set_defaults(func=_merge)
+
 
 def _import_ppipe(args: argparse.Namespace) -> int:
     from planner.reference import import_ppipe_profile
@@ -27,4 +60,66 @@ def _import_ppipe(args: argparse.Namespace) -> int:
     prof.save(args.out)
     levels = ", ".join(f"{d} V={','.join(map(str, prof.levels(d)))}" for d in prof.devices)
     print(f"wrote {args.out}: {prof.model}, {prof.num_blocks} blocks, {levels}")
+    return 0
+
+
+def _int_list(text: str, flag: str, lo: int = 1, hi: int | None = None) -> tuple[int, ...]:
+    """Parse '1,2,4' into increasing unique integers within [lo, hi]."""
+    from planner.errors import InputError
+
+    try:
+        vals = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        vals = []
+    if not vals or vals[0] < lo or (hi is not None and vals[-1] > hi):
+        rng = f"{lo}..{hi}" if hi is not None else f">= {lo}"
+        raise InputError(f"{flag} {text!r}: expected comma-separated integers {rng}, e.g. 1,2,4")
+    return tuple(vals)
+
+
+def _default_label(device: str) -> str:
+    """'cpu', or the GPU's model as the planner names GPU types (NVIDIA L4 -> L4)."""
+    if device != "cuda":
+        return "cpu"
+    from planner.engines import gpu_names
+
+    names = gpu_names()
+    words = names[0].replace("NVIDIA", "").replace("Tesla", "").split() if names else []
+    return words[0] if words else "cuda"
+
+
+def _measure(args: argparse.Namespace) -> int:
+    from planner.engines import default_engine
+    from planner.errors import InputError
+    from planner.profile import load_profile
+    from planner.profiler import MeasureOptions, measure_profile
+
+    for flag, val, lo in (("--threads", args.threads, 1), ("--blocks", args.blocks, 1), ("--repeats", args.repeats, 1),
+                          ("--warmup", args.warmup, 0), ("--max-boundary-tensors", args.max_boundary_tensors, 1)):
+        if val is not None and val < lo:
+            raise InputError(f"{flag} {val}: must be at least {lo}")
+    opts = MeasureOptions(
+        device=args.device, engine=args.engine or default_engine(args.device),
+        label=args.label or _default_label(args.device), threads=args.threads,
+        batch_sizes=_int_list(args.batch_sizes, "--batch-sizes"),
+        repeats=args.repeats, warmup=args.warmup, vgpu_levels=_int_list(args.vgpu_levels, "--vgpu-levels", 1, 8),
+        max_tensors=args.max_boundary_tensors)
+    like = load_profile(args.like) if args.like else None
+    prof = measure_profile(args.model, opts, n_blocks=args.blocks, like=like, like_path=str(args.like or ""),
+                           model_name=args.model_name)
+    prof.save(args.out)
+    total = {v: prof.latency_us(opts.label, v, opts.batch_sizes[0]) for v in opts.vgpu_levels}
+    per_level = ", ".join(f"V={v}: {us / 1000:.2f} ms" for v, us in total.items())
+    print(f"wrote {args.out}: {prof.model}, {prof.num_blocks} blocks on {opts.label} ({opts.engine}), "
+          f"batch {opts.batch_sizes[0]} {per_level}")
+    return 0
+
+
+def _merge(args: argparse.Namespace) -> int:
+    from planner.profile import load_profile
+    from planner.profile_merge import merge_profiles
+
+    merged = merge_profiles([(str(p), load_profile(p)) for p in args.profiles])
+    merged.save(args.out)
+    print(f"wrote {args.out}: {merged.model}, {merged.num_blocks} blocks, device types {', '.join(merged.devices)}")
     return 0

@@ -46,7 +46,8 @@ def _chain(path: Path, prof: Profile, x: np.ndarray, fp16: bool = False) -> np.n
     feeds = {"input": x}
     for i in range(prof.num_blocks):
         s = _session(cut_partition(path, prof, i, i + 1, fp16))
-        feeds = dict(zip([o.name for o in s.get_outputs()], s.run(None, {i.name: feeds[i.name] for i in s.get_inputs()})))
+        outs = s.run(None, {i.name: feeds[i.name] for i in s.get_inputs()})
+        feeds = dict(zip([o.name for o in s.get_outputs()], outs))
     (y,) = feeds.values()
     return y
 

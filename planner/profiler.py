@@ -1,0 +1,264 @@
+"""Block profiler: time each block of an ONNX model at each batch size (and vGPU level) on one device type.
+
+Blocks come from pre-partitioning (``n_blocks``) or from an existing profile (``like``), so that
+profiles of one model measured on different device types can be merged. Each block runs as its own
+ONNX sub-model on real activations (the block before it produces its input), ``warmup`` untimed
+runs then the median of ``repeats`` timed runs. A vGPU level V > 1 runs V worker processes at once,
+each limited to 1/V of the device (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100/V`` on a GPU, threads/V
+on the CPU), barrier-synchronised before every block so that their interference is measured; the
+level's latency is the median over the workers' medians.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import multiprocessing as mp
+import os
+import platform
+import queue as queue_mod
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import onnx
+import onnx.utils
+
+from planner.engines import check_engine, gpu_names, make_runner
+from planner.errors import InputError
+from planner.onnx_graph import (TensorSpec, extract, graph_inputs, load_onnx, value_infos, with_shapes)
+from planner.prepartition import model_input_specs, prepartition_model, random_feeds, time_runner_us
+from planner.profile import Block, DeviceTiming, Profile
+
+METHOD = ("per block and batch size: median of `repeats` timed runs after `warmup` untimed runs; each block "
+          "is its own ONNX sub-model fed real activations; vGPU level V>1: V worker processes at once, each with "
+          "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100/V (cpu: threads/V), barrier-synchronised per block, median "
+          "over workers")
+WORKER_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class MeasureOptions:
+    device: str = "cpu"
+    engine: str = "ort"
+    label: str = "cpu"
+    threads: int | None = None
+    batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
+    repeats: int = 20
+    warmup: int = 5
+    vgpu_levels: tuple[int, ...] = (1,)
+    max_tensors: int = 1
+
+
+@dataclass(frozen=True)
+class BlockPlan:
+    """Where the blocks of the profile start and end, by boundary tensor names."""
+
+    input_tensors: tuple[str, ...]
+    names: tuple[str, ...]
+    output_tensors: tuple[tuple[str, ...], ...]
+    origin: dict[str, Any] = field(default_factory=dict)
+
+
+def blocks_like(model: onnx.ModelProto, like: Profile, like_path: str) -> BlockPlan:
+    """The blocks of an existing profile, checked against ``model``'s tensors."""
+    known = value_infos(model)
+    inputs = like.input_tensors or tuple(graph_inputs(model.graph))
+    for t in inputs:
+        if t not in graph_inputs(model.graph):
+            raise InputError(f"--like {like_path}: input tensor {t!r} is not an input of the model")
+    outs = []
+    for i, b in enumerate(like.blocks):
+        if not b.output_tensors:
+            raise InputError(f"--like {like_path}: blocks[{i}] has no output_tensors (a profile measured by "
+                             "'poolpipe profile measure' has them)")
+        for t in b.output_tensors:
+            if t not in known:
+                raise InputError(f"--like {like_path}: blocks[{i}] output tensor {t!r} is not in the model")
+        outs.append(tuple(b.output_tensors))
+    model_outputs = tuple(o.name for o in model.graph.output)
+    if set(outs[-1]) != set(model_outputs):
+        raise InputError(f"--like {like_path}: the last block ends at {list(outs[-1])}, not at the model's "
+                         f"outputs {list(model_outputs)}")
+    return BlockPlan(tuple(inputs), tuple(b.name for b in like.blocks), tuple(outs),
+                     {"blocks_from": str(like_path)})
+
+
+def blocks_prepartitioned(model: onnx.ModelProto, n_blocks: int, opts: MeasureOptions) -> BlockPlan:
+    """N blocks of similar batch-1 time on the measured device (pre-partitioning)."""
+    pp = prepartition_model(model, n_blocks, opts.device, opts.engine, opts.threads, opts.max_tensors,
+                            repeats=max(3, opts.repeats // 2), warmup=max(1, opts.warmup))
+    return BlockPlan(pp.input_tensors, tuple(f"block{i}" for i in range(n_blocks)),
+                     tuple(b.output_tensors for b in pp.blocks),
+                     {"blocks_from": "prepartition", "max_boundary_tensors": opts.max_tensors,
+                      "segments": [list(b.segments) for b in pp.blocks],
+                      "segment_times_us": [round(t, 1) for t in pp.segment_times_us]})
+
+
+def block_models(model: onnx.ModelProto, plan: BlockPlan) -> list[onnx.ModelProto]:
+    """Each block as a stand-alone ONNX sub-model (``model`` shape-inferred)."""
+    ex = onnx.utils.Extractor(model)
+    bounds = [plan.input_tensors, *plan.output_tensors]
+    return [extract(ex, list(bounds[i]), list(bounds[i + 1]), f"block {i} ({plan.names[i]})")
+            for i in range(len(plan.names))]
+
+
+def _measure_blocks(models: list[bytes], input_specs: list[TensorSpec], opts: MeasureOptions, threads: int | None,
+                    sync: Callable[[], None], report: Callable[[int, float], None]) -> None:
+    """Time every block at every batch size, calling ``sync`` before and ``report(step, µs)`` after each."""
+    subs = [onnx.load_from_string(m) for m in models]
+    runners = [make_runner(s, opts.device, opts.engine, threads) for s in subs]
+    ins = [[i.name for i in s.graph.input if i.name not in {t.name for t in s.graph.initializer}] for s in subs]
+    outs = [[o.name for o in s.graph.output] for s in subs]
+    for bi, batch in enumerate(opts.batch_sizes):
+        feeds = random_feeds(input_specs, batch)
+        for k, runner in enumerate(runners):
+            block_feeds = {n: feeds[n] for n in ins[k]}
+            sync()
+            report(bi * len(runners) + k, time_runner_us(runner.run, block_feeds, opts.repeats, opts.warmup))
+            feeds.update(zip(outs[k], runner.run(block_feeds)))
+
+
+def _worker(models: list[bytes], input_specs: list[TensorSpec], opts: MeasureOptions, v: int, threads: int | None,
+            barrier: Any, results: Any, worker: int) -> None:
+    """One of V concurrent processes of vGPU level V; sets its MPS share before any CUDA work."""
+    os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(100 // v)
+    try:
+        _measure_blocks(models, input_specs, opts, threads, lambda: barrier.wait(WORKER_TIMEOUT_S),
+                        lambda step, us: results.put((worker, step, us)))
+        results.put((worker, -1, 0.0))
+    except BaseException as e:  # reported to the parent, which fails the measurement with it
+        barrier.abort()
+        results.put((worker, -2, f"{type(e).__name__}: {e}"))
+
+
+def _level_threads(opts: MeasureOptions, v: int) -> int | None:
+    if opts.device != "cpu":
+        return opts.threads
+    total = opts.threads or os.cpu_count() or 1
+    if total < v:
+        raise InputError(f"--vgpu-levels {v} on cpu splits {total} thread(s) {v} ways; use --threads >= {v}")
+    return total // v
+
+
+def measure_level(models: list[bytes], input_specs: list[TensorSpec], opts: MeasureOptions, v: int,
+                  tick: Callable[[], None] = lambda: None) -> np.ndarray:
+    """Latency matrix (blocks x batch sizes, µs) of one vGPU while V of them run at once."""
+    n_blocks, n_bs = len(models), len(opts.batch_sizes)
+    threads = _level_threads(opts, v)
+    lat = np.zeros((n_blocks, n_bs))
+
+    def store(step: int, values: list[float]) -> None:
+        lat[step % n_blocks, step // n_blocks] = round(float(np.median(values)), 2)
+        tick()
+
+    if v == 1:
+        _measure_blocks(models, input_specs, opts, threads, lambda: None, lambda s, us: store(s, [us]))
+        return lat
+    ctx = mp.get_context("spawn")  # fresh interpreters: no CUDA context inherited, MPS share set first
+    barrier, results = ctx.Barrier(v), ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(models, input_specs, opts, v, threads, barrier, results, w),
+                         daemon=True) for w in range(v)]
+    pending: dict[int, list[float]] = {}
+    try:
+        for p in procs:
+            p.start()
+        done = 0
+        while done < v:
+            try:
+                worker, step, value = results.get(timeout=WORKER_TIMEOUT_S)
+            except queue_mod.Empty:
+                raise RuntimeError(f"vGPU level {v}: a worker process sent nothing for "
+                                   f"{WORKER_TIMEOUT_S:.0f} s") from None
+            if step == -2:
+                raise RuntimeError(f"vGPU level {v}: worker {worker} failed: {value}")
+            if step == -1:
+                done += 1
+                continue
+            pending.setdefault(step, []).append(value)
+            if len(pending[step]) == v:
+                store(step, pending.pop(step))
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.terminate()
+                p.join()
+    return lat
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _provenance(model_path: Path, opts: MeasureOptions) -> dict[str, Any]:
+    import onnxruntime as ort
+    p: dict[str, Any] = {
+        "host": socket.gethostname(), "cpu_model": _cpu_model(), "cpu_count": os.cpu_count(),
+        "device": opts.device, "engine": opts.engine, "threads": opts.threads or os.cpu_count(),
+        "onnxruntime": ort.__version__, "onnx": onnx.__version__, "python": platform.python_version(),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "repeats": opts.repeats, "warmup": opts.warmup, "batch_sizes": list(opts.batch_sizes),
+        "vgpu_levels": list(opts.vgpu_levels), "method": METHOD}
+    if opts.device == "cuda":
+        p["gpu"] = (gpu_names() or ["unknown"])[0]
+    return p
+
+
+def measure_profile(model_path: str | Path, opts: MeasureOptions, n_blocks: int | None = None,
+                    like: Profile | None = None, like_path: str = "", model_name: str | None = None,
+                    progress: bool | None = None) -> Profile:
+    """Measure a profile of ``model_path`` on one device type (``opts.label``), all levels and batch sizes."""
+    from tqdm import tqdm
+
+    check_engine(opts.device, opts.engine, opts.vgpu_levels)
+    for v in opts.vgpu_levels:
+        _level_threads(opts, v)
+    model_path = Path(model_path)
+    model = with_shapes(load_onnx(model_path))
+    specs = model_input_specs(model)
+    if like is not None:
+        plan = blocks_like(model, like, like_path)
+    elif n_blocks is not None:
+        plan = blocks_prepartitioned(model, n_blocks, opts)
+    else:
+        raise InputError("give --blocks N or --like EXISTING.json")
+    subs = block_models(model, plan)
+
+    # boundary sizes at batch 1, from the tensors the blocks actually produce
+    feeds = random_feeds(specs, 1)
+    out_bytes = []
+    for sub in subs:
+        runner = make_runner(sub, "cpu", "ort", opts.threads)
+        ins = [i.name for i in sub.graph.input if i.name not in {t.name for t in sub.graph.initializer}]
+        outs = runner.run({n: feeds[n] for n in ins})
+        feeds.update(zip([o.name for o in sub.graph.output], outs))
+        out_bytes.append(int(sum(o.nbytes for o in outs)))
+
+    models = [s.SerializeToString() for s in subs]
+    steps = len(opts.vgpu_levels) * len(subs) * len(opts.batch_sizes)
+    timings: dict[int, DeviceTiming] = {}
+    with tqdm(total=steps, desc=f"profile {model_path.name} on {opts.label}", unit="block",
+              disable=(None if progress is None else not progress)) as bar:
+        for v in opts.vgpu_levels:
+            bar.set_postfix_str(f"V={v}")
+            lat = measure_level(models, specs, opts, v, lambda: bar.update(1))
+            timings[v] = DeviceTiming(tuple(opts.batch_sizes), lat)
+
+    blocks = tuple(Block(name, b, outs) for name, b, outs in zip(plan.names, out_bytes, plan.output_tensors))
+    dev_prov = {**_provenance(model_path, opts), **plan.origin}
+    prov = {"source": "poolpipe profile measure", "model_file": model_path.name,
+            "model_sha256": hashlib.sha256(model_path.read_bytes()).hexdigest(),
+            **dev_prov, "devices": {opts.label: dev_prov}}
+    input_bytes = int(sum(int(np.prod(s.shape)) * s.dtype.itemsize for s in specs if s.name in plan.input_tensors))
+    name = model_name or (like.model if like is not None else model_path.stem)  # --like: mergeable by default
+    return Profile(name, blocks, {opts.label: timings}, input_bytes,
+                   plan.input_tensors, prov)
