@@ -140,15 +140,27 @@ def _host_ports(cluster: Cluster, slots: list[Slot]) -> dict[str, tuple[int, int
     ports: dict[str, tuple[int, int, int]] = {}
     for h in cluster.hosts:
         mine = sorted({s.id: s for s in slots if s.host.name == h.name}.values(), key=lambda s: (s.gpu_index, s.slot))
+        if h.base_port and h.base_port + 3 * len(mine) > 65536:
+            last = h.base_port + 3 * len(mine) - 1
+            raise InputError(f"{cluster.source}: host {h.name} needs ports {h.base_port}..{last} for its "
+                             f"{len(mine)} vGPU(s); lower its base_port")
+        taken: set[int] = set()
         for k, s in enumerate(mine):
             if h.base_port:
                 ports[s.id] = (h.base_port + 3 * k, h.base_port + 3 * k + 1, h.base_port + 3 * k + 2)
                 continue
-            try:
-                ports[s.id] = (free_port(h.address), free_port(h.address), free_port(h.address))
-            except OSError:
-                raise InputError(f"{cluster.source}: host {h.name} has base_port 0 (pick free ports now), which "
-                                 f"needs its address {h.address} to be on this machine; give a base_port") from None
+            picked = []
+            while len(picked) < 3:
+                try:
+                    port = free_port(h.address)
+                except OSError:
+                    raise InputError(f"{cluster.source}: host {h.name} has base_port 0 (pick free ports now), "
+                                     f"which needs its address {h.address} to be on this machine; give a base_port"
+                                     ) from None
+                if port not in taken:
+                    taken.add(port)
+                    picked.append(port)
+            ports[s.id] = (picked[0], picked[1], picked[2])
     return ports
 
 
@@ -187,6 +199,21 @@ def _launch_sh(host: ClusterHost, servers: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _prepare_out_dir(out: Path) -> None:
+    """Create ``out``; an earlier generate's output there is replaced, any other non-empty directory refused."""
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out}: exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()):
+        if not (out / "manifest.json").is_file():
+            raise InputError(f"--out {out}: directory is not empty and holds no earlier poolpipe output; "
+                             f"choose a new or empty directory")
+        for child in out.iterdir():
+            if child.is_dir() and (child / "launch.json").is_file():
+                shutil.rmtree(child)
+        (out / "manifest.json").unlink()
+    out.mkdir(parents=True, exist_ok=True)
+
+
 def generate(plan: Plan, onnx_paths: Mapping[str, Path], cluster: Cluster | str | Path, out_dir: str | Path,
              fp16_boundaries: bool = False) -> Manifest:
     """Write repositories, launch files and manifest.json for ``plan`` under ``out_dir``; returns the manifest."""
@@ -213,7 +240,7 @@ def generate(plan: Plan, onnx_paths: Mapping[str, Path], cluster: Cluster | str 
     ports = _host_ports(cluster, all_slots)
     vgpus_per_host = {h.name: sum(1 for s in all_slots if s.host.name == h.name) for h in cluster.hosts}
 
-    out.mkdir(parents=True, exist_ok=True)
+    _prepare_out_dir(out)
     work = Path(tempfile.mkdtemp(prefix=".partitions-", dir=out))
     try:
         cut_cache: dict[tuple[str, int, int], tuple[Path, list[TensorSpec], list[TensorSpec]]] = {}

@@ -158,6 +158,7 @@ class Deployment:
         self.log_dir = Path(log_dir) if log_dir else None
         self.on_ready = on_ready
         self.servers: dict[str, TritonProcess] = {}
+        self.gpus: list[GpuInfo] = []  # the local GPUs found by preflight (GPU hosts only)
 
     @property
     def server_launches(self) -> list[ServerLaunch]:
@@ -167,17 +168,19 @@ class Deployment:
         """Hardware and port checks, before anything starts."""
         gpu_hosts = [h for h in self.launches if h.device == "gpu"]
         if gpu_hosts and self.check_hardware:
-            gpus, mps = discover_gpus(), mps_running()
+            self.gpus, mps = discover_gpus(), mps_running()
             for h in gpu_hosts:
-                check_host_hardware(h, gpus, mps)
+                check_host_hardware(h, self.gpus, mps)
         for s in self.server_launches:
             for port in (s.http_port, s.grpc_port, s.metrics_port):
                 if port_in_use(port, s.address):
                     raise InputError(f"vGPU {s.vgpu}: port {port} on {s.address} is already in use; stop what "
                                      f"uses it or re-generate with another base_port for host {s.host}")
 
-    def start(self) -> "Deployment":
-        self.preflight()
+    def start(self, preflight: bool = True) -> "Deployment":
+        """Start every server in parallel and wait until all are ready (all stopped again on failure)."""
+        if preflight:
+            self.preflight()
         try:
             for s in self.server_launches:
                 log = (self.log_dir / f"{s.vgpu}.tritonserver.log" if self.log_dir

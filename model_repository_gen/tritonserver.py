@@ -223,7 +223,7 @@ class TritonProcess:
             self.proc = None
 
     def __enter__(self) -> "TritonProcess":
-        return self.start()
+        return self if self.proc is not None else self.start()  # already started: just manage its stop
 
     def __exit__(self, *exc: object) -> None:
         self.stop()

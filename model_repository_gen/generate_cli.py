@@ -1,0 +1,54 @@
+"""``poolpipe generate``: Triton model repositories, launch files and manifest.json from a plan."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="write Triton repositories, launch files and manifest.json from a plan",
+                       description="Cut each planned model at its partitions' block boundaries and write, per vGPU "
+                                   "of the cluster file, a Triton model repository, per host launch.json/launch.sh, "
+                                   "and DIR/manifest.json for the sidecar.")
+    p.add_argument("--plan", required=True, type=Path, help="plan.json from 'poolpipe plan'")
+    p.add_argument("--onnx", required=True, action="append", metavar="NAME=MODEL.onnx",
+                   help="the ONNX file of plan model NAME (repeat for each model)")
+    p.add_argument("--cluster", required=True, type=Path, help="cluster file (YAML or JSON) listing the hosts")
+    p.add_argument("--out", required=True, type=Path, help="output directory")
+    p.add_argument("--fp16-boundaries", action="store_true",
+                   help="move tensors between partitions as FP16 (a Cast on each side)")
+    p.set_defaults(func=_run)
+
+
+def parse_onnx_args(values: list[str]) -> dict[str, Path]:
+    """``NAME=PATH`` pairs -> {name: path} (InputError on a malformed or repeated name)."""
+    from planner.errors import InputError
+
+    out: dict[str, Path] = {}
+    for v in values:
+        name, sep, path = v.partition("=")
+        if not sep or not name or not path:
+            raise InputError(f"--onnx {v!r}: expected NAME=MODEL.onnx, with NAME the model's name in the plan")
+        if name in out:
+            raise InputError(f"--onnx {name}: given twice")
+        out[name] = Path(path)
+    return out
+
+
+def _run(args: argparse.Namespace) -> int:
+    from model_repository_gen.cluster_file import load_cluster
+    from model_repository_gen.generate import generate
+    from planner.plan import load_plan
+
+    onnx_paths = parse_onnx_args(args.onnx)
+    manifest = generate(load_plan(args.plan), onnx_paths, load_cluster(args.cluster), args.out,
+                        args.fp16_boundaries)
+    per_host: dict[str, int] = {}
+    for g in manifest.vgpus:
+        per_host[g.host] = per_host.get(g.host, 0) + 1
+    hosts = ", ".join(f"{h}: {n}" for h, n in per_host.items())
+    stages = sum(len(p.stages) for m in manifest.models for p in m.pipelines)
+    print(f"wrote {args.out}: {len(manifest.vgpus)} vGPU server(s) ({hosts}), {len(manifest.models)} model(s), "
+          f"{stages} pipeline stage(s); start them with: poolpipe launch {args.out}")
+    return 0
