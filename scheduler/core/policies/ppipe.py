@@ -112,7 +112,7 @@ class PPipePolicy(QueueingPolicy):
                 continue
             n = len(q)
             if n < r.batch:
-                while batches[k] > n:
+                while k > 0 and batches[k] > n:
                     k -= 1
                 if batches[k] != r.batch:
                     r = self.state.probe(cp, batches[k], now)

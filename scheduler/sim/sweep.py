@@ -1,0 +1,149 @@
+"""Load-factor sweeps: simulate a plan at fractions of a reference plan's throughput and find, per model,
+the largest load factor that keeps SLO attainment >= the target (99% by default)."""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from planner.errors import InputError
+from planner.plan import Plan
+from scheduler.sim.workloads import TraceSpec, mixed_arrivals
+
+TARGET_ATTAINMENT = 0.99
+
+
+def parse_load_factors(text: str) -> list[float]:
+    """``START:STOP:STEP`` (inclusive) or a comma list, e.g. ``0.05:1.0:0.05`` or ``0.5,0.8,1``."""
+    try:
+        if ":" in text:
+            a, b, s = (float(x) for x in text.split(":"))
+            if s <= 0 or b < a:
+                raise ValueError
+            n = int(np.floor((b - a) / s + 1e-9)) + 1
+            vals = [round(a + i * s, 10) for i in range(n)]
+        else:
+            vals = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise InputError(f"--load-factors {text!r}: expected START:STOP:STEP (e.g. 0.05:1.0:0.05) "
+                         "or a comma list of positive numbers") from None
+    if not vals or any(v <= 0 for v in vals):
+        raise InputError(f"--load-factors {text!r}: load factors must be positive")
+    return sorted(set(vals))
+
+
+def reference_rates(plan: Plan, reference: Plan) -> dict[str, float]:
+    """Each model's planned throughput in the reference plan (load factor 1.0)."""
+    ref = {m.name: m.throughput_rps for m in reference.models}
+    missing = [m.name for m in plan.models if m.name not in ref]
+    if missing:
+        raise InputError(f"--reference-plan has no model {', '.join(missing)} (it has {', '.join(ref)})")
+    return {m.name: ref[m.name] for m in plan.models}
+
+
+@dataclass(frozen=True)
+class PointJob:
+    plan: Plan
+    rates_rps: dict[str, float]  # at load factor 1
+    policy: str
+    trace: TraceSpec
+    load_factor: float
+    duration_s: float
+    seed: int
+    noise_cv: float = 0.0
+
+
+def run_point(job: PointJob, record_timeline: bool = False) -> tuple[dict[str, Any], Any]:
+    """Simulate one load factor; returns the per-point summary and the raw SimResult."""
+    from scheduler.core import make_scheduler
+    from scheduler.core.placement import topology_from_plan
+    from scheduler.sim.engine import simulate
+
+    topo = topology_from_plan(job.plan)
+    rates = {m: job.load_factor * r for m, r in job.rates_rps.items()}
+    arrivals = mixed_arrivals(job.trace, rates, job.duration_s, job.seed)
+    res = simulate(topo, make_scheduler(job.policy, topo), arrivals, job.duration_s * 1e6,
+                   noise_cv=job.noise_cv, seed=job.seed, record_timeline=record_timeline)
+    models = {}
+    for m in job.rates_rps:
+        st = res.models.get(m)
+        models[m] = {"load_factor": job.load_factor,
+                     "offered_rps": st.offered / job.duration_s,
+                     "slo_attainment": st.attainment,
+                     "dropped": st.dropped,
+                     "late": st.late,
+                     "p50_latency_us": st.latency_percentile(50),
+                     "p99_latency_us": st.latency_percentile(99),
+                     "utilization": res.utilization}
+    summary = {"load_factor": job.load_factor, "models": models, "dispatches": res.dispatches,
+               "probe_calls": res.probe_calls, "dispatch_us": res.dispatch_us,
+               "batch_sizes": {str(k): v for k, v in sorted(res.batch_sizes.items())},
+               "utilization": res.utilization, "unfinished": res.unfinished}
+    return summary, (res if record_timeline else None)
+
+
+def _point_summary(job: PointJob) -> dict[str, Any]:
+    return run_point(job)[0]
+
+
+def max_load_factor(points: list[dict[str, Any]], target: float = TARGET_ATTAINMENT) -> float:
+    """Largest load factor whose attainment, and that of every smaller one swept, is >= target."""
+    best = 0.0
+    for p in sorted(points, key=lambda p: p["load_factor"]):
+        if p["slo_attainment"] + 1e-12 < target:
+            break
+        best = p["load_factor"]
+    return best
+
+
+def sweep(plan: Plan, reference: Plan, policy: str, trace: TraceSpec, load_factors: list[float],
+          duration_s: float, seed: int, jobs: int | None = None, noise_cv: float = 0.0,
+          on_point: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Run every load factor (in parallel processes when jobs > 1) and assemble result.json."""
+    rates = reference_rates(plan, reference)
+    work = [PointJob(plan, rates, policy, trace, lf, duration_s, seed, noise_cv) for lf in load_factors]
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(work)))
+    summaries: list[dict[str, Any]] = []
+    if jobs == 1:
+        for w in work:
+            summaries.append(_point_summary(w))
+            if on_point:
+                on_point(summaries[-1])
+    else:
+        with ProcessPoolExecutor(jobs) as ex:
+            for s in ex.map(_point_summary, work):
+                summaries.append(s)
+                if on_point:
+                    on_point(s)
+    return assemble(plan, reference, policy, trace, duration_s, seed, summaries)
+
+
+def assemble(plan: Plan, reference: Plan, policy: str, trace: TraceSpec, duration_s: float, seed: int,
+             summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    summaries = sorted(summaries, key=lambda s: s["load_factor"])
+    models = []
+    for m in plan.models:
+        pts = [s["models"][m.name] for s in summaries]
+        models.append({"name": m.name, "max_load_factor": max_load_factor(pts), "points": pts})
+    all_us = [x for s in summaries for x in s["dispatch_us"]]
+    n_disp = sum(s["dispatches"] for s in summaries)
+    n_probe = sum(s["probe_calls"] for s in summaries)
+    return {
+        "policy": policy,
+        "planner": plan.planner,
+        "reference_planner": reference.planner,
+        "trace": str(trace),
+        "duration_s": duration_s,
+        "seed": seed,
+        "max_load_factor": float(np.mean([m["max_load_factor"] for m in models])),
+        "models": models,
+        "dispatch_us_p50": float(np.percentile(all_us, 50)) if all_us else None,
+        "probes_per_dispatch": n_probe / n_disp if n_disp else 0.0,
+        "points": [{"load_factor": s["load_factor"], "utilization": s["utilization"],
+                    "batch_sizes": s["batch_sizes"], "dispatches": s["dispatches"],
+                    "unfinished": s["unfinished"]} for s in summaries],
+    }

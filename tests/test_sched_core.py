@@ -1,0 +1,214 @@
+"""scheduler/core: reservation tables, probe paths, and each policy on tiny traces with known outcomes."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler.core import make_scheduler
+from scheduler.core.api import Request
+from scheduler.core.probe import ReservationState
+from scheduler.core.reservations import ResourceTable, earliest_common, owner_key
+from scheduler.core.topology import Pipeline, Stage, Topology, VGpu
+
+BW = 8.0  # Gbit/s: 1000 bytes take 1 µs
+
+
+def table(*intervals: tuple[float, float]) -> ResourceTable:
+    t = ResourceTable("t")
+    for i, (s, e) in enumerate(intervals):
+        t.reserve(s, e, owner_key(i + 1, 0))
+    return t
+
+
+def test_earliest_slot_skips_gaps_too_small_and_touching_intervals():
+    t = table((10, 20), (25, 40), (50, 60))
+    assert t.earliest(0, 10) == 0  # fits before the first interval, ending exactly at its start
+    assert t.earliest(0, 11) == 60  # 0..11, 20..31 and 40..51 all clash
+    assert t.earliest(5, 10) == 40  # gap 20..25 too small, 40..50 fits exactly
+    assert t.earliest(20, 5) == 20  # [20, 25) touches both neighbours without overlapping
+    assert t.earliest(15, 1) == 20
+    assert t.earliest(70, 100) == 70
+
+
+def test_reserve_refuses_overlap():
+    t = table((10, 20))
+    with pytest.raises(ValueError, match="overlaps"):
+        t.reserve(15, 30, 99)
+    t.reserve(20, 30, 99)
+    assert t.intervals()[-1] == (20, 30, 99)
+
+
+def test_earliest_common_slot_over_several_tables():
+    a = table((0, 10), (30, 40))
+    b = table((12, 25))
+    c = table((45, 50))
+    assert earliest_common([a, b], 0, 5) == 25  # a free from 10, b busy 12..25, then both free 25..30
+    assert earliest_common([a, b], 0, 6) == 40  # 25..31 clashes with a's 30..40
+    assert earliest_common([a, b, c], 0, 6) == 50  # 40..46 clashes with c
+    assert earliest_common([a, b, c], 0, 2) == 10
+
+
+def test_correction_trims_and_pushes_back():
+    t = table((0, 10), (10, 20), (30, 40))
+    t.correct(owner_key(1, 0), 0, 15)  # first batch overran by 5: the next one moves, the third is untouched
+    assert [(s, e) for s, e, _ in t.intervals()] == [(0, 15), (15, 25), (30, 40)]
+    t.correct(owner_key(2, 0), 15, 18)  # second finished early: space frees up
+    assert t.earliest(18, 12) == 18
+    t.correct(owner_key(3, 0), 16, 26)  # measured start before the previous end: previous is trimmed
+    assert [(s, e) for s, e, _ in t.intervals()] == [(0, 15), (15, 16), (16, 26)]
+
+
+def two_stage_topology(pool0: list[tuple[str, str]], pool1: list[tuple[str, str]], lat0: dict[int, float],
+                       lat1: dict[int, float], batch: int = 1, in_bytes: int = 5000, slo: float = 1000.0,
+                       extra: tuple[Pipeline, ...] = ()) -> Topology:
+    vgpus = {v: VGpu(v, "T", 1, srv) for v, srv in pool0 + pool1}
+    p = Pipeline("m/0", "m", batch, (Stage((0, 1), tuple(v for v, _ in pool0), lat0, 0),
+                                     Stage((1, 2), tuple(v for v, _ in pool1), lat1, in_bytes)), 100.0)
+    for e in extra:
+        for st in e.stages:
+            for v in st.pool:
+                vgpus.setdefault(v, VGpu(v, "T", 1, "srvE"))
+    return Topology(vgpus, {"m": (p, *extra)}, {"m": slo}, BW)
+
+
+def test_probe_one_vgpu_per_stage_includes_transfer_and_queues_behind_own_reservations():
+    topo = two_stage_topology([("A0", "x")], [("B0", "y")], {1: 10.0}, {1: 20.0})
+    st = ReservationState(topo)
+    cp = st.pipelines["m"][0]
+    r = st.probe(cp, 1, 0.0)
+    assert [(lg.vgpu, lg.start_us, lg.end_us) for lg in r.legs] == [("A0", 0, 10), ("B0", 15, 35)]
+    assert (r.legs[1].transfer_start_us, r.legs[1].transfer_end_us) == (10, 15)
+    assert r.completion_us == 35
+    st.commit(r, 1)
+    r2 = st.probe(cp, 1, 0.0)
+    assert [(lg.start_us, lg.end_us) for lg in r2.legs] == [(10, 20), (35, 55)]  # transfer 20..25, B0 busy to 35
+    assert st.probe_calls == 2
+
+
+def test_probe_two_vgpus_per_stage_picks_the_known_best_path():
+    topo = two_stage_topology([("A0", "x"), ("A1", "y")], [("B0", "y"), ("B1", "z")], {1: 10.0}, {1: 20.0})
+    st = ReservationState(topo)
+    cp = st.pipelines["m"][0]
+    st.vgpu_tables["B0"].reserve(0, 100, owner_key(50, 1))
+    r = st.probe(cp, 1, 0.0)  # A0 first (earliest, first in pool), then B1 via a transfer x -> z
+    assert [lg.vgpu for lg in r.legs] == ["A0", "B1"] and r.completion_us == 35
+    st.commit(r, 1)
+    r = st.probe(cp, 1, 0.0)  # A1 is free at 0; B0 on its own server needs no transfer but is busy to 100;
+    assert [lg.vgpu for lg in r.legs] == ["A1", "B1"]  # B1 is free after 35 -> 55 beats 120
+    assert r.completion_us == 55 and r.legs[1].transfer_start_us == 15.0  # z's downlink carried 10..15
+    st.vgpu_tables["B0"].release(owner_key(50, 1))
+    r = st.probe(cp, 1, 0.0)
+    assert [lg.vgpu for lg in r.legs] == ["A1", "B0"]  # same server: no NIC, finishes at 30
+    assert r.legs[1].transfer_start_us is None and r.completion_us == 30
+
+
+def test_transfers_share_a_server_uplink():
+    topo = two_stage_topology([("A0", "x"), ("A1", "x")], [("B0", "y"), ("B1", "z")], {1: 10.0}, {1: 20.0})
+    st = ReservationState(topo)
+    cp = st.pipelines["m"][0]
+    st.commit(st.probe(cp, 1, 0.0), 1)
+    r = st.probe(cp, 1, 0.0)  # A1 also ends at 10, but x's uplink carries the first transfer 10..15
+    assert r.legs[0].vgpu == "A1" and r.legs[1].transfer_start_us == 15.0 and r.completion_us == 40
+
+
+def test_vgpu_down_releases_its_reservations_and_leaves_probes():
+    topo = two_stage_topology([("A0", "x"), ("A1", "x")], [("B0", "y")], {1: 10.0}, {1: 20.0})
+    sched = make_scheduler("ppipe", topo)
+    sched.enqueue(Request(1, "m", 0.0, 1000.0))
+    d = sched.step(0.0).dispatches[0]
+    assert d.stages[0].vgpu == "A0"
+    sched.set_vgpu_up("A0", False, 0.0)
+    assert len(sched.state.vgpu_tables["A0"]) == 0
+    sched.enqueue(Request(2, "m", 1.0, 1000.0))
+    assert sched.step(1.0).dispatches[0].stages[0].vgpu == "A1"
+    sched.report(12345, 0, 0.0, 1.0)  # unknown dispatch: ignored
+    sched.report(d.id, 5, 0.0, 1.0)  # unknown stage: ignored
+
+
+def one_stage(lat: dict[int, float], batch: int, slo: float, n: int = 1) -> Topology:
+    vgpus = {f"G{i}": VGpu(f"G{i}", "T", 1, f"s{i}") for i in range(n)}
+    p = Pipeline("m/0", "m", batch, (Stage((0, 1), tuple(vgpus), lat, 0),), 100.0)
+    return Topology(vgpus, {"m": (p,)}, {"m": slo}, BW)
+
+
+def req(i: int, t: float, slo: float) -> Request:
+    return Request(i, "m", t, t + slo)
+
+
+def test_ppipe_waits_for_a_full_batch_but_not_past_the_deadline():
+    s = make_scheduler("ppipe", one_stage({1: 10.0, 2: 15.0}, 2, 100.0))
+    s.enqueue(req(0, 0.0, 100.0))
+    r = s.step(0.0)
+    assert not r.dispatches and r.wake_at_us == pytest.approx(90.0)  # batch 1 takes 10: start by 90
+    s.enqueue(req(1, 5.0, 100.0))
+    r = s.step(5.0)
+    assert [d.batch for d in r.dispatches] == [2] and r.dispatches[0].completion_us == 20.0
+    s.enqueue(req(2, 30.0, 100.0))
+    assert not s.step(30.0).dispatches
+    r = s.step(120.0)  # the wake-up: dispatch the lone request, finishing exactly at its deadline
+    assert [d.batch for d in r.dispatches] == [1] and r.dispatches[0].completion_us == 130.0
+
+
+def test_ppipe_shrinks_the_batch_to_meet_the_oldest_deadline_then_drops():
+    s = make_scheduler("ppipe", one_stage({1: 10.0, 2: 15.0, 3: 30.0}, 3, 20.0))
+    for i in range(4):
+        s.enqueue(req(i, 0.0, 20.0))
+    r = s.step(0.0)  # batch 3 (30) misses 20; batch 2 (15) fits; then 1 request left, vGPU busy to 15:
+    assert [d.batch for d in r.dispatches] == [2]  # batch 1 would end at 25 > 20: the next ones are dropped
+    assert len(r.drops) == 2 and all(d.reason == "deadline cannot be met" for d in r.drops)
+    assert s.probe_calls >= 3
+
+
+def test_ppipe_feedback_moves_the_next_slot():
+    s = make_scheduler("ppipe", one_stage({1: 10.0}, 1, 1000.0))
+    s.enqueue(req(0, 0.0, 1000.0))
+    d = s.step(0.0).dispatches[0]
+    s.report(d.id, 0, 0.0, 40.0)  # ran four times longer than profiled
+    s.enqueue(req(1, 1.0, 1000.0))
+    d2 = s.step(1.0).dispatches[0]
+    assert d2.stages[0].start_us == 40.0
+
+
+def test_reactive_hands_the_batch_from_pool_to_pool():
+    topo = two_stage_topology([("A0", "x")], [("B0", "x")], {1: 10.0}, {1: 20.0}, slo=1000.0)
+    s = make_scheduler("reactive", topo)
+    s.enqueue(req(0, 0.0, 1000.0))
+    r = s.step(0.0)
+    d = r.dispatches[0]
+    assert not d.final and not d.reserved and [a.stage for a in d.stages] == [0]
+    assert not s.step(5.0).dispatches  # stage 1's queue is empty until stage 0 is reported
+    s.report(d.id, 0, 0.0, 10.0)
+    d2 = s.step(10.0).dispatches[0]
+    assert d2.final and d2.stages[0].vgpu == "B0" and d2.requests[0].id == 0
+
+
+def test_fifs_sends_up_to_the_planned_batch_to_the_first_idle_vgpu():
+    s = make_scheduler("fifs", one_stage({1: 10.0, 2: 15.0}, 2, 1000.0))
+    for i in range(3):
+        s.enqueue(req(i, 0.0, 1000.0))
+    r = s.step(0.0)
+    assert [d.batch for d in r.dispatches] == [2]
+    assert not s.step(1.0).dispatches  # the only vGPU is busy
+    s.report(r.dispatches[0].id, 0, 0.0, 15.0)
+    assert [d.batch for d in s.step(15.0).dispatches] == [1]
+
+
+def test_elsa_prefers_the_smallest_pipeline_with_positive_slack():
+    small = Pipeline("m/1", "m", 1, (Stage((0, 2), ("S0",), {1: 50.0}, 0),), 10.0)
+    topo = two_stage_topology([("A0", "x")], [("B0", "x")], {1: 5.0}, {1: 5.0}, slo=60.0, extra=(small,))
+    s = make_scheduler("elsa", topo)
+    s.enqueue(req(0, 0.0, 60.0))
+    assert s.step(0.0).dispatches[0].pipeline_id == "m/1"  # 50 < 60: the slow vGPU will do
+    s.enqueue(req(1, 0.0, 60.0))
+    assert s.step(0.0).dispatches[0].pipeline_id == "m/0"  # slow one busy to 50 -> 100 > 60: the fast path
+
+
+def test_unknown_policy_and_model():
+    topo = one_stage({1: 10.0}, 1, 100.0)
+    with pytest.raises(ValueError, match="unknown policy"):
+        make_scheduler("nope", topo)
+    for name in ("ppipe", "reactive", "fifs", "elsa"):
+        s = make_scheduler(name, topo)
+        s.enqueue(Request(7, "other", 0.0, 100.0))
+        r = s.step(0.0)
+        assert [d.request.id for d in r.drops] == [7] and "not served" in r.drops[0].reason
