@@ -308,3 +308,43 @@ def test_no_shm_region_left_after_sigkill_and_restart(testbed: dict) -> None:
         np.testing.assert_allclose(c2.infer(MODEL, [i]).as_numpy("logits"), _ref(testbed, _x(1)), atol=1e-4)
         new_pid = again.proc.pid
     assert _regions_of(new_pid) == []  # SIGTERM: unregistered and unlinked
+
+
+def test_planned_and_passthrough_models_side_by_side(testbed: dict) -> None:
+    """One endpoint: the planned model and an unplanned Triton model; one client shm region serves both."""
+    work = testbed["work"]
+    models = Path(__file__).resolve().parent / "models"
+    from model_repository_gen.tritonserver import TritonProcess
+    with TritonProcess(models, log_path=work / "simple.log") as triton, \
+            SidecarProcess(manifest=testbed["deploy"], passthrough=triton.grpc_url, log_path=work / "both.log") as sc:
+        c = grpcclient.InferenceServerClient(sc.grpc_url)
+        names = {m.name for m in c.get_model_repository_index().models}
+        assert {"simple", MODEL} <= names
+        assert c.is_model_ready("simple") and c.is_model_ready(MODEL)
+        tag = f"both_{os.getpid()}"
+        a = np.arange(16, dtype=np.int32).reshape(1, 16)
+        x = _x(1, 11)
+        size = 4096 + x.nbytes
+        h = shm.create_shared_memory_region(tag, f"/{tag}", size)
+        try:
+            shm.set_shared_memory_region(h, [a])
+            shm.set_shared_memory_region(h, [x], offset=4096)
+            c.register_system_shared_memory(tag, f"/{tag}", size)
+            i0, i1 = grpcclient.InferInput("INPUT0", [1, 16], "INT32"), grpcclient.InferInput("INPUT1", [1, 16], "INT32")
+            i0.set_shared_memory(tag, 64)
+            i1.set_shared_memory(tag, 64)
+            o0 = grpcclient.InferRequestedOutput("OUTPUT0")
+            o0.set_shared_memory(tag, 64, offset=64)
+            c.infer("simple", [i0, i1], outputs=[o0])  # pass-through: Triton reads/writes the region itself
+            np.testing.assert_array_equal(shm.get_contents_as_numpy(h, np.int32, [1, 16], offset=64), 2 * a)
+            xi = grpcclient.InferInput("input", [1, 3, 112, 112], "FP32")
+            xi.set_shared_memory(tag, x.nbytes, offset=4096)
+            lo = grpcclient.InferRequestedOutput("logits")
+            lo.set_shared_memory(tag, 40, offset=1024)
+            c.infer(MODEL, [xi], outputs=[lo])  # planned: the sidecar reads/writes the region
+            np.testing.assert_allclose(shm.get_contents_as_numpy(h, np.float32, [1, 10], offset=1024),
+                                       _ref(testbed, x), atol=1e-4)
+            c.unregister_system_shared_memory(tag)
+            assert not grpcclient.InferenceServerClient(triton.grpc_url).get_system_shared_memory_status().regions
+        finally:
+            shm.destroy_shared_memory_region(h)
