@@ -34,7 +34,7 @@ def _boundary_bytes(model_path: Path, names: list[str]) -> list[int]:
     return out
 
 
-def build_plan(model_path: Path, name: str, slo_us: float, batch: int, cpu_scale: float = 3.0) -> Plan:
+def build_plan(model_path: Path, name: str, slo_us: float, batch: int, cpu_scale: float = 5.0) -> Plan:
     """Profile = blocks timed on this CPU (batch 1, one thread) x batch x ``cpu_scale`` (servers share 2 cores)."""
     pp = prepartition(model_path, len(STAGES), threads=1, repeats=5, warmup=2)
     tensors = [b.output_tensors for b in pp.blocks]

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import socket
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,6 +46,11 @@ MAX_ATTEMPTS = 3
 # jitter are not in the profiles): the larger of the plan's slo_margin_us, 5 % of the SLO and 3 ms.
 MIN_MARGIN_US = 3000.0
 MARGIN_FRACTION = 0.05
+# On top, the sidecar learns how late batches finish against the core's prediction (hops through the
+# sidecar, servers slower than profiled) and plans with the p99 of that lateness, capped at half the SLO.
+LATENESS_WINDOW = 256
+LATENESS_EVERY = 16
+MAX_MARGIN_FRACTION = 0.5
 # A wake-up that fires this late is stepped at the time the core asked for (the event loop is not a
 # real-time clock; the core would otherwise see "too late" and drop requests it meant to dispatch).
 LATE_WAKE_TOLERANCE_US = 2000.0
@@ -152,8 +158,10 @@ class PlannedModels:
         self.topology = topology_from_manifest(manifest)
         self.scheduler = make_scheduler(self.policy, self.topology)
         self.models = {m.name: m for m in manifest.models}
-        self.margin_us = {m.name: max(MIN_MARGIN_US, MARGIN_FRACTION * m.slo_us, _plan_margin(manifest, m.name))
-                          for m in manifest.models}
+        self.base_margin_us = {m.name: max(MIN_MARGIN_US, MARGIN_FRACTION * m.slo_us,
+                                           _plan_margin(manifest, m.name)) for m in manifest.models}
+        self.margin_us = dict(self.base_margin_us)
+        self.lateness_us: dict[str, deque[float]] = {m: deque(maxlen=LATENESS_WINDOW) for m in self.models}
         self.pipelines: dict[str, PipelineInfo] = {p.id: p for m in manifest.models for p in m.pipelines}
         self.client_shm: ClientShmRegistry | None = None
         self.samples: dict[int, Sample] = {}
@@ -161,6 +169,7 @@ class PlannedModels:
         self.servers: dict[str, VGpuServer] = {}
         self.pools: dict[str, HostPool] = {}
         self._next_request = 1
+        self._learned = 0
         self._kick = asyncio.Event()
         self._wake_us: float | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -456,6 +465,7 @@ class PlannedModels:
             for s in live:
                 self._fail(s.call, ServeError(grpc.StatusCode.INTERNAL, f"dispatch {d.id} failed: {e}"))
             return
+        self._learn_lateness(d.model, now_us() - d.completion_us)
         self._complete(live, hops)
         self._kick.set()
 
@@ -569,6 +579,18 @@ class PlannedModels:
         log.warning("event=batch_retry dispatch=%d pipeline=%s vgpu=%s retried=%d of=%d", d.id, d.pipeline_id,
                     fault.vgpu, retried, len(samples))
         self._kick.set()
+
+    def _learn_lateness(self, model: str, late_us: float) -> None:
+        window = self.lateness_us[model]
+        window.append(late_us)
+        self._learned += 1
+        if self._learned <= LATENESS_EVERY or self._learned % LATENESS_EVERY == 0:
+            learned = float(np.percentile(window, 99))
+            cap = MAX_MARGIN_FRACTION * self.models[model].slo_us
+            new = min(max(self.base_margin_us[model], learned), cap)
+            if abs(new - self.margin_us[model]) > 1000:
+                log.info("event=margin model=%s margin_us=%.0f p99_lateness_us=%.0f", model, new, learned)
+            self.margin_us[model] = new
 
     def _complete(self, samples: list[Sample], hops: list[HopTensor]) -> None:
         outs = {h.spec.name: h.array for h in hops}
