@@ -48,7 +48,7 @@ MIN_MARGIN_US = 3000.0
 MARGIN_FRACTION = 0.05
 # On top, the sidecar learns how late batches finish against the core's prediction (hops through the
 # sidecar, servers slower than profiled) and plans with the p99 of that lateness, capped at half the SLO.
-LATENESS_WINDOW = 256
+LATENESS_WINDOW = 128
 LATENESS_EVERY = 16
 MAX_MARGIN_FRACTION = 0.5
 # A wake-up that fires this late is stepped at the time the core asked for (the event loop is not a
