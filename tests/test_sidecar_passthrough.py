@@ -75,6 +75,9 @@ def test_health_and_metadata(sidecar: SidecarProcess, mod, url) -> None:
     assert not c.is_model_ready("no_such_model")
     with pytest.raises(InferenceServerException, match="no_such_model"):
         c.get_model_metadata("no_such_model")
+    assert c.get_trace_settings()  # trace and log settings are management calls: passed through
+    log = c.get_log_settings()
+    assert "log_verbose_level" in (log.settings if mod is grpcclient else log)
     index = c.get_model_repository_index()
     names = [m.name for m in index.models] if mod is grpcclient else [m["name"] for m in index]
     assert "simple" in names

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import queue
 import re
 import signal
 import time
@@ -298,12 +299,13 @@ def test_no_shm_region_left_after_sigkill_and_restart(testbed: dict) -> None:
     deploy, work = testbed["deploy"], testbed["work"]
     killed = SidecarProcess(manifest=deploy, log_path=work / "killed.log").start()
     pid = killed.proc.pid
-    c = grpcclient.InferenceServerClient(killed.grpc_url)
     i = grpcclient.InferInput("input", [1, 3, 112, 112], "FP32")
     i.set_data_from_numpy(_x(1))
-    c.infer(MODEL, [i])
-    assert _regions_of(pid)  # its pool exists ...
-    killed.stop(signal.SIGKILL)
+    try:
+        grpcclient.InferenceServerClient(killed.grpc_url).infer(MODEL, [i])
+        assert _regions_of(pid)  # its pool exists ...
+    finally:
+        killed.stop(signal.SIGKILL)
     assert _regions_of(pid)  # ... and outlives a SIGKILL
     with SidecarProcess(manifest=deploy, log_path=work / "restarted.log") as again:
         assert _regions_of(pid) == []  # removed at start
@@ -313,6 +315,15 @@ def test_no_shm_region_left_after_sigkill_and_restart(testbed: dict) -> None:
         c2 = grpcclient.InferenceServerClient(again.grpc_url)
         np.testing.assert_allclose(c2.infer(MODEL, [i]).as_numpy("logits"), _ref(testbed, _x(1)), atol=1e-4)
         new_pid = again.proc.pid
+        # SIGTERM while requests are in flight: they are answered first (drained), then the regions go.
+        done: queue.Queue = queue.Queue()
+        for _ in range(4):
+            c2.async_infer(MODEL, [i], lambda result, error: done.put((result, error)))
+        time.sleep(0.1)
+        assert again.stop() == 0
+        for _ in range(4):
+            result, error = done.get(timeout=30)
+            assert error is None, error
     assert _regions_of(new_pid) == []  # SIGTERM: unregistered and unlinked
 
 

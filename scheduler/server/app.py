@@ -51,7 +51,7 @@ class Sidecar:
             self.planned.client_shm = self.router.shm
         await self.router.start()
         self._grpc = await start_grpc(self.router, c.bind, c.grpc_port)
-        self._runners.append(await start_http(HttpFront(self.router).app(), c.bind, c.http_port))
+        self._runners.append(await start_http(HttpFront(self.router).app(), c.bind, c.http_port, c.drain_timeout_s))
         metrics_app = web.Application()
         metrics_app.router.add_get("/metrics", self._metrics)
         self._runners.append(await start_http(metrics_app, c.bind, c.metrics_port))
@@ -67,10 +67,10 @@ class Sidecar:
     async def stop(self) -> None:
         """Stop accepting, let in-flight requests finish (up to the drain timeout), release every shm region."""
         log.info("event=draining")
+        stops = [r.cleanup() for r in self._runners]
         if self._grpc is not None:
-            await self._grpc.stop(self.config.drain_timeout_s)
-        for r in self._runners:
-            await r.cleanup()
+            stops.append(self._grpc.stop(self.config.drain_timeout_s))
+        await asyncio.gather(*stops, return_exceptions=True)  # both front ends drain at once
         if self.planned is not None:
             await self.planned.close()
         if self.router is not None:

@@ -15,7 +15,7 @@ from tritonclient.grpc import service_pb2
 
 from scheduler.server.errors import ServeError, invalid
 from scheduler.server.router import Router
-from scheduler.server.tensors import (json_to_numpy, numpy_to_json, params_to_dict,
+from scheduler.server.tensors import (json_to_numpy, numpy_to_json, param_value, params_to_dict,
                                       proto_to_json, set_param, to_numpy, to_raw)
 
 log = logging.getLogger("poolpipe.sidecar.http")
@@ -156,6 +156,11 @@ class HttpFront:
         r.add_post("/v2/repository/index", self.repository_index)
         r.add_post("/v2/repository/models/{model}/load", self.load)
         r.add_post("/v2/repository/models/{model}/unload", self.unload)
+        for path in ("/v2/trace/setting", "/v2/models/{model}/trace/setting"):
+            r.add_get(path, self.trace)
+            r.add_post(path, self.trace)
+        r.add_get("/v2/logging", self.logging)
+        r.add_post("/v2/logging", self.logging)
         for kind in ("systemsharedmemory", "cudasharedmemory"):
             r.add_get(f"/v2/{kind}/status", self.shm_status)
             r.add_get(f"/v2/{kind}/region/{{region}}/status", self.shm_status)
@@ -266,6 +271,29 @@ class HttpFront:
                                    service_pb2.SystemSharedMemoryUnregisterRequest(name=name))
         return web.Response(status=200)
 
+    async def trace(self, request: web.Request) -> web.Response:
+        body = await _json_body(request) if request.method == "POST" else {}
+        req = service_pb2.TraceSettingRequest(model_name=request.match_info.get("model", ""))
+        for k, v in body.items():
+            values = v if isinstance(v, list) else ([] if v is None else [v])
+            req.settings[k].value.extend(str(x) for x in values)
+        r = await self.router.call("TraceSetting", req)
+        return web.json_response({k: (list(v.value) if len(v.value) != 1 or k == "trace_level" else v.value[0])
+                                  for k, v in r.settings.items()})
+
+    async def logging(self, request: web.Request) -> web.Response:
+        body = await _json_body(request) if request.method == "POST" else {}
+        req = service_pb2.LogSettingsRequest()
+        for k, v in body.items():
+            if isinstance(v, bool):
+                req.settings[k].bool_param = v
+            elif isinstance(v, int):
+                req.settings[k].uint32_param = v
+            else:
+                req.settings[k].string_param = str(v)
+        r = await self.router.call("LogSettings", req)
+        return web.json_response({k: param_value(v) for k, v in r.settings.items()})
+
     async def infer(self, request: web.Request) -> web.Response:
         m, v = self._names(request)
         body = await request.read()
@@ -275,8 +303,8 @@ class HttpFront:
         return infer_response_to_http(resp, binary, default_binary, shm_outputs)
 
 
-async def start_http(app: web.Application, bind: str, port: int) -> web.AppRunner:
-    runner = web.AppRunner(app, access_log=None)
+async def start_http(app: web.Application, bind: str, port: int, drain_timeout_s: float = 30.0) -> web.AppRunner:
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=drain_timeout_s)
     await runner.setup()
     await web.TCPSite(runner, bind, port).start()
     return runner
