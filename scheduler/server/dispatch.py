@@ -51,9 +51,10 @@ MARGIN_FRACTION = 0.05
 LATENESS_WINDOW = 128
 LATENESS_EVERY = 16
 MAX_MARGIN_FRACTION = 0.5
-# A wake-up that fires this late is stepped at the time the core asked for (the event loop is not a
-# real-time clock; the core would otherwise see "too late" and drop requests it meant to dispatch).
-LATE_WAKE_TOLERANCE_US = 2000.0
+# A wake-up that fires late is stepped at the time the core asked for, up to half the smallest margin (the
+# event loop is not a real-time clock; the core would otherwise see "too late" and drop requests it meant
+# to dispatch; the other half of the margin still covers the execution).
+MIN_LATE_WAKE_TOLERANCE_US = 2000.0
 HEALTH_PERIOD_S = 0.5
 # Codes that say "this request is wrong", not "this server is broken": the batch fails, the server stays.
 CLIENT_FAULTS = (grpc.StatusCode.INVALID_ARGUMENT,)
@@ -161,6 +162,7 @@ class PlannedModels:
         self.base_margin_us = {m.name: max(MIN_MARGIN_US, MARGIN_FRACTION * m.slo_us,
                                            _plan_margin(manifest, m.name)) for m in manifest.models}
         self.margin_us = dict(self.base_margin_us)
+        self.late_wake_tolerance_us = max(MIN_LATE_WAKE_TOLERANCE_US, 0.5 * min(self.base_margin_us.values()))
         self.lateness_us: dict[str, deque[float]] = {m: deque(maxlen=LATENESS_WINDOW) for m in self.models}
         self.pipelines: dict[str, PipelineInfo] = {p.id: p for m in manifest.models for p in m.pipelines}
         self.client_shm: ClientShmRegistry | None = None
@@ -409,7 +411,7 @@ class PlannedModels:
     def _step(self) -> None:
         t0 = time.perf_counter()
         t = now_us()
-        if self._wake_us is not None and self._wake_us <= t < self._wake_us + LATE_WAKE_TOLERANCE_US:
+        if self._wake_us is not None and self._wake_us <= t < self._wake_us + self.late_wake_tolerance_us:
             t = self._wake_us
         result = self.scheduler.step(t)
         self.metrics.decision.observe(time.perf_counter() - t0)
@@ -556,7 +558,10 @@ class PlannedModels:
 
     async def _on_fault(self, d: Dispatch, fault: StageFault, samples: list[Sample]) -> None:
         code = fault.error.code()
-        if code in CLIENT_FAULTS:
+        # A server restarted between health checks has lost our shm registrations: treat it as down, the
+        # health loop registers the pool again when it rejoins.
+        lost_shm = "shared memory" in (fault.error.details() or "")
+        if code in CLIENT_FAULTS and not lost_shm:
             err = ServeError(grpc.StatusCode.INTERNAL, f"stage {fault.vgpu} of pipeline {d.pipeline_id} rejected "
                                                        f"the batch: {fault.error.details()}")
             for s in samples:
