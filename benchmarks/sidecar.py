@@ -1,0 +1,254 @@
+"""The sidecar against Triton's own dynamic batcher, on the same zoo model, machine and offered load.
+
+(a) clients straight to one tritonserver serving the whole model with Triton's dynamic batcher (the
+    ``ensembles/`` baseline: what a Triton user runs today), its engine given every core;
+(b) clients through ``poolpipe serve`` in front of the generated deployment of the same model (three
+    partitions on five tritonservers over two host classes on loopback, tests/sidecar_testbed.py).
+
+Printed: the highest Poisson load each sustains at >= 99 % SLO attainment and their ratio; p50/p99
+latency at low load through the sidecar and straight to Triton (the sidecar's planned path waits for
+batches by design, so its pure proxy cost is also shown: one request at a time on a trivial model,
+pass-through mode against the same Triton);
+and the sidecar's maximum request rate on a trivial planned model with the CPU its own process uses.
+
+    .venv/bin/python benchmarks/sidecar.py            # about 3-4 minutes on 2 cores
+    .venv/bin/python benchmarks/sidecar.py --quick    # fewer, shorter points
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import onnx  # noqa: E402
+import tritonclient.grpc as grpcclient  # noqa: E402
+import tritonclient.grpc.aio as grpcaio  # noqa: E402
+from onnx import TensorProto, helper  # noqa: E402
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+from ensembles.triton_baseline import start_baseline, write_whole_model  # noqa: E402
+from model_repository_gen import triton_config as tc  # noqa: E402
+from model_repository_gen.generate import generate  # noqa: E402
+from model_repository_gen.launch import Deployment  # noqa: E402
+from planner.plan import ModelPlan, PartitionPlan, PipelinePlan, Plan  # noqa: E402
+from planner.profile import Block, DeviceTiming, Profile  # noqa: E402
+from planner.spec import ClusterSpec  # noqa: E402
+from scheduler.server.process import SidecarProcess  # noqa: E402
+from tests.sidecar_testbed import build_deployment  # noqa: E402
+
+MODEL = "resnet"
+
+
+@dataclass
+class LoadResult:
+    rate_rps: float
+    sent: int
+    ok_in_slo: int
+    errors: int
+    p50_ms: float
+    p99_ms: float
+
+    @property
+    def attainment(self) -> float:
+        return self.ok_in_slo / max(self.sent, 1)
+
+
+async def poisson_load(url: str, model: str, inputs: list, rate_rps: float, duration_s: float, slo_s: float,
+                       seed: int = 0) -> LoadResult:
+    """Open-loop Poisson arrivals; a request counts when answered correctly within the SLO."""
+    client = grpcaio.InferenceServerClient(url)
+    rng = np.random.default_rng(seed)
+    lat: list[float] = []
+    errors = 0
+    tasks = []
+
+    async def one() -> None:
+        nonlocal errors
+        t0 = time.perf_counter()
+        try:
+            await client.infer(model, inputs, client_timeout=max(4 * slo_s, 2.0))
+            lat.append(time.perf_counter() - t0)
+        except InferenceServerException:
+            errors += 1
+
+    start = time.perf_counter()
+    t_next = start
+    while t_next - start < duration_s:
+        delay = t_next - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.ensure_future(one()))
+        t_next += rng.exponential(1.0 / rate_rps)
+    await asyncio.gather(*tasks)
+    await client.close()
+    arr = np.array(lat) if lat else np.array([float("nan")])
+    return LoadResult(rate_rps, len(tasks), int((arr <= slo_s).sum()), errors,
+                      float(np.percentile(arr, 50) * 1e3), float(np.percentile(arr, 99) * 1e3))
+
+
+def highest_sustained(url: str, model: str, inputs: list, rates: list[float], duration_s: float, slo_s: float,
+                      label: str) -> tuple[float, list[LoadResult]]:
+    """Walk up the ladder of rates; the highest one with >= 99 % attainment (stops after two misses)."""
+    best, misses, results = 0.0, 0, []
+    asyncio.run(poisson_load(url, model, inputs, 20, 2.0, slo_s))  # warm-up (the sidecar learns its margin)
+    for r in rates:
+        res = asyncio.run(poisson_load(url, model, inputs, r, duration_s, slo_s, seed=int(r)))
+        results.append(res)
+        print(f"  {label:<22} {r:7.1f} rps: attainment {res.attainment * 100:6.2f} %  p50 {res.p50_ms:7.1f} ms  "
+              f"p99 {res.p99_ms:7.1f} ms  errors {res.errors}", flush=True)
+        if res.attainment >= 0.99:
+            best, misses = r, 0
+        else:
+            misses += 1
+            if misses == 2:
+                break
+    return best, results
+
+
+async def closed_loop(url: str, model: str, inputs: list, concurrency: int, duration_s: float
+                      ) -> tuple[float, int, list[float]]:
+    """``concurrency`` requests always outstanding; returns (requests/s, errors, latencies in s)."""
+    client = grpcaio.InferenceServerClient(url)
+    done = errors = 0
+    lat: list[float] = []
+    end = time.perf_counter() + duration_s
+
+    async def worker() -> None:
+        nonlocal done, errors
+        while time.perf_counter() < end:
+            t = time.perf_counter()
+            try:
+                await client.infer(model, inputs, client_timeout=10)
+                lat.append(time.perf_counter() - t)
+                done += 1
+            except InferenceServerException as e:
+                errors += 1
+                if errors == 1:
+                    print(f"  first error: {e}", flush=True)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*[worker() for _ in range(concurrency)])
+    elapsed = time.perf_counter() - t0
+    await client.close()
+    return done / elapsed, errors, lat
+
+
+def p50_p99_ms(lat: list[float]) -> tuple[float, float]:
+    return float(np.percentile(lat, 50) * 1e3), float(np.percentile(lat, 99) * 1e3)
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def trivial_deployment(work: Path) -> tuple[Path, Path]:
+    """A one-partition plan of a Relu on 16 floats: the sidecar's own cost dominates."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])
+    m = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "trivial", [x], [y]),
+                          opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    path = work / "trivial.onnx"
+    onnx.save(m, str(path))
+    batches = (1, 2, 4, 8, 16, 32)
+    profile = Profile("trivial", (Block("block0", 64, ("y",)),),
+                      {"A": {1: DeviceTiming(batches, np.array([[200.0 + 10 * b for b in batches]]))}},
+                      input_bytes=64, input_tensors=("x",))
+    part = PartitionPlan((0, 1), "A", 1, 32, 1, profile.latency_us("A", 1, 32))
+    pipe = PipelinePlan((part,), 32 / part.latency_us * 1e6, part.latency_us)
+    plan = Plan("bench", "manual", 0.0, ClusterSpec({"A": 1}, {"A": 1}, 10.0, {"A": 1}),
+                (ModelPlan("trivial", 1_000_000.0, pipe.throughput_rps, (pipe,), profile),))
+    cluster = work / "trivial-cluster.json"
+    cluster.write_text(json.dumps({"hosts": [{"name": "hostT", "address": "127.0.0.1", "gpu_type": "A", "gpus": 1,
+                                              "bandwidth_gbps": 10, "device": "cpu", "cpu_cores": 1,
+                                              "base_port": 0}]}))
+    generate(plan, {"trivial": path}, cluster, work / "trivial-deploy")
+    return work / "trivial-deploy", path
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--slo-ms", type=float, default=200.0)
+    args = ap.parse_args()
+    duration = 2.0 if args.quick else 4.0
+    rates = [20, 40, 60, 80, 100, 130, 160, 200, 250] if args.quick else \
+        [10, 20, 30, 40, 50, 60, 70, 80, 100, 120, 140, 160, 180, 200, 230, 260, 300]
+    slo_s = args.slo_ms / 1e3
+    x = np.random.default_rng(0).standard_normal((1, 3, 112, 112)).astype(np.float32)
+    inp = grpcclient.InferInput("input", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+
+    with tempfile.TemporaryDirectory(prefix="poolpipe-bench-sidecar-") as tmp:
+        work = Path(tmp)
+        deploy, onnx_path, _ = build_deployment(work / "tb", name=MODEL, slo_us=args.slo_ms * 1e3)
+        repo = work / "baseline"
+        write_whole_model(repo, onnx_path, MODEL, 8, tc.DynamicBatching((4, 8), 5000),
+                          settings=tc.BackendSettings(provider="cpu", intra_op_threads=os.cpu_count() or 2))
+        print(f"model {MODEL} (zoo), SLO {args.slo_ms:.0f} ms, {os.cpu_count()} cores, Poisson load "
+              f"{duration:.0f} s per point\n")
+
+        print("(a) Triton dynamic batcher, whole model, one server:", flush=True)
+        with start_baseline(repo, log_path=work / "baseline.log") as triton:
+            base_max, _ = highest_sustained(triton.grpc_url, MODEL, [inp], rates, duration, slo_s, "triton")
+            low_direct = asyncio.run(poisson_load(triton.grpc_url, MODEL, [inp], 5, 2 * duration, slo_s, seed=5))
+
+        print("(b) poolpipe sidecar, 3 partitions on 5 tritonservers (2 host classes):", flush=True)
+        with Deployment(deploy, check_hardware=False, log_dir=work / "logs"), \
+                SidecarProcess(manifest=deploy, log_path=work / "sidecar.log") as sc:
+            side_max, _ = highest_sustained(sc.grpc_url, MODEL, [inp], rates, duration, slo_s, "sidecar")
+            low_side = asyncio.run(poisson_load(sc.grpc_url, MODEL, [inp], 5, 2 * duration, slo_s, seed=5))
+
+        print("(c) trivial planned model (Relu on 16 floats, one tritonserver), 64 requests outstanding:", flush=True)
+        tdeploy, tpath = trivial_deployment(work)
+        t_in = grpcclient.InferInput("x", [1, 16], "FP32")
+        t_in.set_data_from_numpy(np.ones((1, 16), np.float32))
+        trepo = work / "trivial-baseline"
+        write_whole_model(trepo, tpath, "trivial", 32, tc.DynamicBatching((8, 16, 32), 1000),
+                          settings=tc.BackendSettings(provider="cpu", intra_op_threads=1))
+        with start_baseline(trepo, log_path=work / "trivial-baseline.log") as triton:
+            asyncio.run(closed_loop(triton.grpc_url, "trivial", [t_in], 64, 1.0))
+            direct_rps, _, _ = asyncio.run(closed_loop(triton.grpc_url, "trivial", [t_in], 64, duration))
+            # The proxy's own latency: one request at a time, straight vs through the sidecar (pass-through).
+            _, _, seq_direct = asyncio.run(closed_loop(triton.grpc_url, "trivial", [t_in], 1, duration))
+            with SidecarProcess(passthrough=triton.grpc_url, log_path=work / "proxy.log") as proxy:
+                asyncio.run(closed_loop(proxy.grpc_url, "trivial", [t_in], 1, 1.0))
+                _, _, seq_proxy = asyncio.run(closed_loop(proxy.grpc_url, "trivial", [t_in], 1, duration))
+        with Deployment(tdeploy, check_hardware=False, log_dir=work / "tlogs"), \
+                SidecarProcess(manifest=tdeploy, log_path=work / "tsidecar.log") as sc:
+            asyncio.run(closed_loop(sc.grpc_url, "trivial", [t_in], 64, 1.0))
+            cpu0, t0 = cpu_seconds(sc.proc.pid), time.perf_counter()
+            side_rps, side_err, _ = asyncio.run(closed_loop(sc.grpc_url, "trivial", [t_in], 64, duration))
+            side_cores = (cpu_seconds(sc.proc.pid) - cpu0) / (time.perf_counter() - t0)
+
+    print("\n=== results ===")
+    ratio = f"{side_max / base_max:.2f}x" if base_max else "n/a (baseline sustained none of the rates)"
+    print(f"highest load at >= 99% SLO attainment: Triton dynamic batcher {base_max:.0f} rps, "
+          f"poolpipe sidecar {side_max:.0f} rps, ratio sidecar/Triton {ratio}")
+    print(f"low load (5 rps) latency p50/p99: Triton direct {low_direct.p50_ms:.1f}/{low_direct.p99_ms:.1f} ms, "
+          f"sidecar planned {low_side.p50_ms:.1f}/{low_side.p99_ms:.1f} ms "
+          f"(added {low_side.p50_ms - low_direct.p50_ms:+.1f}/{low_side.p99_ms - low_direct.p99_ms:+.1f} ms; "
+          "includes waiting for a batch up to the SLO)")
+    (d50, d99), (p50, p99) = p50_p99_ms(seq_direct), p50_p99_ms(seq_proxy)
+    print(f"sidecar proxy cost (trivial model, one request at a time) p50/p99: Triton direct {d50:.2f}/{d99:.2f} ms, "
+          f"through the sidecar (pass-through) {p50:.2f}/{p99:.2f} ms (added {p50 - d50:+.2f}/{p99 - d99:+.2f} ms)")
+    print(f"trivial model, 64 outstanding: sidecar {side_rps:.0f} req/s ({side_err} errors) using "
+          f"{side_cores:.2f} of {os.cpu_count()} cores; Triton direct with dynamic batcher {direct_rps:.0f} req/s; "
+          f"ratio {side_rps / direct_rps:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

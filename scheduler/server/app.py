@@ -1,0 +1,89 @@
+"""The sidecar process: front ends (gRPC, HTTP), metrics endpoint, planned models, lifecycle and signals."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp import web
+
+from scheduler.server.grpc_front import start_grpc
+from scheduler.server.http_front import HttpFront, start_http
+from scheduler.server.metrics import SidecarMetrics
+from scheduler.server.router import Router
+
+log = logging.getLogger("poolpipe.sidecar")
+
+
+@dataclass(frozen=True)
+class SidecarConfig:
+    manifest: Path | None = None
+    passthrough: str | None = None
+    grpc_port: int = 8001
+    http_port: int = 8000
+    metrics_port: int = 8002
+    bind: str = "127.0.0.1"
+    policy: str = "auto"
+    drain_timeout_s: float = 30.0
+
+
+class Sidecar:
+    """Start with ``await start()``, stop with ``await stop()`` (drains in-flight requests first)."""
+
+    def __init__(self, config: SidecarConfig) -> None:
+        self.config = config
+        self.metrics = SidecarMetrics()
+        self.planned = None
+        self.router: Router | None = None
+        self._grpc = None
+        self._runners: list[web.AppRunner] = []
+
+    async def start(self) -> None:
+        c = self.config
+        if c.manifest is not None:
+            from scheduler.server.dispatch import PlannedModels  # noqa: PLC0415
+            self.planned = await PlannedModels.create(c.manifest, c.policy, self.metrics)
+        self.router = Router(c.passthrough, self.planned, self.metrics)
+        if self.planned is not None:
+            self.planned.client_shm = self.router.shm
+        await self.router.start()
+        self._grpc = await start_grpc(self.router, c.bind, c.grpc_port)
+        self._runners.append(await start_http(HttpFront(self.router).app(), c.bind, c.http_port, c.drain_timeout_s))
+        metrics_app = web.Application()
+        metrics_app.router.add_get("/metrics", self._metrics)
+        self._runners.append(await start_http(metrics_app, c.bind, c.metrics_port))
+        log.info("event=listening grpc=%s:%d http=%s:%d metrics=%s:%d planned=%s passthrough=%s", c.bind,
+                 c.grpc_port, c.bind, c.http_port, c.bind, c.metrics_port,
+                 ",".join(self.planned.names()) if self.planned else "-", c.passthrough or "-")
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        if self.planned is not None:
+            self.planned.refresh_gauges()
+        return web.Response(body=self.metrics.exposition(), content_type="text/plain")
+
+    async def stop(self) -> None:
+        """Stop accepting, let in-flight requests finish (up to the drain timeout), release every shm region."""
+        log.info("event=draining")
+        stops = [r.cleanup() for r in self._runners]
+        if self._grpc is not None:
+            stops.append(self._grpc.stop(self.config.drain_timeout_s))
+        await asyncio.gather(*stops, return_exceptions=True)  # both front ends drain at once
+        if self.planned is not None:
+            await self.planned.close()
+        if self.router is not None:
+            await self.router.close()
+        log.info("event=stopped")
+
+    async def run_until_signal(self) -> None:
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await self.start()
+        try:
+            await stop.wait()
+        finally:
+            await self.stop()

@@ -1,0 +1,114 @@
+"""The gRPC front end: Triton's ``GRPCInferenceService`` (stubs from tritonclient.grpc) on grpc.aio."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, AsyncIterator
+
+import grpc
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from scheduler.server.errors import ServeError
+from scheduler.server.router import GRPC_OPTIONS, Router
+
+log = logging.getLogger("poolpipe.sidecar.grpc")
+
+UNARY_METHODS = ("ServerLive", "ServerReady", "ServerMetadata", "ModelReady", "ModelMetadata", "ModelConfig",
+                 "ModelStatistics", "RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload",
+                 "SystemSharedMemoryStatus", "SystemSharedMemoryRegister", "SystemSharedMemoryUnregister",
+                 "CudaSharedMemoryStatus", "CudaSharedMemoryRegister", "CudaSharedMemoryUnregister",
+                 "TraceSetting", "LogSettings")
+
+
+def _deadline(context: grpc.aio.ServicerContext) -> float | None:
+    remaining = context.time_remaining()
+    return None if remaining is None else time.monotonic() + remaining
+
+
+class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
+    """Every call goes to the Router; a ServeError becomes the gRPC status Triton would send."""
+
+    def __init__(self, router: Router) -> None:
+        self.router = router
+        for name in UNARY_METHODS:
+            setattr(self, name, self._unary(name))
+
+    def _unary(self, method: str) -> Any:
+        async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            try:
+                return await self.router.call(method, request, context.time_remaining())
+            except ServeError as e:
+                await context.abort(e.code, e.message)
+        return handler
+
+    async def ModelInfer(self, request: service_pb2.ModelInferRequest, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await self.router.infer(request, _deadline(context))
+        except ServeError as e:
+            await context.abort(e.code, e.message)
+
+    async def ModelStreamInfer(self, request_iterator: AsyncIterator[service_pb2.ModelInferRequest],
+                               context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        """Planned models answer each request in turn; other models ride one stream to the pass-through Triton
+        (so decoupled models keep their semantics)."""
+        out: asyncio.Queue = asyncio.Queue()
+        backend_call = None
+        tasks: set[asyncio.Task] = set()
+
+        async def planned_one(req: service_pb2.ModelInferRequest) -> None:
+            try:
+                out.put_nowait(service_pb2.ModelStreamInferResponse(infer_response=await self.router.infer(req, None)))
+            except ServeError as e:
+                out.put_nowait(service_pb2.ModelStreamInferResponse(error_message=e.message))
+
+        async def pump_backend(call: Any) -> None:
+            try:
+                async for resp in call:
+                    out.put_nowait(resp)
+            except grpc.aio.AioRpcError as e:
+                out.put_nowait(service_pb2.ModelStreamInferResponse(error_message=e.details() or str(e.code())))
+
+        async def read_client() -> None:
+            nonlocal backend_call
+            async for req in request_iterator:
+                if self.router.is_planned(req.model_name) or self.router.stub is None:
+                    t = asyncio.ensure_future(planned_one(req))
+                    tasks.add(t)
+                    t.add_done_callback(tasks.discard)
+                    continue
+                if backend_call is None:
+                    backend_call = self.router.stub.ModelStreamInfer()
+                    t = asyncio.ensure_future(pump_backend(backend_call))
+                    tasks.add(t)
+                    t.add_done_callback(tasks.discard)
+                await backend_call.write(req)
+            if backend_call is not None:
+                await backend_call.done_writing()
+            while tasks:
+                await asyncio.gather(*list(tasks), return_exceptions=True)
+            out.put_nowait(None)
+
+        reader = asyncio.ensure_future(read_client())
+        try:
+            while True:
+                item = await out.get()
+                if item is None:
+                    break
+                yield item
+        finally:
+            reader.cancel()
+            for t in list(tasks):
+                t.cancel()
+            if backend_call is not None:
+                backend_call.cancel()
+
+
+async def start_grpc(router: Router, bind: str, port: int) -> grpc.aio.Server:
+    server = grpc.aio.server(options=GRPC_OPTIONS)
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(router), server)
+    if server.add_insecure_port(f"{bind}:{port}") == 0:
+        raise OSError(f"cannot listen for gRPC on {bind}:{port}")
+    await server.start()
+    return server

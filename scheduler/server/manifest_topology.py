@@ -1,0 +1,25 @@
+"""The scheduler core's Topology of a real deployment, read from manifest.json."""
+
+from __future__ import annotations
+
+from model_repository_gen.manifest import Manifest
+from scheduler.core.topology import Pipeline, Stage, Topology, VGpu
+
+
+def topology_from_manifest(manifest: Manifest) -> Topology:
+    """vGPUs sit behind their host's NIC; stage latency tables as profiled, up to the pipeline's batch."""
+    vgpus = {g.id: VGpu(g.id, g.gpu_type, g.v, g.host) for g in manifest.vgpus}
+    pipelines = {}
+    for m in manifest.models:
+        pipes = []
+        for p in m.pipelines:
+            stages = tuple(Stage(s.blocks, s.vgpus, {b: t for b, t in s.latency_us.items() if b <= p.batch},
+                                 0 if k == 0 else sum(t.bytes_per_request() for t in s.inputs))
+                           for k, s in enumerate(p.stages))
+            pipes.append(Pipeline(p.id, m.name, p.batch, stages, p.throughput_rps))
+        pipelines[m.name] = tuple(pipes)
+    gpu_counts: dict[str, int] = {}
+    for h in manifest.hosts:
+        gpu_counts[h.gpu_type] = gpu_counts.get(h.gpu_type, 0) + h.gpus
+    bandwidth = min((h.bandwidth_gbps for h in manifest.hosts), default=10.0)
+    return Topology(vgpus, pipelines, {m.name: m.slo_us for m in manifest.models}, bandwidth, gpu_counts)

@@ -1,0 +1,52 @@
+"""The sidecar's Prometheus metrics (own registry, served at /metrics on the metrics port)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_P = "poolpipe_sidecar_"
+
+
+@dataclass
+class SidecarMetrics:
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        self.requests = Counter(_P + "requests", "Inference requests received", ["model", "route"], registry=r)
+        self.successes = Counter(_P + "successes", "Inference requests answered with outputs", ["model"], registry=r)
+        self.failures = Counter(_P + "failures", "Inference requests answered with an error", ["model", "code"],
+                                registry=r)
+        self.drops = Counter(_P + "drops", "Requests shed by the scheduler", ["model", "reason"], registry=r)
+        self.slo_met = Counter(_P + "slo_met", "Planned-model requests answered within their deadline", ["model"],
+                               registry=r)
+        self.slo_attainment = Gauge(_P + "slo_attainment", "Fraction of finished planned requests that met the SLO",
+                                    ["model"], registry=r)
+        self.queue_length = Gauge(_P + "queue_length", "Requests waiting in the scheduler", ["model"], registry=r)
+        self.batch_size = Histogram(_P + "batch_size", "Dispatched batch sizes", ["model"], registry=r,
+                                    buckets=(1, 2, 4, 8, 16, 32, 64))
+        self.latency = Histogram(_P + "request_latency_seconds", "End-to-end latency of answered requests",
+                                 ["model", "route"], registry=r,
+                                 buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5))
+        self.vgpu_busy = Counter(_P + "vgpu_busy_seconds", "Measured compute time per vGPU", ["vgpu"], registry=r)
+        self.vgpu_up = Gauge(_P + "vgpu_up", "1 while the vGPU's Triton server is in service", ["vgpu"], registry=r)
+        self.decision = Histogram(_P + "decision_seconds", "Time of one scheduler step", registry=r,
+                                  buckets=(1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2))
+        self.retries = Counter(_P + "retries", "Batches retried on another path after a server fault", ["model"],
+                               registry=r)
+        self.hops = Counter(_P + "hops", "Boundary tensors handed between stages, by how", ["kind"], registry=r)
+        self._finished: dict[str, list[int]] = {}
+
+    def finished(self, model: str, met_slo: bool) -> None:
+        """Record one finished planned request (answered or shed) for the attainment gauge."""
+        met, total = self._finished.setdefault(model, [0, 0])
+        self._finished[model] = [met + int(met_slo), total + 1]
+        if met_slo:
+            self.slo_met.labels(model).inc()
+        m, t = self._finished[model]
+        self.slo_attainment.labels(model).set(m / t)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

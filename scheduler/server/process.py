@@ -1,0 +1,86 @@
+"""Run ``poolpipe serve`` as a child process on free loopback ports (tests, benchmarks, demo)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from model_repository_gen.tritonserver import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class SidecarProcess:
+    manifest: Path | None = None
+    passthrough: str | None = None
+    policy: str = "auto"
+    log_path: Path | None = None
+    extra_args: tuple[str, ...] = ()
+    verbose: bool = False
+    grpc_port: int = field(default_factory=free_port)
+    http_port: int = field(default_factory=free_port)
+    metrics_port: int = field(default_factory=free_port)
+    proc: subprocess.Popen | None = None
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    def command(self) -> list[str]:
+        cmd = [sys.executable, "-m", "poolpipe", *(["-v"] if self.verbose else []), "serve", "--grpc-port", str(self.grpc_port), "--http-port",
+               str(self.http_port), "--metrics-port", str(self.metrics_port), "--policy", self.policy]
+        if self.manifest:
+            cmd += ["--manifest", str(self.manifest)]
+        if self.passthrough:
+            cmd += ["--passthrough", self.passthrough]
+        return cmd + list(self.extra_args)
+
+    def start(self, timeout_s: float = 60.0) -> "SidecarProcess":
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        self.proc = subprocess.Popen(self.command(), env=env, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                tail = Path(self.log_path).read_text()[-2000:] if self.log_path else ""
+                raise RuntimeError(f"sidecar exited with status {self.proc.returncode}: {tail}")
+            try:
+                with urllib.request.urlopen(f"http://{self.http_url}/v2/health/live", timeout=1) as r:
+                    if r.status == 200:
+                        return self
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise TimeoutError(f"sidecar not live after {timeout_s:.0f} s")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 40.0) -> int | None:
+        if self.proc is None:
+            return None
+        p, self.proc = self.proc, None
+        if p.poll() is None:
+            p.send_signal(sig)
+            try:
+                p.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        return p.returncode
+
+    def __enter__(self) -> "SidecarProcess":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

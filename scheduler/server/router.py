@@ -1,0 +1,224 @@
+"""Protocol-neutral request handling: every KServe v2 call, as protobuf, goes to a planned model or to the
+pass-through Triton. Both front ends (gRPC, HTTP) translate to these calls and back."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Protocol
+
+import grpc
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from scheduler.server.client_shm import ClientShmRegistry
+from scheduler.server.errors import ServeError, from_rpc_error
+from scheduler.server.metrics import SidecarMetrics
+
+log = logging.getLogger("poolpipe.sidecar")
+
+GRPC_OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+SERVER_NAME = "poolpipe-sidecar"
+EXTENSIONS = ["classification", "sequence", "model_repository", "model_repository(unload_dependents)",
+              "schedule_policy", "model_configuration", "system_shared_memory", "cuda_shared_memory",
+              "binary_tensor_data", "parameters", "statistics", "trace", "logging"]
+
+
+class PlannedService(Protocol):
+    """The planned models (pooled pipelines) behind the sidecar; see scheduler/server/dispatch.py."""
+
+    def has(self, model: str) -> bool: ...
+
+    def names(self) -> list[str]: ...
+
+    def ready(self, model: str) -> bool: ...
+
+    def metadata(self, model: str) -> service_pb2.ModelMetadataResponse: ...
+
+    def config(self, model: str) -> service_pb2.ModelConfigResponse: ...
+
+    def statistics(self, model: str) -> service_pb2.ModelStatistics: ...
+
+    async def infer(self, request: service_pb2.ModelInferRequest, deadline_s: float | None
+                    ) -> service_pb2.ModelInferResponse: ...
+
+
+class Router:
+    """Routes calls by model name; shared-memory registrations are kept locally and mirrored to the pass-through."""
+
+    def __init__(self, passthrough: str | None, planned: PlannedService | None, metrics: SidecarMetrics) -> None:
+        self.passthrough_url = passthrough
+        self.planned = planned
+        self.metrics = metrics
+        self.shm = ClientShmRegistry()
+        self._channel: grpc.aio.Channel | None = None
+        self.stub: service_pb2_grpc.GRPCInferenceServiceStub | None = None
+
+    async def start(self) -> None:
+        if self.passthrough_url:
+            self._channel = grpc.aio.insecure_channel(self.passthrough_url, options=GRPC_OPTIONS)
+            self.stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
+
+    async def close(self) -> None:
+        if self.stub is not None and self.shm.regions:
+            for name in list(self.shm.regions):
+                try:
+                    await self.stub.SystemSharedMemoryUnregister(
+                        service_pb2.SystemSharedMemoryUnregisterRequest(name=name), timeout=2)
+                except grpc.aio.AioRpcError:
+                    pass
+        self.shm.close()
+        if self._channel is not None:
+            await self._channel.close()
+
+    # --- helpers -------------------------------------------------------------------------------------------
+
+    def is_planned(self, model: str) -> bool:
+        return self.planned is not None and self.planned.has(model)
+
+    async def forward(self, method: str, request: Any, timeout_s: float | None = None) -> Any:
+        if self.stub is None:
+            raise ServeError(grpc.StatusCode.UNAVAILABLE if method.startswith(("Repository", "Cuda", "Trace", "Log"))
+                             else grpc.StatusCode.NOT_FOUND, self._no_passthrough(method, request))
+        try:
+            return await getattr(self.stub, method)(request, timeout=timeout_s)
+        except grpc.aio.AioRpcError as e:
+            raise from_rpc_error(e) from None
+
+    @staticmethod
+    def _no_passthrough(method: str, request: Any) -> str:
+        name = getattr(request, "name", "") or getattr(request, "model_name", "")
+        if name and method.startswith(("Model",)):
+            return f"Request for unknown model: '{name}' is not found"
+        return f"{method} needs a Triton server behind the sidecar (start it with --passthrough HOST:PORT)"
+
+    # --- health and metadata ---------------------------------------------------------------------------------
+
+    async def server_ready(self) -> bool:
+        if self.planned is not None and not all(self.planned.ready(m) for m in self.planned.names()):
+            return False
+        if self.stub is not None:
+            try:
+                r = await self.stub.ServerReady(service_pb2.ServerReadyRequest(), timeout=2)
+                return bool(r.ready)
+            except grpc.aio.AioRpcError:
+                return False
+        return True
+
+    async def call(self, method: str, request: Any, timeout_s: float | None = None) -> Any:
+        """Answer one unary KServe v2 call (everything but inference)."""
+        handler = getattr(self, "_" + method, None)
+        if handler is not None:
+            return await handler(request, timeout_s)
+        return await self.forward(method, request, timeout_s)
+
+    async def _ServerLive(self, request: Any, timeout_s: float | None) -> Any:
+        return service_pb2.ServerLiveResponse(live=True)
+
+    async def _ServerReady(self, request: Any, timeout_s: float | None) -> Any:
+        return service_pb2.ServerReadyResponse(ready=await self.server_ready())
+
+    async def _ServerMetadata(self, request: Any, timeout_s: float | None) -> Any:
+        if self.stub is not None:
+            return await self.forward("ServerMetadata", request, timeout_s)
+        import poolpipe  # noqa: PLC0415
+        return service_pb2.ServerMetadataResponse(name=SERVER_NAME, version=poolpipe.__version__,
+                                                  extensions=EXTENSIONS)
+
+    async def _ModelReady(self, request: Any, timeout_s: float | None) -> Any:
+        if self.is_planned(request.name):
+            return service_pb2.ModelReadyResponse(ready=self.planned.ready(request.name))
+        if self.stub is None:
+            return service_pb2.ModelReadyResponse(ready=False)
+        return await self.forward("ModelReady", request, timeout_s)
+
+    async def _ModelMetadata(self, request: Any, timeout_s: float | None) -> Any:
+        if self.is_planned(request.name):
+            return self.planned.metadata(request.name)
+        return await self.forward("ModelMetadata", request, timeout_s)
+
+    async def _ModelConfig(self, request: Any, timeout_s: float | None) -> Any:
+        if self.is_planned(request.name):
+            return self.planned.config(request.name)
+        return await self.forward("ModelConfig", request, timeout_s)
+
+    async def _ModelStatistics(self, request: Any, timeout_s: float | None) -> Any:
+        if self.is_planned(request.name):
+            return service_pb2.ModelStatisticsResponse(model_stats=[self.planned.statistics(request.name)])
+        resp = service_pb2.ModelStatisticsResponse()
+        if self.stub is not None:
+            resp = await self.forward("ModelStatistics", request, timeout_s)
+        if not request.name and self.planned is not None:
+            resp.model_stats.extend(self.planned.statistics(m) for m in self.planned.names())
+        return resp
+
+    async def _RepositoryIndex(self, request: Any, timeout_s: float | None) -> Any:
+        resp = service_pb2.RepositoryIndexResponse()
+        if self.stub is not None:
+            resp = await self.forward("RepositoryIndex", request, timeout_s)
+        if self.planned is not None:
+            for m in self.planned.names():
+                resp.models.add(name=m, version="1", state="READY" if self.planned.ready(m) else "UNAVAILABLE")
+        return resp
+
+    async def _RepositoryModelLoad(self, request: Any, timeout_s: float | None) -> Any:
+        return await self._repository_change("RepositoryModelLoad", request, timeout_s)
+
+    async def _RepositoryModelUnload(self, request: Any, timeout_s: float | None) -> Any:
+        return await self._repository_change("RepositoryModelUnload", request, timeout_s)
+
+    async def _repository_change(self, method: str, request: Any, timeout_s: float | None) -> Any:
+        if self.is_planned(request.model_name):
+            raise ServeError(grpc.StatusCode.FAILED_PRECONDITION,
+                             f"model '{request.model_name}' is a planned model served by poolpipe; "
+                             "re-run 'poolpipe generate' and restart the sidecar to change it")
+        return await self.forward(method, request, timeout_s)
+
+    # --- client system shared memory ---------------------------------------------------------------------
+
+    async def _SystemSharedMemoryRegister(self, request: Any, timeout_s: float | None) -> Any:
+        self.shm.register(request.name, request.key, request.offset, request.byte_size)
+        if self.stub is not None:
+            try:
+                await self.forward("SystemSharedMemoryRegister", request, timeout_s)
+            except ServeError:
+                self.shm.unregister(request.name)
+                raise
+        return service_pb2.SystemSharedMemoryRegisterResponse()
+
+    async def _SystemSharedMemoryUnregister(self, request: Any, timeout_s: float | None) -> Any:
+        self.shm.unregister(request.name)
+        if self.stub is not None:
+            await self.forward("SystemSharedMemoryUnregister", request, timeout_s)
+        return service_pb2.SystemSharedMemoryUnregisterResponse()
+
+    async def _SystemSharedMemoryStatus(self, request: Any, timeout_s: float | None) -> Any:
+        resp = service_pb2.SystemSharedMemoryStatusResponse()
+        names = [request.name] if request.name else list(self.shm.regions)
+        for n in names:
+            r = self.shm.get(n)
+            resp.regions[n].CopyFrom(service_pb2.SystemSharedMemoryStatusResponse.RegionStatus(
+                name=r.name, key=r.key, offset=r.offset, byte_size=r.byte_size))
+        return resp
+
+    # --- inference -----------------------------------------------------------------------------------------
+
+    async def infer(self, request: service_pb2.ModelInferRequest, deadline_s: float | None
+                    ) -> service_pb2.ModelInferResponse:
+        """One inference; ``deadline_s`` is the client's absolute deadline on time.monotonic() (None: none)."""
+        model = request.model_name
+        planned = self.is_planned(model)
+        route = "planned" if planned else "passthrough"
+        self.metrics.requests.labels(model, route).inc()
+        t0 = time.monotonic()
+        try:
+            if planned:
+                resp = await self.planned.infer(request, deadline_s)
+            else:
+                timeout = None if deadline_s is None else max(deadline_s - t0, 0.0)
+                resp = await self.forward("ModelInfer", request, timeout)
+        except ServeError as e:
+            self.metrics.failures.labels(model, e.code.name).inc()
+            raise
+        self.metrics.successes.labels(model).inc()
+        self.metrics.latency.labels(model, route).observe(time.monotonic() - t0)
+        return resp

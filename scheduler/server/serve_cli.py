@@ -1,0 +1,75 @@
+"""``poolpipe serve``: the scheduler sidecar, a KServe v2 endpoint (gRPC + HTTP) in front of Triton servers."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from planner.errors import InputError
+
+def _hostport(value: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT (e.g. 127.0.0.1:8001), got {value!r}")
+    return value
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "serve", help="serve planned models (and pass others through) as a Triton-compatible endpoint",
+        description="Run the scheduler sidecar: clients talk KServe v2 (gRPC, HTTP) to it as to Triton; "
+                    "planned models are batched and dispatched over pooled pipelines of Triton servers, other "
+                    "models and management calls go to the --passthrough Triton unchanged.")
+    p.add_argument("--manifest", type=Path, help="DIR/manifest.json written by 'poolpipe generate' (or DIR)")
+    p.add_argument("--passthrough", type=_hostport, metavar="HOST:PORT",
+                   help="gRPC endpoint of a Triton server for models that are not planned")
+    p.add_argument("--grpc-port", type=int, default=8001)
+    p.add_argument("--http-port", type=int, default=8000)
+    p.add_argument("--metrics-port", type=int, default=8002)
+    p.add_argument("--bind", default="127.0.0.1", help="address to listen on (default: loopback only)")
+    p.add_argument("--policy", default="auto", help="scheduling policy of the scheduler core (default: auto)")
+    p.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
+                   help="seconds to let in-flight requests finish on SIGTERM")
+    p.set_defaults(func=run)
+
+
+def config_from_args(args: argparse.Namespace):  # -> SidecarConfig
+    from scheduler.server.app import SidecarConfig  # noqa: PLC0415
+    from model_repository_gen.tritonserver import port_in_use  # noqa: PLC0415
+
+    if args.manifest is None and args.passthrough is None:
+        raise InputError("give --manifest DIR/manifest.json, --passthrough HOST:PORT, or both")
+    ports = {"--grpc-port": args.grpc_port, "--http-port": args.http_port, "--metrics-port": args.metrics_port}
+    for flag, port in ports.items():
+        if not 0 < port < 65536:
+            raise InputError(f"{flag}: {port} is not a TCP port (1-65535)")
+        if port_in_use(port, args.bind):
+            raise InputError(f"{flag}: port {port} on {args.bind} is already in use; choose another port")
+    if len(set(ports.values())) != len(ports):
+        raise InputError("--grpc-port, --http-port and --metrics-port must differ")
+    from scheduler.server.dispatch import LIVE_POLICIES  # noqa: PLC0415
+
+    if args.policy not in ("auto", *LIVE_POLICIES):
+        raise InputError(f"--policy {args.policy}: choose one of auto, {', '.join(LIVE_POLICIES)} "
+                         "(per-stage policies such as 'reactive' are for the simulator)")
+    manifest = None
+    if args.manifest is not None:
+        from model_repository_gen.manifest import load_manifest  # noqa: PLC0415 (validates now: one-line errors)
+        load_manifest(args.manifest)
+        manifest = args.manifest
+    return SidecarConfig(manifest=manifest, passthrough=args.passthrough, grpc_port=args.grpc_port,
+                         http_port=args.http_port, metrics_port=args.metrics_port, bind=args.bind,
+                         policy=args.policy, drain_timeout_s=args.drain_timeout)
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio  # noqa: PLC0415
+
+    from scheduler.server.app import Sidecar  # noqa: PLC0415
+
+    config = config_from_args(args)
+    try:
+        asyncio.run(Sidecar(config).run_until_signal())
+    except OSError as e:
+        raise InputError(f"cannot start the sidecar: {e}") from None
+    return 0

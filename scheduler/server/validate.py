@@ -1,0 +1,143 @@
+"""Checks of an inference request against a planned model (Triton's wording), and decoding of its inputs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from tritonclient.grpc import service_pb2
+from tritonclient.utils import triton_to_np_dtype
+
+from model_repository_gen.manifest import ModelInfo, TensorSpec
+from scheduler.server.client_shm import ClientShmRegistry
+from scheduler.server.errors import invalid
+from scheduler.server.tensors import DTYPE_SIZE, element_count, param_value
+
+
+@dataclass(frozen=True)
+class OutputTarget:
+    """A requested output: returned raw, or written to a client shm region at ``offset``."""
+
+    spec: TensorSpec
+    region: str | None = None
+    offset: int = 0
+    byte_size: int = 0
+
+
+@dataclass(frozen=True)
+class CheckedRequest:
+    batch: int
+    inputs: dict[str, np.ndarray]  # name -> [batch, *shape], a private copy
+    outputs: tuple[OutputTarget, ...]
+    timeout_us: float | None  # the client's "timeout" parameter, if any
+
+
+def _shape_str(shape: list[int] | tuple[int, ...]) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+def _shm_params(params: object) -> tuple[str, int, int] | None:
+    if "shared_memory_region" not in params:  # type: ignore[operator]
+        return None
+    p = {k: param_value(v) for k, v in params.items()}  # type: ignore[attr-defined]
+    return str(p["shared_memory_region"]), int(p.get("shared_memory_byte_size", 0)), int(p.get("shared_memory_offset", 0))
+
+
+def check_request(req: service_pb2.ModelInferRequest, model: ModelInfo, shm: ClientShmRegistry) -> CheckedRequest:
+    name = model.name
+    if req.model_version not in ("", "1"):
+        raise invalid(f"Request for unknown model: '{name}' version {req.model_version} is not found")
+    declared = {t.name: t for t in model.inputs}
+    got = [i.name for i in req.inputs]
+    for n in got:
+        if n not in declared:
+            raise invalid(f"unexpected inference input '{n}' for model '{name}'")
+    if len(set(got)) != len(got):
+        raise invalid(f"input '{next(n for n in got if got.count(n) > 1)}' is given more than once for model '{name}'")
+    missing = [n for n in declared if n not in got]
+    if missing:
+        raise invalid(f"expected {len(declared)} inputs but got {len(got)} inputs for model '{name}'. Got input(s) "
+                      f"{got}, but missing required input(s) {missing}. Please provide all required input(s).")
+    n_raw = sum(1 for i in req.inputs if _shm_params(i.parameters) is None)
+    if req.raw_input_contents and len(req.raw_input_contents) != n_raw:
+        raise invalid(f"expected {n_raw} raw input contents (inputs not in shared memory), "
+                      f"got {len(req.raw_input_contents)}")
+    batch = None
+    arrays: dict[str, np.ndarray] = {}
+    raw_index = 0
+    for inp in req.inputs:
+        spec = declared[inp.name]
+        if inp.datatype != spec.datatype:
+            raise invalid(f"inference input '{inp.name}' data-type is '{inp.datatype}', but model '{name}' expects "
+                          f"'{spec.datatype}'")
+        shape = list(inp.shape)
+        if len(shape) != len(spec.shape) + 1 or tuple(shape[1:]) != spec.shape or shape[0] < 1:
+            raise invalid(f"unexpected shape for input '{inp.name}' for model '{name}'. Expected "
+                          f"{_shape_str([-1, *spec.shape])}, got {_shape_str(shape)}")
+        if shape[0] > model.max_batch_size:
+            raise invalid(f"inference request batch-size must be <= {model.max_batch_size} for '{name}'")
+        if batch is not None and shape[0] != batch:
+            raise invalid(f"input '{inp.name}' batch size {shape[0]} differs from the other inputs' {batch} "
+                          f"for model '{name}'")
+        batch = shape[0]
+        expected = element_count(shape) * DTYPE_SIZE[spec.datatype]
+        where = _shm_params(inp.parameters)
+        if where is not None:
+            region, size, offset = where
+            if size != expected:
+                raise invalid(f"input byte size mismatch for input '{inp.name}' for model '{name}'. "
+                              f"Expected {expected}, got {size}")
+            data = shm.get(region).view(offset, size, f"input '{inp.name}'")
+        elif req.raw_input_contents:
+            data = req.raw_input_contents[raw_index]
+            raw_index += 1
+            if len(data) != expected:
+                raise invalid(f"input byte size mismatch for input '{inp.name}' for model '{name}'. "
+                              f"Expected {expected}, got {len(data)}")
+        else:
+            data = _typed_contents(inp, spec, expected)
+        arrays[inp.name] = np.frombuffer(data, dtype=triton_to_np_dtype(spec.datatype)).reshape(shape).copy()
+    outputs = _check_outputs(req, model, shm, batch or 1)
+    timeout = req.parameters["timeout"].int64_param if "timeout" in req.parameters else 0
+    return CheckedRequest(batch or 1, arrays, outputs, float(timeout) if timeout > 0 else None)
+
+
+def _typed_contents(inp: service_pb2.ModelInferRequest.InferInputTensor, spec: TensorSpec, expected: int) -> bytes:
+    """KServe's typed ``contents`` fields (clients that do not send raw bytes)."""
+    c = inp.contents
+    field = {"FP32": c.fp32_contents, "FP64": c.fp64_contents, "INT64": c.int64_contents, "INT32": c.int_contents,
+             "INT8": c.int_contents, "UINT8": c.uint_contents, "BOOL": c.bool_contents}.get(spec.datatype)
+    if field is None or not len(field):
+        raise invalid(f"input '{inp.name}' has no data: send raw_input_contents, typed contents or a shared "
+                      "memory region")
+    arr = np.array(list(field), dtype=triton_to_np_dtype(spec.datatype))
+    if arr.nbytes != expected:
+        raise invalid(f"input byte size mismatch for input '{inp.name}'. Expected {expected}, got {arr.nbytes}")
+    return arr.tobytes()
+
+
+def _check_outputs(req: service_pb2.ModelInferRequest, model: ModelInfo, shm: ClientShmRegistry, batch: int
+                   ) -> tuple[OutputTarget, ...]:
+    declared = {t.name: t for t in model.outputs}
+    if not req.outputs:
+        return tuple(OutputTarget(t) for t in model.outputs)
+    out = []
+    for o in req.outputs:
+        spec = declared.get(o.name)
+        if spec is None:
+            raise invalid(f"unexpected inference output '{o.name}' for model '{model.name}'")
+        if "classification" in o.parameters:
+            raise invalid(f"output '{o.name}' of planned model '{model.name}': the classification extension is "
+                          "not supported for planned models")
+        where = _shm_params(o.parameters)
+        if where is None:
+            out.append(OutputTarget(spec))
+            continue
+        region, size, offset = where
+        need = batch * spec.bytes_per_request()
+        if size < need:
+            raise invalid(f"shared memory size specified with the request for output '{o.name}' ({size} bytes) "
+                          f"should be at least {need} bytes to hold the results")
+        shm.get(region).view(offset, size, f"output '{o.name}'")  # region exists and the window fits
+        out.append(OutputTarget(spec, region, offset, size))
+    return tuple(out)

@@ -1,0 +1,71 @@
+"""A small real deployment for the sidecar's tests and benchmark: a zoo model cut into 3 partitions over
+two host classes on loopback (A: stage 1 on two vGPUs, stage 2 on one; B: stage 3 on two vGPUs), so
+batches hop A->A through shared memory and A->B over gRPC. The plan is written by hand (the planner is
+not what is under test); its latency tables come from timing the model's blocks with onnxruntime."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from model_repository_gen.generate import generate
+from model_repository_gen.manifest import Manifest
+from planner.plan import ModelPlan, PartitionPlan, PipelinePlan, Plan
+from planner.prepartition import prepartition
+from planner.profile import Block, DeviceTiming, Profile
+from planner.spec import ClusterSpec
+from planner.zoo import build_zoo_model
+
+BATCHES = (1, 2, 3, 4, 6, 8)
+# (blocks, gpu type, vGPUs) per stage
+STAGES = (((0, 1), "A", 2), ((1, 2), "A", 1), ((2, 3), "B", 2))
+
+
+def _boundary_bytes(model_path: Path, names: list[str]) -> list[int]:
+    m = onnx.shape_inference.infer_shapes(onnx.load(str(model_path)))
+    infos = {v.name: v for v in [*m.graph.value_info, *m.graph.output]}
+    out = []
+    for n in names:
+        dims = [d.dim_value for d in infos[n].type.tensor_type.shape.dim][1:]
+        out.append(int(np.prod(dims)) * 4)
+    return out
+
+
+def build_plan(model_path: Path, name: str, slo_us: float, batch: int, cpu_scale: float = 5.0) -> Plan:
+    """Profile = blocks timed on this CPU (batch 1, one thread) x batch x ``cpu_scale`` (servers share 2 cores)."""
+    pp = prepartition(model_path, len(STAGES), threads=1, repeats=5, warmup=2)
+    tensors = [b.output_tensors for b in pp.blocks]
+    sizes = _boundary_bytes(model_path, [t[0] for t in tensors])
+    blocks = tuple(Block(f"block{i}", sizes[i], tensors[i]) for i in range(len(pp.blocks)))
+    lat = np.array([[max(b.time_us, 100.0) * cpu_scale * (0.6 + 0.4 * bs) for bs in BATCHES] for b in pp.blocks])
+    timing = DeviceTiming(BATCHES, lat)
+    profile = Profile(name, blocks, {"A": {1: timing}, "B": {1: timing}}, input_bytes=None,
+                      input_tensors=pp.input_tensors, provenance={"source": "sidecar testbed"})
+    parts = tuple(PartitionPlan(blocks_, gpu, 1, batch, n, profile.latency_us(gpu, 1, batch, *blocks_),
+                                0.0 if i == len(STAGES) - 1 else 1.0)
+                  for i, (blocks_, gpu, n) in enumerate(STAGES))
+    latency = sum(p.latency_us for p in parts)
+    pipe = PipelinePlan(parts, throughput_rps=batch / max(p.latency_us for p in parts) * 1e6, latency_us=latency)
+    cluster = ClusterSpec({"A": 3, "B": 2}, {"A": 3, "B": 2}, 10.0, {"A": 1, "B": 1})
+    return Plan("testbed", "manual", 0.0, cluster,
+                (ModelPlan(name, slo_us, pipe.throughput_rps, (pipe,), profile),))
+
+
+def build_deployment(work: Path, model: str = "resnet", name: str = "resnet", slo_us: float = 250_000.0,
+                     batch: int = 4) -> tuple[Path, Path, Manifest]:
+    """Returns (deploy dir, full ONNX model, manifest)."""
+    work.mkdir(parents=True, exist_ok=True)
+    onnx_path = build_zoo_model(model, work / f"{model}.onnx")
+    plan = build_plan(onnx_path, name, slo_us, batch)
+    hosts = [{"name": "hostA", "address": "127.0.0.1", "gpu_type": "A", "gpus": 3, "bandwidth_gbps": 10,
+              "device": "cpu", "cpu_cores": 1, "base_port": 0},
+             {"name": "hostB", "address": "127.0.0.1", "gpu_type": "B", "gpus": 2, "bandwidth_gbps": 10,
+              "device": "cpu", "cpu_cores": 1, "base_port": 0}]
+    cluster = work / "cluster.json"
+    cluster.write_text(json.dumps({"hosts": hosts}))
+    deploy = work / "deploy"
+    manifest = generate(plan, {name: onnx_path}, cluster, deploy)
+    return deploy, onnx_path, manifest

@@ -1,0 +1,367 @@
+"""The sidecar serving a planned model over real tritonservers generated from a plan (two host classes on
+loopback, five servers): answers equal onnxruntime, concurrency, client shared memory, input validation,
+explicit sheds, a server killed under load, and no shared-memory region left behind."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import queue
+import re
+import signal
+import time
+import urllib.request
+from pathlib import Path
+
+import grpc
+import numpy as np
+import onnxruntime as ort
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as grpcaio
+import tritonclient.http as httpclient
+import tritonclient.http.aio as httpaio
+import tritonclient.utils.shared_memory as shm
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.utils import InferenceServerException
+
+from model_repository_gen.launch import Deployment
+from scheduler.server.process import SidecarProcess
+from scheduler.server.shm_pool import PREFIX
+from tests.sidecar_testbed import build_deployment
+
+pytestmark = pytest.mark.triton
+MODEL = "resnet"
+# Generous: other test suites share the 2 cores; sheds are provoked explicitly (timeout parameter, bursts).
+SLO_US = 500_000.0
+
+
+@pytest.fixture(scope="module")
+def testbed(tmp_path_factory: pytest.TempPathFactory):
+    work = tmp_path_factory.mktemp("planned")
+    deploy, onnx_path, manifest = build_deployment(work, name=MODEL, slo_us=SLO_US)
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    with Deployment(deploy, check_hardware=False, log_dir=work / "logs") as dep:
+        sc = SidecarProcess(manifest=deploy, log_path=work / "sidecar.log").start()
+        try:
+            yield {"deploy": deploy, "dep": dep, "sc": sc, "ort": session, "manifest": manifest, "work": work}
+        finally:
+            pid = sc.proc.pid if sc.proc else None
+            assert sc.stop() == 0
+            if pid is not None:
+                assert _regions_of(pid) == []
+
+
+def _regions_of(pid: int) -> list[str]:
+    return sorted(p.name for p in Path("/dev/shm").glob(f"{PREFIX}{pid}_*"))
+
+
+def _x(n: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((n, 3, 112, 112)).astype(np.float32)
+
+
+def _ref(tb: dict, x: np.ndarray) -> np.ndarray:
+    return tb["ort"].run(None, {"input": x})[0]
+
+
+def _metrics(sc: SidecarProcess) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{sc.metrics_port}/metrics", timeout=5) as r:
+        return r.read().decode()
+
+
+def _metric(text: str, name: str, labels: str = "") -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and (not labels or labels in line):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_answers_equal_onnxruntime_over_grpc_and_http(testbed: dict) -> None:
+    sc = testbed["sc"]
+    g, h = grpcclient.InferenceServerClient(sc.grpc_url), httpclient.InferenceServerClient(sc.http_url)
+    assert g.is_server_ready() and h.is_model_ready(MODEL)
+    meta = h.get_model_metadata(MODEL)  # one model with the full model's inputs and outputs
+    assert meta["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [-1, 3, 112, 112]}]
+    assert meta["outputs"] == [{"name": "logits", "datatype": "FP32", "shape": [-1, 10]}]
+    assert g.get_model_config(MODEL).config.max_batch_size == 4
+    for n, seed in ((1, 1), (3, 2)):
+        x = _x(n, seed)
+        gi = grpcclient.InferInput("input", [n, 3, 112, 112], "FP32")
+        gi.set_data_from_numpy(x)
+        np.testing.assert_allclose(g.infer(MODEL, [gi]).as_numpy("logits"), _ref(testbed, x), atol=1e-4)
+        hi = httpclient.InferInput("input", [n, 3, 112, 112], "FP32")
+        hi.set_data_from_numpy(x)
+        np.testing.assert_allclose(h.infer(MODEL, [hi]).as_numpy("logits"), _ref(testbed, x), atol=1e-4)
+    hj = httpclient.InferInput("input", [1, 3, 112, 112], "FP32")
+    hj.set_data_from_numpy(_x(1, 3), binary_data=False)  # JSON tensors both ways
+    res = h.infer(MODEL, [hj], outputs=[httpclient.InferRequestedOutput("logits", binary_data=False)])
+    np.testing.assert_allclose(res.as_numpy("logits"), _ref(testbed, _x(1, 3)), atol=1e-4)
+    m = _metrics(sc)
+    assert _metric(m, "poolpipe_sidecar_hops_total", 'kind="shm"') > 0   # hostA -> hostA through shm
+    assert _metric(m, "poolpipe_sidecar_hops_total", 'kind="grpc"') > 0  # hostA -> hostB over gRPC
+    assert g.get_inference_statistics(MODEL).model_stats[0].inference_stats.success.count >= 5
+
+
+def test_many_concurrent_clients_are_batched(testbed: dict) -> None:
+    """Eight clients (gRPC and HTTP, asyncio) with a request always outstanding: all answered, in batches."""
+    sc = testbed["sc"]
+    xs = [_x(1, 100 + i) for i in range(48)]
+
+    async def main() -> list[np.ndarray]:
+        gs = [grpcaio.InferenceServerClient(sc.grpc_url) for _ in range(4)]
+        hs = [httpaio.InferenceServerClient(sc.http_url) for _ in range(4)]
+        outs: list[np.ndarray | None] = [None] * len(xs)
+
+        async def client(k: int) -> None:
+            mod, c = (grpcclient, gs[k // 2]) if k % 2 else (httpclient, hs[k // 2])
+            for i in range(k, len(xs), 8):
+                inp = mod.InferInput("input", [1, 3, 112, 112], "FP32")
+                inp.set_data_from_numpy(xs[i])
+                outs[i] = (await c.infer(MODEL, [inp])).as_numpy("logits")
+        try:
+            await asyncio.gather(*[client(k) for k in range(8)])
+        finally:
+            for c in [*gs, *hs]:
+                await c.close()
+        return outs  # type: ignore[return-value]
+
+    before = _metrics(sc)
+    outs = asyncio.run(main())
+    ref = _ref(testbed, np.concatenate(xs))
+    for i, o in enumerate(outs):
+        np.testing.assert_allclose(o[0], ref[i], atol=1e-4)
+    after = _metrics(sc)
+    batches = _metric(after, "poolpipe_sidecar_batch_size_count") - _metric(before, "poolpipe_sidecar_batch_size_count")
+    samples = _metric(after, "poolpipe_sidecar_batch_size_sum") - _metric(before, "poolpipe_sidecar_batch_size_sum")
+    assert samples == 48 and batches < 48  # the sidecar formed batches of several requests
+
+
+@pytest.mark.parametrize("mod,url", [(grpcclient, "grpc_url"), (httpclient, "http_url")])
+def test_client_shared_memory(testbed: dict, mod, url: str) -> None:
+    sc = testbed["sc"]
+    c = mod.InferenceServerClient(getattr(sc, url))
+    tag = f"{os.getpid()}_{url}"
+    x = _x(2, 7)
+    out_bytes = 2 * 10 * 4
+    in_h = shm.create_shared_memory_region(f"in_{tag}", f"/sc_in_{tag}", 64 + x.nbytes)
+    out_h = shm.create_shared_memory_region(f"out_{tag}", f"/sc_out_{tag}", 128 + out_bytes)
+    try:
+        shm.set_shared_memory_region(in_h, [x], offset=64)
+        c.register_system_shared_memory(f"in_{tag}", f"/sc_in_{tag}", 64 + x.nbytes)
+        c.register_system_shared_memory(f"out_{tag}", f"/sc_out_{tag}", 128 + out_bytes)
+        inp = mod.InferInput("input", list(x.shape), "FP32")
+        inp.set_shared_memory(f"in_{tag}", x.nbytes, offset=64)
+        out = mod.InferRequestedOutput("logits")
+        out.set_shared_memory(f"out_{tag}", out_bytes, offset=128)
+        c.infer(MODEL, [inp], outputs=[out])
+        got = shm.get_contents_as_numpy(out_h, np.float32, [2, 10], offset=128)
+        np.testing.assert_allclose(got, _ref(testbed, x), atol=1e-4)
+        small = mod.InferRequestedOutput("logits")
+        small.set_shared_memory(f"out_{tag}", out_bytes - 4)
+        with pytest.raises(InferenceServerException, match="should be at least 80 bytes"):
+            c.infer(MODEL, [inp], outputs=[small])
+    finally:
+        c.unregister_system_shared_memory()
+        shm.destroy_shared_memory_region(in_h)
+        shm.destroy_shared_memory_region(out_h)
+
+
+def test_bad_inputs_get_triton_style_errors(testbed: dict) -> None:
+    sc = testbed["sc"]
+    c = grpcclient.InferenceServerClient(sc.grpc_url)
+
+    def infer(name: str = "input", shape: tuple = (1, 3, 112, 112), dtype: str = "FP32", outputs=None) -> None:
+        i = grpcclient.InferInput(name, list(shape), dtype)
+        i.set_data_from_numpy(np.zeros(shape, dtype=np.float32 if dtype == "FP32" else np.int32))
+        c.infer(MODEL, [i], outputs=outputs)
+
+    cases = [
+        (dict(name="image"), "unexpected inference input 'image' for model 'resnet'"),
+        (dict(dtype="INT32"), "data-type is 'INT32', but model 'resnet' expects 'FP32'"),
+        (dict(shape=(1, 3, 112, 111)), re.escape("Expected [-1,3,112,112], got [1,3,112,111]")),
+        (dict(shape=(5, 3, 112, 112)), "batch-size must be <= 4"),
+        (dict(outputs=[grpcclient.InferRequestedOutput("probs")]), "unexpected inference output 'probs'"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(InferenceServerException, match=message) as e:
+            infer(**kwargs)
+        assert e.value.status() == "StatusCode.INVALID_ARGUMENT"
+    # Raw bytes that do not match the declared shape (bypassing tritonclient's own checks).
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(sc.grpc_url))
+    req = service_pb2.ModelInferRequest(model_name=MODEL)
+    req.inputs.add(name="input", datatype="FP32", shape=[1, 3, 112, 112])
+    req.raw_input_contents.append(b"\0" * 100)
+    with pytest.raises(grpc.RpcError) as err:
+        stub.ModelInfer(req, timeout=10)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "input byte size mismatch for input 'input' for model 'resnet'. Expected 150528, got 100" in err.value.details()
+    assert c.is_server_live() and c.is_model_ready(MODEL)  # and it keeps serving
+
+
+def test_overload_gets_explicit_shed_errors(testbed: dict) -> None:
+    sc = testbed["sc"]
+    # A deadline no path can meet (the client's timeout parameter, in µs): shed at once.
+    c = grpcclient.InferenceServerClient(sc.grpc_url)
+    i = grpcclient.InferInput("input", [1, 3, 112, 112], "FP32")
+    i.set_data_from_numpy(_x(1))
+    t0 = time.monotonic()
+    with pytest.raises(InferenceServerException, match="request shed to protect the SLO") as e:
+        c.infer(MODEL, [i], timeout=2000)
+    assert e.value.status() == "StatusCode.UNAVAILABLE" and time.monotonic() - t0 < 1.0
+    with pytest.raises(InferenceServerException) as he:
+        hi = httpclient.InferInput("input", [1, 3, 112, 112], "FP32")
+        hi.set_data_from_numpy(_x(1))
+        httpclient.InferenceServerClient(sc.http_url).infer(MODEL, [hi], timeout=2000)
+    assert he.value.status() == "503" and "shed" in he.value.message()
+
+    # A burst far above capacity (300 at once, the model's SLO): each is answered or shed, none times out.
+    async def burst() -> list[object]:
+        g = grpcaio.InferenceServerClient(sc.grpc_url)
+        x = _x(1, 5)
+
+        async def one() -> object:
+            inp = grpcclient.InferInput("input", [1, 3, 112, 112], "FP32")
+            inp.set_data_from_numpy(x)
+            try:
+                return (await g.infer(MODEL, [inp], client_timeout=20)).as_numpy("logits")
+            except InferenceServerException as ex:
+                return ex
+        try:
+            return await asyncio.gather(*[one() for _ in range(300)])
+        finally:
+            await g.close()
+
+    results = asyncio.run(burst())
+    ok = [r for r in results if isinstance(r, np.ndarray)]
+    shed = [r for r in results if isinstance(r, InferenceServerException)]
+    assert len(ok) + len(shed) == 300 and ok and shed
+    assert all(r.status() == "StatusCode.UNAVAILABLE" and "shed to protect the SLO" in r.message() for r in shed)
+    ref = _ref(testbed, _x(1, 5))
+    for r in ok:
+        np.testing.assert_allclose(r, ref, atol=1e-4)
+    assert _metric(_metrics(sc), "poolpipe_sidecar_drops_total") >= len(shed)
+
+
+def test_killed_server_loses_no_request_and_rejoins(testbed: dict) -> None:
+    sc, dep = testbed["sc"], testbed["dep"]
+    victim_id = "hostB-gpu0-s0"  # one of the two vGPUs of the last stage
+    victim = dep.servers[victim_id]
+    x = _x(1, 9)
+    ref = _ref(testbed, x)
+
+    async def load(stop_after_s: float, kill_at_s: float | None) -> list[object]:
+        g = grpcaio.InferenceServerClient(sc.grpc_url)
+        results: list[object] = []
+        t_end = time.monotonic() + stop_after_s
+
+        async def client() -> None:
+            while time.monotonic() < t_end:
+                inp = grpcclient.InferInput("input", [1, 3, 112, 112], "FP32")
+                inp.set_data_from_numpy(x)
+                try:
+                    results.append((await g.infer(MODEL, [inp], client_timeout=20)).as_numpy("logits"))
+                except InferenceServerException as ex:
+                    results.append(ex)
+
+        async def killer() -> None:
+            await asyncio.sleep(kill_at_s)
+            os.killpg(victim.proc.pid, signal.SIGKILL)
+        try:
+            await asyncio.gather(*[client() for _ in range(8)], *([killer()] if kill_at_s is not None else []))
+        finally:
+            await g.close()
+        return results
+
+    results = asyncio.run(load(3.0, 1.0))
+    errors = [r for r in results if isinstance(r, InferenceServerException)]
+    ok = [r for r in results if isinstance(r, np.ndarray)]
+    assert ok and len(ok) + len(errors) == len(results)
+    for e in errors:  # explicit: shed or a failed server with no time left; never a client-side timeout
+        assert e.status() == "StatusCode.UNAVAILABLE", e
+    for r in ok:
+        np.testing.assert_allclose(r, ref, atol=1e-4)
+    m = _metrics(sc)
+    assert _metric(m, "poolpipe_sidecar_vgpu_up", f'vgpu="{victim_id}"') == 0
+    # Later requests are served by the remaining servers, without errors.
+    after = asyncio.run(load(1.0, None))
+    assert after and all(isinstance(r, np.ndarray) for r in after)
+    # The server comes back (same ports) and rejoins once healthy.
+    victim.proc = None
+    victim.start()
+    deadline = time.monotonic() + 20
+    while _metric(_metrics(sc), "poolpipe_sidecar_vgpu_up", f'vgpu="{victim_id}"') != 1:
+        assert time.monotonic() < deadline, "the restarted server did not rejoin"
+        time.sleep(0.2)
+
+
+def test_no_shm_region_left_after_sigkill_and_restart(testbed: dict) -> None:
+    deploy, work = testbed["deploy"], testbed["work"]
+    killed = SidecarProcess(manifest=deploy, log_path=work / "killed.log").start()
+    pid = killed.proc.pid
+    i = grpcclient.InferInput("input", [1, 3, 112, 112], "FP32")
+    i.set_data_from_numpy(_x(1))
+    try:
+        grpcclient.InferenceServerClient(killed.grpc_url).infer(MODEL, [i])
+        assert _regions_of(pid)  # its pool exists ...
+    finally:
+        killed.stop(signal.SIGKILL)
+    assert _regions_of(pid)  # ... and outlives a SIGKILL
+    with SidecarProcess(manifest=deploy, log_path=work / "restarted.log") as again:
+        assert _regions_of(pid) == []  # removed at start
+        status = grpcclient.InferenceServerClient(testbed["manifest"].vgpus[0].grpc_url) \
+            .get_system_shared_memory_status()
+        assert not [n for n in status.regions if n.startswith(f"{PREFIX}{pid}_")]  # and unregistered at Triton
+        c2 = grpcclient.InferenceServerClient(again.grpc_url)
+        np.testing.assert_allclose(c2.infer(MODEL, [i]).as_numpy("logits"), _ref(testbed, _x(1)), atol=1e-4)
+        new_pid = again.proc.pid
+        # SIGTERM while requests are in flight: they are answered first (drained), then the regions go.
+        done: queue.Queue = queue.Queue()
+        for _ in range(4):
+            c2.async_infer(MODEL, [i], lambda result, error: done.put((result, error)))
+        time.sleep(0.1)
+        assert again.stop() == 0
+        for _ in range(4):
+            result, error = done.get(timeout=30)
+            assert error is None, error
+    assert _regions_of(new_pid) == []  # SIGTERM: unregistered and unlinked
+
+
+def test_planned_and_passthrough_models_side_by_side(testbed: dict) -> None:
+    """One endpoint: the planned model and an unplanned Triton model; one client shm region serves both."""
+    work = testbed["work"]
+    models = Path(__file__).resolve().parent / "models"
+    from model_repository_gen.tritonserver import TritonProcess
+    with TritonProcess(models, log_path=work / "simple.log") as triton, \
+            SidecarProcess(manifest=testbed["deploy"], passthrough=triton.grpc_url, log_path=work / "both.log") as sc:
+        c = grpcclient.InferenceServerClient(sc.grpc_url)
+        names = {m.name for m in c.get_model_repository_index().models}
+        assert {"simple", MODEL} <= names
+        assert c.is_model_ready("simple") and c.is_model_ready(MODEL)
+        tag = f"both_{os.getpid()}"
+        a = np.arange(16, dtype=np.int32).reshape(1, 16)
+        x = _x(1, 11)
+        size = 4096 + x.nbytes
+        h = shm.create_shared_memory_region(tag, f"/{tag}", size)
+        try:
+            shm.set_shared_memory_region(h, [a])
+            shm.set_shared_memory_region(h, [x], offset=4096)
+            c.register_system_shared_memory(tag, f"/{tag}", size)
+            i0, i1 = grpcclient.InferInput("INPUT0", [1, 16], "INT32"), grpcclient.InferInput("INPUT1", [1, 16], "INT32")
+            i0.set_shared_memory(tag, 64)
+            i1.set_shared_memory(tag, 64)
+            o0 = grpcclient.InferRequestedOutput("OUTPUT0")
+            o0.set_shared_memory(tag, 64, offset=64)
+            c.infer("simple", [i0, i1], outputs=[o0])  # pass-through: Triton reads/writes the region itself
+            np.testing.assert_array_equal(shm.get_contents_as_numpy(h, np.int32, [1, 16], offset=64), 2 * a)
+            xi = grpcclient.InferInput("input", [1, 3, 112, 112], "FP32")
+            xi.set_shared_memory(tag, x.nbytes, offset=4096)
+            lo = grpcclient.InferRequestedOutput("logits")
+            lo.set_shared_memory(tag, 40, offset=1024)
+            c.infer(MODEL, [xi], outputs=[lo])  # planned: the sidecar reads/writes the region
+            np.testing.assert_allclose(shm.get_contents_as_numpy(h, np.float32, [1, 10], offset=1024),
+                                       _ref(testbed, x), atol=1e-4)
+            c.unregister_system_shared_memory(tag)
+            assert not grpcclient.InferenceServerClient(triton.grpc_url).get_system_shared_memory_status().regions
+        finally:
+            shm.destroy_shared_memory_region(h)
