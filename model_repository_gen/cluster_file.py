@@ -42,6 +42,7 @@ class ClusterHost:
     device: str = "gpu"  # "gpu" or "cpu"
     cpu_cores: int | None = None
     base_port: int = DEFAULT_BASE_PORT
+    emulate_slowdown: float = 1.0  # CPU hosts only: emulate a device class this many times slower
 
     @property
     def on_cpu(self) -> bool:
@@ -98,8 +99,13 @@ def host_from_dict(d: Any, where: str) -> ClusterHost:
     base = d.get("base_port", DEFAULT_BASE_PORT)
     if base != 0:
         _int(base, f"{where}.base_port", 1024, 65000)
+    slow = d.get("emulate_slowdown", 1.0)
+    if isinstance(slow, bool) or not isinstance(slow, (int, float)) or slow < 1:
+        raise InputError(f"{where}.emulate_slowdown: expected a number >= 1, got {slow!r}")
+    if slow != 1 and device != "cpu":
+        raise InputError(f"{where}.emulate_slowdown: only CPU hosts (device: cpu) emulate a slower device")
     return ClusterHost(name, d["address"], d["gpu_type"], _int(d["gpus"], f"{where}.gpus", 1), float(bw),
-                       device, cores, int(base))
+                       device, cores, int(base), float(slow))
 
 
 def cluster_from_dict(d: Any, source: str = "cluster") -> Cluster:

@@ -43,11 +43,13 @@ class BackendSettings:
     intra_op_threads: int = 0
     inter_op_threads: int = 1
     mps_thread_percentage: int = 0
+    emulate_slowdown: float = 1.0  # CPU hosts emulating a slower device class (see the backend's docstring)
 
     def parameters(self) -> dict[str, str]:
         return {"onnx_file": self.onnx_file, "provider": self.provider,
                 "intra_op_threads": str(self.intra_op_threads), "inter_op_threads": str(self.inter_op_threads),
-                "mps_thread_percentage": str(self.mps_thread_percentage)}
+                "mps_thread_percentage": str(self.mps_thread_percentage),
+                "emulate_slowdown": f"{self.emulate_slowdown:g}"}
 
 
 def _tensor(t: mc.ModelInput | mc.ModelOutput, spec: TensorSpec) -> None:

@@ -36,6 +36,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--batch-sizes", default="1,2,4,8", help="comma-separated batch sizes (default 1,2,4,8)")
     m.add_argument("--vgpu-levels", default="1", help="comma-separated vGPU levels V, each measured with V "
                                                       "concurrent processes (default 1)")
+    m.add_argument("--emulate-slowdown", type=float, default=1.0, metavar="K",
+                   help="cpu only: record K x the measured times, emulating a device class K times slower "
+                        "(serve it with the cluster file's emulate_slowdown: K on a cpu host)")
     m.add_argument("--repeats", type=int, default=20, help="timed runs per block and batch size (median taken)")
     m.add_argument("--warmup", type=int, default=5, help="untimed runs before timing")
     m.add_argument("--max-boundary-tensors", type=int, default=1,
@@ -98,12 +101,14 @@ def _measure(args: argparse.Namespace) -> int:
                           ("--warmup", args.warmup, 0), ("--max-boundary-tensors", args.max_boundary_tensors, 1)):
         if val is not None and val < lo:
             raise InputError(f"{flag} {val}: must be at least {lo}")
+    if not args.emulate_slowdown >= 1.0 or (args.emulate_slowdown != 1.0 and args.device != "cpu"):
+        raise InputError(f"--emulate-slowdown {args.emulate_slowdown:g}: must be >= 1, and only with --device cpu")
     opts = MeasureOptions(
         device=args.device, engine=args.engine or default_engine(args.device),
         label=args.label or _default_label(args.device), threads=args.threads,
         batch_sizes=_int_list(args.batch_sizes, "--batch-sizes"),
         repeats=args.repeats, warmup=args.warmup, vgpu_levels=_int_list(args.vgpu_levels, "--vgpu-levels", 1, 8),
-        max_tensors=args.max_boundary_tensors)
+        max_tensors=args.max_boundary_tensors, emulate_slowdown=args.emulate_slowdown)
     like = load_profile(args.like) if args.like else None
     prof = measure_profile(args.model, opts, n_blocks=args.blocks, like=like, like_path=str(args.like or ""),
                            model_name=args.model_name)

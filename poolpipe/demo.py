@@ -1,10 +1,14 @@
 """``poolpipe demo``: the whole flow on this machine, measured, then stopped.
 
-Builds a zoo CNN, profiles it on the CPU as two emulated host classes (a "fast" host with two
-engine threads per vGPU and a "slow" host with one), plans a pooled pipeline, generates Triton
-repositories, launches the Triton servers and the sidecar on loopback, drives them with Locust at a
-few load factors, then does the same with the Triton-only baseline (the whole model behind
-Triton's dynamic batcher), and prints and plots what it measured.
+Builds a zoo CNN, profiles it on the CPU as two emulated device classes, plans a pooled pipeline,
+generates Triton repositories, launches the Triton servers and the sidecar on loopback, drives them
+with Locust at a few load factors, then does the same with the Triton-only baseline (the whole model
+behind Triton's dynamic batcher on the fast device, what a Triton user runs today while the old
+devices idle), and prints and plots what it measured.
+
+The device classes: "cpu-fast" is one engine thread; "cpu-slow" is one engine thread that stays busy
+SLOWDOWN x as long (the backend's emulate_slowdown), like an old GPU that is slow but costs this
+machine's cores little. One fast and two slow devices fit a 2-core machine with the sidecar and Locust.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 FAST, SLOW = "cpu-fast", "cpu-slow"  # emulated device classes (labels in the profile and cluster)
+SLOWDOWN = 4.0  # the slow class takes this many times the fast class's time
 
 
 @dataclass(frozen=True)
@@ -87,7 +92,7 @@ def run_demo(opts: DemoOptions) -> DemoResult:
     onnx_path = _build_model(opts, out)
     result.timings_s["build"] = time.monotonic() - t
 
-    t = step(f"2/6 profile {opts.blocks} blocks on the CPU as two host classes ({FAST}: 2 threads, {SLOW}: 1)")
+    t = step(f"2/6 profile {opts.blocks} blocks on the CPU as two device classes ({FAST}; {SLOW}: {SLOWDOWN:g}x slower)")
     profile_path = _profile(opts, onnx_path, out)
     result.timings_s["profile"] = time.monotonic() - t
 
@@ -128,12 +133,12 @@ def _profile(opts: DemoOptions, onnx_path: Path, out: Path) -> Path:
 
     prof_dir = out / "profiles"
     prof_dir.mkdir(parents=True, exist_ok=True)
-    fast = measure_profile(onnx_path, MeasureOptions(label=FAST, threads=2, batch_sizes=opts.batch_sizes,
+    fast = measure_profile(onnx_path, MeasureOptions(label=FAST, threads=1, batch_sizes=opts.batch_sizes,
                                                      repeats=10, warmup=3),
                            n_blocks=opts.blocks, model_name=opts.model, progress=True)
     fast.save(prof_dir / f"{FAST}.json")
     slow = measure_profile(onnx_path, MeasureOptions(label=SLOW, threads=1, batch_sizes=opts.batch_sizes,
-                                                     repeats=10, warmup=3),
+                                                     repeats=10, warmup=3, emulate_slowdown=SLOWDOWN),
                            like=fast, like_path=str(prof_dir / f"{FAST}.json"), model_name=opts.model,
                            progress=True)
     slow.save(prof_dir / f"{SLOW}.json")
@@ -165,9 +170,9 @@ def _cluster_file(out: Path) -> Path:
     path = out / "cluster.yaml"
     path.write_text(yaml.safe_dump({"hosts": [
         {"name": "fast", "address": "127.0.0.1", "gpu_type": FAST, "gpus": 1, "bandwidth_gbps": 10,
-         "device": "cpu", "cpu_cores": 2, "base_port": 0},
+         "device": "cpu", "cpu_cores": 1, "base_port": 0},
         {"name": "slow", "address": "127.0.0.1", "gpu_type": SLOW, "gpus": 2, "bandwidth_gbps": 10,
-         "device": "cpu", "cpu_cores": 2, "base_port": 0},
+         "device": "cpu", "cpu_cores": 2, "base_port": 0, "emulate_slowdown": SLOWDOWN},
     ]}, sort_keys=False))
     return path
 
@@ -205,9 +210,10 @@ def _serve_baseline(opts: DemoOptions, plan: Any, onnx_path: Path, out: Path, re
     batch = max(p.batch for p in plan.models[0].pipelines)
     write_whole_model(repo, onnx_path, opts.model, max_batch_size=batch,
                       batching=tc.DynamicBatching(preferred_batch_sizes=(batch,), max_queue_delay_us=2000),
-                      settings=tc.BackendSettings(intra_op_threads=2))
+                      settings=tc.BackendSettings(intra_op_threads=1))
     with start_baseline(repo, log_path=out / "logs" / "triton-baseline.log") as server:
-        console.print(f"Triton-only baseline on {server.grpc_url}: whole model, dynamic batcher (max batch {batch})")
+        console.print(f"Triton-only baseline on {server.grpc_url}: whole model on the {FAST} device, dynamic batcher "
+                      f"(max batch {batch})")
         for lf in opts.load_factors:
             _load(opts, server.grpc_url, lf, result, "triton", out, console)
 

@@ -8,7 +8,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-_BUSY = re.compile(r'^poolpipe_vgpu_busy_seconds_total\{vgpu="([^"]+)"\} ([0-9.eE+-]+)$', re.M)
+_BUSY = re.compile(r'^\w*vgpu_busy_seconds_total\{vgpu="([^"]+)"\} ([0-9.eE+-]+)$', re.M)
 
 
 def scrape_vgpu_busy(metrics_port: int, host: str = "127.0.0.1") -> dict[str, float]:

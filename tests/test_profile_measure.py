@@ -116,3 +116,17 @@ def test_measure_and_merge_errors_exit_2_with_one_line(measured):
     _fails(run_cli("profile", "merge", measured["a"], shifted, "--out", out), "blocks[1].output_tensors")
     _fails(run_cli("profile", "merge", measured["a"], measured["merged"], "--out", out), "'cpu-1t'", "--label")
     assert not out.exists()
+
+
+def test_emulated_slowdown_scales_the_measured_device_class(measured, tmp_path):
+    """--emulate-slowdown K records K x the engine time (the backend stays busy as long when serving)."""
+    slow = tmp_path / "slow.json"
+    r = run_cli("profile", "measure", measured["model"], "--like", measured["a"], "--threads", "1", "--label",
+                "cpu-slow", "--emulate-slowdown", "50", *MEASURE, "--out", slow)
+    assert r.returncode == 0, r.stderr
+    fast, prof = load_profile(measured["a"]), load_profile(slow)
+    assert prof.provenance["emulate_slowdown"] == 50.0
+    assert prof.latency_us("cpu-slow", 1, 1) > 10 * fast.latency_us("cpu-1t", 1, 1)  # 50x, minus timing noise
+    r = run_cli("profile", "measure", measured["model"], "--like", measured["a"], "--emulate-slowdown", "0.5",
+                "--out", tmp_path / "x.json")
+    assert r.returncode == 2 and "--emulate-slowdown" in r.stderr and "Traceback" not in r.stderr

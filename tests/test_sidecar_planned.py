@@ -4,7 +4,9 @@ explicit sheds, a server killed under load, and no shared-memory region left beh
 
 from __future__ import annotations
 
+
 import asyncio
+import json
 import os
 import queue
 import re
@@ -42,7 +44,8 @@ def testbed(tmp_path_factory: pytest.TempPathFactory):
     deploy, onnx_path, manifest = build_deployment(work, name=MODEL, slo_us=SLO_US)
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     with Deployment(deploy, check_hardware=False, log_dir=work / "logs") as dep:
-        sc = SidecarProcess(manifest=deploy, log_path=work / "sidecar.log").start()
+        sc = SidecarProcess(manifest=deploy, log_path=work / "sidecar.log",
+                            extra_args=("--batch-log", str(work / "batches.jsonl"))).start()
         try:
             yield {"deploy": deploy, "dep": dep, "sc": sc, "ort": session, "manifest": manifest, "work": work}
         finally:
@@ -101,6 +104,10 @@ def test_answers_equal_onnxruntime_over_grpc_and_http(testbed: dict) -> None:
     assert _metric(m, "poolpipe_sidecar_hops_total", 'kind="shm"') > 0   # hostA -> hostA through shm
     assert _metric(m, "poolpipe_sidecar_hops_total", 'kind="grpc"') > 0  # hostA -> hostB over gRPC
     assert g.get_inference_statistics(MODEL).model_stats[0].inference_stats.success.count >= 5
+    stages = [json.loads(line) for line in (testbed["work"] / "batches.jsonl").read_text().splitlines()]
+    vgpus = {v.id for v in testbed["manifest"].vgpus}
+    assert stages and all(s["vgpu"] in vgpus and s["end_s"] >= s["start_s"] and s["batch"] >= 1 for s in stages)
+    assert {s["stage"] for s in stages} == {0, 1, 2}  # every partition of the 3-stage pipeline ran and was logged
 
 
 def test_many_concurrent_clients_are_batched(testbed: dict) -> None:

@@ -28,6 +28,7 @@ class SidecarConfig:
     bind: str = "127.0.0.1"
     policy: str = "auto"
     drain_timeout_s: float = 30.0
+    batch_log: Path | None = None
 
 
 class Sidecar:
@@ -45,7 +46,7 @@ class Sidecar:
         c = self.config
         if c.manifest is not None:
             from scheduler.server.dispatch import PlannedModels  # noqa: PLC0415
-            self.planned = await PlannedModels.create(c.manifest, c.policy, self.metrics)
+            self.planned = await PlannedModels.create(c.manifest, c.policy, self.metrics, c.batch_log)
         self.router = Router(c.passthrough, self.planned, self.metrics)
         if self.planned is not None:
             self.planned.client_shm = self.router.shm

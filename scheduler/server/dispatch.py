@@ -11,6 +11,7 @@ re-enqueued while their deadlines allow.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import socket
 import time
@@ -149,8 +150,11 @@ class ModelCounters:
 class PlannedModels:
     """The PlannedService of the Router for every model of one manifest."""
 
-    def __init__(self, manifest: Manifest, policy: str, metrics: SidecarMetrics) -> None:
+    def __init__(self, manifest: Manifest, policy: str, metrics: SidecarMetrics,
+                 batch_log: Path | None = None) -> None:
         self.manifest = manifest
+        # One JSON line per executed stage (measured compute interval), for timelines such as the demo's.
+        self.batch_log = open(batch_log, "a", buffering=1) if batch_log else None
         self.metrics = metrics
         self.policy = DEFAULT_POLICY if policy == "auto" else policy
         if self.policy not in LIVE_POLICIES:
@@ -182,8 +186,9 @@ class PlannedModels:
     # --- lifecycle -------------------------------------------------------------------------------------------
 
     @classmethod
-    async def create(cls, manifest_path: Path, policy: str, metrics: SidecarMetrics) -> "PlannedModels":
-        self = cls(load_manifest(manifest_path), policy, metrics)
+    async def create(cls, manifest_path: Path, policy: str, metrics: SidecarMetrics,
+                     batch_log: Path | None = None) -> "PlannedModels":
+        self = cls(load_manifest(manifest_path), policy, metrics, batch_log)
         removed = remove_stale_regions()
         if removed:
             log.info("event=stale_shm_removed count=%d regions=%s", len(removed), ",".join(removed))
@@ -246,6 +251,8 @@ class PlannedModels:
             pool.destroy()
         for srv in self.servers.values():
             await srv.channel.close()
+        if self.batch_log is not None:
+            self.batch_log.close()
         log.info("event=planned_closed shm_regions_removed=%d", removed)
 
     # --- shm registration and health -----------------------------------------------------------------------
@@ -521,6 +528,10 @@ class PlannedModels:
             log.debug("event=stage dispatch=%d stage=%d vgpu=%s batch=%d planned_us=%.0f-%.0f measured_us=%.0f-%.0f",
                       d.id, index, vgpu, batch, a.start_us, a.end_us, s_us, e_us)
             self.metrics.vgpu_busy.labels(vgpu).inc(max(e_us - s_us, 0.0) / 1e6)
+            if self.batch_log is not None:
+                self.batch_log.write(json.dumps({"dispatch": d.id, "model": d.model, "pipeline": d.pipeline_id,
+                                                 "stage": index, "vgpu": vgpu, "batch": batch,
+                                                 "start_s": s_us / 1e6, "end_s": e_us / 1e6}) + "\n")
         out = []
         for spec in stage.outputs:
             shape = raw[spec.name][0] if spec.name in raw else [batch, *spec.shape]
@@ -564,6 +575,14 @@ class PlannedModels:
         if code in CLIENT_FAULTS and not lost_shm:
             err = ServeError(grpc.StatusCode.INTERNAL, f"stage {fault.vgpu} of pipeline {d.pipeline_id} rejected "
                                                        f"the batch: {fault.error.details()}")
+            for s in samples:
+                self._fail(s.call, err)
+            return
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            # The server answered too slowly (overload), it is not down: the batch is past its deadline
+            # (the call's timeout is the deadline plus a second), so fail it rather than take the vGPU away.
+            err = ServeError(grpc.StatusCode.DEADLINE_EXCEEDED, f"request failed: stage on vGPU {fault.vgpu} "
+                                                                "ran past the request's deadline (server overloaded)")
             for s in samples:
                 self._fail(s.call, err)
             return

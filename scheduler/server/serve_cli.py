@@ -30,6 +30,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--policy", default="auto", help="scheduling policy of the scheduler core (default: auto)")
     p.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
                    help="seconds to let in-flight requests finish on SIGTERM")
+    p.add_argument("--batch-log", type=Path, metavar="FILE",
+                   help="append one JSON line per executed stage (dispatch, vGPU, batch, measured start/end)")
     p.set_defaults(func=run)
 
 
@@ -59,7 +61,8 @@ def config_from_args(args: argparse.Namespace):  # -> SidecarConfig
         manifest = args.manifest
     return SidecarConfig(manifest=manifest, passthrough=args.passthrough, grpc_port=args.grpc_port,
                          http_port=args.http_port, metrics_port=args.metrics_port, bind=args.bind,
-                         policy=args.policy, drain_timeout_s=args.drain_timeout)
+                         policy=args.policy, drain_timeout_s=args.drain_timeout,
+                         batch_log=args.batch_log)
 
 
 def run(args: argparse.Namespace) -> int:
