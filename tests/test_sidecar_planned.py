@@ -4,7 +4,6 @@ explicit sheds, a server killed under load, and no shared-memory region left beh
 
 from __future__ import annotations
 
-
 import asyncio
 import json
 import os
