@@ -37,6 +37,8 @@ def _run(args: argparse.Namespace) -> int:
                     args.senders, args.seed)
     s = run_loadtest(test, args.out)
     t = Table(title=f"loadtest {args.model} @ {args.rate:g} rps ({args.trace}, {args.duration_s:g} s)")
+    t.add_column("measure")
+    t.add_column("value", justify="right")
     for k in ("sent", "succeeded", "failed", "unanswered", "throughput_rps", "slo_ms", "slo_attainment",
               "p50_ms", "p90_ms", "p99_ms"):
         v = s[k]
