@@ -65,3 +65,25 @@ def attainment_bound(topology: Topology, arrivals: Iterable[tuple[float, str]]) 
         cap, window = model_bound_terms(topology, m)
         out[m] = fluid_attainment(ts, cap, window)
     return out
+
+
+def max_load_factor_bound(topology: Topology, trace, rates_rps: dict[str, float], duration_s: float, seed: int,
+                          grid: float, lf_max: float, target: float = 0.99) -> dict[str, float]:
+    """Per model, the largest load factor on the grid (every smaller one passing too) at which the fluid
+    bound still reaches ``target`` attainment: no policy can sustain more on these arrivals."""
+    from scheduler.sim.workloads import mixed_arrivals
+
+    best = {m: 0.0 for m in rates_rps}
+    open_ = set(rates_rps)
+    k = 1
+    while open_ and k * grid <= lf_max + 1e-9:
+        lf = round(k * grid, 6)
+        arrivals = mixed_arrivals(trace, {m: lf * r for m, r in rates_rps.items()}, duration_s, seed)
+        b = attainment_bound(topology, arrivals)
+        for m in list(open_):
+            if b[m] >= target:
+                best[m] = lf
+            else:
+                open_.discard(m)
+        k += 1
+    return best

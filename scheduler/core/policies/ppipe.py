@@ -27,6 +27,10 @@ class PPipePolicy(QueueingPolicy):
         self.prune_every_us = prune_every_us
         self.forget_after_us = forget_after_us
         self._last_prune = float("-inf")
+        # model -> (wake-up time, queue length) while it waits for its batch to fill: until the queue
+        # grows, the wake-up comes, or a table its pipelines read changes, deciding again would
+        # probe the same tables to the same conclusion, so step() skips it
+        self._waiting: dict[str, tuple[float, int]] = {}
         # dispatch id -> (completion, stage assignments, source server of each stage's transfer)
         self.live: dict[int, tuple[float, list[StageAssignment], list[str | None]]] = {}
 
@@ -41,11 +45,23 @@ class PPipePolicy(QueueingPolicy):
         if now_us - self._last_prune >= self.prune_every_us:
             self._housekeeping(now_us)
         wake = None
+        waiting = self._waiting
+        dirty = self.state.dirty
         for model, q in self.queues.items():
-            if q:
+            if not q:
+                continue
+            held = waiting.get(model)
+            if held is not None and now_us < held[0] and len(q) == held[1] and model not in dirty:
+                w = held[0]  # still waiting for the batch to fill and nothing it depends on changed
+            else:
                 w = self._decide(model, q, now_us, result)
-                if w is not None and (wake is None or w < wake):
-                    wake = w
+                dirty.discard(model)
+                if w is None:
+                    waiting.pop(model, None)
+                else:
+                    waiting[model] = (w, len(q))
+            if w is not None and (wake is None or w < wake):
+                wake = w
         result.wake_at_us = wake
         return result
 
