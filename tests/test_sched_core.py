@@ -175,6 +175,20 @@ def test_ppipe_tries_another_pipeline_before_dropping():
     assert not r.dispatches and [d.reason for d in r.drops] == ["deadline cannot be met"]
 
 
+def test_ppipe_does_not_reprobe_while_waiting_unless_something_changed():
+    s = make_scheduler("ppipe", one_stage({1: 10.0, 2: 15.0}, 2, 100.0, n=2))
+    s.enqueue(req(0, 0.0, 100.0))
+    assert s.step(0.0).wake_at_us == pytest.approx(90.0)
+    probes = s.probe_calls
+    for t in (5.0, 20.0, 60.0):  # other events: same queue, same tables -> same answer, no probe
+        assert s.step(t).wake_at_us == pytest.approx(90.0)
+    assert s.probe_calls == probes
+    s.state.vgpu_tables["G0"].reserve(0.0, 95.0, owner_key(999, 0))  # made by someone else: re-decide
+    s.state.commit(s.state.probe(s.state.pipelines["m"][0], 1, 81.0), 998)  # G1 busy 81..91
+    r = s.step(82.0)  # batch 1 would now end at 101 (G1) or 105 (G0): past the deadline of 100
+    assert s.probe_calls > probes and [d.request.id for d in r.drops] == [0] and r.wake_at_us is None
+
+
 def test_ppipe_feedback_moves_the_next_slot():
     s = make_scheduler("ppipe", one_stage({1: 10.0}, 1, 1000.0))
     s.enqueue(req(0, 0.0, 1000.0))
