@@ -159,6 +159,36 @@ def test_ppipe_shrinks_the_batch_to_meet_the_oldest_deadline_then_drops():
     assert s.probe_calls >= 3
 
 
+def test_ppipe_tries_another_pipeline_before_dropping():
+    # m/0 (slow vGPU S) and m/1 (fast vGPU F, busy until 30) both idle-or-queued: m/0 waits least (0) but
+    # finishes at 50 > 45; m/1 waits 30 and finishes at 40. The request must go to m/1, not be dropped.
+    vgpus = {v: VGpu(v, "T", 1, v) for v in ("S", "F")}
+    slow = Pipeline("m/0", "m", 1, (Stage((0, 1), ("S",), {1: 50.0}, 0),), 10.0)
+    fast = Pipeline("m/1", "m", 1, (Stage((0, 1), ("F",), {1: 10.0}, 0),), 10.0)
+    s = make_scheduler("ppipe", Topology(vgpus, {"m": (slow, fast)}, {"m": 45.0}, BW))
+    s.state.vgpu_tables["F"].reserve(0.0, 30.0, owner_key(999, 0))
+    s.enqueue(req(0, 0.0, 45.0))
+    r = s.step(0.0)
+    assert not r.drops and [(d.pipeline_id, d.completion_us) for d in r.dispatches] == [("m/1", 40.0)]
+    s.enqueue(req(1, 0.0, 45.0))  # now m/1 is busy to 40 (-> 50) and m/0 ends at 50: both miss, it is dropped
+    r = s.step(0.0)
+    assert not r.dispatches and [d.reason for d in r.drops] == ["deadline cannot be met"]
+
+
+def test_ppipe_does_not_reprobe_while_waiting_unless_something_changed():
+    s = make_scheduler("ppipe", one_stage({1: 10.0, 2: 15.0}, 2, 100.0, n=2))
+    s.enqueue(req(0, 0.0, 100.0))
+    assert s.step(0.0).wake_at_us == pytest.approx(90.0)
+    probes = s.probe_calls
+    for t in (5.0, 20.0, 60.0):  # other events: same queue, same tables -> same answer, no probe
+        assert s.step(t).wake_at_us == pytest.approx(90.0)
+    assert s.probe_calls == probes
+    s.state.vgpu_tables["G0"].reserve(0.0, 95.0, owner_key(999, 0))  # made by someone else: re-decide
+    s.state.commit(s.state.probe(s.state.pipelines["m"][0], 1, 81.0), 998)  # G1 busy 81..91
+    r = s.step(82.0)  # batch 1 would now end at 101 (G1) or 105 (G0): past the deadline of 100
+    assert s.probe_calls > probes and [d.request.id for d in r.drops] == [0] and r.wake_at_us is None
+
+
 def test_ppipe_feedback_moves_the_next_slot():
     s = make_scheduler("ppipe", one_stage({1: 10.0}, 1, 1000.0))
     s.enqueue(req(0, 0.0, 1000.0))

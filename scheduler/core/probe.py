@@ -10,8 +10,6 @@ does. Probes are counted (``probe_calls``) because they are the cost of a dispat
 from __future__ import annotations
 
 from bisect import bisect_right
-from dataclasses import dataclass
-
 from scheduler.core.api import StageAssignment
 from scheduler.core.reservations import COMPUTE, TRANSFER, ResourceTable, earliest_common, owner_key
 from scheduler.core.topology import Pipeline, Topology
@@ -19,25 +17,38 @@ from scheduler.core.topology import Pipeline, Topology
 INF = float("inf")
 
 
-@dataclass(frozen=True)
 class Leg:
     """One stage of a probed path: the compute interval and, if any, the input transfer interval."""
 
-    stage: int
-    vgpu: str
-    start_us: float
-    end_us: float
-    transfer_start_us: float | None = None
-    transfer_end_us: float | None = None
-    src_server: str | None = None
-    dst_server: str | None = None
+    __slots__ = ("stage", "vgpu", "start_us", "end_us", "transfer_start_us", "transfer_end_us",
+                 "src_server", "dst_server", "next_rr")
+
+    def __init__(self, stage: int, vgpu: str, start_us: float, end_us: float,
+                 transfer_start_us: float | None = None, transfer_end_us: float | None = None,
+                 src_server: str | None = None, dst_server: str | None = None) -> None:
+        self.stage = stage
+        self.vgpu = vgpu
+        self.start_us = start_us
+        self.end_us = end_us
+        self.transfer_start_us = transfer_start_us
+        self.transfer_end_us = transfer_end_us
+        self.src_server = src_server
+        self.dst_server = dst_server
+        self.next_rr: tuple[CompiledStage, int] | None = None  # where the stage's next scan starts
+
+    def __repr__(self) -> str:
+        return f"Leg({self.stage}, {self.vgpu!r}, {self.start_us}, {self.end_us})"
 
 
-@dataclass(frozen=True)
 class ProbeResult:
-    batch: int
-    legs: tuple[Leg, ...]
-    completion_us: float
+    """A probed path (not reserved): its legs in stage order and the predicted completion."""
+
+    __slots__ = ("batch", "legs", "completion_us")
+
+    def __init__(self, batch: int, legs: list[Leg], completion_us: float) -> None:
+        self.batch = batch
+        self.legs = legs
+        self.completion_us = completion_us
 
     @property
     def start_us(self) -> float:
@@ -47,7 +58,7 @@ class ProbeResult:
 class CompiledStage:
     """A stage with its pool resolved to tables (the hot loop reads only these attributes)."""
 
-    __slots__ = ("index", "latency", "xfer_us_per_request", "pool", "active", "servers")
+    __slots__ = ("index", "latency", "xfer_us_per_request", "pool", "active", "servers", "rr")
 
     def __init__(self, index: int, latency: dict[int, float], xfer_us_per_request: float,
                  pool: list[tuple[str, ResourceTable, str]]) -> None:
@@ -56,6 +67,7 @@ class CompiledStage:
         self.xfer_us_per_request = xfer_us_per_request
         self.pool = pool
         self.active = list(pool)
+        self.rr = 0  # scan start: the vGPU after the last one reserved
         self.servers = frozenset(s for _, _, s in pool)
 
 
@@ -89,6 +101,10 @@ class ReservationState:
         self.downlinks = {s: ResourceTable(f"{s}/down") for s in servers}
         self.up_vgpus = set(topology.vgpus)
         self.probe_calls = 0
+        # models whose reservation view changed (a reservation added, moved or released on one of the
+        # tables their pipelines read) since the policy last looked; see ``changed``.
+        self.dirty: set[str] = set()
+        self._watchers: dict[str, set[str]] = {}  # table name -> models reading it
         us_per_byte = 8.0 / (topology.bandwidth_gbps * 1e3)
         self.pipelines: dict[str, list[CompiledPipeline]] = {}
         for model, pipes in topology.pipelines.items():
@@ -101,6 +117,18 @@ class ReservationState:
                 if cp.batches:
                     compiled.append(cp)
             self.pipelines[model] = compiled
+        for model, pipes in topology.pipelines.items():
+            for p in pipes:
+                for st in p.stages:
+                    for v in st.pool:
+                        srv = topology.vgpus[v].server
+                        for name in (v, f"{srv}/up", f"{srv}/down"):
+                            self._watchers.setdefault(name, set()).add(model)
+
+    def _touch(self, tab: ResourceTable) -> None:
+        w = self._watchers.get(tab.name)
+        if w:
+            self.dirty |= w
 
     def all_tables(self) -> list[ResourceTable]:
         return [*self.vgpu_tables.values(), *self.uplinks.values(), *self.downlinks.values()]
@@ -120,54 +148,79 @@ class ReservationState:
             bound = t + d if (prev_server is None or xfer <= 0.0 or not cross_only) else t + xfer + d
             best_end = INF
             best = None
-            slot_cache: dict[str, float] = {}
-            for vid, tab, server in st.active:
+            slot_cache: dict[str, float] | None = None
+            active = st.active
+            k0 = st.rr
+            if k0 >= len(active):
+                k0 = 0
+            # scan from the vGPU after the last one committed: under load it is the one that frees
+            # first, so the scan usually stops at once (ties then go to it, not to the pool's first)
+            for pos in range(k0, k0 + len(active)):
+                vid, tab, server = active[pos - len(active)] if pos >= len(active) else active[pos]
                 if prev_server is None or server == prev_server or xfer <= 0.0:
                     ts = -1.0
                     ready = t
                 else:
+                    if slot_cache is None:
+                        slot_cache = {}
                     ts = slot_cache.get(server, -1.0)
                     if ts < 0.0:
                         ts = earliest_common((uplinks[prev_server], downlinks[server]), t, xfer)
                         slot_cache[server] = ts
                     ready = ts + xfer
+                e = ready + d
+                if e >= best_end:
+                    continue  # cannot beat the best even if free
                 # inline ResourceTable.earliest(ready, d)
                 ends = tab.ends
-                i = bisect_right(ends, ready)
                 n = len(ends)
-                s = ready
-                if i < n:
+                if n and ends[-1] > ready:
+                    i = bisect_right(ends, ready)
                     starts = tab.starts
+                    s = ready
                     while i < n and starts[i] < s + d:
                         s = ends[i]
                         i += 1
-                e = s + d
+                    e = s + d
+                else:
+                    s = ready
                 if e < best_end:
                     best_end = e
-                    best = (vid, s, ts, server)
+                    best = (vid, s, ts, server, pos)
                     if e <= bound:
                         break
             if best is None:
                 return None
-            vid, s, ts, server = best
+            vid, s, ts, server, pos = best
             if ts >= 0.0:
-                legs.append(Leg(st.index, vid, s, best_end, ts, ts + xfer, prev_server, server))
+                leg = Leg(st.index, vid, s, best_end, ts, ts + xfer, prev_server, server)
             else:
-                legs.append(Leg(st.index, vid, s, best_end))
+                leg = Leg(st.index, vid, s, best_end)
+            leg.next_rr = (st, pos + 1)
+            legs.append(leg)
             t = best_end
             prev_server = server
-        return ProbeResult(batch, tuple(legs), t)
+        return ProbeResult(batch, legs, t)
 
     # -- reserving -------------------------------------------------------------------------------
     def commit(self, result: ProbeResult, dispatch_id: int) -> list[StageAssignment]:
         """Reserve a probed path (call before anything else changes the tables)."""
         out = []
+        touch = self._touch
         for leg in result.legs:
-            self.vgpu_tables[leg.vgpu].reserve(leg.start_us, leg.end_us, owner_key(dispatch_id, leg.stage, COMPUTE))
+            if leg.next_rr is not None:
+                st, nxt = leg.next_rr
+                st.rr = nxt
+            tab = self.vgpu_tables[leg.vgpu]
+            tab.reserve(leg.start_us, leg.end_us, owner_key(dispatch_id, leg.stage, COMPUTE))
+            touch(tab)
             if leg.transfer_start_us is not None:
                 key = owner_key(dispatch_id, leg.stage, TRANSFER)
-                self.uplinks[leg.src_server].reserve(leg.transfer_start_us, leg.transfer_end_us, key)
-                self.downlinks[leg.dst_server].reserve(leg.transfer_start_us, leg.transfer_end_us, key)
+                up, down = self.uplinks[leg.src_server], self.downlinks[leg.dst_server]
+                up.reserve(leg.transfer_start_us, leg.transfer_end_us, key)
+                down.reserve(leg.transfer_start_us, leg.transfer_end_us, key)
+                touch(up)
+                touch(down)
             out.append(StageAssignment(leg.stage, leg.vgpu, leg.start_us, leg.end_us,
                                        leg.transfer_start_us, leg.transfer_end_us))
         return out
@@ -175,11 +228,12 @@ class ReservationState:
     def correct(self, dispatch_id: int, stage: int, vgpu: str, start_us: float, end_us: float) -> None:
         """Feedback: the stage really ran [start, end) on ``vgpu``."""
         tab = self.vgpu_tables.get(vgpu)
-        if tab is not None:
-            tab.correct(owner_key(dispatch_id, stage, COMPUTE), start_us, end_us)
+        if tab is not None and tab.correct(owner_key(dispatch_id, stage, COMPUTE), start_us, end_us):
+            self._touch(tab)
 
     def release(self, dispatch_id: int, legs: list[StageAssignment], src_servers: list[str | None]) -> None:
         for a, src in zip(legs, src_servers):
+            self._touch(self.vgpu_tables[a.vgpu])
             self.vgpu_tables[a.vgpu].release(owner_key(dispatch_id, a.stage, COMPUTE))
             if a.transfer_start_us is not None and src is not None:
                 key = owner_key(dispatch_id, a.stage, TRANSFER)
@@ -192,6 +246,7 @@ class ReservationState:
         if vgpu not in self.vgpu_tables:
             return []
         gone: list[int] = []
+        self.dirty.update(self.topology.pipelines)
         if up:
             self.up_vgpus.add(vgpu)
         else:

@@ -97,14 +97,17 @@ class ResourceTable:
         del self.starts[i:], self.ends[i:], self.owners[i:]
         return gone
 
-    def correct(self, owner: int, start: float, end: float) -> None:
+    def correct(self, owner: int, start: float, end: float) -> bool:
         """Make ``owner``'s interval the measured [start, end): trim an earlier neighbour that would
-        overlap it (it must have finished), and push later intervals back if this one overran."""
+        overlap it (it must have finished), and push later intervals back if this one overran.
+        Returns False when the table already said exactly that (nothing changed)."""
         i = self.find(owner)
         if i >= 0:
+            if self.starts[i] == start and self.ends[i] == end:
+                return False
             self.remove_at(i)
         if end <= start:
-            return
+            return True
         i = bisect_left(self.starts, start)
         if i > 0 and self.ends[i - 1] > start:
             self.ends[i - 1] = max(self.starts[i - 1], start)
@@ -121,6 +124,7 @@ class ResourceTable:
                 break
             starts[j] += shift
             ends[j] += shift
+        return True
 
     def prune(self, now: float) -> None:
         """Forget intervals that ended at or before ``now``."""

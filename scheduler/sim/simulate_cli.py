@@ -22,7 +22,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--plan", required=True, help="plan.json to simulate")
     p.add_argument("--reference-plan", help="plan.json whose throughputs define load factor 1.0 (default: --plan)")
     p.add_argument("--policy", default="ppipe", choices=POLICY_NAMES, help="data-plane policy (default ppipe)")
-    p.add_argument("--trace", default="poisson", help="poisson | bursty:CV | maf19:FILE | maf21:FILE (default poisson)")
+    p.add_argument("--trace", default="poisson", help="poisson | bursty:CV | maf19:FILE | maf21:FILE (default poisson). bursty:CV: gamma "
+                   "inter-arrival times with that coefficient of variation (synthetic stress test). The "
+                   "PPipe paper's 'bursty' workload is maf21: the Azure Functions 2021 invocation trace, "
+                   "folded to the target rate as the paper's simulator does")
     p.add_argument("--load-factors", default="0.05:1.0:0.05", help="START:STOP:STEP or a comma list")
     p.add_argument("--duration-s", type=float, default=30.0, help="simulated seconds per point (default 30)")
     p.add_argument("--seed", type=int, default=0)

@@ -27,6 +27,10 @@ class PPipePolicy(QueueingPolicy):
         self.prune_every_us = prune_every_us
         self.forget_after_us = forget_after_us
         self._last_prune = float("-inf")
+        # model -> (wake-up time, queue length) while it waits for its batch to fill: until the queue
+        # grows, the wake-up comes, or a table its pipelines read changes, deciding again would
+        # probe the same tables to the same conclusion, so step() skips it
+        self._waiting: dict[str, tuple[float, int]] = {}
         # dispatch id -> (completion, stage assignments, source server of each stage's transfer)
         self.live: dict[int, tuple[float, list[StageAssignment], list[str | None]]] = {}
 
@@ -41,11 +45,23 @@ class PPipePolicy(QueueingPolicy):
         if now_us - self._last_prune >= self.prune_every_us:
             self._housekeeping(now_us)
         wake = None
+        waiting = self._waiting
+        dirty = self.state.dirty
         for model, q in self.queues.items():
-            if q:
+            if not q:
+                continue
+            held = waiting.get(model)
+            if held is not None and now_us < held[0] and len(q) == held[1] and model not in dirty:
+                w = held[0]  # still waiting for the batch to fill and nothing it depends on changed
+            else:
                 w = self._decide(model, q, now_us, result)
-                if w is not None and (wake is None or w < wake):
-                    wake = w
+                dirty.discard(model)
+                if w is None:
+                    waiting.pop(model, None)
+                else:
+                    waiting[model] = (w, len(q))
+            if w is not None and (wake is None or w < wake):
+                wake = w
         result.wake_at_us = wake
         return result
 
@@ -74,18 +90,27 @@ class PPipePolicy(QueueingPolicy):
         for d in stale:
             del self.live[d]
 
-    def _choose_pipeline(self, pipes: list[CompiledPipeline], now: float
-                         ) -> tuple[CompiledPipeline, ProbeResult] | None:
-        best = None
-        best_wait = float("inf")
-        for cp in pipes:
+    def _probe_planned(self, pipes: list[CompiledPipeline], now: float) -> list[tuple[float, int, ProbeResult]]:
+        """Every pipeline probed at its planned batch, as (wait, index, result), least wait first."""
+        out = []
+        for i, cp in enumerate(pipes):
             r = self.state.probe(cp, cp.batch, now)
-            if r is None:
-                continue
-            wait = r.completion_us - now - cp.ideal_us[cp.batch]
-            if wait < best_wait:
-                best, best_wait = (cp, r), wait
-        return best
+            if r is not None:
+                out.append((r.completion_us - now - cp.ideal_us[cp.batch], i, r))
+        if len(out) > 1:
+            out.sort(key=lambda x: (x[0], x[1]))
+        return out
+
+    def _fit(self, cp: CompiledPipeline, r: ProbeResult, deadline: float, now: float) -> tuple[int, ProbeResult] | None:
+        """The largest usable batch (its index in cp.batches) whose probe on ``cp`` meets ``deadline``."""
+        batches = cp.batches
+        k = len(batches) - 1
+        while r.completion_us > deadline:
+            k -= 1
+            if k < 0:
+                return None
+            r = self.state.probe(cp, batches[k], now)
+        return k, r
 
     def _decide(self, model: str, q: deque[Request], now: float, result: StepResult) -> float | None:
         """Dispatch or drop from the head of ``q`` until it must wait; returns the wake-up time, if any."""
@@ -95,21 +120,23 @@ class PPipePolicy(QueueingPolicy):
             if not q:
                 return None
             oldest = q[0]
-            chosen = self._choose_pipeline(pipes, now)
-            if chosen is None:
+            ranked = self._probe_planned(pipes, now)
+            if not ranked:
                 result.drops.append(Drop(q.popleft(), "no vGPU in service for this model"))
                 continue
-            cp, r = chosen
-            batches = cp.batches
-            k = len(batches) - 1
-            while r.completion_us > oldest.deadline_us:
-                k -= 1
-                if k < 0:
+            # the least-waiting pipeline; if even its batch 1 misses the oldest deadline, the next one
+            # (a pipeline that waits longer may still be faster end to end) before dropping
+            fit = None
+            for _, i, r in ranked:
+                fit = self._fit(pipes[i], r, oldest.deadline_us, now)
+                if fit is not None:
+                    cp = pipes[i]
                     break
-                r = self.state.probe(cp, batches[k], now)
-            if k < 0:
+            if fit is None:
                 result.drops.append(Drop(q.popleft(), "deadline cannot be met"))
                 continue
+            k, r = fit
+            batches = cp.batches
             n = len(q)
             if n < r.batch:
                 while k > 0 and batches[k] > n:
