@@ -87,7 +87,23 @@ def partition_config(name: str, inputs: Sequence[TensorSpec], outputs: Sequence[
     if dynamic_batching is not None:
         cfg.dynamic_batching.preferred_batch_size.extend(dynamic_batching.preferred_batch_sizes)
         cfg.dynamic_batching.max_queue_delay_microseconds = dynamic_batching.max_queue_delay_us
+    add_warmup(cfg, inputs, max_batch_size)
     return cfg
+
+
+def add_warmup(cfg: mc.ModelConfig, inputs: Sequence[TensorSpec], max_batch_size: int) -> None:
+    """Triton's ``model_warmup``: run batch 1 and the largest batch once at load, so that the first
+    served requests do not pay for the engine's first runs (and do not mislead the scheduler's timings).
+    Inputs with variable dimensions (-1) cannot be synthesised, so such models get no warm-up."""
+    if any(d < 0 for spec in inputs for d in spec.shape):
+        return
+    for batch in sorted({1, max_batch_size}):
+        w = cfg.model_warmup.add(name=f"warmup_batch{batch}", batch_size=batch)
+        for spec in inputs:
+            t = w.inputs[spec.name]
+            t.data_type = mc.DataType.Value(f"TYPE_{spec.datatype}")
+            t.dims.extend(spec.shape)
+            t.random_data = True
 
 
 def ensemble_config(name: str, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec], max_batch_size: int,

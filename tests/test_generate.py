@@ -68,6 +68,8 @@ def test_generate_writes_repositories_configs_launch_files_and_manifest(resnet, 
         (group,) = cfg.instance_group
         assert group.count == 1 and group.kind == mc.ModelInstanceGroup.KIND_CPU
         assert [o.name for o in cfg.output][-2:] == list(TIMING_OUTPUTS)
+        assert sorted(w.batch_size for w in cfg.model_warmup) == [1, 2]  # Triton warms batch 1 and the max up
+        assert set(cfg.model_warmup[0].inputs) == {i.name for i in cfg.input}
         assert (path.parent / "1" / "model.py").is_file() and (path.parent / "1" / "model.onnx").is_file()
         # 3 vGPUs share l4box's 2 cores: one engine thread each; t4box's only vGPU gets both
         threads = cfg.parameters["intra_op_threads"].string_value
