@@ -28,6 +28,7 @@ SLOWDOWN = 4.0  # the slow class takes this many times the fast class's time
 class DemoOptions:
     out: Path
     model: str = "resnet"
+    input_hw: int = 224  # large enough that a request's compute dwarfs the per-hop serving overhead on CPU
     blocks: int = 4
     batch_sizes: tuple[int, ...] = (1, 2, 4)
     load_factors: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)
@@ -52,6 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description=__doc__.split("\n\n", 1)[1])
     p.add_argument("--out", type=Path, default=Path("demo-out"), help="working and report directory")
     p.add_argument("--model", default="resnet", help="zoo model: resnet, mobilenet or segnet")
+    p.add_argument("--input-size", type=int, default=224, help="image height and width (default: %(default)s)")
     p.add_argument("--load-factors", default="0.25,0.5,0.75,1.0",
                    help="offered load as fractions of the plan's throughput (default: %(default)s)")
     p.add_argument("--duration-s", type=float, default=12.0, help="seconds of load per point")
@@ -68,7 +70,8 @@ def _run(args: argparse.Namespace) -> int:
         raise InputError(f"--load-factors: expected numbers separated by commas, got {args.load_factors!r}") from None
     if not factors or min(factors) <= 0:
         raise InputError("--load-factors must be positive")
-    opts = DemoOptions(args.out, args.model, load_factors=factors, duration_s=args.duration_s, seed=args.seed)
+    opts = DemoOptions(args.out, args.model, args.input_size, load_factors=factors, duration_s=args.duration_s,
+                       seed=args.seed)
     run_demo(opts)
     return 0
 
@@ -124,7 +127,7 @@ def run_demo(opts: DemoOptions) -> DemoResult:
 def _build_model(opts: DemoOptions, out: Path) -> Path:
     from planner.zoo import build_zoo_model
 
-    return build_zoo_model(opts.model, out / "models" / f"{opts.model}.onnx", seed=opts.seed)
+    return build_zoo_model(opts.model, out / "models" / f"{opts.model}.onnx", seed=opts.seed, input_hw=opts.input_hw)
 
 
 def _profile(opts: DemoOptions, onnx_path: Path, out: Path) -> Path:

@@ -62,7 +62,8 @@ def build_deployment(work: Path, model: str = "resnet", name: str = "resnet", sl
     plan = build_plan(onnx_path, name, slo_us, batch)
     hosts = [{"name": "hostA", "address": "127.0.0.1", "gpu_type": "A", "gpus": 3, "bandwidth_gbps": 10,
               "device": "cpu", "cpu_cores": 1, "base_port": 0},
-             {"name": "hostB", "address": "127.0.0.1", "gpu_type": "B", "gpus": 2, "bandwidth_gbps": 10,
+             # another loopback address: a second "machine", so hostA -> hostB hops travel over gRPC
+             {"name": "hostB", "address": "127.0.0.2", "gpu_type": "B", "gpus": 2, "bandwidth_gbps": 10,
               "device": "cpu", "cpu_cores": 1, "base_port": 0}]
     cluster = work / "cluster.json"
     cluster.write_text(json.dumps({"hosts": hosts}))

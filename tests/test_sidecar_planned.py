@@ -371,3 +371,15 @@ def test_planned_and_passthrough_models_side_by_side(testbed: dict) -> None:
             assert not grpcclient.InferenceServerClient(triton.grpc_url).get_system_shared_memory_status().regions
         finally:
             shm.destroy_shared_memory_region(h)
+
+
+def test_hosts_at_one_address_share_a_machine_for_shm(testbed: dict) -> None:
+    """Cluster files list one host per GPU type; two such hosts at one address are one machine."""
+    from dataclasses import replace
+
+    from scheduler.server.dispatch import machines
+
+    m = testbed["manifest"]
+    assert machines(m) == {"hostA": "hostA", "hostB": "hostB"}  # 127.0.0.1 and 127.0.0.2
+    same = replace(m, hosts=tuple(replace(h, address="127.0.0.1") for h in m.hosts))
+    assert machines(same) == {"hostA": "hostA", "hostB": "hostA"}

@@ -125,10 +125,17 @@ class StageFault(Exception):
         self.error = error
 
 
+def machines(manifest: Manifest) -> dict[str, str]:
+    """Host name -> the first host name with the same address: hosts listed separately in the cluster file
+    (e.g. one per GPU type) but on one machine share /dev/shm, so hops between them use shared memory."""
+    first: dict[str, str] = {}
+    return {h.name: first.setdefault(h.address, h.name) for h in manifest.hosts}
+
+
 @dataclass
 class VGpuServer:
     id: str
-    host: str
+    host: str  # the machine (see machines()): the key of its shared-memory pool
     grpc_url: str
     models: tuple[str, ...]
     channel: grpc.aio.Channel
@@ -204,9 +211,10 @@ class PlannedModels:
                 for s in p.stages:
                     for v in s.vgpus:
                         models_on.setdefault(v, set()).add(s.triton_model)
+        machine = machines(self.manifest)
         for g in self.manifest.vgpus:
             ch = grpc.aio.insecure_channel(g.grpc_url, options=GRPC_OPTIONS)
-            self.servers[g.id] = VGpuServer(g.id, g.host, g.grpc_url, tuple(sorted(models_on.get(g.id, ()))), ch,
+            self.servers[g.id] = VGpuServer(g.id, machine[g.host], g.grpc_url, tuple(sorted(models_on.get(g.id, ()))), ch,
                                             service_pb2_grpc.GRPCInferenceServiceStub(ch))
         self._build_pools()
         for srv in self.servers.values():
@@ -216,9 +224,10 @@ class PlannedModels:
             self.metrics.vgpu_up.labels(srv.id).set(1 if srv.up else 0)
 
     def _build_pools(self) -> None:
-        """One pool per local host that has consecutive stages on it; slots fit the largest boundary batch."""
-        host_of = {g.id: g.host for g in self.manifest.vgpus}
-        local = {h.name for h in self.manifest.hosts if is_local_address(h.address)}
+        """One pool per local machine that has consecutive stages on it; slots fit the largest boundary batch."""
+        host_of = {vid: srv.host for vid, srv in self.servers.items()}
+        machine = machines(self.manifest)
+        local = {machine[h.name] for h in self.manifest.hosts if is_local_address(h.address)}
         need: dict[str, int] = {}
         for p in self.pipelines.values():
             for prev, cur in zip(p.stages, p.stages[1:]):
@@ -228,7 +237,7 @@ class PlannedModels:
                     need[h] = max(need.get(h, 0), size)
         for h, size in need.items():
             pool = HostPool(h, size)
-            for _ in range(2 * sum(1 for g in self.manifest.vgpus if g.host == h)):
+            for _ in range(2 * sum(1 for srv in self.servers.values() if srv.host == h)):
                 pool.give(pool.create())
             self.pools[h] = pool
             log.info("event=shm_pool host=%s regions=%d slot_bytes=%d", h, len(pool.regions), size)
