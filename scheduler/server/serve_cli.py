@@ -23,11 +23,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--manifest", type=Path, help="DIR/manifest.json written by 'poolpipe generate' (or DIR)")
     p.add_argument("--passthrough", type=_hostport, metavar="HOST:PORT",
                    help="gRPC endpoint of a Triton server for models that are not planned")
-    p.add_argument("--grpc-port", type=int, default=8001)
-    p.add_argument("--http-port", type=int, default=8000)
-    p.add_argument("--metrics-port", type=int, default=8002)
+    p.add_argument("--grpc-port", type=int, default=8001, help="KServe v2 gRPC port (default: %(default)s, as Triton)")
+    p.add_argument("--http-port", type=int, default=8000, help="KServe v2 HTTP/REST port (default: %(default)s)")
+    p.add_argument("--metrics-port", type=int, default=8002, help="Prometheus /metrics port (default: %(default)s)")
     p.add_argument("--bind", default="127.0.0.1", help="address to listen on (default: loopback only)")
-    p.add_argument("--policy", default="auto", help="scheduling policy of the scheduler core (default: auto)")
+    p.add_argument("--policy", default="auto", help="scheduling policy: auto (= ppipe, reservation-based adaptive batching), ppipe, fifs "
+                        "or elsa (default: auto)")
     p.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
                    help="seconds to let in-flight requests finish on SIGTERM")
     p.add_argument("--batch-log", type=Path, metavar="FILE",

@@ -18,7 +18,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "simulate", help="simulate a plan under a workload and find the load it sustains at 99%% SLO",
         description="Sweep the load factor (1.0 = each model's throughput in the reference plan) and find "
-                    "per model the largest load factor with SLO attainment >= 99%%.")
+                    "per model the largest load factor with SLO attainment >= 99%.")
     p.add_argument("--plan", required=True, help="plan.json to simulate")
     p.add_argument("--reference-plan", help="plan.json whose throughputs define load factor 1.0 (default: --plan)")
     p.add_argument("--policy", default="ppipe", choices=POLICY_NAMES, help="data-plane policy (default ppipe)")
