@@ -17,15 +17,14 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 
+from planner.documents import read_document
 from planner.errors import InputError
 
 DEFAULT_BASE_PORT = 8000
@@ -120,16 +119,7 @@ def cluster_from_dict(d: Any, source: str = "cluster") -> Cluster:
 
 
 def load_cluster(path: str | Path) -> Cluster:
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise InputError(f"cannot read cluster file {p}: {e.strerror or e}") from None
-    try:
-        d = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as e:
-        raise InputError(f"cluster file {p} does not parse: {str(e).splitlines()[0]}") from None
-    return cluster_from_dict(d, str(p))
+    return cluster_from_dict(read_document(path, "cluster file", yaml_ok=True), str(path))
 
 
 def cpu_cores(host: ClusterHost) -> int:

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from planner.documents import read_document
 from planner.errors import InputError
 from planner.plan import Plan, plan_from_dict
 
@@ -216,10 +217,4 @@ def load_manifest(path: str | Path) -> Manifest:
     p = Path(path)
     if p.is_dir():
         p = p / "manifest.json"
-    try:
-        d = json.loads(p.read_text())
-    except OSError as e:
-        raise InputError(f"cannot read manifest {p}: {e.strerror or e}") from None
-    except json.JSONDecodeError as e:
-        raise InputError(f"manifest {p} is not valid JSON: {e}") from None
-    return manifest_from_dict(d, p.parent.resolve(), str(p))
+    return manifest_from_dict(read_document(p, "manifest"), p.parent.resolve(), str(p))

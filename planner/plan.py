@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from planner.documents import read_document
 from planner.errors import InputError
 from planner.profile import Profile, profile_from_dict
 from planner.spec import ClusterSpec, cluster_from_dict
@@ -176,11 +177,4 @@ def plan_from_dict(d: Any, source: str = "plan") -> Plan:
 
 
 def load_plan(path: str | Path) -> Plan:
-    p = Path(path)
-    try:
-        d = json.loads(p.read_text())
-    except OSError as e:
-        raise InputError(f"cannot read plan {p}: {e.strerror or e}") from None
-    except json.JSONDecodeError as e:
-        raise InputError(f"plan {p} is not valid JSON: {e}") from None
-    return plan_from_dict(d, str(p))
+    return plan_from_dict(read_document(path, "plan"), str(path))

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from planner.documents import read_document
 from planner.errors import InputError
 
 FORMAT = "poolpipe.profile/1"
@@ -208,13 +209,4 @@ def profile_from_dict(d: Any, source: str = "profile") -> Profile:
 
 def load_profile(path: str | Path) -> Profile:
     """Read and validate a profile file; errors name the file and field."""
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise InputError(f"cannot read profile {p}: {e.strerror or e}") from None
-    try:
-        d = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise InputError(f"profile {p} is not valid JSON: {e}") from None
-    return profile_from_dict(d, str(p))
+    return profile_from_dict(read_document(path, "profile"), str(path))

@@ -19,13 +19,12 @@ YAML or JSON::
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 
+from planner.documents import read_document
 from planner.errors import InputError
 from planner.profile import Profile, load_profile, profile_from_dict
 
@@ -214,13 +213,4 @@ def spec_from_dict(d: Any, base_dir: Path | None = None, source: str = "spec") -
 
 
 def load_spec(path: str | Path) -> PlanningSpec:
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise InputError(f"cannot read spec {p}: {e.strerror or e}") from None
-    try:
-        d = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as e:
-        raise InputError(f"spec {p} does not parse: {str(e).splitlines()[0]}") from None
-    return spec_from_dict(d, p.parent, str(p))
+    return spec_from_dict(read_document(path, "spec", yaml_ok=True), Path(path).parent, str(path))
