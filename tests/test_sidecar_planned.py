@@ -111,13 +111,15 @@ def test_answers_equal_onnxruntime_over_grpc_and_http(testbed: dict) -> None:
 
 def test_stage_lead_times_are_calibrated_at_start(testbed: dict) -> None:
     """Before listening, the sidecar ran zeros through every stage and measured how long after sending a stage
-    its compute starts; the core's clock leads by the first stage's lead; calibration batches are not logged."""
+    its compute starts (and how long its response takes); the core's clock leads by the first stage's lead;
+    calibration batches are not logged."""
     log_text = (testbed["work"] / "sidecar.log").read_text()
     leads = {}
     for line in log_text.splitlines():
         if "event=stage_lead" in line:
             fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
             leads[(fields["pipeline"], int(fields["stage"]))] = float(fields["batch1_us"])
+            assert 0 < float(fields["tail1_us"]) < SLO_US  # compute end -> response, added to the stage latency
     manifest = testbed["manifest"]
     want = {(p.id, k) for m in manifest.models for p in m.pipelines for k in range(len(p.stages))}
     assert set(leads) == want

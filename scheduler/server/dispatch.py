@@ -62,7 +62,9 @@ MAX_MARGIN_FRACTION = 0.5
 # of the rest is used). The sidecar sends each stage that much before its reserved start, and steps the core
 # that much ahead of the real clock (a batch dispatched now cannot compute before now + lead), so that
 # reservations match when computes really run instead of drifting behind them. The lead overlaps the previous
-# batch's compute when the server is busy, so it is not added to the stage latencies (the vGPU's occupancy).
+# batch's compute when the server is busy, so it is not added to the stage latencies (the vGPU's occupancy);
+# the tail (compute end -> response at the sidecar, measured alike) is: the next stage's input, the answer, and
+# the server's next compute come only after it.
 CALIBRATION_RUNS = 4
 CALIBRATION_TIMEOUT_S = 10.0
 # A wake-up that fires late is stepped at the time the core asked for, up to half the smallest margin (the
@@ -183,6 +185,7 @@ class PlannedModels:
         self.topology = topology_from_manifest(manifest)
         self.scheduler = make_scheduler(self.policy, self.topology)
         self.lead_us: dict[str, list[dict[int, float]]] = {}  # pipeline -> stage -> batch -> send-to-compute
+        self.tail_us: dict[str, list[dict[int, float]]] = {}  # pipeline -> stage -> batch -> compute-to-response
         self.clock_lead_us = 0.0  # the core's clock runs this far ahead of the real one (see CALIBRATION_RUNS)
         self.models = {m.name: m for m in manifest.models}
         self.base_margin_us = {m.name: max(MIN_MARGIN_US, MARGIN_FRACTION * m.slo_us) for m in manifest.models}
@@ -286,29 +289,35 @@ class PlannedModels:
         first-stage lead of all pipelines (one clock for every model)."""
         for p in self.pipelines.values():
             try:
-                self.lead_us[p.id] = await self._measure_lead(p)
+                self.lead_us[p.id], self.tail_us[p.id] = await self._measure_lead(p)
             except (StageFault, ValueError, TypeError) as e:
                 log.warning("event=calibration_skipped pipeline=%s reason=%s", p.id, e)
                 continue
-            for k, per_batch in enumerate(self.lead_us[p.id]):
+            for k, (lead, tail) in enumerate(zip(self.lead_us[p.id], self.tail_us[p.id])):
                 log.info("event=stage_lead pipeline=%s stage=%d %s", p.id, k,
-                         " ".join(f"batch{b}_us={o:.0f}" for b, o in sorted(per_batch.items())))
+                         " ".join(f"batch{b}_us={lead[b]:.0f} tail{b}_us={tail[b]:.0f}" for b in sorted(lead)))
+        if self.tail_us:
+            self.topology = topology_from_manifest(self.manifest, self.tail_us)
+            self.scheduler = make_scheduler(self.policy, self.topology)
         if len(self.lead_us) == len(self.pipelines) and self.lead_us:
             self.clock_lead_us = min(min(lead[0].values(), default=0.0) for lead in self.lead_us.values())
             log.info("event=clock_lead lead_us=%.0f", self.clock_lead_us)
+        for srv in self.servers.values():
+            if not srv.up:
+                self.scheduler.set_vgpu_up(srv.id, False, now_us() + self.clock_lead_us)
 
     def _lead(self, pipeline_id: str, stage: int, batch: int) -> float:
         per_stage = self.lead_us.get(pipeline_id)
         return per_stage[stage].get(batch, 0.0) if per_stage is not None else 0.0
 
-    async def _measure_lead(self, p: PipelineInfo) -> list[dict[int, float]]:
-        """Per stage, batch -> median of (compute start - stage ready), measured at batch 1 and the planned
-        batch (linear in between); zeros on the first vGPU in service of each pool."""
+    async def _measure_lead(self, p: PipelineInfo) -> tuple[list[dict[int, float]], list[dict[int, float]]]:
+        """Per stage, batch -> median of (compute start - stage ready) and of (response - compute end), measured
+        at batch 1 and the planned batch (linear in between); zeros on the first vGPU in service of each pool."""
         vgpus = [next((v for v in s.vgpus if self.servers[v].up), None) for s in p.stages]
         if None in vgpus:
             raise ValueError("a stage has no vGPU in service")
         model = self.models[p.id.rsplit("/", 1)[0]]
-        measured: dict[int, list[float]] = {}
+        measured: dict[int, list[tuple[float, float]]] = {}
         for b in sorted({1, p.batch}):
             runs: list[list[float]] = []
             for _ in range(CALIBRATION_RUNS):
@@ -321,15 +330,18 @@ class PlannedModels:
                     nxt = vgpus[k + 1] if k + 1 < len(vgpus) else None
                     hops = await self._run_stage(d, k, v, stage, hops, nxt, deadline, timings)  # type: ignore[arg-type]
                 self._release(hops)
-                runs.append([s - ready for ready, s, _, _ in timings])
+                runs.append(np.array([(s - ready, recv - e) for ready, s, e, recv in timings]))
             keep = runs[1:] if len(runs) > 1 else runs
-            measured[b] = [float(np.median([r[k] for r in keep])) for k in range(len(p.stages))]
-        out = []
+            med = np.median(np.stack(keep), axis=0)
+            measured[b] = [(float(x), float(y)) for x, y in med]
+        span = max(p.batch - 1, 1)
+        lead, tail = [], []
         for k, stage in enumerate(p.stages):
-            lo, hi = measured[1][k], measured[max(measured)][k]
-            span = max(p.batch - 1, 1)
-            out.append({b: max(0.0, lo + (hi - lo) * (b - 1) / span) for b in stage.latency_us if b <= p.batch})
-        return out
+            batches = [b for b in stage.latency_us if b <= p.batch]
+            for i, out in ((0, lead), (1, tail)):
+                lo, hi = measured[1][k][i], measured[max(measured)][k][i]
+                out.append({b: max(0.0, lo + (hi - lo) * (b - 1) / span) for b in batches})
+        return lead, tail
 
     # --- shm registration and health -----------------------------------------------------------------------
 
