@@ -109,6 +109,29 @@ def test_answers_equal_onnxruntime_over_grpc_and_http(testbed: dict) -> None:
     assert {s["stage"] for s in stages} == {0, 1, 2}  # every partition of the 3-stage pipeline ran and was logged
 
 
+def test_stage_lead_times_are_calibrated_at_start(testbed: dict) -> None:
+    """Before listening, the sidecar ran zeros through every stage and measured how long after sending a stage
+    its compute starts (and how long its response takes); the core's clock leads by the first stage's lead;
+    calibration batches are not logged."""
+    log_text = (testbed["work"] / "sidecar.log").read_text()
+    leads = {}
+    for line in log_text.splitlines():
+        if "event=stage_lead" in line:
+            fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+            leads[(fields["pipeline"], int(fields["stage"]))] = float(fields["batch1_us"])
+            assert 0 < float(fields["tail1_us"]) < SLO_US  # compute end -> response, added to the stage latency
+    manifest = testbed["manifest"]
+    want = {(p.id, k) for m in manifest.models for p in m.pipelines for k in range(len(p.stages))}
+    assert set(leads) == want
+    assert all(0 < v < SLO_US for v in leads.values())
+    clock = [float(line.rsplit("lead_us=", 1)[1]) for line in log_text.splitlines() if "event=clock_lead" in line]
+    assert len(clock) == 1 and 0 < clock[0] <= min(v for (_, k), v in leads.items() if k == 0)
+    assert log_text.index("event=clock_lead") < log_text.index("event=listening")
+    batches = testbed["work"] / "batches.jsonl"
+    if batches.exists():
+        assert all(json.loads(line)["dispatch"] > 0 for line in batches.read_text().splitlines())
+
+
 def test_many_concurrent_clients_are_batched(testbed: dict) -> None:
     """Eight clients (gRPC and HTTP, asyncio) with a request always outstanding: all answered, in batches."""
     sc = testbed["sc"]

@@ -43,15 +43,30 @@ log = logging.getLogger("poolpipe.sidecar.dispatch")
 DEFAULT_POLICY = "ppipe"
 LIVE_POLICIES = ("ppipe", "fifs", "elsa")  # policies whose dispatches carry whole batches (final=True)
 MAX_ATTEMPTS = 3
-# The core plans against the deadline minus this margin (the sidecar's own hops and Python scheduling
-# jitter are not in the profiles): the larger of the plan's slo_margin_us, 5 % of the SLO and 3 ms.
+# The core plans against the deadline minus this margin (the client's side of the call and Python scheduling
+# jitter are not in the profiles): the larger of 5 % of the SLO and 3 ms. The plan's slo_margin_us is not
+# added: it is the planner's headroom for queueing and batch forming, which the core's reservations model.
 MIN_MARGIN_US = 3000.0
 MARGIN_FRACTION = 0.05
-# On top, the sidecar learns how late batches finish against the core's prediction (hops through the
-# sidecar, servers slower than profiled) and plans with the p99 of that lateness, capped at half the SLO.
-LATENESS_WINDOW = 128
+# On top, the sidecar learns how late batches finish against the core's prediction (servers slower than
+# profiled, CPU contention) and plans with a robust high percentile of that lateness (the p99 of a short
+# window is one outlier), leaving out the first batches (warm-up), capped at half the SLO.
+LATENESS_WINDOW = 256
 LATENESS_EVERY = 16
+LATENESS_PERCENTILE = 95
+LATENESS_WARMUP = 8
 MAX_MARGIN_FRACTION = 0.5
+# The core's stage intervals are compute intervals, but a stage's compute starts only some time after the
+# sidecar sends it (request serialisation and transfer, the backend's input copy). That lead time is measured
+# at start-up by running a few batches of zeros through every pipeline (the first run is warm-up; the median
+# of the rest is used). The sidecar sends each stage that much before its reserved start, and steps the core
+# that much ahead of the real clock (a batch dispatched now cannot compute before now + lead), so that
+# reservations match when computes really run instead of drifting behind them. The lead overlaps the previous
+# batch's compute when the server is busy, so it is not added to the stage latencies (the vGPU's occupancy);
+# the tail (compute end -> response at the sidecar, measured alike) is: the next stage's input, the answer, and
+# the server's next compute come only after it.
+CALIBRATION_RUNS = 4
+CALIBRATION_TIMEOUT_S = 10.0
 # A wake-up that fires late is stepped at the time the core asked for, up to half the smallest margin (the
 # event loop is not a real-time clock; the core would otherwise see "too late" and drop requests it meant
 # to dispatch; the other half of the margin still covers the execution).
@@ -169,9 +184,11 @@ class PlannedModels:
                              "(per-stage policies are for the simulator)")
         self.topology = topology_from_manifest(manifest)
         self.scheduler = make_scheduler(self.policy, self.topology)
+        self.lead_us: dict[str, list[dict[int, float]]] = {}  # pipeline -> stage -> batch -> send-to-compute
+        self.tail_us: dict[str, list[dict[int, float]]] = {}  # pipeline -> stage -> batch -> compute-to-response
+        self.clock_lead_us = 0.0  # the core's clock runs this far ahead of the real one (see CALIBRATION_RUNS)
         self.models = {m.name: m for m in manifest.models}
-        self.base_margin_us = {m.name: max(MIN_MARGIN_US, MARGIN_FRACTION * m.slo_us,
-                                           _plan_margin(manifest, m.name)) for m in manifest.models}
+        self.base_margin_us = {m.name: max(MIN_MARGIN_US, MARGIN_FRACTION * m.slo_us) for m in manifest.models}
         self.margin_us = dict(self.base_margin_us)
         self.late_wake_tolerance_us = max(MIN_LATE_WAKE_TOLERANCE_US, 0.5 * min(self.base_margin_us.values()))
         self.lateness_us: dict[str, deque[float]] = {m: deque(maxlen=LATENESS_WINDOW) for m in self.models}
@@ -185,6 +202,8 @@ class PlannedModels:
         self._learned = 0
         self._kick = asyncio.Event()
         self._wake_us: float | None = None
+        self._dispatched_at: dict[int, float] = {}  # dispatch id -> when the step that made it ran
+        self._trace: dict[int, list[str]] = {}  # dispatch id -> timing fields so far (debug logging only)
         self._tasks: set[asyncio.Task] = set()
         self._loop_task: asyncio.Task | None = None
         self._health_task: asyncio.Task | None = None
@@ -200,6 +219,7 @@ class PlannedModels:
         if removed:
             log.info("event=stale_shm_removed count=%d regions=%s", len(removed), ",".join(removed))
         await self._connect()
+        await self._calibrate()
         self._loop_task = asyncio.ensure_future(self._scheduler_loop())
         self._health_task = asyncio.ensure_future(self._health_loop())
         return self
@@ -264,6 +284,65 @@ class PlannedModels:
             self.batch_log.close()
         log.info("event=planned_closed shm_regions_removed=%d", removed)
 
+    async def _calibrate(self) -> None:
+        """Measure each pipeline stage's lead time (see CALIBRATION_RUNS); the core's clock leads by the least
+        first-stage lead of all pipelines (one clock for every model)."""
+        for p in self.pipelines.values():
+            try:
+                self.lead_us[p.id], self.tail_us[p.id] = await self._measure_lead(p)
+            except (StageFault, ValueError, TypeError) as e:
+                log.warning("event=calibration_skipped pipeline=%s reason=%s", p.id, e)
+                continue
+            for k, (lead, tail) in enumerate(zip(self.lead_us[p.id], self.tail_us[p.id])):
+                log.info("event=stage_lead pipeline=%s stage=%d %s", p.id, k,
+                         " ".join(f"batch{b}_us={lead[b]:.0f} tail{b}_us={tail[b]:.0f}" for b in sorted(lead)))
+        if self.tail_us:
+            self.topology = topology_from_manifest(self.manifest, self.tail_us)
+            self.scheduler = make_scheduler(self.policy, self.topology)
+        if len(self.lead_us) == len(self.pipelines) and self.lead_us:
+            self.clock_lead_us = min(min(lead[0].values(), default=0.0) for lead in self.lead_us.values())
+            log.info("event=clock_lead lead_us=%.0f", self.clock_lead_us)
+        for srv in self.servers.values():
+            if not srv.up:
+                self.scheduler.set_vgpu_up(srv.id, False, now_us() + self.clock_lead_us)
+
+    def _lead(self, pipeline_id: str, stage: int, batch: int) -> float:
+        per_stage = self.lead_us.get(pipeline_id)
+        return per_stage[stage].get(batch, 0.0) if per_stage is not None else 0.0
+
+    async def _measure_lead(self, p: PipelineInfo) -> tuple[list[dict[int, float]], list[dict[int, float]]]:
+        """Per stage, batch -> median of (compute start - stage ready) and of (response - compute end), measured
+        at batch 1 and the planned batch (linear in between); zeros on the first vGPU in service of each pool."""
+        vgpus = [next((v for v in s.vgpus if self.servers[v].up), None) for s in p.stages]
+        if None in vgpus:
+            raise ValueError("a stage has no vGPU in service")
+        model = self.models[p.id.rsplit("/", 1)[0]]
+        measured: dict[int, list[tuple[float, float]]] = {}
+        for b in sorted({1, p.batch}):
+            runs: list[list[float]] = []
+            for _ in range(CALIBRATION_RUNS):
+                hops = [HopTensor(t, [b, *t.shape], array=np.zeros([b, *t.shape], triton_to_np_dtype(t.datatype)))
+                        for t in model.inputs]
+                d = Dispatch(0, model.name, p.id, [], [], 0.0)
+                deadline = now_us() + CALIBRATION_TIMEOUT_S * 1e6
+                timings: list[tuple[float, float, float, float]] = []
+                for k, (stage, v) in enumerate(zip(p.stages, vgpus)):
+                    nxt = vgpus[k + 1] if k + 1 < len(vgpus) else None
+                    hops = await self._run_stage(d, k, v, stage, hops, nxt, deadline, timings)  # type: ignore[arg-type]
+                self._release(hops)
+                runs.append(np.array([(s - ready, recv - e) for ready, s, e, recv in timings]))
+            keep = runs[1:] if len(runs) > 1 else runs
+            med = np.median(np.stack(keep), axis=0)
+            measured[b] = [(float(x), float(y)) for x, y in med]
+        span = max(p.batch - 1, 1)
+        lead, tail = [], []
+        for k, stage in enumerate(p.stages):
+            batches = [b for b in stage.latency_us if b <= p.batch]
+            for i, out in ((0, lead), (1, tail)):
+                lo, hi = measured[1][k][i], measured[max(measured)][k][i]
+                out.append({b: max(0.0, lo + (hi - lo) * (b - 1) / span) for b in batches})
+        return lead, tail
+
     # --- shm registration and health -----------------------------------------------------------------------
 
     async def _unregister_all(self, srv: VGpuServer) -> None:
@@ -310,7 +389,7 @@ class PlannedModels:
         if srv.up == up:
             return
         srv.up = up
-        self.scheduler.set_vgpu_up(srv.id, up, now_us())
+        self.scheduler.set_vgpu_up(srv.id, up, now_us() + self.clock_lead_us)
         self.metrics.vgpu_up.labels(srv.id).set(1 if up else 0)
         log.warning("event=vgpu_%s vgpu=%s url=%s reason=%s", "up" if up else "down", srv.id, srv.grpc_url, why)
         self._kick.set()
@@ -382,8 +461,8 @@ class PlannedModels:
             raise ServeError(grpc.StatusCode.UNAVAILABLE, "the sidecar is shutting down")
         model = self.models[request.model_name]
         assert self.client_shm is not None
+        t = now_us()  # before decoding the input: that time counts against the deadline too
         checked = check_request(request, model, self.client_shm)
-        t = now_us()
         deadline = t + model.slo_us
         if checked.timeout_us is not None:
             deadline = min(deadline, t + checked.timeout_us)
@@ -429,15 +508,18 @@ class PlannedModels:
         t = now_us()
         if self._wake_us is not None and self._wake_us <= t < self._wake_us + self.late_wake_tolerance_us:
             t = self._wake_us
-        result = self.scheduler.step(t)
+        if self._wake_us is not None and t - self._wake_us > 1000.0:
+            log.debug("event=late_wake late_us=%.0f", t - self._wake_us)
+        result = self.scheduler.step(t + self.clock_lead_us)
         self.metrics.decision.observe(time.perf_counter() - t0)
-        self._wake_us = result.wake_at_us
+        self._wake_us = None if result.wake_at_us is None else result.wake_at_us - self.clock_lead_us
         for drop in result.drops:
             sample = self.samples.pop(drop.request.id, None)
             if sample is not None:
                 self.metrics.drops.labels(drop.request.model, drop.reason).inc()
                 self._fail(sample.call, shed(drop.request.model, drop.reason))
         for d in result.dispatches:
+            self._dispatched_at[d.id] = t
             task = asyncio.ensure_future(self._run_dispatch(d))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -451,6 +533,8 @@ class PlannedModels:
     # --- executing a dispatch -----------------------------------------------------------------------------
 
     async def _run_dispatch(self, d: Dispatch) -> None:
+        t_task = now_us()
+        t_step = self._dispatched_at.pop(d.id, t_task)
         samples = [s for r in d.requests if (s := self.samples.pop(r.id, None)) is not None]
         live = [s for s in samples if not s.call.future.done()]
         if not live:
@@ -462,33 +546,52 @@ class PlannedModels:
                           array=np.concatenate([s.call.checked.inputs[t.name][s.row:s.row + 1] for s in live]))
                 for t in model.inputs]
         deadline_us = max(s.call.deadline_us for s in live)
+        arrival_us = min(s.call.arrival_us for s in live)
+        if log.isEnabledFor(logging.DEBUG):  # where the time goes (`poolpipe -v serve`): one line per batch
+            self._trace[d.id] = [f"batch={len(live)} arrival_to_step={t_step - arrival_us:.0f} "
+                                 f"step_to_task={t_task - t_step:.0f} stack={now_us() - t_task:.0f} "
+                                 f"step_to_reserved_start={d.stages[0].start_us - t_step:.0f}"]
         try:
             for k, a in enumerate(d.stages):
-                if d.reserved:
-                    wait = (a.start_us - now_us()) / 1e6
+                if d.reserved:  # send ahead of the reserved compute start by the stage's lead time
+                    wait = (a.start_us - self._lead(d.pipeline_id, a.stage, len(live)) - now_us()) / 1e6
                     if wait > 0:
                         await asyncio.sleep(wait)
                 nxt = d.stages[k + 1].vgpu if k + 1 < len(d.stages) else None
                 hops = await self._run_stage(d, a.stage, a.vgpu, pipe.stages[a.stage], hops, nxt, deadline_us)
         except StageFault as f:
+            self._trace.pop(d.id, None)
             self._release(hops)
             await self._on_fault(d, f, live)
             return
         except asyncio.CancelledError:
+            self._trace.pop(d.id, None)
             self._release(hops)
             raise
         except Exception as e:  # noqa: BLE001 - never leave a client waiting on a bug: answer, log, go on
+            self._trace.pop(d.id, None)
             log.exception("event=dispatch_failed dispatch=%d", d.id)
             self._release(hops)
             for s in live:
                 self._fail(s.call, ServeError(grpc.StatusCode.INTERNAL, f"dispatch {d.id} failed: {e}"))
             return
-        self._learn_lateness(d.model, now_us() - d.completion_us)
+        t_done = now_us()
+        self._learn_lateness(d.model, t_done - d.completion_us)
         self._complete(live, hops)
+        trace = self._trace.pop(d.id, None)
+        if trace is not None:
+            t_ans = now_us()
+            log.debug("event=dispatch_timing dispatch=%d %s late=%.0f answer=%.0f e2e=%.0f planned_e2e=%.0f", d.id,
+                      " ".join(trace), t_done - d.completion_us, t_ans - t_done, t_ans - arrival_us,
+                      d.completion_us - arrival_us)
         self._kick.set()
 
     async def _run_stage(self, d: Dispatch, index: int, vgpu: str, stage: StageInfo, inputs: list[HopTensor],
-                         next_vgpu: str | None, deadline_us: float) -> list[HopTensor]:
+                         next_vgpu: str | None, deadline_us: float,
+                         timings: list[tuple[float, float, float, float]] | None = None) -> list[HopTensor]:
+        """Run one stage; ``timings`` (calibration) gets (ready, compute start, compute end, response) in us;
+        dispatch id 0 (calibration) is neither reported to the core nor logged."""
+        t_ready = now_us()
         srv = self.servers[vgpu]
         batch = inputs[0].shape[0]
         out_region = None
@@ -517,8 +620,10 @@ class PlannedModels:
         for n in TIMING_OUTPUTS:
             req.outputs.add(name=n)
         timeout = max(deadline_us - now_us(), 0.0) / 1e6 + 1.0
+        t_send = now_us()
         try:
             resp = await srv.stub.ModelInfer(req, timeout=timeout)
+            t_recv = now_us()
         except grpc.aio.AioRpcError as e:
             if out_region is not None:
                 self.pools[srv.host].give(out_region)
@@ -532,8 +637,17 @@ class PlannedModels:
         if start is not None and end is not None:
             s_us = wall_ns_to_mono_us(float(np.frombuffer(start[1], np.int64).min()))
             e_us = wall_ns_to_mono_us(float(np.frombuffer(end[1], np.int64).max()))
+            if timings is not None:
+                timings.append((t_ready, s_us, e_us, t_recv))
+            if d.id <= 0:
+                return self._stage_outputs(stage, raw, batch, out_region, offsets, srv.host)
             self.scheduler.report(d.id, index, s_us, e_us)
             a = next(x for x in d.stages if x.stage == index)
+            tr = self._trace.get(d.id)
+            if tr is not None:
+                tr.append(f"s{index}:[ready_to_send={t_send - t_ready:.0f} send_to_compute={s_us - t_send:.0f} "
+                          f"compute={e_us - s_us:.0f} planned={a.end_us - a.start_us:.0f} "
+                          f"compute_to_recv={t_recv - e_us:.0f} start_late={s_us - a.start_us:.0f}]")
             log.debug("event=stage dispatch=%d stage=%d vgpu=%s batch=%d planned_us=%.0f-%.0f measured_us=%.0f-%.0f",
                       d.id, index, vgpu, batch, a.start_us, a.end_us, s_us, e_us)
             self.metrics.vgpu_busy.labels(vgpu).inc(max(e_us - s_us, 0.0) / 1e6)
@@ -541,6 +655,12 @@ class PlannedModels:
                 self.batch_log.write(json.dumps({"dispatch": d.id, "model": d.model, "pipeline": d.pipeline_id,
                                                  "stage": index, "vgpu": vgpu, "batch": batch,
                                                  "start_s": s_us / 1e6, "end_s": e_us / 1e6}) + "\n")
+        elif timings is not None:
+            raise ValueError(f"stage {index} on {vgpu} returned no compute timestamps")
+        return self._stage_outputs(stage, raw, batch, out_region, offsets, srv.host)
+
+    def _stage_outputs(self, stage: StageInfo, raw: dict[str, tuple[list[int], bytes]], batch: int,
+                       out_region: Region | None, offsets: dict[str, int], host: str) -> list[HopTensor]:
         out = []
         for spec in stage.outputs:
             shape = raw[spec.name][0] if spec.name in raw else [batch, *spec.shape]
@@ -550,7 +670,7 @@ class PlannedModels:
                 arr = np.frombuffer(raw[spec.name][1], dtype=triton_to_np_dtype(spec.datatype)).reshape(shape)
                 out.append(HopTensor(spec, shape, array=arr))
         if out_region is not None and not out:
-            self.pools[srv.host].give(out_region)
+            self.pools[host].give(out_region)
         return out
 
     async def _take_region(self, host: str) -> Region:
@@ -614,15 +734,19 @@ class PlannedModels:
         self._kick.set()
 
     def _learn_lateness(self, model: str, late_us: float) -> None:
+        self._learned += 1
+        if self._learned <= LATENESS_WARMUP:
+            return
         window = self.lateness_us[model]
         window.append(late_us)
-        self._learned += 1
-        if self._learned <= LATENESS_EVERY or self._learned % LATENESS_EVERY == 0:
-            learned = float(np.percentile(window, 99))
+        n = self._learned - LATENESS_WARMUP
+        if n <= LATENESS_EVERY or n % LATENESS_EVERY == 0:
+            learned = float(np.percentile(window, LATENESS_PERCENTILE))
             cap = MAX_MARGIN_FRACTION * self.models[model].slo_us
             new = min(max(self.base_margin_us[model], learned), cap)
             if abs(new - self.margin_us[model]) > 1000:
-                log.info("event=margin model=%s margin_us=%.0f p99_lateness_us=%.0f", model, new, learned)
+                log.info("event=margin model=%s margin_us=%.0f p%d_lateness_us=%.0f", model, new,
+                         LATENESS_PERCENTILE, learned)
             self.margin_us[model] = new
 
     def _complete(self, samples: list[Sample], hops: list[HopTensor]) -> None:
@@ -661,13 +785,6 @@ class PlannedModels:
         c.last_ms = int(time.time() * 1e3)
         self.metrics.finished(call.model.name, t <= call.deadline_us)
         call.future.set_result(resp)
-
-
-def _plan_margin(manifest: Manifest, model: str) -> float:
-    try:
-        return float(manifest.plan.model(model).slo_margin_us)
-    except KeyError:
-        return 0.0
 
 
 def _raw_outputs(resp: service_pb2.ModelInferResponse, in_shm: set[str]) -> dict[str, tuple[list[int], bytes]]:

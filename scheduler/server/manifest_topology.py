@@ -6,14 +6,20 @@ from model_repository_gen.manifest import Manifest
 from scheduler.core.topology import Pipeline, Stage, Topology, VGpu
 
 
-def topology_from_manifest(manifest: Manifest) -> Topology:
-    """vGPUs sit behind their host's NIC; stage latency tables as profiled, up to the pipeline's batch."""
+def topology_from_manifest(manifest: Manifest,
+                           extra_us: dict[str, list[dict[int, float]]] | None = None) -> Topology:
+    """vGPUs sit behind their host's NIC; stage latency tables as profiled, up to the pipeline's batch, plus
+    ``extra_us[pipeline id][stage][batch]`` where given (serving time the sidecar measured on top)."""
+    extra_us = extra_us or {}
     vgpus = {g.id: VGpu(g.id, g.gpu_type, g.v, g.host) for g in manifest.vgpus}
     pipelines = {}
     for m in manifest.models:
         pipes = []
         for p in m.pipelines:
-            stages = tuple(Stage(s.blocks, s.vgpus, {b: t for b, t in s.latency_us.items() if b <= p.batch},
+            extra = extra_us.get(p.id, [])
+            stages = tuple(Stage(s.blocks, s.vgpus,
+                                 {b: t + (extra[k].get(b, 0.0) if k < len(extra) else 0.0)
+                                  for b, t in s.latency_us.items() if b <= p.batch},
                                  0 if k == 0 else sum(t.bytes_per_request() for t in s.inputs))
                            for k, s in enumerate(p.stages))
             pipes.append(Pipeline(p.id, m.name, p.batch, stages, p.throughput_rps))
