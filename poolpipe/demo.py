@@ -31,7 +31,7 @@ class DemoOptions:
     input_hw: int = 224  # large enough that a request's compute dwarfs the per-hop serving overhead on CPU
     blocks: int = 4
     batch_sizes: tuple[int, ...] = (1, 2, 4)
-    load_factors: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)
+    load_factors: tuple[float, ...] = (0.3, 0.45, 0.6, 0.75, 0.9)
     duration_s: float = 12.0
     slo_multiplier: float = 5.0  # SLO = this x the fastest batch-1 latency (the paper's setting)
     seed: int = 0
@@ -54,7 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, default=Path("demo-out"), help="working and report directory")
     p.add_argument("--model", default="resnet", help="zoo model: resnet, mobilenet or segnet")
     p.add_argument("--input-size", type=int, default=224, help="image height and width (default: %(default)s)")
-    p.add_argument("--load-factors", default="0.25,0.5,0.75,1.0",
+    p.add_argument("--load-factors", default="0.3,0.45,0.6,0.75,0.9",
                    help="offered load as fractions of the plan's throughput (default: %(default)s)")
     p.add_argument("--duration-s", type=float, default=12.0, help="seconds of load per point")
     p.add_argument("--seed", type=int, default=0)
