@@ -19,6 +19,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -229,10 +230,14 @@ class TritonProcess:
         self.stop()
 
 
-def remove_shm_regions(prefix: str, shm_dir: Path = Path("/dev/shm")) -> list[str]:
-    """Unlink POSIX shared-memory regions whose names start with ``prefix``; returns their names."""
+def remove_shm_regions(prefix: str, shm_dir: Path = Path("/dev/shm"),
+                       only: Callable[[str], bool] | None = None) -> list[str]:
+    """Unlink POSIX shared-memory regions whose names start with ``prefix`` (and pass ``only``, when
+    given); returns their names."""
     removed = []
     for p in shm_dir.glob(prefix + "*"):
+        if only is not None and not only(p.name):
+            continue
         try:
             p.unlink()
             removed.append(p.name)

@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from model_repository_gen.tritonserver import remove_shm_regions
+
 log = logging.getLogger("poolpipe.sidecar.shm")
 PREFIX = "poolpipe_sc_"
 SHM_DIR = Path("/dev/shm")
@@ -49,15 +51,7 @@ def stale(name: str) -> bool:
 
 def remove_stale_regions(shm_dir: Path = SHM_DIR) -> list[str]:
     """Unlink regions left by sidecars that are no longer running; returns their names."""
-    removed = []
-    for p in shm_dir.glob(PREFIX + "*"):
-        if stale(p.name):
-            try:
-                p.unlink()
-                removed.append(p.name)
-            except FileNotFoundError:
-                pass
-    return removed
+    return remove_shm_regions(PREFIX, shm_dir, only=stale)
 
 
 def align(n: int) -> int:
