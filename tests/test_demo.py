@@ -25,7 +25,8 @@ def test_short_demo_measures_both_systems_and_stops_everything(tmp_path):
     assert s["planned_rps"] > 0 and s["slo_ms"] > 0
     assert set(s["vgpu_utilization"]) == {"0.3", "0.6"}
     busy = s["vgpu_utilization"]["0.6"]
-    assert len(busy) == 3 and all(0 < u < 1.5 for u in busy.values())  # measured compute time per vGPU
+    # measured compute time per vGPU (a vGPU of a pipeline the policy rarely picks may idle in 3 s)
+    assert len(busy) == 3 and all(0 <= u < 1.5 for u in busy.values()) and max(busy.values()) > 0
     assert (out / "attainment.png").stat().st_size > 0 and (out / "timeline.png").stat().st_size > 0
     assert "highest tested load with >= 99% SLO attainment" in r.stdout
     stages = [json.loads(line) for line in (out / "batches.jsonl").read_text().splitlines()]
