@@ -742,12 +742,19 @@ class PlannedModels:
         n = self._learned - LATENESS_WARMUP
         if n <= LATENESS_EVERY or n % LATENESS_EVERY == 0:
             learned = float(np.percentile(window, LATENESS_PERCENTILE))
-            cap = MAX_MARGIN_FRACTION * self.models[model].slo_us
-            new = min(max(self.base_margin_us[model], learned), cap)
+            new = min(max(self.base_margin_us[model], learned), self._margin_cap_us(model))
             if abs(new - self.margin_us[model]) > 1000:
                 log.info("event=margin model=%s margin_us=%.0f p%d_lateness_us=%.0f", model, new,
                          LATENESS_PERCENTILE, learned)
             self.margin_us[model] = new
+
+    def _margin_cap_us(self, model: str) -> float:
+        """At most half the slack an idle pipeline leaves under the SLO: a larger margin would shed every
+        request, and with nothing served the learned lateness could never come down again."""
+        fastest = min(sum(st.latency(min(st.latency_us)) for st in p.stages)
+                      for p in self.topology.pipelines[model])
+        slo = self.models[model].slo_us
+        return max(self.base_margin_us[model], MAX_MARGIN_FRACTION * min(slo, slo - fastest - self.clock_lead_us))
 
     def _complete(self, samples: list[Sample], hops: list[HopTensor]) -> None:
         outs = {h.spec.name: h.array for h in hops}
