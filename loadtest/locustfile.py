@@ -112,14 +112,14 @@ class TritonGrpcUser(User):
     def _infer(self) -> None:
         o = self.environment.parsed_options
         if _Run.summary is not None:
-            _Run.summary.in_flight += 1
+            _Run.summary.started()
         start = time.perf_counter()
         exc = None
         nbytes = 0
         try:
             result = self.client.infer(o.model, self.inputs, outputs=self.outputs, client_timeout=None,
                                        timeout=self.timeout_us)
-            nbytes = sum(len(t.raw_output_contents) for t in [result.get_response()])
+            nbytes = sum(len(b) for b in result.get_response().raw_output_contents)
         except Exception as e:  # the server's message is the failure Locust reports
             exc = e
         elapsed = time.perf_counter() - start

@@ -21,7 +21,11 @@ class RunSummary:
     within_slo: int = 0
     errors: Counter = field(default_factory=Counter)
 
+    def started(self) -> None:
+        self.in_flight += 1
+
     def record(self, latency_s: float, error: str | None, slo_s: float) -> None:
+        """One request's outcome (it was counted by ``started``)."""
         self.in_flight -= 1
         if error is not None:
             self.errors[error] += 1

@@ -54,7 +54,8 @@ def backend_directory(pytriton_root: Path) -> Path:
     dest = CACHE_DIR / f"backends-py{ver}"
     marker = dest / "python" / "triton_python_backend_stub"
     if not marker.is_file() or marker.stat().st_size != stub.stat().st_size:
-        tmp = Path(tempfile.mkdtemp(dir=CACHE_DIR.mkdir(parents=True, exist_ok=True) or CACHE_DIR))
+        CACHE_DIR.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=CACHE_DIR))  # built aside, then renamed: concurrent starts never see half
         shutil.copytree(pytriton_root / "tritonserver" / "backends", tmp / "b")
         shutil.copy2(stub, tmp / "b" / "python" / "triton_python_backend_stub")
         shutil.rmtree(dest, ignore_errors=True)

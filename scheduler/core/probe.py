@@ -105,7 +105,7 @@ class ReservationState:
         # tables their pipelines read) since the policy last looked; see ``changed``.
         self.dirty: set[str] = set()
         self._watchers: dict[str, set[str]] = {}  # table name -> models reading it
-        us_per_byte = 8.0 / (topology.bandwidth_gbps * 1e3)
+        us_per_byte = topology.us_per_byte
         self.pipelines: dict[str, list[CompiledPipeline]] = {}
         for model, pipes in topology.pipelines.items():
             compiled = []
@@ -129,9 +129,6 @@ class ReservationState:
         w = self._watchers.get(tab.name)
         if w:
             self.dirty |= w
-
-    def all_tables(self) -> list[ResourceTable]:
-        return [*self.vgpu_tables.values(), *self.uplinks.values(), *self.downlinks.values()]
 
     # -- probing ---------------------------------------------------------------------------------
     def probe(self, cp: CompiledPipeline, batch: int, now: float) -> ProbeResult | None:
@@ -231,32 +228,20 @@ class ReservationState:
         if tab is not None and tab.correct(owner_key(dispatch_id, stage, COMPUTE), start_us, end_us):
             self._touch(tab)
 
-    def release(self, dispatch_id: int, legs: list[StageAssignment], src_servers: list[str | None]) -> None:
-        for a, src in zip(legs, src_servers):
-            self._touch(self.vgpu_tables[a.vgpu])
-            self.vgpu_tables[a.vgpu].release(owner_key(dispatch_id, a.stage, COMPUTE))
-            if a.transfer_start_us is not None and src is not None:
-                key = owner_key(dispatch_id, a.stage, TRANSFER)
-                self.uplinks[src].release(key)
-                self.downlinks[self.topology.vgpus[a.vgpu].server].release(key)
-
-    def set_vgpu_up(self, vgpu: str, up: bool, now_us: float) -> list[int]:
-        """Take a vGPU out of (or back into) probes; going down releases its reservations from now on.
-        Returns the dispatch ids whose reservations on it were released."""
+    def set_vgpu_up(self, vgpu: str, up: bool, now_us: float) -> None:
+        """Take a vGPU out of (or back into) probes; going down releases its reservations from now on."""
         if vgpu not in self.vgpu_tables:
-            return []
-        gone: list[int] = []
+            return
         self.dirty.update(self.topology.pipelines)
         if up:
             self.up_vgpus.add(vgpu)
         else:
             self.up_vgpus.discard(vgpu)
-            gone = [k >> 8 for k in self.vgpu_tables[vgpu].release_from(now_us)]
+            self.vgpu_tables[vgpu].release_from(now_us)
         for pipes in self.pipelines.values():
             for cp in pipes:
                 for st in cp.stages:
                     st.active = [x for x in st.pool if x[0] in self.up_vgpus]
-        return gone
 
     def prune(self, now_us: float) -> None:
         for tab in self.vgpu_tables.values():

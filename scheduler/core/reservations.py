@@ -9,7 +9,7 @@ Owner keys are ints (see ``owner_key``) so that tables stay plain lists and look
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from typing import Iterable, Sequence
+from typing import Sequence
 
 COMPUTE, TRANSFER = 0, 1
 
@@ -17,10 +17,6 @@ COMPUTE, TRANSFER = 0, 1
 def owner_key(dispatch_id: int, stage: int, kind: int = COMPUTE) -> int:
     """A unique int per (dispatch, stage, compute|transfer) interval."""
     return (dispatch_id << 8) | (stage << 1) | kind
-
-
-def owner_dispatch(key: int) -> int:
-    return key >> 8
 
 
 class ResourceTable:
@@ -53,10 +49,6 @@ class ResourceTable:
             i += 1
         return t
 
-    def is_free(self, s: float, e: float) -> bool:
-        i = bisect_right(self.ends, s)
-        return i == len(self.ends) or self.starts[i] >= e
-
     def reserve(self, s: float, e: float, owner: int) -> None:
         """Insert [s, e); the caller found it free (checked: a clash is a bug in the caller)."""
         if e <= s:
@@ -84,11 +76,6 @@ class ResourceTable:
             return False
         self.remove_at(i)
         return True
-
-    def release_owners_of(self, dispatch_id: int) -> None:
-        for i in range(len(self.owners) - 1, -1, -1):
-            if self.owners[i] >> 8 == dispatch_id:
-                self.remove_at(i)
 
     def release_from(self, t: float) -> list[int]:
         """Drop every interval that starts at or after t; returns their owners."""
@@ -147,7 +134,3 @@ def earliest_common(tables: Sequence[ResourceTable], t: float, d: float) -> floa
         if not moved:
             return t
 
-
-def reserve_all(tables: Iterable[ResourceTable], s: float, e: float, owner: int) -> None:
-    for tab in tables:
-        tab.reserve(s, e, owner)

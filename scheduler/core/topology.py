@@ -54,5 +54,7 @@ class Topology:
                 return p
         raise KeyError(f"no pipeline {pipeline_id!r} in the topology")
 
-    def transfer_us(self, nbytes: float) -> float:
-        return nbytes * 8.0 / (self.bandwidth_gbps * 1e3)
+    @property
+    def us_per_byte(self) -> float:
+        """Transfer time of one byte through a server NIC, in µs."""
+        return 8.0 / (self.bandwidth_gbps * 1e3)

@@ -175,6 +175,7 @@ class PlannedModels:
     def __init__(self, manifest: Manifest, policy: str, metrics: SidecarMetrics,
                  batch_log: Path | None = None) -> None:
         self.manifest = manifest
+        self.machine = machines(manifest)  # host name -> the machine whose shm pool it shares
         # One JSON line per executed stage (measured compute interval), for timelines such as the demo's.
         self.batch_log = open(batch_log, "a", buffering=1) if batch_log else None
         self.metrics = metrics
@@ -231,10 +232,10 @@ class PlannedModels:
                 for s in p.stages:
                     for v in s.vgpus:
                         models_on.setdefault(v, set()).add(s.triton_model)
-        machine = machines(self.manifest)
         for g in self.manifest.vgpus:
             ch = grpc.aio.insecure_channel(g.grpc_url, options=GRPC_OPTIONS)
-            self.servers[g.id] = VGpuServer(g.id, machine[g.host], g.grpc_url, tuple(sorted(models_on.get(g.id, ()))), ch,
+            self.servers[g.id] = VGpuServer(g.id, self.machine[g.host], g.grpc_url,
+                                            tuple(sorted(models_on.get(g.id, ()))), ch,
                                             service_pb2_grpc.GRPCInferenceServiceStub(ch))
         self._build_pools()
         for srv in self.servers.values():
@@ -246,8 +247,7 @@ class PlannedModels:
     def _build_pools(self) -> None:
         """One pool per local machine that has consecutive stages on it; slots fit the largest boundary batch."""
         host_of = {vid: srv.host for vid, srv in self.servers.items()}
-        machine = machines(self.manifest)
-        local = {machine[h.name] for h in self.manifest.hosts if is_local_address(h.address)}
+        local = {self.machine[h.name] for h in self.manifest.hosts if is_local_address(h.address)}
         need: dict[str, int] = {}
         for p in self.pipelines.values():
             for prev, cur in zip(p.stages, p.stages[1:]):

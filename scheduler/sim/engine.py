@@ -95,7 +95,8 @@ def simulate(topology: Topology, scheduler: Scheduler, arrivals: Sequence[tuple[
     rng = np.random.default_rng(seed + 7919)
     sigma = math.sqrt(math.log(1.0 + noise_cv * noise_cv)) if noise_cv > 0 else 0.0
     vg_server = {v: vg.server for v, vg in topology.vgpus.items()}
-    us_per_byte = 8.0 / (topology.bandwidth_gbps * 1e3)
+    us_per_byte = topology.us_per_byte
+    pipeline_of = {p.id: p for ps in topology.pipelines.values() for p in ps}
     stats = {m: ModelStats() for m in topology.pipelines}
     outcomes: dict[int, str] = {}
     busy = {v: 0.0 for v in topology.vgpus}
@@ -125,7 +126,7 @@ def simulate(topology: Topology, scheduler: Scheduler, arrivals: Sequence[tuple[
             outcomes[req.id] = "late"
         s.latencies_us.append(t - req.arrival_us)
 
-    def push(when: float, kind: int, fl: _Flight, k: int) -> None:
+    def push(when: float, kind: int, fl: "_Flight | float", k: int) -> None:
         nonlocal seq
         seq += 1
         heapq.heappush(heap, (when, seq, kind, fl, k))
@@ -213,7 +214,7 @@ def simulate(topology: Topology, scheduler: Scheduler, arrivals: Sequence[tuple[
                 batch_sizes[len(d.requests)] += 1
                 if record_timeline:
                     paths[d.id] = [a.vgpu for a in d.stages]
-                fl = _Flight(d, topology.pipeline(d.pipeline_id))
+                fl = _Flight(d, pipeline_of[d.pipeline_id])
                 _advance(fl, 0, t)
         for dr in res.drops:
             r = dr.request
@@ -227,8 +228,7 @@ def simulate(topology: Topology, scheduler: Scheduler, arrivals: Sequence[tuple[
                 w = t + 1.0
             if w not in wakes:
                 wakes.add(w)
-                seq += 1
-                heapq.heappush(heap, (w, seq, _WAKE, w, 0))
+                push(w, _WAKE, w, 0)
         if on_progress is not None and t >= next_progress:
             on_progress(min(t, duration_us))
             next_progress = t + duration_us / 100

@@ -11,7 +11,8 @@ import json
 import sys
 from pathlib import Path
 
-POLICY_NAMES = ("ppipe", "reactive", "fifs", "elsa")
+from scheduler.core.policies import POLICIES
+
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -21,7 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "per model the largest load factor with SLO attainment >= 99%.")
     p.add_argument("--plan", required=True, help="plan.json to simulate")
     p.add_argument("--reference-plan", help="plan.json whose throughputs define load factor 1.0 (default: --plan)")
-    p.add_argument("--policy", default="ppipe", choices=POLICY_NAMES, help="data-plane policy (default ppipe)")
+    p.add_argument("--policy", default="ppipe", choices=tuple(POLICIES), help="data-plane policy (default ppipe)")
     p.add_argument("--trace", default="poisson", help="poisson | bursty:CV | maf19:FILE | maf21:FILE (default poisson). bursty:CV: gamma "
                    "inter-arrival times with that coefficient of variation (synthetic stress test). The "
                    "PPipe paper's 'bursty' workload is maf21: the Azure Functions 2021 invocation trace, "

@@ -219,9 +219,3 @@ def mixed_arrivals(trace: TraceSpec | str, rates_rps: dict[str, float], duration
         out.extend(zip((ts * 1e6).tolist(), [m] * len(ts)))
     out.sort(key=lambda x: x[0])
     return out
-
-
-def weighted_rates(total_rps: float, weights: dict[str, float]) -> dict[str, float]:
-    """Split a total rate over models by workload weight."""
-    s = sum(weights.values())
-    return {m: total_rps * w / s for m, w in weights.items()}

@@ -20,7 +20,6 @@ class QueueingPolicy:
         self.queues: dict[str, deque[Request]] = {m: deque() for m in topology.pipelines}
         self._next_dispatch = 1
         self._unknown: list[Request] = []
-        self.dispatch_count = 0
 
     @property
     def probe_calls(self) -> int:
@@ -30,7 +29,6 @@ class QueueingPolicy:
     def new_dispatch_id(self) -> int:
         i = self._next_dispatch
         self._next_dispatch += 1
-        self.dispatch_count += 1
         return i
 
     def enqueue(self, request: Request) -> None:

@@ -32,7 +32,7 @@ class PPipePolicy(QueueingPolicy):
         # probe the same tables to the same conclusion, so step() skips it
         self._waiting: dict[str, tuple[float, int]] = {}
         # dispatch id -> (completion, stage assignments, source server of each stage's transfer)
-        self.live: dict[int, tuple[float, list[StageAssignment], list[str | None]]] = {}
+        self.live: dict[int, tuple[float, list[StageAssignment]]] = {}
 
     @property
     def probe_calls(self) -> int:
@@ -69,7 +69,7 @@ class PPipePolicy(QueueingPolicy):
         entry = self.live.get(dispatch_id)
         if entry is None:
             return  # unknown, released, or already finished: nothing to correct
-        _, stages, _ = entry
+        _, stages = entry
         for a in stages:
             if a.stage == stage:
                 self.state.correct(dispatch_id, stage, a.vgpu, start_us, end_us)
@@ -86,7 +86,7 @@ class PPipePolicy(QueueingPolicy):
     def _housekeeping(self, now_us: float) -> None:
         self.state.prune(now_us)
         self._last_prune = now_us
-        stale = [d for d, (c, _, _) in self.live.items() if c < now_us - self.forget_after_us]
+        stale = [d for d, (c, _) in self.live.items() if c < now_us - self.forget_after_us]
         for d in stale:
             del self.live[d]
 
@@ -153,5 +153,5 @@ class PPipePolicy(QueueingPolicy):
         did = self.new_dispatch_id()
         stages = self.state.commit(r, did)
         requests = self.take(self.queues[model], r.batch)
-        self.live[did] = (r.completion_us, stages, [leg.src_server for leg in r.legs])
+        self.live[did] = (r.completion_us, stages)
         result.dispatches.append(Dispatch(did, model, cp.id, requests, stages, r.completion_us))
