@@ -21,16 +21,8 @@ from model_repository_gen.cut import cut_partition, partition_io
 from model_repository_gen.generate import partition_model_name
 from model_repository_gen.tritonserver import TritonProcess
 from planner.errors import InputError
+from planner.onnx_graph import load_onnx
 from planner.profile import Profile
-
-
-def _load(onnx_path: Path) -> onnx.ModelProto:
-    try:
-        return onnx.load(str(onnx_path))
-    except FileNotFoundError:
-        raise InputError(f"ONNX model {onnx_path} not found") from None
-    except Exception as e:  # noqa: BLE001 - onnx raises DecodeError, OSError, ...
-        raise InputError(f"{onnx_path} is not a readable ONNX model ({type(e).__name__})") from None
 
 
 def write_whole_model(repository: Path, onnx_path: Path, name: str, max_batch_size: int,
@@ -38,7 +30,7 @@ def write_whole_model(repository: Path, onnx_path: Path, name: str, max_batch_si
                       kind: str = "KIND_CPU", gpu: int | None = None,
                       settings: tc.BackendSettings = tc.BackendSettings()) -> Path:
     """The full ONNX model as one Triton model with the dynamic batcher; returns its model directory."""
-    ins, outs = partition_io(_load(Path(onnx_path)))
+    ins, outs = partition_io(load_onnx(onnx_path))
     cfg = tc.partition_config(name, ins, outs, max_batch_size, kind, gpu, settings, batching)
     return tc.write_model(Path(repository), cfg, Path(onnx_path))
 
@@ -57,7 +49,7 @@ def write_partition_ensemble(repository: Path, onnx_path: Path, profile: Profile
     if any(not 0 < c < profile.num_blocks for c in cuts):
         raise InputError(f"cuts {list(cuts)}: each must lie in 1..{profile.num_blocks - 1} "
                          f"(profile {profile.model} has {profile.num_blocks} blocks)")
-    full_in, full_out = partition_io(_load(Path(onnx_path)))
+    full_in, full_out = partition_io(load_onnx(onnx_path))
     steps = []
     with tempfile.TemporaryDirectory() as tmp:
         for first, end in zip(bounds, bounds[1:]):

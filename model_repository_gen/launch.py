@@ -8,7 +8,6 @@ are ready, and stops them all on exit, removing their shared-memory regions.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -20,6 +19,8 @@ from typing import Any
 from model_repository_gen.generate import LAUNCH_FORMAT
 from model_repository_gen.manifest import Manifest, load_manifest
 from model_repository_gen.tritonserver import TritonProcess, port_in_use
+from planner.documents import read_document
+from planner.engines import mps_running
 from planner.errors import InputError
 
 
@@ -56,12 +57,9 @@ class GpuInfo:
 def load_host_launch(directory: Path, host: str) -> HostLaunch:
     """``DIR/<host>/launch.json``, validated."""
     p = directory / host / "launch.json"
-    try:
-        d: Any = json.loads(p.read_text())
-    except OSError as e:
-        raise InputError(f"cannot read {p}: {e.strerror or e} (run 'poolpipe generate' first)") from None
-    except json.JSONDecodeError as e:
-        raise InputError(f"{p} is not valid JSON: {e}") from None
+    if not p.is_file():
+        raise InputError(f"cannot read launch file {p}: no such file (run 'poolpipe generate' first)")
+    d: Any = read_document(p, "launch file")
     if not isinstance(d, dict) or d.get("format") != LAUNCH_FORMAT:
         raise InputError(f"{p}: not a poolpipe launch file (format {LAUNCH_FORMAT!r})")
     try:
@@ -95,20 +93,6 @@ def discover_gpus() -> list[GpuInfo]:
         return out
     finally:
         pynvml.nvmlShutdown()
-
-
-def mps_running(proc: Path = Path("/proc")) -> bool:
-    """Whether an MPS control daemon runs: its pipe exists or a ``nvidia-cuda-mps-control`` process is alive."""
-    pipe = Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")) / "control"
-    if pipe.exists():
-        return True
-    for comm in proc.glob("[0-9]*/comm"):
-        try:
-            if comm.read_text().strip().startswith("nvidia-cuda-mps"):
-                return True
-        except OSError:
-            continue
-    return False
 
 
 def gpu_matches(gpu_type: str, name: str) -> bool:

@@ -20,6 +20,16 @@ from planner.plan import Plan, plan_from_dict
 FORMAT = "poolpipe.manifest/1"
 # Triton datatype strings (KServe v2) of the tensors poolpipe moves.
 DATATYPES = ("FP32", "FP16", "FP64", "INT64", "INT32", "INT8", "UINT8", "BOOL")
+# Bytes per element of every fixed-size KServe v2 datatype.
+DTYPE_SIZE = {"BOOL": 1, "UINT8": 1, "UINT16": 2, "UINT32": 4, "UINT64": 8, "INT8": 1, "INT16": 2, "INT32": 4,
+              "INT64": 8, "FP16": 2, "FP32": 4, "FP64": 8, "BF16": 2}
+
+
+def element_count(shape: Any) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
 
 
 @dataclass(frozen=True)
@@ -38,11 +48,7 @@ class TensorSpec:
     shape: tuple[int, ...]  # without the batch dimension
 
     def bytes_per_request(self) -> int:
-        size = {"FP64": 8, "INT64": 8, "FP32": 4, "INT32": 4, "FP16": 2}.get(self.datatype, 1)
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n * size
+        return DTYPE_SIZE[self.datatype] * element_count(self.shape)
 
 
 @dataclass(frozen=True)

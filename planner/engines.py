@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -87,14 +88,23 @@ def check_engine(device: str, engine: str, vgpu_levels: tuple[int, ...] = (1,)) 
         for lib in ("torch", "onnx2torch"):
             if importlib.util.find_spec(lib) is None:
                 raise InputError(f"--engine torch needs the Python package '{lib}' (pip install poolpipe[gpu])")
-    if max(vgpu_levels) > 1 and not _mps_running():
+    if max(vgpu_levels) > 1 and not mps_running():
         raise InputError(f"--vgpu-levels {','.join(map(str, vgpu_levels))} on --device cuda needs the CUDA MPS "
                          "control daemon (nvidia-cuda-mps-control -d); without it the levels do not share the GPU")
 
 
-def _mps_running() -> bool:
-    pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
-    return os.path.exists(os.path.join(pipe, "control"))
+def mps_running(proc: Path = Path("/proc")) -> bool:
+    """Whether an MPS control daemon runs: its pipe exists or a ``nvidia-cuda-mps-control`` process is alive."""
+    pipe = Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")) / "control"
+    if pipe.exists():
+        return True
+    for comm in proc.glob("[0-9]*/comm"):
+        try:
+            if comm.read_text().strip().startswith("nvidia-cuda-mps"):
+                return True
+        except OSError:
+            continue
+    return False
 
 
 @dataclass

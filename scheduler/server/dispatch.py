@@ -127,10 +127,7 @@ class HopTensor:
 
     @property
     def nbytes(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n * np.dtype(triton_to_np_dtype(self.spec.datatype)).itemsize
+        return self.spec.bytes_per_request() * self.shape[0]
 
 
 class StageFault(Exception):
@@ -693,8 +690,7 @@ class PlannedModels:
         for h in hops:
             if h.region is not None and h.region.name not in seen:
                 seen.add(h.region.name)
-                host = next(p for p in self.pools.values() if h.region in p.regions).host
-                self.pools[host].give(h.region)
+                self.pools[h.region.host].give(h.region)
 
     async def _on_fault(self, d: Dispatch, fault: StageFault, samples: list[Sample]) -> None:
         code = fault.error.code()

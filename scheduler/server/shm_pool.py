@@ -62,6 +62,7 @@ def align(n: int) -> int:
 class Region:
     name: str  # also the shm key (without the leading '/')
     byte_size: int
+    host: str  # the machine whose pool it belongs to
 
     @property
     def key(self) -> str:
@@ -85,7 +86,7 @@ class HostPool:
             os.ftruncate(fd, self.slot_bytes)
         finally:
             os.close(fd)
-        r = Region(name, self.slot_bytes)
+        r = Region(name, self.slot_bytes, self.host)
         self.regions.append(r)
         return r
 

@@ -13,16 +13,6 @@ from tritonclient.utils import deserialize_bytes_tensor, np_to_triton_dtype, ser
 
 from scheduler.server.errors import invalid
 
-DTYPE_SIZE = {"BOOL": 1, "UINT8": 1, "UINT16": 2, "UINT32": 4, "UINT64": 8, "INT8": 1, "INT16": 2, "INT32": 4,
-              "INT64": 8, "FP16": 2, "FP32": 4, "FP64": 8, "BF16": 2}
-
-
-def element_count(shape: Any) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
-
 
 def to_numpy(raw: bytes | memoryview, datatype: str, shape: list[int]) -> np.ndarray:
     """Decode one tensor's raw bytes (BYTES: 4-byte length-prefixed elements)."""

@@ -8,10 +8,10 @@ import numpy as np
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import triton_to_np_dtype
 
-from model_repository_gen.manifest import ModelInfo, TensorSpec
+from model_repository_gen.manifest import DTYPE_SIZE, ModelInfo, TensorSpec, element_count
 from scheduler.server.client_shm import ClientShmRegistry
 from scheduler.server.errors import invalid
-from scheduler.server.tensors import DTYPE_SIZE, element_count, param_value
+from scheduler.server.tensors import param_value
 
 
 @dataclass(frozen=True)
