@@ -1,7 +1,7 @@
 """Plan quality and solve time against the published (Gurobi) reference plans, on identical terms.
 
 Plans every ``ablation`` and ``maf19`` entry of data/ppipe/reference-plans.json with the entry's own
-planner (ppipe, np or dart-r) on the spec built from the entry (planner.reference.spec_from_reference:
+planner (ppipe, np or dart-r) on the spec built from the entry (profiling.reference.spec_from_reference:
 GPU counts, NIC sharing, bandwidth, vGPU levels, max partitions, SLO, SLO margin, batch-forming wait,
 workload weights), and prints per entry our objective / the reference's (one model: throughput;
 several: the smallest throughput/weight) and the solve seconds; then the minimum ratio and the
@@ -18,14 +18,13 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from rich.console import Console
+from rich.table import Table
+from tqdm import tqdm
 
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
-from tqdm import tqdm  # noqa: E402
-
-from planner.reference import import_ppipe_profile, load_reference_plans, spec_from_reference  # noqa: E402
-from planner.solve import solve_spec  # noqa: E402
+from planner.reference_plans import load_reference_plans, spec_from_reference
+from planner.solve import solve_spec
+from profiling.reference import import_ppipe_profile
 
 SHORT = {"apcnet_r101-d8_4xb2-40k_cityscapes-512x1024": "apcnet", "atss_r101_fpn_1x_coco": "atss",
          "centernet-update_r50-caffe_fpn_ms-1x_coco": "centernet", "colorization-v2": "colorization",

@@ -3,7 +3,7 @@
 (a) clients straight to one tritonserver serving the whole model with Triton's dynamic batcher (the
     ``ensembles/`` baseline: what a Triton user runs today), its engine given every core;
 (b) clients through ``poolpipe serve`` in front of the generated deployment of the same model (three
-    partitions on five tritonservers over two host classes on loopback, tests/sidecar_testbed.py).
+    partitions on five tritonservers over two host classes on loopback, runtime/testbed.py).
 
 Printed: the highest Poisson load each sustains at >= 99 % SLO attainment and their ratio; p50/p99
 latency at low load through the sidecar and straight to Triton (the sidecar's planned path waits for
@@ -21,31 +21,27 @@ import argparse
 import asyncio
 import json
 import os
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import onnx
+import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as grpcaio
+from onnx import TensorProto, helper
+from tritonclient.utils import InferenceServerException
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import onnx  # noqa: E402
-import tritonclient.grpc as grpcclient  # noqa: E402
-import tritonclient.grpc.aio as grpcaio  # noqa: E402
-from onnx import TensorProto, helper  # noqa: E402
-from tritonclient.utils import InferenceServerException  # noqa: E402
-
-from ensembles.triton_baseline import start_baseline, write_whole_model  # noqa: E402
-from model_repository_gen import triton_config as tc  # noqa: E402
-from model_repository_gen.generate import generate  # noqa: E402
-from model_repository_gen.launch import Deployment  # noqa: E402
-from planner.plan import ModelPlan, PartitionPlan, PipelinePlan, Plan  # noqa: E402
-from planner.profile import Block, DeviceTiming, Profile  # noqa: E402
-from planner.spec import ClusterSpec  # noqa: E402
-from scheduler.server.process import SidecarProcess  # noqa: E402
-from tests.sidecar_testbed import build_deployment  # noqa: E402
+from ensembles.triton_baseline import start_baseline, write_whole_model
+from model_repository_gen import triton_config as tc
+from model_repository_gen.generate import generate
+from planner.plan import ModelPlan, PartitionPlan, PipelinePlan, Plan
+from planner.spec import ClusterSpec
+from profiling.profile import Block, DeviceTiming, Profile
+from runtime.launch import Deployment
+from runtime.sidecar_process import SidecarProcess
+from runtime.testbed import build_deployment
 
 MODEL = "resnet"
 

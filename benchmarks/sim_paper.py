@@ -22,16 +22,17 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from planner.plan import Plan  # noqa: E402
-from planner.reference import load_reference_plans, plan_from_reference, spec_from_reference  # noqa: E402
-from scheduler.sim.sweep import TARGET_ATTAINMENT, PointJob, run_point  # noqa: E402
-from scheduler.sim.workloads import parse_trace  # noqa: E402
+from planner.plan import Plan
+from planner.reference_plans import (
+    load_reference_plans,
+    plan_from_reference,
+    spec_from_reference,
+)
+from scheduler.sim.sweep import TARGET_ATTAINMENT, PointJob, run_point
+from scheduler.sim.workloads import parse_trace
 
 CLUSTERS = [("L4", "P4"), ("L4", "T4"), ("V100", "P4"), ("V100", "T4")]
 PLANNERS = ["ppipe", "np", "dart-r"]
@@ -118,8 +119,8 @@ def search(c: Combo) -> dict:
     mean_lf = float(np.mean(list(best.values())))
     bound = None
     if c.policy == "ppipe":  # what no policy could sustain on these arrivals (fluid relaxation of the plan)
-        from scheduler.core.placement import topology_from_plan
         from scheduler.sim.bound import max_load_factor_bound
+        from scheduler.sim.placement import topology_from_plan
         b = max_load_factor_bound(topology_from_plan(c.plan), parse_trace(c.trace), c.rates, c.duration_s, c.seed,
                                   GRID, LF_MAX, TARGET_ATTAINMENT)
         bound = float(np.mean(list(b.values())))

@@ -19,10 +19,10 @@ import onnx
 from model_repository_gen import triton_config as tc
 from model_repository_gen.cut import cut_partition, partition_io
 from model_repository_gen.generate import partition_model_name
-from model_repository_gen.tritonserver import TritonProcess
-from planner.errors import InputError
-from planner.onnx_graph import load_onnx
-from planner.profile import Profile
+from poolpipe_common.errors import InputError
+from profiling.onnx_graph import load_onnx
+from profiling.profile import Profile
+from runtime.tritonserver import TritonProcess
 
 
 def write_whole_model(repository: Path, onnx_path: Path, name: str, max_batch_size: int,

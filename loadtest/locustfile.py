@@ -27,9 +27,9 @@ import tritonclient.grpc as grpcclient  # noqa: E402
 from locust import User, events, task  # noqa: E402
 from locust.shape import LoadTestShape  # noqa: E402
 
-from scheduler.sim.workloads import arrival_times  # noqa: E402
 from loadtest.payload import request_inputs  # noqa: E402
 from loadtest.summary import RunSummary  # noqa: E402
+from scheduler.sim.workloads import arrival_times  # noqa: E402
 
 
 @events.init_command_line_parser.add_listener

@@ -23,9 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-
-from planner.documents import read_document
-from planner.errors import InputError
+from poolpipe_common.documents import read_document
+from poolpipe_common.errors import InputError
 
 DEFAULT_BASE_PORT = 8000
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")

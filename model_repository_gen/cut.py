@@ -24,10 +24,16 @@ import onnx
 import onnx.utils
 from onnx import TensorProto, helper
 
-from model_repository_gen.manifest import TensorSpec
-from planner.errors import InputError
-from planner.onnx_graph import extract, graph_inputs, load_onnx, tensor_spec, with_shapes
-from planner.profile import Profile
+from poolpipe_common.errors import InputError
+from poolpipe_common.tensors import TensorSpec
+from profiling.onnx_graph import (
+    extract,
+    graph_inputs,
+    load_onnx,
+    tensor_spec,
+    with_shapes,
+)
+from profiling.profile import Profile
 
 FP32_ATOL = 1e-5   # chained fp32 partitions vs the full model: max abs difference
 FP16_RTOL = 1e-2   # chained fp16-boundary partitions: max abs difference <= FP16_RTOL * max(1, max |y|)

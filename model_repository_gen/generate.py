@@ -29,12 +29,24 @@ from typing import Any
 import onnx
 
 from model_repository_gen import triton_config as tc
-from model_repository_gen.cluster_file import Cluster, ClusterHost, cpu_cores, load_cluster
-from model_repository_gen.manifest import (HostInfo, Manifest, ModelInfo, PipelineInfo, StageInfo, TensorSpec,
-                                           VGpuInfo)
-from model_repository_gen.tritonserver import free_port
-from planner.errors import InputError
+from model_repository_gen.cluster_file import (
+    Cluster,
+    ClusterHost,
+    cpu_cores,
+    load_cluster,
+)
+from model_repository_gen.manifest import (
+    HostInfo,
+    Manifest,
+    ModelInfo,
+    PipelineInfo,
+    StageInfo,
+    VGpuInfo,
+)
 from planner.plan import ModelPlan, Plan
+from poolpipe_common.errors import InputError
+from poolpipe_common.net import free_port
+from poolpipe_common.tensors import TensorSpec
 
 LAUNCH_FORMAT = "poolpipe.launch/1"
 
@@ -217,7 +229,10 @@ def _prepare_out_dir(out: Path) -> None:
 def generate(plan: Plan, onnx_paths: Mapping[str, Path], cluster: Cluster | str | Path, out_dir: str | Path,
              fp16_boundaries: bool = False) -> Manifest:
     """Write repositories, launch files and manifest.json for ``plan`` under ``out_dir``; returns the manifest."""
-    from model_repository_gen.cut import cut_partition, partition_io  # onnx graph work only when generating
+    from model_repository_gen.cut import (  # onnx graph work only when generating
+        cut_partition,
+        partition_io,
+    )
 
     if not isinstance(cluster, Cluster):
         cluster = load_cluster(cluster)

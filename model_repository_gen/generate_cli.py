@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def parse_onnx_args(values: list[str]) -> dict[str, Path]:
     """``NAME=PATH`` pairs -> {name: path} (InputError on a malformed or repeated name)."""
-    from planner.errors import InputError
+    from poolpipe_common.errors import InputError
 
     out: dict[str, Path] = {}
     for v in values:

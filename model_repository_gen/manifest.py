@@ -13,25 +13,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from planner.documents import read_document
-from planner.errors import InputError
 from planner.plan import Plan, plan_from_dict
+from poolpipe_common.documents import read_document
+from poolpipe_common.errors import InputError
+from poolpipe_common.tensors import DATATYPES, TensorSpec
 
 FORMAT = "poolpipe.manifest/1"
-# Triton datatype strings (KServe v2) of the tensors poolpipe moves.
-DATATYPES = ("FP32", "FP16", "FP64", "INT64", "INT32", "INT8", "UINT8", "BOOL")
-# Bytes per element of every fixed-size KServe v2 datatype.
-DTYPE_SIZE = {"BOOL": 1, "UINT8": 1, "UINT16": 2, "UINT32": 4, "UINT64": 8, "INT8": 1, "INT16": 2, "INT32": 4,
-              "INT64": 8, "FP16": 2, "FP32": 4, "FP64": 8, "BF16": 2}
-
-
-def element_count(shape: Any) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
-
-
 @dataclass(frozen=True)
 class HostInfo:
     name: str
@@ -39,16 +26,6 @@ class HostInfo:
     gpu_type: str
     gpus: int
     bandwidth_gbps: float
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    name: str
-    datatype: str  # Triton datatype, e.g. "FP32"
-    shape: tuple[int, ...]  # without the batch dimension
-
-    def bytes_per_request(self) -> int:
-        return DTYPE_SIZE[self.datatype] * element_count(self.shape)
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from backends.partition import MODEL_PY
-from model_repository_gen.manifest import TensorSpec
-from planner.errors import InputError
+from poolpipe_common.errors import InputError
+from poolpipe_common.tensors import TensorSpec
 
 # Extra outputs of every partition model (see backends/partition/model.py): wall-clock ns of the engine run.
 COMPUTE_START_OUTPUT = "POOLPIPE_COMPUTE_START_NS"

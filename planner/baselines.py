@@ -18,10 +18,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from planner.errors import InputError
 from planner.plan import PipelinePlan
-from planner.solve import ModelPipelines, solve_pooled
+from planner.pooled import ModelPipelines, solve_pooled
 from planner.spec import ClusterSpec, PlanningSpec
+from poolpipe_common.errors import InputError
 
 
 def solve_np(spec: PlanningSpec, solver: str, time_limit_s: float | None,

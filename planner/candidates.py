@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.profile import MIN_BLOCK_US
 from planner.spec import ClusterSpec, ModelSpec
+from profiling.profile import MIN_BLOCK_US
 
 LATENCY_TOLERANCE_US = 1e-6
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from planner.errors import InputError
+from poolpipe_common.errors import InputError
 
 SOLVERS = ("highs", "cbc", "gurobi")
 DEFAULT_REL_GAP = 1e-4  # the published planner ran Gurobi with this relative gap

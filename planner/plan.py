@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from planner.documents import read_document
-from planner.errors import InputError
-from planner.profile import Profile, profile_from_dict
 from planner.spec import ClusterSpec, cluster_from_dict
+from poolpipe_common.documents import read_document
+from poolpipe_common.errors import InputError
+from profiling.profile import Profile, profile_from_dict
 
 FORMAT = "poolpipe.plan/1"
 

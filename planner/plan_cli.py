@@ -46,7 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _type_map(text: str, flag: str, *, allow_scalar: bool = False) -> Any:
     """'L4=25,T4=75' -> {'L4': 25, 'T4': 75}; with allow_scalar, '4' stays 4."""
-    from planner.errors import InputError
+    from poolpipe_common.errors import InputError
 
     if allow_scalar and text.strip().isdigit():
         return int(text)
@@ -64,7 +64,7 @@ def _type_map(text: str, flag: str, *, allow_scalar: bool = False) -> Any:
 
 
 def _per_model(values: list[float] | None, n: int, flag: str) -> list[float | None]:
-    from planner.errors import InputError
+    from poolpipe_common.errors import InputError
 
     if not values:
         return [None] * n
@@ -77,7 +77,7 @@ def _per_model(values: list[float] | None, n: int, flag: str) -> list[float | No
 
 def quick_spec_dict(args: argparse.Namespace) -> dict[str, Any]:
     """The spec document that the quick flags describe (validated later by the spec loader)."""
-    from planner.errors import InputError
+    from poolpipe_common.errors import InputError
 
     if not args.profile:
         raise InputError("give --spec FILE, or --profile FILE with --gpus and --slo-us/--slo-multiplier")
@@ -112,9 +112,9 @@ def quick_spec_dict(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from planner.errors import InputError
     from planner.solve import solve_spec
     from planner.spec import load_spec, spec_from_dict
+    from poolpipe_common.errors import InputError
 
     quick = [f for f in QUICK_FLAGS if getattr(args, f) not in (None, False)]
     if args.spec is not None:

@@ -1,120 +1,24 @@
 """The planner entry point: ``solve_spec(spec, planner, solver, time_limit_s, progress) -> Plan``.
 
-``ppipe`` plans pooled pipelines with the column MILP of planner.ppipe_milp; ``np`` and ``dart-r``
-are the baselines of planner.baselines on the same spec. Every plan carries integer vGPU counts per
-partition and the transfer time of one batch out of each partition (0 for the last).
+``ppipe`` plans pooled pipelines (planner.pooled); ``np`` and ``dart-r`` are the baselines of
+planner.baselines on the same spec.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
 
-import numpy as np
+from planner.baselines import solve_dart_r, solve_np
+from planner.milp_solvers import SOLVERS
+from planner.plan import Plan
+from planner.pooled import InfeasibleError, assemble_plan, solve_pooled
+from planner.spec import PlanningSpec
+from poolpipe_common.errors import InputError
 
-from planner.candidates import Candidates, enumerate_candidates
-from planner.errors import InputError
-from planner.milp_solvers import SOLVERS, MilpResult
-from planner.plan import ModelPlan, PartitionPlan, PipelinePlan, Plan
-from planner.ppipe_milp import ChosenPipeline, solve_columns
-from planner.spec import ClusterSpec, ModelSpec, PlanningSpec
+__all__ = ["PLANNERS", "InfeasibleError", "solve_spec"]
 
 PLANNERS = ("ppipe", "np", "dart-r")
-
-
-class InfeasibleError(InputError):
-    """A model has no pipeline that meets its SLO on the cluster (the message names it and why)."""
-
-
-@dataclass(frozen=True)
-class ModelPipelines:
-    """One model's planned pipelines before they become a ModelPlan."""
-
-    model: ModelSpec
-    pipelines: tuple[PipelinePlan, ...]
-
-    @property
-    def throughput_rps(self) -> float:
-        return sum(p.throughput_rps for p in self.pipelines)
-
-
-def gpu_counts(cluster: ClusterSpec) -> np.ndarray:
-    return np.array([cluster.gpus[t] for t in cluster.gpu_types], int)
-
-
-def infeasible_reason(model: ModelSpec, cluster: ClusterSpec) -> str:
-    """Why no candidate of ``model`` meets its SLO on ``cluster`` (for the error message)."""
-    prof = model.profile
-    usable = [t for t in cluster.gpu_types if t in prof.timings and cluster.gpus[t] > 0 and 1 in prof.timings[t]]
-    if not usable:
-        return (f"its profile has no timings for the cluster's GPU types with GPUs "
-                f"({', '.join(t for t in cluster.gpu_types if cluster.gpus[t] > 0)})")
-    best_t = min(usable, key=lambda t: prof.latency_us(t, 1, 1))
-    fastest = prof.latency_us(best_t, 1, 1)
-    return (f"the fastest whole-model latency on the cluster's GPUs is {fastest:.0f} us (batch 1 on {best_t}) but "
-            f"slo_us {model.slo_us:.0f} minus slo_margin_us {model.slo_margin_us:.0f} leaves "
-            f"{model.latency_budget_us:.0f} us; raise the SLO or lower the margin")
-
-
-def model_candidates(spec: PlanningSpec, cluster: ClusterSpec, max_parts: int) -> list[Candidates]:
-    """Pruned candidates of every model; a model with none is infeasible."""
-    out = []
-    for m in spec.models:
-        c = enumerate_candidates(m, cluster, cluster.gpu_types, max_parts, spec.batch_unification, prune=True)
-        if not len(c):
-            raise InfeasibleError(f"model {m.name} is infeasible: {infeasible_reason(m, cluster)}")
-        out.append(c)
-    return out
-
-
-def pipeline_plan(cand: Candidates, c: int, num_vgpus: tuple[int, ...], gpu_types: list[str]) -> PipelinePlan:
-    """Candidate row ``c`` with its vGPU counts as a PipelinePlan (latency: partitions + transfers)."""
-    k = int(cand.num_parts[c])
-    parts = tuple(PartitionPlan((int(cand.cuts[c, p]), int(cand.cuts[c, p + 1])), gpu_types[int(cand.gpu[c, p])],
-                                int(cand.v[c, p]), int(cand.batch[c, p]), int(num_vgpus[p]),
-                                float(cand.latency_us[c, p]), float(cand.transfer_us[c, p]))
-                  for p in range(k))
-    thr = min(pp.num_vgpus * float(cand.rate_rps[c, p]) for p, pp in enumerate(parts))
-    lat = float(cand.latency_us[c, :k].sum() + cand.transfer_us[c, :k].sum())
-    return PipelinePlan(parts, thr, lat)
-
-
-def chosen_to_models(spec: PlanningSpec, cands: list[Candidates], chosen: list[ChosenPipeline],
-                     gpu_types: list[str]) -> list[ModelPipelines]:
-    per = [[] for _ in spec.models]
-    for ch in chosen:
-        per[ch.model].append(pipeline_plan(cands[ch.model], ch.candidate, ch.num_vgpus, gpu_types))
-    return [ModelPipelines(m, tuple(sorted(p, key=lambda x: -x.throughput_rps))) for m, p in zip(spec.models, per)]
-
-
-def solve_pooled(spec: PlanningSpec, cluster: ClusterSpec, max_parts: int, solver: str,
-                 time_limit_s: float | None, progress: bool, second_pass: str = "fill"
-                 ) -> tuple[list[ModelPipelines], MilpResult]:
-    """Plan every model of ``spec`` on ``cluster`` with the column MILP (pipelines of <= max_parts)."""
-    cands = model_candidates(spec, cluster, max_parts)
-    res, chosen = solve_columns(cands, gpu_counts(cluster), [m.weight for m in spec.models], solver,
-                                time_limit_s, log=progress, second_pass=second_pass)
-    if res.x is None:
-        what = "infeasible" if res.status == "infeasible" else f"stopped without a plan ({res.status})"
-        raise InfeasibleError(f"the MILP is {what}; raise --time-limit or check the spec")
-    models = chosen_to_models(spec, cands, chosen, cluster.gpu_types)
-    starved = [mp.model.name for mp in models if mp.throughput_rps <= 0]
-    if starved:
-        raise InfeasibleError(f"model {starved[0]} is infeasible together with the others: the cluster's GPUs "
-                              f"({', '.join(f'{t}={n}' for t, n in cluster.gpus.items())}) cannot give every one of "
-                              f"the {len(models)} models a pipeline that meets its SLO; add GPUs or plan fewer models")
-    return models, res
-
-
-def assemble_plan(spec: PlanningSpec, planner: str, solver: str, seconds: float,
-                  models: list[ModelPipelines], status: str) -> Plan:
-    mplans = tuple(ModelPlan(mp.model.name, mp.model.slo_us, mp.throughput_rps, mp.pipelines, mp.model.profile,
-                             mp.model.weight, mp.model.slo_margin_us, mp.model.batch_wait_us_per_request)
-                   for mp in models)
-    objective = (mplans[0].throughput_rps if len(mplans) == 1
-                 else min(m.throughput_rps / m.weight for m in mplans))
-    return Plan(planner, solver, seconds, spec.cluster, mplans, spec.to_dict(), status, objective)
 
 
 def solve_spec(spec: PlanningSpec, planner: str = "ppipe", solver: str = "highs",
@@ -132,11 +36,7 @@ def solve_spec(spec: PlanningSpec, planner: str = "ppipe", solver: str = "highs"
         models, res = solve_pooled(spec, spec.cluster, spec.max_partitions, solver, time_limit_s, progress)
         status = res.status
     elif planner == "np":
-        from planner.baselines import solve_np
-
         models, status = solve_np(spec, solver, time_limit_s, progress)
     else:
-        from planner.baselines import solve_dart_r
-
         models, status = solve_dart_r(spec, solver, time_limit_s, progress)
     return assemble_plan(spec, planner, solver, time.perf_counter() - t0, models, status)

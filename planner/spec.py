@@ -23,10 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-
-from planner.documents import read_document
-from planner.errors import InputError
-from planner.profile import Profile, load_profile, profile_from_dict
+from poolpipe_common.documents import read_document
+from poolpipe_common.errors import InputError
+from profiling.profile import Profile, load_profile, profile_from_dict
 
 
 @dataclass(frozen=True)

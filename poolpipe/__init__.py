@@ -1,3 +1,5 @@
 """poolpipe: pooled-pipeline CNN serving on heterogeneous GPU clusters, on top of NVIDIA Triton."""
 
-__version__ = "0.1.0"
+from poolpipe_common import poolpipe_version
+
+__version__ = poolpipe_version()

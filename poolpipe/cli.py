@@ -12,14 +12,14 @@ import importlib
 import logging
 import sys
 
-from planner.errors import InputError
+from poolpipe_common.errors import InputError
 
 # Order is the order shown in --help: the pipeline from measurement to serving.
 SUBCOMMAND_MODULES = (
-    "planner.profile_cli",          # profile import-ppipe | measure | merge
+    "profiling.profile_cli",          # profile import-ppipe | measure | merge
     "planner.plan_cli",             # plan
     "model_repository_gen.generate_cli",  # generate
-    "model_repository_gen.launch_cli",    # launch
+    "runtime.launch_cli",    # launch
     "scheduler.server.serve_cli",   # serve
     "scheduler.sim.simulate_cli",   # simulate
     "loadtest.loadtest_cli",        # loadtest

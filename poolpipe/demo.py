@@ -62,7 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from planner.errors import InputError
+    from poolpipe_common.errors import InputError
 
     try:
         factors = tuple(float(x) for x in args.load_factors.split(","))
@@ -125,14 +125,14 @@ def run_demo(opts: DemoOptions) -> DemoResult:
 
 
 def _build_model(opts: DemoOptions, out: Path) -> Path:
-    from planner.zoo import build_zoo_model
+    from profiling.zoo import build_zoo_model
 
     return build_zoo_model(opts.model, out / "models" / f"{opts.model}.onnx", seed=opts.seed, input_hw=opts.input_hw)
 
 
 def _profile(opts: DemoOptions, onnx_path: Path, out: Path) -> Path:
-    from planner.profile_merge import merge_profiles
-    from planner.profiler import MeasureOptions, measure_profile
+    from profiling.merge import merge_profiles
+    from profiling.profiler import MeasureOptions, measure_profile
 
     prof_dir = out / "profiles"
     prof_dir.mkdir(parents=True, exist_ok=True)
@@ -182,9 +182,9 @@ def _cluster_file(out: Path) -> Path:
 
 def _serve_poolpipe(opts: DemoOptions, plan: Any, onnx_path: Path, out: Path, result: DemoResult, console) -> None:
     from model_repository_gen.generate import generate
-    from model_repository_gen.launch import Deployment
     from poolpipe.demo_report import scrape_vgpu_busy
-    from scheduler.server.process import SidecarProcess
+    from runtime.launch import Deployment
+    from runtime.sidecar_process import SidecarProcess
 
     deploy = out / "deploy"
     manifest = generate(plan, {opts.model: onnx_path}, _cluster_file(out), deploy)

@@ -13,9 +13,9 @@ import numpy as np
 import onnxruntime as ort
 
 from planner.plan import ModelPlan, PartitionPlan, PipelinePlan, Plan
-from planner.prepartition import prepartition
-from planner.profile import Block, DeviceTiming, Profile
 from planner.spec import ClusterSpec
+from profiling.prepartition import prepartition
+from profiling.profile import Block, DeviceTiming, Profile
 
 BATCHES = (1, 2, 4)
 
@@ -61,7 +61,10 @@ def run_pipeline_through_triton(manifest, pipeline_id: str, x: np.ndarray, vgpu_
     final output and each stage's (compute start, end) ns."""
     import tritonclient.grpc as grpcclient
 
-    from model_repository_gen.triton_config import COMPUTE_END_OUTPUT, COMPUTE_START_OUTPUT
+    from model_repository_gen.triton_config import (
+        COMPUTE_END_OUTPUT,
+        COMPUTE_START_OUTPUT,
+    )
 
     model = manifest.model(pipeline_id.split("/")[0])
     pipe = next(p for p in model.pipelines if p.id == pipeline_id)

@@ -5,10 +5,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ensembles.triton_baseline import start_baseline, write_partition_ensemble, write_whole_model
-from model_repository_gen.triton_config import BackendSettings, DynamicBatching, parse_config
-from planner.errors import InputError
-from planner.zoo import build_zoo_model
+from ensembles.triton_baseline import (
+    start_baseline,
+    write_partition_ensemble,
+    write_whole_model,
+)
+from model_repository_gen.triton_config import (
+    BackendSettings,
+    DynamicBatching,
+    parse_config,
+)
+from poolpipe_common.errors import InputError
+from profiling.zoo import build_zoo_model
 from tests.deploy_helpers import make_profile, reference_output
 
 pytestmark = pytest.mark.triton

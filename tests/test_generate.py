@@ -10,13 +10,13 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from model_repository_gen.cluster_file import cluster_from_dict, load_cluster
 from model_repository_gen.generate import assign_vgpus, generate, gpus_needed
-from model_repository_gen.launch import GpuInfo, check_host_hardware, gpu_matches, load_host_launch
 from model_repository_gen.manifest import load_manifest
 from model_repository_gen.triton_config import TIMING_OUTPUTS, parse_config
-from planner.errors import InputError
 from planner.plan import plan_from_dict
-from planner.profile import Block, Profile
-from planner.zoo import build_zoo_model
+from poolpipe_common.errors import InputError
+from profiling.profile import Profile
+from profiling.zoo import build_zoo_model
+from runtime.launch import GpuInfo, check_host_hardware, gpu_matches, load_host_launch
 from tests.conftest import run_cli
 from tests.deploy_helpers import make_plan, make_profile, write_cluster
 

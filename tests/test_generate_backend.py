@@ -12,8 +12,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from model_repository_gen import triton_config as tc
-from model_repository_gen.manifest import TensorSpec
-from model_repository_gen.tritonserver import TritonProcess
+from poolpipe_common.tensors import TensorSpec
+from runtime.tritonserver import TritonProcess
 
 pytestmark = pytest.mark.triton
 

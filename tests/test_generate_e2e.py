@@ -19,11 +19,16 @@ import pytest
 import yaml
 
 from model_repository_gen.manifest import load_manifest
-from model_repository_gen.tritonserver import SHM_PREFIX
-from planner.profile import load_profile
-from planner.zoo import build_zoo_model
+from profiling.profile import load_profile
+from profiling.zoo import build_zoo_model
+from runtime.tritonserver import SHM_PREFIX
 from tests.conftest import ROOT, run_cli
-from tests.deploy_helpers import make_plan, reference_output, run_pipeline_through_triton, write_cluster
+from tests.deploy_helpers import (
+    make_plan,
+    reference_output,
+    run_pipeline_through_triton,
+    write_cluster,
+)
 
 pytestmark = [pytest.mark.triton, pytest.mark.e2e]
 

@@ -15,12 +15,17 @@ import pytest
 
 from model_repository_gen.cluster_file import cluster_from_dict
 from model_repository_gen.generate import generate
-from model_repository_gen.launch import Deployment
-from model_repository_gen.tritonserver import SHM_PREFIX
-from planner.errors import InputError
-from planner.zoo import build_zoo_model
+from poolpipe_common.errors import InputError
+from profiling.zoo import build_zoo_model
+from runtime.launch import Deployment
+from runtime.tritonserver import SHM_PREFIX
 from tests.conftest import ROOT, run_cli
-from tests.deploy_helpers import make_plan, make_profile, reference_output, run_pipeline_through_triton
+from tests.deploy_helpers import (
+    make_plan,
+    make_profile,
+    reference_output,
+    run_pipeline_through_triton,
+)
 from tests.test_generate import PIPELINES, cpu_hosts
 
 pytestmark = pytest.mark.triton

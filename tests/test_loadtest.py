@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from loadtest.runner import LoadTest, run_loadtest
-from model_repository_gen.tritonserver import TritonProcess
+from runtime.tritonserver import TritonProcess
 from scheduler.sim.workloads import arrival_times
 from tests.conftest import run_cli
 

@@ -9,13 +9,13 @@ from collections import defaultdict
 import pytest
 import yaml
 
-from planner.errors import InputError
 from planner.plan import Plan, load_plan
-from planner.reference import import_ppipe_profile, load_reference_plans, spec_from_reference
+from planner.reference_plans import load_reference_plans, spec_from_reference
 from planner.solve import InfeasibleError, solve_spec
 from planner.spec import spec_from_dict
+from poolpipe_common.errors import InputError
+from profiling.reference import import_ppipe_profile
 from tests.conftest import run_cli
-
 
 # --------------------------------------------------------------------------------------------- helpers
 

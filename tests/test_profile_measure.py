@@ -10,8 +10,8 @@ import onnxruntime as ort
 import pytest
 
 from model_repository_gen.cut import FP32_ATOL, cut_partition, partition_io
-from planner.profile import load_profile
-from planner.zoo import build_zoo_model
+from profiling.profile import load_profile
+from profiling.zoo import build_zoo_model
 from tests.conftest import run_cli
 
 MEASURE = ("--batch-sizes", "1,2", "--repeats", "3", "--warmup", "1")

@@ -6,11 +6,15 @@ import json
 
 import pytest
 
-from planner.errors import InputError
 from planner.plan import plan_from_dict
-from planner.profile import load_profile, profile_from_dict
-from planner.reference import (import_ppipe_profile, load_reference_plans, plan_from_reference,
-                               spec_from_reference)
+from planner.reference_plans import (
+    load_reference_plans,
+    plan_from_reference,
+    spec_from_reference,
+)
+from poolpipe_common.errors import InputError
+from profiling.profile import load_profile, profile_from_dict
+from profiling.reference import import_ppipe_profile
 from tests.conftest import run_cli
 
 

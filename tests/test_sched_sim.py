@@ -7,12 +7,16 @@ import json
 import numpy as np
 import pytest
 
-from planner.errors import InputError
-from planner.reference import load_reference_plans, plan_from_reference, spec_from_reference
+from planner.reference_plans import (
+    load_reference_plans,
+    plan_from_reference,
+    spec_from_reference,
+)
+from poolpipe_common.errors import InputError
 from scheduler.core import make_scheduler
-from scheduler.core.placement import topology_from_plan
 from scheduler.sim.bound import attainment_bound, fluid_attainment, model_bound_terms
 from scheduler.sim.engine import simulate
+from scheduler.sim.placement import topology_from_plan
 from scheduler.sim.sweep import max_load_factor, parse_load_factors
 from scheduler.sim.workloads import arrival_times, mixed_arrivals, parse_trace
 from tests.conftest import run_cli

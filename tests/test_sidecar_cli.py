@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from model_repository_gen.tritonserver import free_port
+from poolpipe_common.net import free_port
 from tests.conftest import run_cli
 
 

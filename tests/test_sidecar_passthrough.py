@@ -21,8 +21,8 @@ import tritonclient.http.aio as httpaio
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
-from model_repository_gen.tritonserver import TritonProcess
-from scheduler.server.process import SidecarProcess
+from runtime.sidecar_process import SidecarProcess
+from runtime.tritonserver import TritonProcess
 
 pytestmark = pytest.mark.triton
 MODELS = Path(__file__).resolve().parent / "models"

@@ -26,10 +26,10 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from model_repository_gen.launch import Deployment
-from scheduler.server.process import SidecarProcess
+from runtime.launch import Deployment
+from runtime.sidecar_process import SidecarProcess
+from runtime.testbed import build_deployment
 from scheduler.server.shm_pool import PREFIX
-from tests.sidecar_testbed import build_deployment
 
 pytestmark = pytest.mark.triton
 MODEL = "resnet"
@@ -360,7 +360,7 @@ def test_planned_and_passthrough_models_side_by_side(testbed: dict) -> None:
     """One endpoint: the planned model and an unplanned Triton model; one client shm region serves both."""
     work = testbed["work"]
     models = Path(__file__).resolve().parent / "models"
-    from model_repository_gen.tritonserver import TritonProcess
+    from runtime.tritonserver import TritonProcess
     with TritonProcess(models, log_path=work / "simple.log") as triton, \
             SidecarProcess(manifest=testbed["deploy"], passthrough=triton.grpc_url, log_path=work / "both.log") as sc:
         c = grpcclient.InferenceServerClient(sc.grpc_url)

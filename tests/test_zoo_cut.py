@@ -9,12 +9,17 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from model_repository_gen.cut import FP32_ATOL, cut_partition, fp16_tolerance, partition_io
-from planner.cutpoints import find_cut_points
-from planner.errors import InputError
-from planner.prepartition import group_segments, prepartition
-from planner.profile import Block, DeviceTiming, Profile
-from planner.zoo import ZOO_MODELS, build_zoo_model
+from model_repository_gen.cut import (
+    FP32_ATOL,
+    cut_partition,
+    fp16_tolerance,
+    partition_io,
+)
+from poolpipe_common.errors import InputError
+from profiling.cutpoints import find_cut_points
+from profiling.prepartition import group_segments, prepartition
+from profiling.profile import Block, DeviceTiming, Profile
+from profiling.zoo import ZOO_MODELS, build_zoo_model
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,15 @@ does. Probes are counted (``probe_calls``) because they are the cost of a dispat
 from __future__ import annotations
 
 from bisect import bisect_right
+
 from scheduler.core.api import StageAssignment
-from scheduler.core.reservations import COMPUTE, TRANSFER, ResourceTable, earliest_common, owner_key
+from scheduler.core.reservations import (
+    COMPUTE,
+    TRANSFER,
+    ResourceTable,
+    earliest_common,
+    owner_key,
+)
 from scheduler.core.topology import Pipeline, Topology
 
 INF = float("inf")

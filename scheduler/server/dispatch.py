@@ -25,9 +25,20 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import triton_to_np_dtype
 
-from model_repository_gen.manifest import Manifest, ModelInfo, PipelineInfo, StageInfo, TensorSpec, load_manifest
-from model_repository_gen.triton_config import COMPUTE_END_OUTPUT, COMPUTE_START_OUTPUT, TIMING_OUTPUTS
-from planner.errors import InputError
+from model_repository_gen.manifest import (
+    Manifest,
+    ModelInfo,
+    PipelineInfo,
+    StageInfo,
+    load_manifest,
+)
+from model_repository_gen.triton_config import (
+    COMPUTE_END_OUTPUT,
+    COMPUTE_START_OUTPUT,
+    TIMING_OUTPUTS,
+)
+from poolpipe_common.errors import InputError
+from poolpipe_common.tensors import TensorSpec
 from scheduler.core import make_scheduler
 from scheduler.core.api import Dispatch, Request
 from scheduler.server.client_shm import ClientShmRegistry
@@ -35,7 +46,13 @@ from scheduler.server.errors import ServeError, shed
 from scheduler.server.manifest_topology import topology_from_manifest
 from scheduler.server.metrics import SidecarMetrics
 from scheduler.server.router import GRPC_OPTIONS
-from scheduler.server.shm_pool import HostPool, Region, align, remove_stale_regions, stale
+from scheduler.server.shm_pool import (
+    HostPool,
+    Region,
+    align,
+    remove_stale_regions,
+    stale,
+)
 from scheduler.server.validate import CheckedRequest, check_request
 
 log = logging.getLogger("poolpipe.sidecar.dispatch")

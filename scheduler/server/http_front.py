@@ -15,8 +15,16 @@ from tritonclient.grpc import service_pb2
 
 from scheduler.server.errors import ServeError, invalid
 from scheduler.server.router import Router
-from scheduler.server.tensors import (json_to_numpy, numpy_to_json, param_value, params_to_dict,
-                                      proto_to_json, set_param, to_numpy, to_raw)
+from scheduler.server.tensors import (
+    json_to_numpy,
+    numpy_to_json,
+    param_value,
+    params_to_dict,
+    proto_to_json,
+    set_param,
+    to_numpy,
+    to_raw,
+)
 
 log = logging.getLogger("poolpipe.sidecar.http")
 HEADER_LENGTH = "Inference-Header-Content-Length"

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from poolpipe_common import poolpipe_version
 from scheduler.server.client_shm import ClientShmRegistry
 from scheduler.server.errors import ServeError, from_rpc_error
 from scheduler.server.metrics import SidecarMetrics
@@ -120,8 +121,7 @@ class Router:
     async def _ServerMetadata(self, request: Any, timeout_s: float | None) -> Any:
         if self.stub is not None:
             return await self.forward("ServerMetadata", request, timeout_s)
-        import poolpipe  # noqa: PLC0415
-        return service_pb2.ServerMetadataResponse(name=SERVER_NAME, version=poolpipe.__version__,
+        return service_pb2.ServerMetadataResponse(name=SERVER_NAME, version=poolpipe_version(),
                                                   extensions=EXTENSIONS)
 
     async def _ModelReady(self, request: Any, timeout_s: float | None) -> Any:

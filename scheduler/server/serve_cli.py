@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from planner.errors import InputError
+from poolpipe_common.errors import InputError
+
 
 def _hostport(value: str) -> str:
     host, sep, port = value.rpartition(":")
@@ -37,8 +38,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def config_from_args(args: argparse.Namespace):  # -> SidecarConfig
+    from poolpipe_common.net import port_in_use  # noqa: PLC0415
     from scheduler.server.app import SidecarConfig  # noqa: PLC0415
-    from model_repository_gen.tritonserver import port_in_use  # noqa: PLC0415
 
     if args.manifest is None and args.passthrough is None:
         raise InputError("give --manifest DIR/manifest.json, --passthrough HOST:PORT, or both")

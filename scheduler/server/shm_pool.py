@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from model_repository_gen.tritonserver import remove_shm_regions
+from runtime.tritonserver import remove_shm_regions
 
 log = logging.getLogger("poolpipe.sidecar.shm")
 PREFIX = "poolpipe_sc_"

@@ -8,7 +8,8 @@ import numpy as np
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import triton_to_np_dtype
 
-from model_repository_gen.manifest import DTYPE_SIZE, ModelInfo, TensorSpec, element_count
+from model_repository_gen.manifest import ModelInfo
+from poolpipe_common.tensors import DTYPE_SIZE, TensorSpec, element_count
 from scheduler.server.client_shm import ClientShmRegistry
 from scheduler.server.errors import invalid
 from scheduler.server.tensors import param_value

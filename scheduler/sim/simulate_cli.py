@@ -14,7 +14,6 @@ from pathlib import Path
 from scheduler.core.policies import POLICIES
 
 
-
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "simulate", help="simulate a plan under a workload and find the load it sustains at 99%% SLO",
@@ -40,9 +39,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from planner.errors import InputError
     from planner.plan import load_plan
-    from scheduler.sim.sweep import PointJob, parse_load_factors, reference_rates, run_point, sweep
+    from poolpipe_common.errors import InputError
+    from scheduler.sim.sweep import (
+        PointJob,
+        parse_load_factors,
+        reference_rates,
+        run_point,
+        sweep,
+    )
     from scheduler.sim.workloads import parse_trace
 
     plan = load_plan(args.plan)

@@ -10,8 +10,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from planner.errors import InputError
 from planner.plan import Plan
+from poolpipe_common.errors import InputError
 from scheduler.sim.workloads import TraceSpec, mixed_arrivals
 
 TARGET_ATTAINMENT = 0.99
@@ -60,8 +60,8 @@ class PointJob:
 def run_point(job: PointJob, record_timeline: bool = False) -> tuple[dict[str, Any], Any]:
     """Simulate one load factor; returns the per-point summary and the raw SimResult."""
     from scheduler.core import make_scheduler
-    from scheduler.core.placement import topology_from_plan
     from scheduler.sim.engine import simulate
+    from scheduler.sim.placement import topology_from_plan
 
     topo = topology_from_plan(job.plan)
     rates = {m: job.load_factor * r for m, r in job.rates_rps.items()}

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from planner.errors import InputError
+from poolpipe_common.errors import InputError
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,15 @@ def _run(args: argparse.Namespace) -> int:
     import time
 
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
-    from model_repository_gen.launch import Deployment
+    from runtime.launch import Deployment
 
     err = Console(stderr=True)
     dep = Deployment(args.dir, args.host, check_hardware=not args.no_hardware_check, timeout_s=args.timeout)

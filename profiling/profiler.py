@@ -26,11 +26,23 @@ import numpy as np
 import onnx
 import onnx.utils
 
-from planner.engines import check_engine, gpu_names, make_runner
-from planner.errors import InputError
-from planner.onnx_graph import (TensorSpec, extract, graph_inputs, load_onnx, value_infos, with_shapes)
-from planner.prepartition import model_input_specs, prepartition_model, random_feeds, time_runner_us
-from planner.profile import Block, DeviceTiming, Profile
+from poolpipe_common.errors import InputError
+from profiling.engines import check_engine, gpu_names, make_runner
+from profiling.onnx_graph import (
+    TensorSpec,
+    extract,
+    graph_inputs,
+    load_onnx,
+    value_infos,
+    with_shapes,
+)
+from profiling.prepartition import (
+    model_input_specs,
+    prepartition_model,
+    random_feeds,
+    time_runner_us,
+)
+from profiling.profile import Block, DeviceTiming, Profile
 
 METHOD = ("per block and batch size: median of `repeats` timed runs after `warmup` untimed runs; each block "
           "is its own ONNX sub-model fed real activations; vGPU level V>1: V worker processes at once, each with "

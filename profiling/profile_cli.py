@@ -57,7 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _import_ppipe(args: argparse.Namespace) -> int:
-    from planner.reference import import_ppipe_profile
+    from profiling.reference import import_ppipe_profile
 
     prof = import_ppipe_profile(args.dir, args.model)
     prof.save(args.out)
@@ -68,7 +68,7 @@ def _import_ppipe(args: argparse.Namespace) -> int:
 
 def _int_list(text: str, flag: str, lo: int = 1, hi: int | None = None) -> tuple[int, ...]:
     """Parse '1,2,4' into increasing unique integers within [lo, hi]."""
-    from planner.errors import InputError
+    from poolpipe_common.errors import InputError
 
     try:
         vals = sorted({int(x) for x in text.split(",") if x.strip()})
@@ -84,7 +84,7 @@ def _default_label(device: str) -> str:
     """'cpu', or the GPU's model as the planner names GPU types (NVIDIA L4 -> L4)."""
     if device != "cuda":
         return "cpu"
-    from planner.engines import gpu_names
+    from profiling.engines import gpu_names
 
     names = gpu_names()
     words = names[0].replace("NVIDIA", "").replace("Tesla", "").split() if names else []
@@ -92,10 +92,10 @@ def _default_label(device: str) -> str:
 
 
 def _measure(args: argparse.Namespace) -> int:
-    from planner.engines import default_engine
-    from planner.errors import InputError
-    from planner.profile import load_profile
-    from planner.profiler import MeasureOptions, measure_profile
+    from poolpipe_common.errors import InputError
+    from profiling.engines import default_engine
+    from profiling.profile import load_profile
+    from profiling.profiler import MeasureOptions, measure_profile
 
     for flag, val, lo in (("--threads", args.threads, 1), ("--blocks", args.blocks, 1), ("--repeats", args.repeats, 1),
                           ("--warmup", args.warmup, 0), ("--max-boundary-tensors", args.max_boundary_tensors, 1)):
@@ -121,8 +121,8 @@ def _measure(args: argparse.Namespace) -> int:
 
 
 def _merge(args: argparse.Namespace) -> int:
-    from planner.profile import load_profile
-    from planner.profile_merge import merge_profiles
+    from profiling.merge import merge_profiles
+    from profiling.profile import load_profile
 
     merged = merge_profiles([(str(p), load_profile(p)) for p in args.profiles])
     merged.save(args.out)

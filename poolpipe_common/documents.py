@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from planner.errors import InputError
+from poolpipe_common.errors import InputError
 
 
 def read_document(path: str | Path, what: str, yaml_ok: bool = False) -> Any:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from planner.errors import InputError
-from planner.profile import Profile
+from poolpipe_common.errors import InputError
+from profiling.profile import Profile
 
 
 def _first_block_mismatch(a: Profile, b: Profile) -> str | None:

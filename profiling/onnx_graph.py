@@ -10,7 +10,7 @@ import onnx
 import onnx.utils
 from onnx import helper
 
-from planner.errors import InputError
+from poolpipe_common.errors import InputError
 
 
 @dataclass(frozen=True)

@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from planner.documents import read_document
-from planner.errors import InputError
+from poolpipe_common.documents import read_document
+from poolpipe_common.errors import InputError
 
 FORMAT = "poolpipe.profile/1"
 MIN_BLOCK_US = 1.0  # every block counts as at least 1 µs (the reference planner's rule)

@@ -19,7 +19,7 @@ from typing import Protocol
 import numpy as np
 import onnx
 
-from planner.errors import InputError
+from poolpipe_common.errors import InputError
 
 DEVICES = ("cpu", "cuda")
 ENGINES = ("ort", "trt", "torch")

@@ -17,10 +17,17 @@ import numpy as np
 import onnx
 import onnx.utils
 
-from planner.cutpoints import GraphCuts, Segment, find_cut_points
-from planner.engines import make_runner
-from planner.errors import InputError
-from planner.onnx_graph import TensorSpec, extract, load_onnx, tensor_spec, value_infos, with_shapes
+from poolpipe_common.errors import InputError
+from profiling.cutpoints import GraphCuts, Segment, find_cut_points
+from profiling.engines import make_runner
+from profiling.onnx_graph import (
+    TensorSpec,
+    extract,
+    load_onnx,
+    tensor_spec,
+    value_infos,
+    with_shapes,
+)
 
 
 @dataclass(frozen=True)

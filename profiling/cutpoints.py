@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import onnx
 
-from planner.errors import InputError
-from planner.onnx_graph import graph_inputs, initializer_names
+from poolpipe_common.errors import InputError
+from profiling.onnx_graph import graph_inputs, initializer_names
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from planner.errors import InputError
+from poolpipe_common.errors import InputError
 
 ZOO_MODELS = ("resnet", "mobilenet", "segnet")
 OPSET = 17

@@ -14,10 +14,10 @@ import onnx
 from model_repository_gen.generate import generate
 from model_repository_gen.manifest import Manifest
 from planner.plan import ModelPlan, PartitionPlan, PipelinePlan, Plan
-from planner.prepartition import prepartition
-from planner.profile import Block, DeviceTiming, Profile
 from planner.spec import ClusterSpec
-from planner.zoo import build_zoo_model
+from profiling.prepartition import prepartition
+from profiling.profile import Block, DeviceTiming, Profile
+from profiling.zoo import build_zoo_model
 
 BATCHES = (1, 2, 3, 4, 6, 8)
 # (blocks, gpu type, vGPUs) per stage

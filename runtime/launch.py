@@ -18,10 +18,11 @@ from typing import Any
 
 from model_repository_gen.generate import LAUNCH_FORMAT
 from model_repository_gen.manifest import Manifest, load_manifest
-from model_repository_gen.tritonserver import TritonProcess, port_in_use
-from planner.documents import read_document
-from planner.engines import mps_running
-from planner.errors import InputError
+from poolpipe_common.documents import read_document
+from poolpipe_common.errors import InputError
+from poolpipe_common.net import port_in_use
+from profiling.engines import mps_running
+from runtime.tritonserver import TritonProcess
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from model_repository_gen.tritonserver import free_port
+from poolpipe_common.net import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,7 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from planner.errors import InputError
+from poolpipe_common.errors import InputError
+from poolpipe_common.net import free_port, port_in_use
 
 CONTAINER_ROOT = Path("/opt/tritonserver")
 CACHE_DIR = Path(os.environ.get("POOLPIPE_CACHE", Path(tempfile.gettempdir()) / "poolpipe-triton"))
@@ -78,22 +78,6 @@ def find_triton() -> TritonInstall:
                          "run inside NVIDIA's Triton container, or set POOLPIPE_TRITONSERVER")
     libs = (root.parent / "nvidia_pytriton.libs", root / "tritonserver" / "backends" / "python")
     return TritonInstall(root / "tritonserver" / "bin" / "tritonserver", backend_directory(root), libs)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return True
-    return False
 
 
 def server_env(install: TritonInstall, extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -1,0 +1,2 @@
+"""Running Triton: the tritonserver process, `poolpipe launch`, a `Deployment` of many servers, the sidecar
+process."""
