@@ -400,7 +400,7 @@ def test_hosts_at_one_address_share_a_machine_for_shm(testbed: dict) -> None:
     """Cluster files list one host per GPU type; two such hosts at one address are one machine."""
     from dataclasses import replace
 
-    from scheduler.server.dispatch import machines
+    from scheduler.server.fleet import machines
 
     m = testbed["manifest"]
     assert machines(m) == {"hostA": "hostA", "hostB": "hostB"}  # 127.0.0.1 and 127.0.0.2

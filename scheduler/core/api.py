@@ -26,7 +26,8 @@ class StageAssignment:
     vgpu: str
     start_us: float  # reserved compute interval on the vGPU
     end_us: float
-    transfer_start_us: float | None = None  # reserved NIC interval for the input transfer (None: same server or stage 0)
+    # reserved NIC interval for the input transfer (None: same server or stage 0)
+    transfer_start_us: float | None = None
     transfer_end_us: float | None = None
 
 
@@ -75,3 +76,10 @@ class Scheduler(Protocol):
 
     def set_vgpu_up(self, vgpu_id: str, up: bool, now_us: float) -> None:
         """Take a vGPU out of (or back into) service; its future reservations are released."""
+
+    def queue_lengths(self) -> dict[str, int]:
+        """Requests waiting per model (not yet dispatched)."""
+
+    @property
+    def probe_calls(self) -> int:
+        """probe() calls so far (0 for policies that do not probe reservations)."""

@@ -45,7 +45,7 @@ class Sidecar:
     async def start(self) -> None:
         c = self.config
         if c.manifest is not None:
-            from scheduler.server.dispatch import PlannedModels  # noqa: PLC0415
+            from scheduler.server.planned import PlannedModels  # noqa: PLC0415
             self.planned = await PlannedModels.create(c.manifest, c.policy, self.metrics, c.batch_log)
         self.router = Router(c.passthrough, self.planned, self.metrics)
         if self.planned is not None:

@@ -25,7 +25,7 @@ EXTENSIONS = ["classification", "sequence", "model_repository", "model_repositor
 
 
 class PlannedService(Protocol):
-    """The planned models (pooled pipelines) behind the sidecar; see scheduler/server/dispatch.py."""
+    """The planned models (pooled pipelines) behind the sidecar; see scheduler/server/planned.py."""
 
     def has(self, model: str) -> bool: ...
 

@@ -28,8 +28,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--http-port", type=int, default=8000, help="KServe v2 HTTP/REST port (default: %(default)s)")
     p.add_argument("--metrics-port", type=int, default=8002, help="Prometheus /metrics port (default: %(default)s)")
     p.add_argument("--bind", default="127.0.0.1", help="address to listen on (default: loopback only)")
-    p.add_argument("--policy", default="auto", help="scheduling policy: auto (= ppipe, reservation-based adaptive batching), ppipe, fifs "
-                        "or elsa (default: auto)")
+    p.add_argument("--policy", default="auto",
+                   help="scheduling policy: auto (= ppipe, reservation-based adaptive batching), ppipe, fifs, elsa "
+                        "or reactive (per-stage batching, no reservations) (default: auto)")
     p.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
                    help="seconds to let in-flight requests finish on SIGTERM")
     p.add_argument("--batch-log", type=Path, metavar="FILE",
@@ -51,11 +52,10 @@ def config_from_args(args: argparse.Namespace):  # -> SidecarConfig
             raise InputError(f"{flag}: port {port} on {args.bind} is already in use; choose another port")
     if len(set(ports.values())) != len(ports):
         raise InputError("--grpc-port, --http-port and --metrics-port must differ")
-    from scheduler.server.dispatch import LIVE_POLICIES  # noqa: PLC0415
+    from scheduler.server.planned import LIVE_POLICIES  # noqa: PLC0415
 
     if args.policy not in ("auto", *LIVE_POLICIES):
-        raise InputError(f"--policy {args.policy}: choose one of auto, {', '.join(LIVE_POLICIES)} "
-                         "(per-stage policies such as 'reactive' are for the simulator)")
+        raise InputError(f"--policy {args.policy}: choose one of auto, {', '.join(LIVE_POLICIES)}")
     manifest = None
     if args.manifest is not None:
         from model_repository_gen.manifest import load_manifest  # noqa: PLC0415 (validates now: one-line errors)

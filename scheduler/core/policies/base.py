@@ -26,6 +26,9 @@ class QueueingPolicy:
         """probe() calls so far (0 for policies that do not probe reservations)."""
         return 0
 
+    def queue_lengths(self) -> dict[str, int]:
+        return {m: len(q) for m, q in self.queues.items()}
+
     def new_dispatch_id(self) -> int:
         i = self._next_dispatch
         self._next_dispatch += 1

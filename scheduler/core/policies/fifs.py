@@ -50,7 +50,8 @@ class FifsPolicy(QueueingPolicy):
                         v = min((x[0] for x in st.active), key=lambda x: out[x], default=None)
                         if v is None:
                             break
-                    xfer = st.xfer_us_per_request * b if prev is not None and self.vq.server[v] != self.vq.server[prev] else 0.0
+                    crosses = prev is not None and self.vq.server[v] != self.vq.server[prev]
+                    xfer = st.xfer_us_per_request * b if crosses else 0.0
                     s = max(t + xfer, self.vq.busy_until[v])
                     e = s + st.latency[b]
                     stages.append(StageAssignment(st.index, v, s, e, t if xfer else None, t + xfer if xfer else None))

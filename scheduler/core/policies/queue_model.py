@@ -29,11 +29,10 @@ class VGpuQueues:
         stages = self.live.get(dispatch_id)
         if stages is None:
             return None
-        for i, a in enumerate(stages):
-            if a.stage == stage:
-                break
-        else:
+        i = next((j for j, x in enumerate(stages) if x.stage == stage), None)
+        if i is None:
             return None
+        a = stages[i]
         stages = stages[:i] + stages[i + 1:]
         if stages:
             self.live[dispatch_id] = stages

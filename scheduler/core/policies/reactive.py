@@ -46,6 +46,14 @@ class ReactivePolicy(QueueingPolicy):
                         s.latency[cp.batches[0]] + s.xfer_us_per_request for s in cp.stages[st.index:])
         self.in_flight: dict[int, tuple[str, int, str, list[Request]]] = {}
 
+    def queue_lengths(self) -> dict[str, int]:
+        """Waiting in the model's FIFO or in any stage pool's queue (between stages counts as waiting)."""
+        out = super().queue_lengths()
+        for (pid, _), q in self.stage_queues.items():
+            m = self.pipes[pid].pipeline.model
+            out[m] = out.get(m, 0) + len(q)
+        return out
+
     def _route(self, request: Request) -> None:
         pipes = self.vq.compiled.pipelines.get(request.model)
         if not pipes:

@@ -1,0 +1,224 @@
+"""The one driver loop around a policy, shared by the simulator and the sidecar.
+
+The policy decides (``Scheduler.step``); the driver owns what happens around it, on an abstract clock:
+enqueueing with a deadline margin, stepping the core ahead of the clock by the executor's lead time,
+snapping late wake-ups, answering drops, handing dispatches to the executor, reporting measured stage
+timings back (feedback), learning how late batches finish against the core's prediction (the margin),
+and retrying the requests of a batch whose server failed. An executor (virtual in the simulator, Triton
+calls in the sidecar) only executes: whatever it adds that the profiles do not know (per-hop overhead,
+lateness) reaches the core through these same paths, so the simulator predicts what the sidecar does.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+import numpy as np
+
+from scheduler.core.api import Dispatch, Request, Scheduler
+from scheduler.core.topology import Topology
+
+log = logging.getLogger("poolpipe.driver")
+
+
+@dataclass(frozen=True)
+class DriverConfig:
+    """What the loop does around the policy; ``live()`` is the sidecar's setting, ``ideal()`` a paper simulator's.
+
+    The core plans against the deadline minus a margin: the larger of ``min_margin_us`` and
+    ``margin_fraction`` x SLO, raised to a robust high percentile of the measured lateness (completion
+    against the core's prediction) once ``lateness_warmup`` batches have finished, capped at
+    ``max_margin_fraction`` of the slack an idle pipeline leaves (a larger margin would shed everything,
+    and with nothing served the lateness could never come down again).
+    """
+
+    min_margin_us: float = 3000.0
+    margin_fraction: float = 0.05
+    learn_lateness: bool = True
+    lateness_window: int = 256
+    lateness_every: int = 16
+    lateness_percentile: float = 95.0
+    lateness_warmup: int = 8
+    max_margin_fraction: float = 0.5
+    max_attempts: int = 3
+    # The core's clock runs this far ahead of the executor's (nothing dispatched now computes before it).
+    clock_lead_us: float = 0.0
+    # A wake-up that fires late by less than this is stepped at the time the core asked for (an event loop
+    # is no real-time clock); at least this, and at most half the smallest margin.
+    min_late_wake_tolerance_us: float = 2000.0
+
+    @classmethod
+    def live(cls, **overrides: Any) -> "DriverConfig":
+        return replace(cls(), **overrides)
+
+    @classmethod
+    def ideal(cls, **overrides: Any) -> "DriverConfig":
+        """No margin and no learning: the policy alone, as the paper's simulator runs it."""
+        return replace(cls(min_margin_us=0.0, margin_fraction=0.0, learn_lateness=False,
+                           min_late_wake_tolerance_us=0.0), **overrides)
+
+
+@dataclass
+class Ticket:
+    """One request as the driver tracks it: the executor's item (a sample, a simulated request) and its terms."""
+
+    item: Any
+    model: str
+    arrival_us: float
+    deadline_us: float  # the real deadline (the core sees it minus the margin)
+    attempts: int = 0
+
+
+class Executor(Protocol):
+    """What a driver needs from the side that executes (virtual cluster or Triton servers)."""
+
+    def execute(self, dispatch: Dispatch, items: list[Any]) -> None:
+        """Start running ``dispatch`` (its requests' items, in order); report back through the driver."""
+
+    def reject(self, item: Any, model: str, reason: str, *, failure: bool = False) -> None:
+        """Answer ``item`` with an explicit error: the core dropped (shed) it, or (``failure``) a server failed
+        its batch and no retry can meet its deadline."""
+
+
+class Driver:
+    """Runs one Scheduler for one Executor; every clock value is the executor's (the core's = it + lead)."""
+
+    def __init__(self, scheduler: Scheduler, topology: Topology, executor: Executor,
+                 config: DriverConfig | None = None) -> None:
+        self.scheduler = scheduler
+        self.topology = topology
+        self.executor = executor
+        self.config = config or DriverConfig.live()
+        c = self.config
+        self.base_margin_us = {m: max(c.min_margin_us, c.margin_fraction * slo) for m, slo in topology.slo_us.items()}
+        self.margin_us = dict(self.base_margin_us)
+        self.lateness_us: dict[str, deque[float]] = {m: deque(maxlen=c.lateness_window) for m in topology.slo_us}
+        self.late_wake_tolerance_us = max(c.min_late_wake_tolerance_us,
+                                          0.5 * min(self.base_margin_us.values(), default=0.0))
+        self.tickets: dict[int, Ticket] = {}
+        self.wake_us: float | None = None
+        self.retries = 0
+        self.learned = 0
+        self.margin_changes: list[tuple[float, str, float]] = []  # (time, model, new margin): for tests and logs
+        self._next_id = 1
+        self._in_flight: dict[int, list[Ticket]] = {}
+
+    @property
+    def lead_us(self) -> float:
+        return self.config.clock_lead_us
+
+    # -- requests in --------------------------------------------------------------------------------------
+    def submit(self, item: Any, model: str, arrival_us: float, deadline_us: float) -> None:
+        """A new request: the core sees its deadline less the model's current margin."""
+        self._enqueue(Ticket(item, model, arrival_us, deadline_us), arrival_us)
+
+    def _enqueue(self, t: Ticket, now_us: float) -> None:
+        rid = self._next_id
+        self._next_id += 1
+        t.attempts += 1
+        self.tickets[rid] = t
+        margin = self.margin_us.get(t.model, 0.0)
+        self.scheduler.enqueue(Request(rid, t.model, now_us, t.deadline_us - margin))
+
+    # -- the step -----------------------------------------------------------------------------------------
+    def step(self, now_us: float) -> float | None:
+        """Decide at ``now_us``: answer drops, hand out dispatches; returns when to step again (or None)."""
+        t = now_us
+        w = self.wake_us
+        if w is not None and w <= t < w + self.late_wake_tolerance_us:
+            t = w  # a late wake-up is stepped at the time the core asked for
+        result = self.scheduler.step(t + self.lead_us)
+        self.wake_us = None if result.wake_at_us is None else result.wake_at_us - self.lead_us
+        for drop in result.drops:
+            ticket = self.tickets.pop(drop.request.id, None)
+            if ticket is not None:
+                self.executor.reject(ticket.item, ticket.model, drop.reason)
+        for d in result.dispatches:
+            tickets = [self.tickets[r.id] for r in d.requests]
+            if d.final:
+                for r in d.requests:
+                    del self.tickets[r.id]
+            self._in_flight[d.id] = tickets
+            self.executor.execute(d, [tk.item for tk in tickets])
+        return self.wake_us
+
+    # -- feedback from the executor -----------------------------------------------------------------------
+    def stage_done(self, dispatch: Dispatch, stage: int, start_us: float, end_us: float) -> None:
+        """Measured compute interval of one stage (executor clock): corrects the core's tables."""
+        self.scheduler.report(dispatch.id, stage, start_us, end_us)
+
+    def completed(self, dispatch: Dispatch, done_us: float) -> None:
+        """The dispatch's work is done at ``done_us``; a final one teaches the margin how late batches run."""
+        self._in_flight.pop(dispatch.id, None)
+        if dispatch.final and self.config.learn_lateness:
+            self._learn(dispatch.model, done_us - dispatch.completion_us, done_us)
+
+    def forget(self, dispatch: Dispatch) -> None:
+        """The executor gave the dispatch up (its callers left, or it failed for good): nothing to learn."""
+        self._in_flight.pop(dispatch.id, None)
+
+    def failed(self, dispatch: Dispatch, items: list[Any], now_us: float, reason: str) -> int:
+        """A server failed the batch: re-enqueue ``items`` (those still wanted) that have attempts and time
+        left, reject the rest; returns how many were retried."""
+        tickets = self._in_flight.pop(dispatch.id, [])
+        by_item = {id(tk.item): tk for tk in tickets}
+        retried = 0
+        for item in items:
+            tk = by_item.get(id(item))
+            if tk is None:
+                continue
+            for r in dispatch.requests:  # a non-final dispatch still holds the ticket under its request id
+                if self.tickets.get(r.id) is tk:
+                    del self.tickets[r.id]
+            if tk.attempts >= self.config.max_attempts or now_us >= tk.deadline_us:
+                self.executor.reject(item, tk.model, f"{reason} and no retry could meet the deadline", failure=True)
+            else:
+                self._enqueue(tk, now_us)
+                retried += 1
+        self.retries += retried
+        return retried
+
+    def queued(self) -> list[Ticket]:
+        """Tickets not in any dispatch yet (to hand over to a new driver, or to answer at shutdown)."""
+        busy = {id(tk) for tks in self._in_flight.values() for tk in tks}
+        return [tk for tk in self.tickets.values() if id(tk) not in busy]
+
+    def adopt(self, tickets: list[Ticket], now_us: float) -> None:
+        """Take over another driver's queued tickets (same deadlines; this is not a retry)."""
+        for tk in tickets:
+            tk.attempts -= 1
+            self._enqueue(tk, now_us)
+
+    def set_vgpu_up(self, vgpu: str, up: bool, now_us: float) -> None:
+        self.scheduler.set_vgpu_up(vgpu, up, now_us + self.lead_us)
+
+    def queue_lengths(self) -> dict[str, int]:
+        return self.scheduler.queue_lengths()
+
+    # -- margin learning ----------------------------------------------------------------------------------
+    def _learn(self, model: str, late_us: float, now_us: float) -> None:
+        c = self.config
+        self.learned += 1
+        if self.learned <= c.lateness_warmup or model not in self.lateness_us:
+            return
+        window = self.lateness_us[model]
+        window.append(late_us)
+        n = self.learned - c.lateness_warmup
+        if n <= c.lateness_every or n % c.lateness_every == 0:
+            learned = float(np.percentile(window, c.lateness_percentile))
+            new = min(max(self.base_margin_us[model], learned), self.margin_cap_us(model))
+            if abs(new - self.margin_us[model]) > 1000.0:
+                self.margin_changes.append((now_us, model, new))
+                log.info("event=margin model=%s margin_us=%.0f p%.0f_lateness_us=%.0f", model, new,
+                         c.lateness_percentile, learned)
+            self.margin_us[model] = new
+
+    def margin_cap_us(self, model: str) -> float:
+        """At most a fraction of the slack an idle pipeline leaves under the SLO (see DriverConfig)."""
+        fastest = min(sum(st.latency(min(st.latency_us)) for st in p.stages) for p in self.topology.pipelines[model])
+        slo = self.topology.slo_us[model]
+        slack = min(slo, slo - fastest - self.lead_us)
+        return max(self.base_margin_us[model], self.config.max_margin_fraction * slack)

@@ -1,0 +1,79 @@
+"""Calibration: how long a stage takes from being sent to computing (lead) and from computing to its response
+back at the sidecar (tail), measured through the executor's normal stage path with batches of zeros.
+
+The core's stage intervals are compute intervals, but a stage computes only some time after the sidecar
+sends it (serialisation, transfer, the backend's input copy). The sidecar sends each stage that much
+ahead of its reserved start and steps the core that much ahead of the real clock, so reservations match
+when computes really run. The lead overlaps the previous batch's compute on a busy server, so it does not
+add to the vGPU's occupancy; the tail does (the next stage, the answer and the server's next compute wait
+for it), so it joins each stage's latency in the core's tables.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from tritonclient.utils import triton_to_np_dtype
+
+from model_repository_gen.manifest import ModelInfo, PipelineInfo
+from scheduler.server.calls import now_us
+from scheduler.server.executor import HopTensor, LiveExecutor, StageTiming
+
+CALIBRATION_RUNS = 4  # the first is warm-up; the median of the rest is used
+CALIBRATION_TIMEOUT_S = 10.0
+
+
+class NotCalibratable(Exception):
+    """The pipeline cannot be measured now (a stage has no vGPU in service, or a server sent no timestamps)."""
+
+
+@dataclass(frozen=True)
+class StageOverheads:
+    """Per stage of one pipeline: batch -> lead (send -> compute start) and tail (compute end -> response), µs."""
+
+    lead_us: list[dict[int, float]]
+    tail_us: list[dict[int, float]]
+
+
+async def _one_run(ex: LiveExecutor, p: PipelineInfo, model: ModelInfo, vgpus: list[str], batch: int
+                   ) -> np.ndarray:
+    hops = [HopTensor(t, [batch, *t.shape], array=np.zeros([batch, *t.shape], triton_to_np_dtype(t.datatype)))
+            for t in model.inputs]
+    deadline = now_us() + CALIBRATION_TIMEOUT_S * 1e6
+    timings: list[StageTiming] = []
+    try:
+        for k, (stage, v) in enumerate(zip(p.stages, vgpus)):
+            nxt = vgpus[k + 1] if k + 1 < len(vgpus) else None
+            hops, timing = await ex.run_stage(v, stage, hops, nxt, deadline, f"calibrate.{p.id}.{k}")
+            if timing is None:
+                raise NotCalibratable(f"stage {k} on {v} returned no compute timestamps")
+            timings.append(timing)
+    finally:
+        ex.release(hops)
+    return np.array([(t.start_us - t.ready_us, t.recv_us - t.end_us) for t in timings])
+
+
+async def calibrate_pipeline(ex: LiveExecutor, p: PipelineInfo, model: ModelInfo, prefer: str | None = None
+                             ) -> StageOverheads:
+    """Measure at batch 1 and the planned batch (linear in between) on ``prefer`` (a vGPU that just joined)
+    where it serves a stage, else on the first vGPU in service of each pool.
+    Raises NotCalibratable, or executor.StageFault when a server fails meanwhile."""
+    servers = ex.fleet.servers
+    vgpus = [prefer if prefer in s.vgpus and servers[prefer].up else next((v for v in s.vgpus if servers[v].up), None)
+             for s in p.stages]
+    if None in vgpus:
+        raise NotCalibratable("a stage has no vGPU in service")
+    measured: dict[int, np.ndarray] = {}
+    for b in sorted({1, p.batch}):
+        runs = [await _one_run(ex, p, model, vgpus, b) for _ in range(CALIBRATION_RUNS)]  # type: ignore[arg-type]
+        measured[b] = np.median(np.stack(runs[1:] if len(runs) > 1 else runs), axis=0)
+    span = max(p.batch - 1, 1)
+    lead: list[dict[int, float]] = []
+    tail: list[dict[int, float]] = []
+    for k, stage in enumerate(p.stages):
+        batches = [b for b in stage.latency_us if b <= p.batch]
+        for i, out in ((0, lead), (1, tail)):
+            lo, hi = float(measured[1][k][i]), float(measured[max(measured)][k][i])
+            out.append({b: max(0.0, lo + (hi - lo) * (b - 1) / span) for b in batches})
+    return StageOverheads(lead, tail)

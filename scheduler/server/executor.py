@@ -1,0 +1,312 @@
+"""The live executor: runs the core's dispatches on real Triton servers (the simulator's twin is
+scheduler.sim.virtual).
+
+A dispatched batch stacks its samples' inputs, runs each stage on the chosen vGPU's tritonserver (sent
+ahead of its reserved compute start by the stage's calibrated lead time), hands the boundary tensors to
+the next stage through a shared-memory region of the machine's pool when both servers share it (else as
+gRPC bytes through the sidecar), and splits the last stage's outputs back to the calls. Measured compute
+intervals, completions and failures go back to the shared driver, which decides what follows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import numpy as np
+from tritonclient.grpc import service_pb2
+from tritonclient.utils import triton_to_np_dtype
+
+from model_repository_gen.manifest import ModelInfo, PipelineInfo, StageInfo
+from model_repository_gen.triton_config import COMPUTE_END_OUTPUT, COMPUTE_START_OUTPUT, TIMING_OUTPUTS
+from poolpipe_common.tensors import TensorSpec
+from scheduler.core.api import Dispatch
+from scheduler.core.driver import Driver
+from scheduler.server.batch_log import BatchLog
+from scheduler.server.calls import Answers, Sample, now_us
+from scheduler.server.errors import ServeError, shed
+from scheduler.server.fleet import Fleet
+from scheduler.server.metrics import SidecarMetrics
+from scheduler.server.shm_pool import Region, align
+
+log = logging.getLogger("poolpipe.sidecar.executor")
+
+# Codes that say "this request is wrong", not "this server is broken": the batch fails, the server stays.
+CLIENT_FAULTS = (grpc.StatusCode.INVALID_ARGUMENT,)
+
+
+def wall_ns_to_mono_us(ns: float) -> float:
+    return ns / 1e3 - (time.time() - time.monotonic()) * 1e6
+
+
+@dataclass
+class HopTensor:
+    """A boundary tensor between stages: bytes in the sidecar, or a region of a machine's pool."""
+
+    spec: TensorSpec
+    shape: list[int]
+    array: np.ndarray | None = None
+    region: Region | None = None
+    offset: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.spec.bytes_per_request() * self.shape[0]
+
+
+@dataclass(frozen=True)
+class StageTiming:
+    """When (µs, monotonic) a stage's input was at hand, sent, computed and answered."""
+
+    ready_us: float
+    send_us: float
+    start_us: float
+    end_us: float
+    recv_us: float
+
+
+class StageFault(Exception):
+    def __init__(self, vgpu: str, error: grpc.aio.AioRpcError) -> None:
+        super().__init__(f"{vgpu}: {error.code().name}: {error.details()}")
+        self.vgpu = vgpu
+        self.error = error
+
+
+class LiveExecutor:
+    """The Executor of the shared driver on the event loop (``driver`` is set by the planned service)."""
+
+    def __init__(self, fleet: Fleet, models: dict[str, ModelInfo], pipelines: dict[str, PipelineInfo],
+                 answers: Answers, metrics: SidecarMetrics, batch_log: BatchLog | None = None) -> None:
+        self.fleet = fleet
+        self.models = models
+        self.pipelines = pipelines
+        self.answers = answers
+        self.metrics = metrics
+        self.batch_log = batch_log
+        self.driver: Driver | None = None
+        self.kick: Callable[[], None] = lambda: None  # wakes the scheduler loop: something changed
+        self.lead_us: dict[str, list[dict[int, float]]] = {}  # pipeline -> stage -> batch -> send-to-compute
+        self.tasks: set[asyncio.Task] = set()
+
+    # -- the Executor protocol ------------------------------------------------------------------------------
+    def execute(self, dispatch: Dispatch, items: list[Any]) -> None:
+        task = asyncio.ensure_future(self._run(dispatch, items))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def reject(self, item: Any, model: str, reason: str, *, failure: bool = False) -> None:
+        sample: Sample = item
+        if failure:
+            self.answers.fail(sample.call, ServeError(grpc.StatusCode.UNAVAILABLE, f"request failed: {reason}"))
+        else:
+            self.metrics.drops.labels(model, reason).inc()
+            self.answers.fail(sample.call, shed(model, reason))
+
+    # -- one dispatch ---------------------------------------------------------------------------------------
+    def _lead(self, pipeline_id: str, stage: int, batch: int) -> float:
+        per_stage = self.lead_us.get(pipeline_id)
+        return per_stage[stage].get(batch, 0.0) if per_stage is not None else 0.0
+
+    def _inputs(self, d: Dispatch, live: list[Sample]) -> list[HopTensor]:
+        """The batch's input: the model's inputs for stage 0, else what the previous dispatch carried."""
+        first = d.stages[0].stage
+        pipe = self.pipelines[d.pipeline_id]
+        if first == 0:
+            specs = self.models[d.model].inputs
+            return [HopTensor(t, [len(live), *t.shape],
+                              array=np.concatenate([s.call.checked.inputs[t.name][s.row:s.row + 1] for s in live]))
+                    for t in specs]
+        return [HopTensor(t, [len(live), *t.shape], array=np.concatenate([s.carry[t.name] for s in live]))  # type: ignore[index]
+                for t in pipe.stages[first].inputs]
+
+    async def _run(self, d: Dispatch, samples: list[Sample]) -> None:
+        drv = self.driver
+        assert drv is not None
+        live = [s for s in samples if s.wanted]
+        if not live:
+            drv.forget(d)
+            return
+        pipe = self.pipelines[d.pipeline_id]
+        self.metrics.batch_size.labels(d.model).observe(len(live))
+        self.answers.counters[d.model].executions += 1
+        hops: list[HopTensor] = []
+        try:
+            hops = self._inputs(d, live)
+            deadline_us = max(s.call.deadline_us for s in live)
+            for k, a in enumerate(d.stages):
+                if d.reserved:  # send ahead of the reserved compute start by the stage's lead time
+                    wait = (a.start_us - self._lead(d.pipeline_id, a.stage, len(live)) - now_us()) / 1e6
+                    if wait > 0:
+                        await asyncio.sleep(wait)
+                nxt = d.stages[k + 1].vgpu if k + 1 < len(d.stages) else None
+                if a.stage > 0 and hops:
+                    self.metrics.hops.labels("shm" if hops[0].region is not None else "grpc").inc()
+                hops, timing = await self.run_stage(a.vgpu, pipe.stages[a.stage], hops, nxt, deadline_us,
+                                                    f"{d.id}.{a.stage}")
+                if timing is not None:
+                    drv.stage_done(d, a.stage, timing.start_us, timing.end_us)
+                    self._record(d, a.stage, a.vgpu, len(live), timing)
+        except StageFault as f:
+            self.release(hops)
+            self._on_fault(drv, d, f, live)
+            return
+        except asyncio.CancelledError:
+            self.release(hops)
+            raise
+        except Exception as e:  # noqa: BLE001 - never leave a client waiting on a bug: answer, log, go on
+            log.exception("event=dispatch_failed dispatch=%d", d.id)
+            self.release(hops)
+            drv.forget(d)
+            for s in live:
+                self.answers.fail(s.call, ServeError(grpc.StatusCode.INTERNAL, f"dispatch {d.id} failed: {e}"))
+            return
+        drv.completed(d, now_us())
+        outputs = {h.spec.name: h.array for h in hops}
+        if d.final:
+            self.answers.complete(live, outputs)  # type: ignore[arg-type]
+        else:
+            for i, s in enumerate(live):
+                s.carry = {n: a[i:i + 1] for n, a in outputs.items()}  # type: ignore[index]
+        self.kick()
+
+    def _record(self, d: Dispatch, stage: int, vgpu: str, batch: int, t: StageTiming) -> None:
+        self.metrics.vgpu_busy.labels(vgpu).inc(max(t.end_us - t.start_us, 0.0) / 1e6)
+        if self.batch_log is not None:
+            self.batch_log.stage(d, stage, vgpu, batch, t.start_us, t.end_us)
+        if log.isEnabledFor(logging.DEBUG):
+            a = next(x for x in d.stages if x.stage == stage)
+            log.debug("event=stage dispatch=%d stage=%d vgpu=%s batch=%d planned_us=%.0f-%.0f measured_us=%.0f-%.0f "
+                      "send_to_compute=%.0f compute_to_recv=%.0f", d.id, stage, vgpu, batch, a.start_us, a.end_us,
+                      t.start_us, t.end_us, t.start_us - t.send_us, t.recv_us - t.end_us)
+
+    def _on_fault(self, drv: Driver, d: Dispatch, fault: StageFault, live: list[Sample]) -> None:
+        code = fault.error.code()
+        # A server restarted between health checks has lost our shm registrations: treat it as down; the
+        # health loop registers the pool again when it rejoins.
+        lost_shm = "shared memory" in (fault.error.details() or "")
+        if (code in CLIENT_FAULTS and not lost_shm) or code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            # The request is wrong, or the server answered too slowly (overload, not down: the call's
+            # timeout is the deadline plus a second): fail the batch, keep the vGPU.
+            drv.forget(d)
+            err = (ServeError(grpc.StatusCode.DEADLINE_EXCEEDED, f"request failed: stage on vGPU {fault.vgpu} ran "
+                                                                 "past the request's deadline (server overloaded)")
+                   if code == grpc.StatusCode.DEADLINE_EXCEEDED else
+                   ServeError(grpc.StatusCode.INTERNAL, f"stage {fault.vgpu} of pipeline {d.pipeline_id} rejected "
+                                                        f"the batch: {fault.error.details()}"))
+            for s in live:
+                self.answers.fail(s.call, err)
+            return
+        self.fleet.set_up(self.fleet.servers[fault.vgpu], False, f"{code.name}: {fault.error.details()}")
+        retried = drv.failed(d, live, now_us(), f"Triton server of vGPU {fault.vgpu} failed ({code.name})")
+        if retried:
+            self.metrics.retries.labels(d.model).inc(retried)
+        log.warning("event=batch_retry dispatch=%d pipeline=%s vgpu=%s retried=%d of=%d", d.id, d.pipeline_id,
+                    fault.vgpu, retried, len(live))
+        self.kick()
+
+    # -- one stage ------------------------------------------------------------------------------------------
+    async def run_stage(self, vgpu: str, stage: StageInfo, inputs: list[HopTensor], next_vgpu: str | None,
+                        deadline_us: float, request_id: str) -> tuple[list[HopTensor], StageTiming | None]:
+        """Run one stage on ``vgpu``; its outputs go to a shared-memory region when ``next_vgpu`` shares the
+        machine's pool. Returns the outputs and the stage's timing (None if the server sent no timestamps)."""
+        t_ready = now_us()
+        srv = self.fleet.servers[vgpu]
+        batch = inputs[0].shape[0]
+        out_region = None
+        if next_vgpu is not None and self.fleet.shares_pool(vgpu, next_vgpu):
+            out_region = await self.fleet.take_region(srv.host)
+        req, offsets = _infer_request(stage, inputs, out_region, batch, request_id)
+        timeout = max(deadline_us - now_us(), 0.0) / 1e6 + 1.0
+        t_send = now_us()
+        try:
+            resp = await srv.stub.ModelInfer(req, timeout=timeout)
+            t_recv = now_us()
+        except grpc.aio.AioRpcError as e:
+            if out_region is not None:
+                self.fleet.give_region(out_region)
+            raise StageFault(vgpu, e) from None
+        self.release(inputs)
+        raw = _raw_outputs(resp, set(offsets))
+        outputs = self._outputs(stage, raw, batch, out_region, offsets)
+        start, end = raw.get(COMPUTE_START_OUTPUT), raw.get(COMPUTE_END_OUTPUT)
+        if start is None or end is None:
+            return outputs, None
+        s_us = wall_ns_to_mono_us(float(np.frombuffer(start[1], np.int64).min()))
+        e_us = wall_ns_to_mono_us(float(np.frombuffer(end[1], np.int64).max()))
+        return outputs, StageTiming(t_ready, t_send, s_us, e_us, t_recv)
+
+    def _outputs(self, stage: StageInfo, raw: dict[str, tuple[list[int], bytes]], batch: int,
+                 out_region: Region | None, offsets: dict[str, int]) -> list[HopTensor]:
+        out = []
+        for spec in stage.outputs:
+            shape = raw[spec.name][0] if spec.name in raw else [batch, *spec.shape]
+            if out_region is not None:
+                out.append(HopTensor(spec, shape, region=out_region, offset=offsets[spec.name]))
+            else:
+                arr = np.frombuffer(raw[spec.name][1], dtype=triton_to_np_dtype(spec.datatype)).reshape(shape)
+                out.append(HopTensor(spec, shape, array=arr))
+        if out_region is not None and not out:
+            self.fleet.give_region(out_region)
+        return out
+
+    def release(self, hops: list[HopTensor]) -> None:
+        seen = set()
+        for h in hops:
+            if h.region is not None and h.region.name not in seen:
+                seen.add(h.region.name)
+                self.fleet.give_region(h.region)
+
+    async def close(self) -> None:
+        for t in list(self.tasks):
+            t.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+def _infer_request(stage: StageInfo, inputs: list[HopTensor], out_region: Region | None, batch: int,
+                   request_id: str) -> tuple[service_pb2.ModelInferRequest, dict[str, int]]:
+    """The stage's ModelInferRequest: inputs as bytes or shm references, outputs (to shm where given) and
+    the compute timestamps; returns it with each shm output's offset."""
+    req = service_pb2.ModelInferRequest(model_name=stage.triton_model, id=request_id)
+    for spec, h in zip(stage.inputs, inputs):
+        t = req.inputs.add(name=spec.name, datatype=spec.datatype, shape=h.shape)
+        if h.region is not None:
+            t.parameters["shared_memory_region"].string_param = h.region.name
+            t.parameters["shared_memory_byte_size"].int64_param = h.nbytes
+            t.parameters["shared_memory_offset"].int64_param = h.offset
+        else:
+            req.raw_input_contents.append(h.array.tobytes())  # type: ignore[union-attr]
+    offsets: dict[str, int] = {}
+    off = 0
+    for spec in stage.outputs:
+        o = req.outputs.add(name=spec.name)
+        if out_region is not None:
+            size = spec.bytes_per_request() * batch
+            o.parameters["shared_memory_region"].string_param = out_region.name
+            o.parameters["shared_memory_byte_size"].int64_param = size
+            o.parameters["shared_memory_offset"].int64_param = off
+            offsets[spec.name] = off
+            off += align(size)
+    for n in TIMING_OUTPUTS:
+        req.outputs.add(name=n)
+    return req, offsets
+
+
+def _raw_outputs(resp: service_pb2.ModelInferResponse, in_shm: set[str]) -> dict[str, tuple[list[int], bytes]]:
+    """name -> (shape, raw bytes); outputs written to shared memory have shape and empty bytes."""
+    aligned = len(resp.raw_output_contents) == len(resp.outputs)
+    out, j = {}, 0
+    for i, o in enumerate(resp.outputs):
+        if aligned:
+            data = resp.raw_output_contents[i]
+        elif o.name in in_shm:
+            data = b""
+        else:
+            data = resp.raw_output_contents[j] if j < len(resp.raw_output_contents) else b""
+            j += 1
+        out[o.name] = (list(o.shape), data)
+    return out

@@ -1,0 +1,200 @@
+"""The fleet of Triton servers behind the sidecar: one gRPC connection per vGPU, health, and the
+shared-memory pools (one per machine) registered with every server of that machine."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import grpc
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from model_repository_gen.manifest import Manifest, PipelineInfo
+from scheduler.server.router import GRPC_OPTIONS
+from scheduler.server.shm_pool import HostPool, Region, align, stale
+
+log = logging.getLogger("poolpipe.sidecar.fleet")
+
+HEALTH_PERIOD_S = 0.5
+
+
+def is_local_address(address: str) -> bool:
+    """True when a server at ``address`` runs on this machine (and so shares /dev/shm with the sidecar)."""
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET) as s:
+            s.bind((address, 0))
+        return True
+    except OSError:
+        return False
+
+
+def machines(manifest: Manifest) -> dict[str, str]:
+    """Host name -> the first host name with the same address: hosts listed separately in the cluster file
+    (e.g. one per GPU type) but on one machine share /dev/shm, so hops between them use shared memory."""
+    first: dict[str, str] = {}
+    return {h.name: first.setdefault(h.address, h.name) for h in manifest.hosts}
+
+
+@dataclass
+class VGpuServer:
+    id: str
+    host: str  # the machine (see machines()): the key of its shared-memory pool
+    grpc_url: str
+    models: tuple[str, ...]
+    channel: grpc.aio.Channel
+    stub: service_pb2_grpc.GRPCInferenceServiceStub
+    up: bool = True
+    registered: set[str] = field(default_factory=set)
+
+
+class Fleet:
+    """Connections, health and shm pools; tells ``on_change(vgpu, up, why)`` when a server leaves or rejoins."""
+
+    def __init__(self, manifest: Manifest, on_change: Callable[[VGpuServer, bool, str], None]) -> None:
+        self.manifest = manifest
+        self.machine = machines(manifest)
+        self.on_change = on_change
+        self.servers: dict[str, VGpuServer] = {}
+        self.pools: dict[str, HostPool] = {}
+        self._health: asyncio.Task | None = None
+
+    async def connect(self) -> None:
+        """Open every channel, build the pools, and bring up the servers that are ready now."""
+        models_on: dict[str, set[str]] = {}
+        for m in self.manifest.models:
+            for p in m.pipelines:
+                for s in p.stages:
+                    for v in s.vgpus:
+                        models_on.setdefault(v, set()).add(s.triton_model)
+        for g in self.manifest.vgpus:
+            ch = grpc.aio.insecure_channel(g.grpc_url, options=GRPC_OPTIONS)
+            self.servers[g.id] = VGpuServer(g.id, self.machine[g.host], g.grpc_url,
+                                            tuple(sorted(models_on.get(g.id, ()))), ch,
+                                            service_pb2_grpc.GRPCInferenceServiceStub(ch))
+        self._build_pools()
+        ups = await asyncio.gather(*[self.bring_up(srv) for srv in self.servers.values()])
+        for srv, ok in zip(self.servers.values(), ups):
+            if not ok:
+                self.set_up(srv, False, "not ready at start")
+
+    def start_health(self) -> None:
+        self._health = asyncio.ensure_future(self._health_loop())
+
+    def _build_pools(self) -> None:
+        """One pool per local machine that has consecutive stages on it; slots fit the largest boundary batch."""
+        host_of = {vid: srv.host for vid, srv in self.servers.items()}
+        local = {self.machine[h.name] for h in self.manifest.hosts if is_local_address(h.address)}
+        pipelines: list[PipelineInfo] = [p for m in self.manifest.models for p in m.pipelines]
+        need: dict[str, int] = {}
+        for p in pipelines:
+            for prev, cur in zip(p.stages, p.stages[1:]):
+                hosts = {host_of[v] for v in prev.vgpus} & {host_of[v] for v in cur.vgpus} & local
+                size = sum(align(t.bytes_per_request() * p.batch) for t in cur.inputs)
+                for h in hosts:
+                    need[h] = max(need.get(h, 0), size)
+        for h, size in need.items():
+            pool = HostPool(h, size)
+            for _ in range(2 * sum(1 for srv in self.servers.values() if srv.host == h)):
+                pool.give(pool.create())
+            self.pools[h] = pool
+            log.info("event=shm_pool host=%s regions=%d slot_bytes=%d", h, len(pool.regions), size)
+
+    def shares_pool(self, a: str, b: str) -> bool:
+        """Whether a hop from vGPU ``a`` to vGPU ``b`` can go through shared memory."""
+        host = self.servers[a].host
+        return self.servers[b].host == host and host in self.pools
+
+    async def take_region(self, host: str) -> Region:
+        pool = self.pools[host]
+        region = pool.take()
+        if region is not None:
+            return region
+        region = pool.create()
+        for srv in self.servers.values():
+            if srv.host == host and srv.up:
+                try:
+                    await self._register(srv, region)
+                except grpc.aio.AioRpcError as e:
+                    self.set_up(srv, False, f"shm registration: {e.code().name}")
+        log.info("event=shm_pool_grow host=%s regions=%d", host, len(pool.regions))
+        return region
+
+    def give_region(self, region: Region) -> None:
+        self.pools[region.host].give(region)
+
+    async def _register(self, srv: VGpuServer, region: Region) -> None:
+        await srv.stub.SystemSharedMemoryRegister(service_pb2.SystemSharedMemoryRegisterRequest(
+            name=region.name, key=region.key, offset=0, byte_size=region.byte_size), timeout=5)
+        srv.registered.add(region.name)
+
+    async def _unregister_all(self, srv: VGpuServer) -> None:
+        for name in list(srv.registered):
+            try:
+                await srv.stub.SystemSharedMemoryUnregister(
+                    service_pb2.SystemSharedMemoryUnregisterRequest(name=name), timeout=2)
+            except grpc.aio.AioRpcError:
+                pass
+            srv.registered.discard(name)
+
+    async def bring_up(self, srv: VGpuServer) -> bool:
+        """Ready check; then drop stale registrations (ours from earlier lives, or a dead sidecar's) and
+        register this machine's pool."""
+        try:
+            ready = await srv.stub.ServerReady(service_pb2.ServerReadyRequest(), timeout=1)
+            if not ready.ready:
+                return False
+            for m in srv.models:
+                r = await srv.stub.ModelReady(service_pb2.ModelReadyRequest(name=m), timeout=1)
+                if not r.ready:
+                    return False
+            status = await srv.stub.SystemSharedMemoryStatus(service_pb2.SystemSharedMemoryStatusRequest(), timeout=2)
+            pool = self.pools.get(srv.host)
+            mine = {r.name for r in pool.regions} if pool else set()
+            for name in status.regions:
+                if stale(name) or name in mine:
+                    await srv.stub.SystemSharedMemoryUnregister(
+                        service_pb2.SystemSharedMemoryUnregisterRequest(name=name), timeout=2)
+            srv.registered.clear()
+            if pool:
+                for r in list(pool.regions):
+                    await self._register(srv, r)
+            return True
+        except grpc.aio.AioRpcError:
+            return False
+
+    def set_up(self, srv: VGpuServer, up: bool, why: str) -> None:
+        if srv.up == up:
+            return
+        srv.up = up
+        log.warning("event=vgpu_%s vgpu=%s url=%s reason=%s", "up" if up else "down", srv.id, srv.grpc_url, why)
+        self.on_change(srv, up, why)
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(HEALTH_PERIOD_S)
+            for srv in list(self.servers.values()):
+                if srv.up:
+                    try:
+                        r = await srv.stub.ServerLive(service_pb2.ServerLiveRequest(), timeout=1)
+                        if not r.live:
+                            self.set_up(srv, False, "not live")
+                    except grpc.aio.AioRpcError as e:
+                        self.set_up(srv, False, f"health check: {e.code().name}")
+                elif await self.bring_up(srv):
+                    self.set_up(srv, True, "healthy again")
+
+    async def close(self) -> int:
+        """Stop the health checks, unregister and remove every region, close the channels; returns regions removed."""
+        if self._health is not None:
+            self._health.cancel()
+            await asyncio.gather(self._health, return_exceptions=True)
+        await asyncio.gather(*[self._unregister_all(srv) for srv in self.servers.values()], return_exceptions=True)
+        removed = sum(len(p.regions) for p in self.pools.values())
+        for pool in self.pools.values():
+            pool.destroy()
+        for srv in self.servers.values():
+            await srv.channel.close()
+        return removed

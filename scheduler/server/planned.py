@@ -1,0 +1,246 @@
+"""The planned service: every model of one manifest behind the Router (KServe infer, ready, metadata, config,
+statistics), served by the shared driver loop (scheduler.core.driver) on the event loop's clock with the
+live executor. It owns the life cycle: connect the fleet, calibrate, step the driver, shut down cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+
+from tritonclient.grpc import model_config_pb2 as mc
+from tritonclient.grpc import service_pb2
+
+from model_repository_gen.manifest import Manifest, load_manifest
+from poolpipe_common.errors import InputError
+from poolpipe_common.tensors import TensorSpec
+from scheduler.core import make_scheduler
+from scheduler.core.driver import Driver, DriverConfig
+from scheduler.server.batch_log import BatchLog
+from scheduler.server.calibration import NotCalibratable, StageOverheads, calibrate_pipeline
+from scheduler.server.calls import Answers, ClientCall, Sample, now_us, shutting_down
+from scheduler.server.client_shm import ClientShmRegistry
+from scheduler.server.executor import LiveExecutor, StageFault
+from scheduler.server.fleet import Fleet, VGpuServer
+from scheduler.server.manifest_topology import topology_from_manifest
+from scheduler.server.metrics import SidecarMetrics
+from scheduler.server.shm_pool import remove_stale_regions
+from scheduler.server.validate import check_request
+
+log = logging.getLogger("poolpipe.sidecar.planned")
+
+DEFAULT_POLICY = "ppipe"
+LIVE_POLICIES = ("ppipe", "fifs", "elsa", "reactive")
+
+
+class PlannedModels:
+    """The PlannedService of the Router for every model of one manifest."""
+
+    def __init__(self, manifest: Manifest, policy: str, metrics: SidecarMetrics,
+                 batch_log: Path | None = None) -> None:
+        self.manifest = manifest
+        self.policy = DEFAULT_POLICY if policy == "auto" else policy
+        if self.policy not in LIVE_POLICIES:
+            raise InputError(f"--policy {policy}: choose one of {', '.join(('auto',) + LIVE_POLICIES)}")
+        self.metrics = metrics
+        self.models = {m.name: m for m in manifest.models}
+        self.pipelines = {p.id: p for m in manifest.models for p in m.pipelines}
+        self.answers = Answers(metrics, list(self.models))
+        self.fleet = Fleet(manifest, self._vgpu_changed)
+        self.executor = LiveExecutor(self.fleet, self.models, self.pipelines, self.answers, metrics,
+                                     BatchLog(batch_log) if batch_log else None)
+        self.executor.kick = self._kick_loop
+        self.overheads: dict[str, StageOverheads] = {}  # pipeline id -> calibrated lead/tail
+        self.driver = self._new_driver()
+        self._kick = asyncio.Event()
+        self._wake_us: float | None = None
+        self._loop_task: asyncio.Task | None = None
+        self._calibrating: asyncio.Task | None = None
+        self._closing = False
+
+    @property
+    def client_shm(self) -> ClientShmRegistry | None:
+        return self.answers.client_shm
+
+    @client_shm.setter
+    def client_shm(self, registry: ClientShmRegistry | None) -> None:
+        self.answers.client_shm = registry
+
+    # --- life cycle ----------------------------------------------------------------------------------------
+    @classmethod
+    async def create(cls, manifest_path: Path, policy: str, metrics: SidecarMetrics,
+                     batch_log: Path | None = None) -> "PlannedModels":
+        self = cls(load_manifest(manifest_path), policy, metrics, batch_log)
+        removed = remove_stale_regions()
+        if removed:
+            log.info("event=stale_shm_removed count=%d regions=%s", len(removed), ",".join(removed))
+        await self.fleet.connect()
+        for srv in self.fleet.servers.values():
+            metrics.vgpu_up.labels(srv.id).set(1 if srv.up else 0)
+        await self._calibrate(None)
+        self._loop_task = asyncio.ensure_future(self._scheduler_loop())
+        self.fleet.start_health()
+        return self
+
+    def _new_driver(self) -> Driver:
+        """A driver over the topology with the calibrated tails; the core's clock leads by the least
+        first-stage lead once every pipeline is calibrated (one clock for every model)."""
+        topology = topology_from_manifest(self.manifest, {p: o.tail_us for p, o in self.overheads.items()})
+        lead = 0.0
+        if self.overheads and len(self.overheads) == len(self.pipelines):
+            lead = min(min(o.lead_us[0].values(), default=0.0) for o in self.overheads.values())
+        drv = Driver(make_scheduler(self.policy, topology), topology, self.executor,
+                     DriverConfig.live(clock_lead_us=lead))
+        for srv in self.fleet.servers.values():
+            if not srv.up:
+                drv.set_vgpu_up(srv.id, False, now_us())
+        self.executor.driver = drv
+        self.executor.lead_us = {p: o.lead_us for p, o in self.overheads.items()}
+        return drv
+
+    async def _calibrate(self, rejoined: str | None) -> None:
+        """Calibrate the pipelines not calibrated yet (and, when ``rejoined`` names a vGPU, those it serves);
+        a newly calibrated pipeline gets a new driver, which takes over the old one's queue."""
+        todo = [p for p in self.pipelines.values()
+                if p.id not in self.overheads or (rejoined and any(rejoined in s.vgpus for s in p.stages))]
+        new = False
+        for p in todo:
+            try:
+                o = await calibrate_pipeline(self.executor, p, self.models[p.id.rsplit("/", 1)[0]], rejoined)
+            except (NotCalibratable, StageFault) as e:
+                log.warning("event=calibration_skipped pipeline=%s reason=%s", p.id, e)
+                continue
+            new = new or p.id not in self.overheads
+            self.overheads[p.id] = o
+            for k, (lead, tail) in enumerate(zip(o.lead_us, o.tail_us)):
+                log.info("event=stage_lead pipeline=%s stage=%d %s", p.id, k,
+                         " ".join(f"batch{b}_us={lead[b]:.0f} tail{b}_us={tail[b]:.0f}" for b in sorted(lead)))
+        if new:
+            old = self.driver
+            self.driver = self._new_driver()
+            self.driver.adopt(old.queued(), now_us())
+            log.info("event=clock_lead calibrated=%d/%d lead_us=%.0f", len(self.overheads), len(self.pipelines),
+                     self.driver.lead_us)
+        else:
+            self.executor.lead_us = {p: o.lead_us for p, o in self.overheads.items()}
+        self._kick_loop()
+
+    def _vgpu_changed(self, srv: VGpuServer, up: bool, why: str) -> None:
+        self.metrics.vgpu_up.labels(srv.id).set(1 if up else 0)
+        self.driver.set_vgpu_up(srv.id, up, now_us())
+        self._kick_loop()
+        if up and self._loop_task is not None and not self._closing:
+            self._calibrate_later(srv.id)
+
+    def _calibrate_later(self, rejoined: str) -> None:
+        prev = self._calibrating
+
+        async def run() -> None:
+            if prev is not None:
+                await asyncio.gather(prev, return_exceptions=True)
+            await self._calibrate(rejoined)
+
+        self._calibrating = asyncio.ensure_future(run())
+
+    async def close(self) -> None:
+        self._closing = True
+        for t in (self._loop_task, self._calibrating):
+            if t is not None:
+                t.cancel()
+                await asyncio.gather(t, return_exceptions=True)
+        await self.executor.close()
+        for tk in list(self.driver.tickets.values()):
+            self.answers.fail(tk.item.call, shutting_down())
+        self.driver.tickets.clear()
+        removed = await self.fleet.close()
+        if self.executor.batch_log is not None:
+            self.executor.batch_log.close()
+        log.info("event=planned_closed shm_regions_removed=%d", removed)
+
+    # --- the scheduler loop --------------------------------------------------------------------------------
+    def _kick_loop(self) -> None:
+        self._kick.set()
+
+    async def _scheduler_loop(self) -> None:
+        while True:
+            timeout = None if self._wake_us is None else max(0.0, (self._wake_us - now_us()) / 1e6)
+            try:
+                await asyncio.wait_for(self._kick.wait(), timeout)
+            except asyncio.TimeoutError:
+                pass
+            self._kick.clear()
+            t0 = time.perf_counter()
+            try:
+                self._wake_us = self.driver.step(now_us())
+            except Exception:  # noqa: BLE001 - a policy bug must not stop serving: log it, keep the loop
+                log.exception("event=step_failed")
+                self._wake_us = None
+            self.metrics.decision.observe(time.perf_counter() - t0)
+
+    # --- the Router's PlannedService -----------------------------------------------------------------------
+    def has(self, model: str) -> bool:
+        return model in self.models
+
+    def names(self) -> list[str]:
+        return list(self.models)
+
+    def ready(self, model: str) -> bool:
+        """Ready while some calibrated pipeline has a vGPU in service at every stage."""
+        servers = self.fleet.servers
+        return any(p.id in self.overheads and all(any(servers[v].up for v in s.vgpus) for s in p.stages)
+                   for p in self.models[model].pipelines)
+
+    def metadata(self, model: str) -> service_pb2.ModelMetadataResponse:
+        m = self.models[model]
+
+        def tensors(ts: tuple[TensorSpec, ...]) -> list:
+            return [service_pb2.ModelMetadataResponse.TensorMetadata(name=t.name, datatype=t.datatype,
+                                                                     shape=[-1, *t.shape]) for t in ts]
+        return service_pb2.ModelMetadataResponse(name=m.name, versions=["1"], platform="poolpipe_pipeline",
+                                                 inputs=tensors(m.inputs), outputs=tensors(m.outputs))
+
+    def config(self, model: str) -> service_pb2.ModelConfigResponse:
+        m = self.models[model]
+        cfg = mc.ModelConfig(name=m.name, platform="poolpipe_pipeline", max_batch_size=m.max_batch_size)
+        for t in m.inputs:
+            cfg.input.add(name=t.name, data_type=mc.DataType.Value("TYPE_" + t.datatype), dims=list(t.shape))
+        for t in m.outputs:
+            cfg.output.add(name=t.name, data_type=mc.DataType.Value("TYPE_" + t.datatype), dims=list(t.shape))
+        cfg.parameters["poolpipe_slo_us"].string_value = str(m.slo_us)
+        cfg.parameters["poolpipe_pipelines"].string_value = ",".join(p.id for p in m.pipelines)
+        return service_pb2.ModelConfigResponse(config=cfg)
+
+    def statistics(self, model: str) -> service_pb2.ModelStatistics:
+        return self.answers.statistics(model)
+
+    def refresh_gauges(self) -> None:
+        queues = self.driver.queue_lengths()
+        for m in self.models:
+            self.metrics.queue_length.labels(m).set(queues.get(m, 0))
+
+    async def infer(self, request: service_pb2.ModelInferRequest, deadline_s: float | None
+                    ) -> service_pb2.ModelInferResponse:
+        if self._closing:
+            raise shutting_down()
+        model = self.models[request.model_name]
+        assert self.answers.client_shm is not None
+        t = now_us()  # before decoding the input: that time counts against the deadline too
+        checked = check_request(request, model, self.answers.client_shm)
+        deadline = t + model.slo_us
+        if checked.timeout_us is not None:
+            deadline = min(deadline, t + checked.timeout_us)
+        if deadline_s is not None:
+            deadline = min(deadline, deadline_s * 1e6)
+        call = ClientCall(model, request, checked, asyncio.get_running_loop().create_future(), t, deadline,
+                          [None] * checked.batch, checked.batch)
+        for row in range(checked.batch):
+            self.driver.submit(Sample(call, row), model.name, now_us(), deadline)
+        self._kick_loop()
+        try:
+            return await call.future
+        except asyncio.CancelledError:  # the client went away: its samples are skipped when dispatched
+            if not call.future.done():
+                call.future.cancel()
+            raise
+

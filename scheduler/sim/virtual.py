@@ -1,0 +1,264 @@
+"""The simulator's executor: a virtual cluster of vGPUs and server NICs on a virtual clock (heapq).
+
+A vGPU runs one stage at a time in the order work becomes ready; a reserved stage
+(``Dispatch.reserved``) does not start computing before its reserved start. A transfer between servers
+holds the source server's uplink and the destination's downlink for bytes x batch / bandwidth. Stage
+latency comes from the topology's tables, times optional log-normal noise and a slowdown. What a live
+executor adds on top (``Overheads``: a lead from send to compute, a tail from compute end to the
+response, late wake-ups of the driver) and failing servers (``Fault``) can be given, so that the shared
+driver's margin learning and retries act here as they do live.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from scheduler.core.api import Dispatch
+from scheduler.core.driver import Driver
+from scheduler.core.topology import Pipeline, Topology
+
+ARRIVE, WAKE, XFER, READY, END, DOWN, UP = range(7)
+
+
+@dataclass(frozen=True)
+class Overheads:
+    """Per-stage costs a live executor has beyond the profiled compute (µs), and the driver's wake lateness."""
+
+    lead_us: float = 0.0  # stage sent -> its compute starts (serialisation, the server's input copy)
+    tail_us: float = 0.0  # compute end -> response back at the driver
+    wake_late_us: float = 0.0  # mean (exponential) lateness of a requested wake-up
+    slowdown: float = 1.0  # compute takes this times the profiled latency
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> "Overheads":
+        known = {k: float(raw[k]) for k in ("lead_us", "tail_us", "wake_late_us", "slowdown") if k in raw}
+        return cls(**known)
+
+
+@dataclass(frozen=True)
+class Fault:
+    """vGPU ``vgpu`` fails every stage sent to it in [at_us, until_us); the driver hears of it at the first."""
+
+    vgpu: str
+    at_us: float
+    until_us: float
+
+
+@dataclass
+class Batch:
+    """One executed stage, for timelines."""
+
+    vgpu: str
+    start_us: float
+    end_us: float
+    dispatch_id: int
+    model: str
+    stage: int
+    batch: int
+
+
+class _Flight:
+    """A dispatched batch moving through its stages."""
+
+    __slots__ = ("d", "pipeline", "items", "starts")
+
+    def __init__(self, d: Dispatch, pipeline: Pipeline, items: list[Any]) -> None:
+        self.d = d
+        self.pipeline = pipeline
+        self.items = items
+        self.starts: list[float] = [0.0] * len(d.stages)
+
+
+def stage_latency(latency_us: dict[int, float], batch: int) -> float:
+    """The table's latency at ``batch``: the next larger batch's, or linear beyond the largest."""
+    lat = latency_us.get(batch)
+    if lat is not None:
+        return lat
+    top = max(latency_us)
+    if top >= batch:
+        return latency_us[min(x for x in latency_us if x >= batch)]
+    return latency_us[top] * batch / top
+
+
+class VirtualExecutor:
+    """Executes dispatches on the virtual clock; the simulation loop pops its events with ``pop_due``."""
+
+    def __init__(self, topology: Topology, duration_us: float, *, noise_cv: float = 0.0, seed: int = 0,
+                 overheads: Overheads | None = None, faults: Sequence[Fault] = (), record_timeline: bool = False,
+                 on_done: Callable[[Any, float], None], on_reject: Callable[[Any, str, str], None]) -> None:
+        self.topology = topology
+        self.duration_us = duration_us
+        self.rng = np.random.default_rng(seed + 7919)
+        self.sigma = math.sqrt(math.log(1.0 + noise_cv * noise_cv)) if noise_cv > 0 else 0.0
+        self.ov = overheads or Overheads()
+        self.server = {v: vg.server for v, vg in topology.vgpus.items()}
+        self.pipeline_of = {p.id: p for ps in topology.pipelines.values() for p in ps}
+        self.busy = {v: 0.0 for v in topology.vgpus}
+        self.vfree = {v: 0.0 for v in topology.vgpus}
+        self.upfree: dict[str, float] = {}
+        self.downfree: dict[str, float] = {}
+        self.down: set[str] = set()
+        self.record_timeline = record_timeline
+        self.timeline: list[Batch] = []
+        self.paths: dict[int, list[str]] = {}
+        self.on_done = on_done
+        self.on_reject = on_reject
+        self.driver: Driver | None = None
+        self.batch_sizes: Counter = Counter()
+        self.dispatches = 0
+        self.now = 0.0
+        self.heap: list = []
+        self._seq = 0
+        self._wakes: set[float] = set()
+        for f in faults:
+            self.push(f.at_us, DOWN, f.vgpu, 0)
+            self.push(f.until_us, UP, f.vgpu, 0)
+
+    # -- the Executor protocol ------------------------------------------------------------------------------
+    def execute(self, dispatch: Dispatch, items: list[Any]) -> None:
+        fl = _Flight(dispatch, self.pipeline_of[dispatch.pipeline_id], items)
+        self.dispatches += 1
+        self.batch_sizes[len(items)] += 1
+        if self.record_timeline:
+            self.paths[dispatch.id] = [a.vgpu for a in dispatch.stages]
+        self._advance(fl, 0, self.now)
+
+    def reject(self, item: Any, model: str, reason: str, *, failure: bool = False) -> None:
+        self.on_reject(item, model, reason)
+
+    # -- events ---------------------------------------------------------------------------------------------
+    def push(self, when: float, kind: int, obj: Any, k: int) -> None:
+        self._seq += 1
+        heapq.heappush(self.heap, (when, self._seq, kind, obj, k))
+
+    def next_time(self) -> float:
+        return self.heap[0][0] if self.heap else math.inf
+
+    def wake_at(self, w: float | None) -> None:
+        """The driver asked to be stepped at ``w``; it comes late by the configured lateness."""
+        if w is None:
+            return
+        if w <= self.now:
+            w = self.now + 1.0
+        if self.ov.wake_late_us > 0:
+            w += float(self.rng.exponential(self.ov.wake_late_us))
+        if w not in self._wakes:
+            self._wakes.add(w)
+            self.push(w, WAKE, w, 0)
+
+    def run_due(self, t: float) -> None:
+        """Handle every event at or before ``t``."""
+        self.now = t
+        heap = self.heap
+        while heap and heap[0][0] <= t:
+            _, _, kind, obj, k = heapq.heappop(heap)
+            if kind == WAKE:
+                self._wakes.discard(obj)
+            elif kind == XFER:
+                self._transfer(obj, k, t)
+            elif kind == READY:
+                self._compute(obj, k, t)
+            elif kind == END:
+                self._stage_end(obj, k, t)
+            elif kind == DOWN:
+                self.down.add(obj)
+            elif kind == UP:
+                self.down.discard(obj)
+                self._driver().set_vgpu_up(obj, True, t)
+
+    def _driver(self) -> Driver:
+        assert self.driver is not None, "VirtualExecutor.driver must be set before running"
+        return self.driver
+
+    def _advance(self, fl: _Flight, k: int, t: float) -> None:
+        """Stage k's input is at hand at t: transfer it if it crosses servers, then send it."""
+        d = fl.d
+        a = d.stages[k]
+        st = fl.pipeline.stages[a.stage]
+        crosses = (self.server[d.stages[k - 1].vgpu] != self.server[a.vgpu] if k > 0
+                   else a.transfer_start_us is not None)
+        if st.in_bytes_per_request > 0 and crosses:
+            ts = a.transfer_start_us if d.reserved and a.transfer_start_us is not None else t
+            self.push(max(ts, t), XFER, fl, k)
+        else:
+            self._send(fl, k, t)
+
+    def _send(self, fl: _Flight, k: int, t: float) -> None:
+        """Send stage k no earlier than its reserved start less the lead; it reaches the server a lead later."""
+        a = fl.d.stages[k]
+        lead = self.ov.lead_us
+        send = a.start_us - lead if fl.d.reserved and a.start_us - lead > t else t
+        self.push(send + lead, READY, fl, k)
+
+    def _transfer(self, fl: _Flight, k: int, t: float) -> None:
+        d = fl.d
+        a = d.stages[k]
+        st = fl.pipeline.stages[a.stage]
+        dur = st.in_bytes_per_request * len(d.requests) * self.topology.us_per_byte
+        dst = self.server[a.vgpu]
+        if k > 0:
+            src = self.server[d.stages[k - 1].vgpu]
+            s0 = max(t, self.upfree.get(src, 0.0), self.downfree.get(dst, 0.0))
+            self.upfree[src] = s0 + dur
+        else:
+            s0 = max(t, self.downfree.get(dst, 0.0))
+        self.downfree[dst] = s0 + dur
+        self._send(fl, k, s0 + dur)
+
+    def _compute(self, fl: _Flight, k: int, t: float) -> None:
+        d = fl.d
+        a = d.stages[k]
+        v = a.vgpu
+        if v in self.down:
+            self._fail(fl, v, t)
+            return
+        s0 = max(t, self.vfree[v])
+        b = len(d.requests)
+        lat = stage_latency(fl.pipeline.stages[a.stage].latency_us, b) * self.ov.slowdown
+        if self.sigma:
+            lat *= math.exp(self.rng.normal(-0.5 * self.sigma * self.sigma, self.sigma))
+        e = s0 + lat
+        self.vfree[v] = e
+        self.busy[v] += max(0.0, min(e, self.duration_us) - min(s0, self.duration_us))
+        fl.starts[k] = s0
+        if self.record_timeline:
+            self.timeline.append(Batch(v, s0, e, d.id, d.model, a.stage, b))
+        self.push(e + self.ov.tail_us, END, fl, k)
+
+    def _stage_end(self, fl: _Flight, k: int, t: float) -> None:
+        d = fl.d
+        drv = self._driver()
+        drv.stage_done(d, d.stages[k].stage, fl.starts[k], t - self.ov.tail_us)
+        if k + 1 < len(d.stages):
+            self._advance(fl, k + 1, t)
+            return
+        drv.completed(d, t)
+        if d.final:
+            for item in fl.items:
+                self.on_done(item, t)
+
+    def _fail(self, fl: _Flight, vgpu: str, t: float) -> None:
+        drv = self._driver()
+        drv.set_vgpu_up(vgpu, False, t)
+        drv.failed(fl.d, fl.items, t, f"vGPU {vgpu} failed")
+
+
+def utilization(topology: Topology, busy: dict[str, float], duration_us: float) -> dict[str, float]:
+    """Busy fraction per GPU type: Σ vGPU busy time / V over (GPUs of that type in the cluster x duration)."""
+    per_type: dict[str, float] = {}
+    for v, b in busy.items():
+        vg = topology.vgpus[v]
+        per_type[vg.gpu_type] = per_type.get(vg.gpu_type, 0.0) + b / vg.v
+    out = {}
+    for gtype in sorted(set(per_type) | set(topology.gpu_counts)):
+        n = topology.gpu_counts.get(gtype) or len({v.split(":")[0] for v in busy
+                                                   if topology.vgpus[v].gpu_type == gtype})
+        out[gtype] = per_type.get(gtype, 0.0) / (n * duration_us) if n and duration_us > 0 else 0.0
+    return out
