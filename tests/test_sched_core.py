@@ -136,7 +136,7 @@ def req(i: int, t: float, slo: float) -> Request:
 
 
 def test_ppipe_waits_for_a_full_batch_but_not_past_the_deadline():
-    s = make_scheduler("ppipe", one_stage({1: 10.0, 2: 15.0}, 2, 100.0))
+    s = make_scheduler("ppipe", one_stage({1: 10.0, 2: 15.0}, 2, 100.0), fill_aware=False)  # the paper's rule
     s.enqueue(req(0, 0.0, 100.0))
     r = s.step(0.0)
     assert not r.dispatches and r.wake_at_us == pytest.approx(90.0)  # batch 1 takes 10: start by 90
@@ -147,6 +147,27 @@ def test_ppipe_waits_for_a_full_batch_but_not_past_the_deadline():
     assert not s.step(30.0).dispatches
     r = s.step(120.0)  # the wake-up: dispatch the lone request, finishing exactly at its deadline
     assert [d.batch for d in r.dispatches] == [1] and r.dispatches[0].completion_us == 130.0
+
+
+def test_ppipe_holds_a_batch_only_when_the_arrival_rate_can_fill_it():
+    """fill_aware (the default): at a rate the vGPU serves easily at batch 1, a lone request goes at once;
+    at a rate it cannot serve one by one, it waits for the batch as the paper does."""
+    s = make_scheduler("ppipe", one_stage({1: 10.0, 2: 15.0}, 2, 100.0))
+    t = 0.0
+    for i in range(4):  # one request every 1000 µs: 0.001/µs against a capacity of 0.1/µs at batch 1
+        s.enqueue(req(i, t, t + 100.0))
+        r = s.step(t)
+        assert [d.batch for d in r.dispatches] == [1] and r.dispatches[0].stages[0].start_us == t
+        t += 1000.0
+    busy = make_scheduler("ppipe", one_stage({1: 10.0, 2: 15.0}, 2, 100.0))
+    t, batches = 0.0, []
+    for i in range(8):  # one request every 8 µs: 0.125/µs, above what batch 1 sustains (0.1/µs)
+        busy.enqueue(req(i, t, t + 100.0))
+        r = busy.step(t)
+        batches += [d.batch for d in r.dispatches]
+        t += 8.0
+    assert batches == [1, 2, 2, 2]  # the first goes alone (no rate known yet), then in pairs
+    assert not r.dispatches and r.wake_at_us is not None and r.wake_at_us > t - 8.0  # the 8th waits
 
 
 def test_ppipe_shrinks_the_batch_to_meet_the_oldest_deadline_then_drops():
@@ -176,7 +197,7 @@ def test_ppipe_tries_another_pipeline_before_dropping():
 
 
 def test_ppipe_does_not_reprobe_while_waiting_unless_something_changed():
-    s = make_scheduler("ppipe", one_stage({1: 10.0, 2: 15.0}, 2, 100.0, n=2))
+    s = make_scheduler("ppipe", one_stage({1: 10.0, 2: 15.0}, 2, 100.0, n=2), fill_aware=False)  # holds a lone request
     s.enqueue(req(0, 0.0, 100.0))
     assert s.step(0.0).wake_at_us == pytest.approx(90.0)
     probes = s.probe_calls
