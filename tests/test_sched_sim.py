@@ -162,6 +162,23 @@ def test_simulate_cli_end_to_end(tmp_path, ppipe_plan):
         assert (tmp_path / "plots" / png).read_bytes()[:4] == b"\x89PNG"
 
 
+def test_simulate_with_live_overheads_uses_the_live_driver(tmp_path, ppipe_plan):
+    """--overheads (as the sidecar writes them) makes the simulation run the sidecar's driver with its costs:
+    a slow executor then sheds (margin) instead of finishing late, and the result says what it ran."""
+    ppipe_plan.save(tmp_path / "p.json")
+    (tmp_path / "ov.json").write_text(json.dumps({"format": "poolpipe.overheads/1", "lead_us": 2000,
+                                                 "tail_us": 1500, "wake_late_us": 300, "slowdown": 1.1}))
+    r = run_cli("simulate", "--plan", tmp_path / "p.json", "--load-factors", "0.5", "--duration-s", "1",
+                "--jobs", "1", "--overheads", tmp_path / "ov.json", "--out", tmp_path / "r.json")
+    assert r.returncode == 0, r.stderr
+    res = json.loads((tmp_path / "r.json").read_text())
+    assert res["driver"] == "live" and res["overheads"]["tail_us"] == 1500
+    (tmp_path / "bad.json").write_text(json.dumps({"lead_us": -1}))
+    r = run_cli("simulate", "--plan", tmp_path / "p.json", "--overheads", tmp_path / "bad.json",
+                "--out", tmp_path / "r.json")
+    assert r.returncode == 2 and "lead_us must be >= 0" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize("args, field", [
     (["--plan", "/nonexistent/plan.json"], "cannot read plan"),
     (["--trace", "zipf"], "--trace"),

@@ -29,6 +29,7 @@ from tritonclient.utils import InferenceServerException
 from runtime.launch import Deployment
 from runtime.sidecar_process import SidecarProcess
 from runtime.testbed import build_deployment
+from scheduler.core.overheads import Overheads
 from scheduler.server.shm_pool import PREFIX
 
 pytestmark = pytest.mark.triton
@@ -314,13 +315,19 @@ def test_killed_server_loses_no_request_and_rejoins(testbed: dict) -> None:
     assert _metric(m, "poolpipe_sidecar_vgpu_up", f'vgpu="{victim_id}"') == 0
     # Later requests are served by the remaining servers, without errors.
     after = asyncio.run(load(1.0, None))
-    assert after and all(isinstance(r, np.ndarray) for r in after), [r for r in after if not isinstance(r, np.ndarray)][:3]
+    failed = [r for r in after if not isinstance(r, np.ndarray)]
+    assert after and not failed, failed[:3]
     # The server comes back (same ports) and rejoins once healthy.
     victim.proc = None
     victim.start()
     deadline = time.monotonic() + 20
     while _metric(_metrics(sc), "poolpipe_sidecar_vgpu_up", f'vgpu="{victim_id}"') != 1:
         assert time.monotonic() < deadline, "the restarted server did not rejoin"
+        time.sleep(0.2)
+    # ... and is calibrated when it rejoins (its pipeline measured through it)
+    calibrated = f"event=calibrated pipeline=resnet/0 rejoined={victim_id}"
+    while calibrated not in (testbed["work"] / "sidecar.log").read_text():
+        assert time.monotonic() < deadline, "the rejoined server was not calibrated"
         time.sleep(0.2)
 
 
@@ -413,7 +420,8 @@ def test_reactive_policy_runs_live_stage_by_stage(testbed: dict) -> None:
     between pools through the same driver loop): answers equal ONNX Runtime's."""
     work = testbed["work"]
     sc = SidecarProcess(manifest=testbed["deploy"], log_path=work / "reactive.log",
-                        extra_args=("--policy", "reactive", "--batch-log", str(work / "reactive.jsonl"))).start()
+                        extra_args=("--policy", "reactive", "--batch-log", str(work / "reactive.jsonl"),
+                                    "--overheads-out", str(work / "overheads.json"))).start()
     try:
         xs = [_x(1, 300 + i) for i in range(12)]
 
@@ -438,3 +446,6 @@ def test_reactive_policy_runs_live_stage_by_stage(testbed: dict) -> None:
         assert {s["stage"] for s in stages} == {0, 1, 2}
     finally:
         assert sc.stop() == 0
+    # On shutdown it wrote what serving added to the profiled compute, for `simulate --overheads`.
+    ov = Overheads.from_dict(json.loads((work / "overheads.json").read_text()))
+    assert 0 < ov.lead_us < SLO_US and 0 < ov.tail_us < SLO_US and ov.slowdown > 0

@@ -6,7 +6,7 @@ Built from a plan by the simulator (synthetic placement) and from manifest.json 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 @dataclass(frozen=True)
@@ -58,3 +58,16 @@ class Topology:
     def us_per_byte(self) -> float:
         """Transfer time of one byte through a server NIC, in µs."""
         return 8.0 / (self.bandwidth_gbps * 1e3)
+
+
+def with_stage_overhead(topology: Topology, extra_us: float) -> Topology:
+    """The same topology with ``extra_us`` added to every stage latency (the response tail a live executor
+    measures: the next stage, the answer and the server's next compute wait for it)."""
+    if extra_us == 0:
+        return topology
+    def stage(s: Stage) -> Stage:
+        return replace(s, latency_us={b: t + extra_us for b, t in s.latency_us.items()})
+
+    pipelines = {m: tuple(replace(p, stages=tuple(stage(s) for s in p.stages)) for p in ps)
+                 for m, ps in topology.pipelines.items()}
+    return replace(topology, pipelines=pipelines)

@@ -29,6 +29,7 @@ class SidecarConfig:
     policy: str = "auto"
     drain_timeout_s: float = 30.0
     batch_log: Path | None = None
+    overheads_out: Path | None = None
 
 
 class Sidecar:
@@ -46,7 +47,8 @@ class Sidecar:
         c = self.config
         if c.manifest is not None:
             from scheduler.server.planned import PlannedModels  # noqa: PLC0415
-            self.planned = await PlannedModels.create(c.manifest, c.policy, self.metrics, c.batch_log)
+            self.planned = await PlannedModels.create(c.manifest, c.policy, self.metrics, c.batch_log,
+                                                      c.overheads_out)
         self.router = Router(c.passthrough, self.planned, self.metrics)
         if self.planned is not None:
             self.planned.client_shm = self.router.shm

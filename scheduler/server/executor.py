@@ -32,6 +32,7 @@ from scheduler.server.calls import Answers, Sample, now_us
 from scheduler.server.errors import ServeError, shed
 from scheduler.server.fleet import Fleet
 from scheduler.server.metrics import SidecarMetrics
+from scheduler.server.overheads import OverheadMeter
 from scheduler.server.shm_pool import Region, align
 
 log = logging.getLogger("poolpipe.sidecar.executor")
@@ -92,6 +93,7 @@ class LiveExecutor:
         self.kick: Callable[[], None] = lambda: None  # wakes the scheduler loop: something changed
         self.lead_us: dict[str, list[dict[int, float]]] = {}  # pipeline -> stage -> batch -> send-to-compute
         self.tasks: set[asyncio.Task] = set()
+        self.meter = OverheadMeter()
 
     # -- the Executor protocol ------------------------------------------------------------------------------
     def execute(self, dispatch: Dispatch, items: list[Any]) -> None:
@@ -176,6 +178,8 @@ class LiveExecutor:
 
     def _record(self, d: Dispatch, stage: int, vgpu: str, batch: int, t: StageTiming) -> None:
         self.metrics.vgpu_busy.labels(vgpu).inc(max(t.end_us - t.start_us, 0.0) / 1e6)
+        planned = self.pipelines[d.pipeline_id].stages[stage].latency_us.get(batch, 0.0)
+        self.meter.stage(planned, t.start_us, t.end_us, t.recv_us)
         if self.batch_log is not None:
             self.batch_log.stage(d, stage, vgpu, batch, t.start_us, t.end_us)
         if log.isEnabledFor(logging.DEBUG):

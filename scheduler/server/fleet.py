@@ -19,6 +19,10 @@ from scheduler.server.shm_pool import HostPool, Region, align, stale
 log = logging.getLogger("poolpipe.sidecar.fleet")
 
 HEALTH_PERIOD_S = 0.5
+# A server that is not up yet (serve started before launch) or restarting must be noticed within a health
+# period or two, not after gRPC's default reconnect back-off (up to two minutes).
+CHANNEL_OPTIONS = [*GRPC_OPTIONS, ("grpc.initial_reconnect_backoff_ms", 250), ("grpc.min_reconnect_backoff_ms", 250),
+                   ("grpc.max_reconnect_backoff_ms", 1000)]
 
 
 def is_local_address(address: str) -> bool:
@@ -70,7 +74,7 @@ class Fleet:
                     for v in s.vgpus:
                         models_on.setdefault(v, set()).add(s.triton_model)
         for g in self.manifest.vgpus:
-            ch = grpc.aio.insecure_channel(g.grpc_url, options=GRPC_OPTIONS)
+            ch = grpc.aio.insecure_channel(g.grpc_url, options=CHANNEL_OPTIONS)
             self.servers[g.id] = VGpuServer(g.id, self.machine[g.host], g.grpc_url,
                                             tuple(sorted(models_on.get(g.id, ()))), ch,
                                             service_pb2_grpc.GRPCInferenceServiceStub(ch))

@@ -38,7 +38,7 @@ class PlannedModels:
     """The PlannedService of the Router for every model of one manifest."""
 
     def __init__(self, manifest: Manifest, policy: str, metrics: SidecarMetrics,
-                 batch_log: Path | None = None) -> None:
+                 batch_log: Path | None = None, overheads_out: Path | None = None) -> None:
         self.manifest = manifest
         self.policy = DEFAULT_POLICY if policy == "auto" else policy
         if self.policy not in LIVE_POLICIES:
@@ -51,6 +51,8 @@ class PlannedModels:
         self.executor = LiveExecutor(self.fleet, self.models, self.pipelines, self.answers, metrics,
                                      BatchLog(batch_log) if batch_log else None)
         self.executor.kick = self._kick_loop
+        self.meter = self.executor.meter
+        self.overheads_out = overheads_out
         self.overheads: dict[str, StageOverheads] = {}  # pipeline id -> calibrated lead/tail
         self.driver = self._new_driver()
         self._kick = asyncio.Event()
@@ -70,8 +72,8 @@ class PlannedModels:
     # --- life cycle ----------------------------------------------------------------------------------------
     @classmethod
     async def create(cls, manifest_path: Path, policy: str, metrics: SidecarMetrics,
-                     batch_log: Path | None = None) -> "PlannedModels":
-        self = cls(load_manifest(manifest_path), policy, metrics, batch_log)
+                     batch_log: Path | None = None, overheads_out: Path | None = None) -> "PlannedModels":
+        self = cls(load_manifest(manifest_path), policy, metrics, batch_log, overheads_out)
         removed = remove_stale_regions()
         if removed:
             log.info("event=stale_shm_removed count=%d regions=%s", len(removed), ",".join(removed))
@@ -111,8 +113,11 @@ class PlannedModels:
             except (NotCalibratable, StageFault) as e:
                 log.warning("event=calibration_skipped pipeline=%s reason=%s", p.id, e)
                 continue
+            log.info("event=calibrated pipeline=%s rejoined=%s", p.id, rejoined or "-")
             new = new or p.id not in self.overheads
             self.overheads[p.id] = o
+            for lead in o.lead_us:
+                self.meter.calibrated(lead[max(lead)])
             for k, (lead, tail) in enumerate(zip(o.lead_us, o.tail_us)):
                 log.info("event=stage_lead pipeline=%s stage=%d %s", p.id, k,
                          " ".join(f"batch{b}_us={lead[b]:.0f} tail{b}_us={tail[b]:.0f}" for b in sorted(lead)))
@@ -156,6 +161,8 @@ class PlannedModels:
         removed = await self.fleet.close()
         if self.executor.batch_log is not None:
             self.executor.batch_log.close()
+        if self.overheads_out is not None:
+            self.meter.write(self.overheads_out)
         log.info("event=planned_closed shm_regions_removed=%d", removed)
 
     # --- the scheduler loop --------------------------------------------------------------------------------
@@ -168,7 +175,8 @@ class PlannedModels:
             try:
                 await asyncio.wait_for(self._kick.wait(), timeout)
             except asyncio.TimeoutError:
-                pass
+                if self._wake_us is not None:
+                    self.meter.woke(now_us() - self._wake_us)
             self._kick.clear()
             t0 = time.perf_counter()
             try:

@@ -33,6 +33,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "or reactive (per-stage batching, no reservations) (default: auto)")
     p.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
                    help="seconds to let in-flight requests finish on SIGTERM")
+    p.add_argument("--overheads-out", type=Path, metavar="FILE",
+                   help="on shutdown, write what serving added beyond the profiled compute (lead, tail, wake "
+                        "lateness, slowdown) for 'poolpipe simulate --overheads FILE' to predict this sidecar")
     p.add_argument("--batch-log", type=Path, metavar="FILE",
                    help="append one JSON line per executed stage (dispatch, vGPU, batch, measured start/end)")
     p.set_defaults(func=run)
@@ -64,7 +67,7 @@ def config_from_args(args: argparse.Namespace):  # -> SidecarConfig
     return SidecarConfig(manifest=manifest, passthrough=args.passthrough, grpc_port=args.grpc_port,
                          http_port=args.http_port, metrics_port=args.metrics_port, bind=args.bind,
                          policy=args.policy, drain_timeout_s=args.drain_timeout,
-                         batch_log=args.batch_log)
+                         batch_log=args.batch_log, overheads_out=args.overheads_out)
 
 
 def run(args: argparse.Namespace) -> int:

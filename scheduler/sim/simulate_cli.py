@@ -22,7 +22,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--plan", required=True, help="plan.json to simulate")
     p.add_argument("--reference-plan", help="plan.json whose throughputs define load factor 1.0 (default: --plan)")
     p.add_argument("--policy", default="ppipe", choices=tuple(POLICIES), help="data-plane policy (default ppipe)")
-    p.add_argument("--trace", default="poisson", help="poisson | bursty:CV | maf19:FILE | maf21:FILE (default poisson). bursty:CV: gamma "
+    p.add_argument("--trace", default="poisson",
+                   help="poisson | bursty:CV | maf19:FILE | maf21:FILE (default poisson). bursty:CV: gamma "
                    "inter-arrival times with that coefficient of variation (synthetic stress test). The "
                    "PPipe paper's 'bursty' workload is maf21: the Azure Functions 2021 invocation trace, "
                    "folded to the target rate as the paper's simulator does")
@@ -31,9 +32,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--noise-cv", type=float, default=0.0, help="coefficient of variation of stage latency noise")
     p.add_argument("--jobs", type=int, default=0, help="parallel processes (default: all cores)")
+    p.add_argument("--driver", choices=("ideal", "live"), default=None,
+                   help="the loop around the policy: ideal (the policy alone, as the paper's simulator) or live "
+                        "(the sidecar's deadline margins, lateness learning and retries); default: live with "
+                        "--overheads, else ideal")
+    p.add_argument("--overheads", metavar="FILE",
+                   help="what the live executor adds per stage (lead, tail, wake lateness, slowdown), as written "
+                        "by 'poolpipe serve --overheads-out FILE': the simulation then predicts the sidecar")
     p.add_argument("--out", required=True, help="result.json to write")
     p.add_argument("--plot", metavar="DIR", help="write attainment.png and gantt.png here")
     p.set_defaults(func=run)
+
+
+def load_overheads(path: str):
+    """An overheads file (poolpipe serve --overheads-out), validated; bad ones are one-line InputErrors."""
+    from poolpipe_common.documents import read_document
+    from poolpipe_common.errors import InputError
+    from scheduler.core.overheads import Overheads
+
+    raw = read_document(path, "overheads file")
+    if not isinstance(raw, dict):
+        raise InputError(f"--overheads {path}: expected a JSON object with lead_us, tail_us, ...")
+    try:
+        return Overheads.from_dict(raw, f"--overheads {path}")
+    except ValueError as e:
+        raise InputError(str(e)) from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
     if not out.parent.exists():
         raise InputError(f"--out {out}: directory {out.parent} does not exist")
     reference_rates(plan, reference)  # fail early on a model missing from the reference
+    overheads = load_overheads(args.overheads) if args.overheads else None
+    driver = args.driver or ("live" if overheads else "ideal")
 
     with tqdm(total=len(lfs), desc=f"simulate {args.policy}", unit="point", file=sys.stderr) as bar:
         def tick(s: dict) -> None:
@@ -69,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
             bar.set_postfix_str(f"lf={s['load_factor']:.2f} min attainment={100 * att:.1f}%")
             bar.update(1)
         result = sweep(plan, reference, args.policy, trace, lfs, args.duration_s, args.seed,
-                       jobs=args.jobs or None, noise_cv=args.noise_cv, on_point=tick)
+                       jobs=args.jobs or None, noise_cv=args.noise_cv, on_point=tick, driver=driver,
+                       overheads=overheads)
     out.write_text(json.dumps(result, indent=1) + "\n")
 
     if args.plot:
@@ -81,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         lf = result["max_load_factor"] or lfs[0]
         lf = max((x for x in lfs if x <= lf), default=lfs[0])
         job = PointJob(plan, reference_rates(plan, reference), args.policy, trace, lf,
-                       min(args.duration_s, 4.0), args.seed, args.noise_cv)
+                       min(args.duration_s, 4.0), args.seed, args.noise_cv, driver, overheads)
         _, sim = run_point(job, record_timeline=True)
         plot_gantt(sim, d / "gantt.png", title=f"{plan.planner} plan, {args.policy}, load factor {lf:.2f}: "
                                                 "batches per vGPU")

@@ -12,9 +12,13 @@ import numpy as np
 
 from planner.plan import Plan
 from poolpipe_common.errors import InputError
+from scheduler.core.driver import DriverConfig
+from scheduler.core.overheads import Overheads
+from scheduler.core.topology import with_stage_overhead
 from scheduler.sim.workloads import TraceSpec, mixed_arrivals
 
 TARGET_ATTAINMENT = 0.99
+DRIVERS = ("ideal", "live")
 
 
 def parse_load_factors(text: str) -> list[float]:
@@ -55,6 +59,15 @@ class PointJob:
     duration_s: float
     seed: int
     noise_cv: float = 0.0
+    driver: str = "ideal"  # "ideal" (the policy alone) or "live" (the sidecar's margins and learning)
+    overheads: Overheads | None = None  # what the live executor adds (poolpipe serve --overheads-out)
+
+
+def driver_config(driver: str, overheads: Overheads | None) -> DriverConfig:
+    if driver not in DRIVERS:
+        raise InputError(f"--driver {driver!r}: choose one of {', '.join(DRIVERS)}")
+    lead = overheads.clock_lead_us if overheads else 0.0
+    return DriverConfig.live(clock_lead_us=lead) if driver == "live" else DriverConfig.ideal(clock_lead_us=lead)
 
 
 def run_point(job: PointJob, record_timeline: bool = False) -> tuple[dict[str, Any], Any]:
@@ -64,10 +77,13 @@ def run_point(job: PointJob, record_timeline: bool = False) -> tuple[dict[str, A
     from scheduler.sim.placement import topology_from_plan
 
     topo = topology_from_plan(job.plan)
+    if job.overheads is not None:
+        topo = with_stage_overhead(topo, job.overheads.tail_us)
     rates = {m: job.load_factor * r for m, r in job.rates_rps.items()}
     arrivals = mixed_arrivals(job.trace, rates, job.duration_s, job.seed)
     res = simulate(topo, make_scheduler(job.policy, topo), arrivals, job.duration_s * 1e6,
-                   noise_cv=job.noise_cv, seed=job.seed, record_timeline=record_timeline)
+                   noise_cv=job.noise_cv, seed=job.seed, record_timeline=record_timeline,
+                   driver=driver_config(job.driver, job.overheads), overheads=job.overheads)
     models = {}
     for m in job.rates_rps:
         st = res.models.get(m)
@@ -102,11 +118,14 @@ def max_load_factor(points: list[dict[str, Any]], target: float = TARGET_ATTAINM
 
 def sweep(plan: Plan, reference: Plan, policy: str, trace: TraceSpec, load_factors: list[float],
           duration_s: float, seed: int, jobs: int | None = None, noise_cv: float = 0.0,
-          on_point: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+          on_point: Callable[[dict[str, Any]], None] | None = None, driver: str = "ideal",
+          overheads: Overheads | None = None) -> dict[str, Any]:
     """Run every load factor (in parallel processes when jobs > 1) and assemble result.json."""
     rates = reference_rates(plan, reference)
-    work = [PointJob(plan, rates, policy, trace, lf, duration_s, seed, noise_cv) for lf in load_factors]
+    work = [PointJob(plan, rates, policy, trace, lf, duration_s, seed, noise_cv, driver, overheads)
+            for lf in load_factors]
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(work)))
+    driver_config(driver, overheads)  # fail early on a bad name
     summaries: list[dict[str, Any]] = []
     if jobs == 1:
         for w in work:
@@ -119,7 +138,11 @@ def sweep(plan: Plan, reference: Plan, policy: str, trace: TraceSpec, load_facto
                 summaries.append(s)
                 if on_point:
                     on_point(s)
-    return assemble(plan, reference, policy, trace, duration_s, seed, summaries)
+    result = assemble(plan, reference, policy, trace, duration_s, seed, summaries)
+    result["driver"] = driver
+    if overheads is not None:
+        result["overheads"] = overheads.to_dict()
+    return result
 
 
 def assemble(plan: Plan, reference: Plan, policy: str, trace: TraceSpec, duration_s: float, seed: int,

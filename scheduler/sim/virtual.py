@@ -22,24 +22,10 @@ import numpy as np
 
 from scheduler.core.api import Dispatch
 from scheduler.core.driver import Driver
+from scheduler.core.overheads import Overheads
 from scheduler.core.topology import Pipeline, Topology
 
 ARRIVE, WAKE, XFER, READY, END, DOWN, UP = range(7)
-
-
-@dataclass(frozen=True)
-class Overheads:
-    """Per-stage costs a live executor has beyond the profiled compute (µs), and the driver's wake lateness."""
-
-    lead_us: float = 0.0  # stage sent -> its compute starts (serialisation, the server's input copy)
-    tail_us: float = 0.0  # compute end -> response back at the driver
-    wake_late_us: float = 0.0  # mean (exponential) lateness of a requested wake-up
-    slowdown: float = 1.0  # compute takes this times the profiled latency
-
-    @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> "Overheads":
-        known = {k: float(raw[k]) for k in ("lead_us", "tail_us", "wake_late_us", "slowdown") if k in raw}
-        return cls(**known)
 
 
 @dataclass(frozen=True)

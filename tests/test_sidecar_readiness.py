@@ -1,0 +1,44 @@
+"""A sidecar started before its Triton servers (as a user who starts both together): not ready until every
+planned model has a calibrated path, then ready within seconds of the servers, and serving correct answers."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import tritonclient.grpc as grpcclient
+
+from runtime.launch import Deployment
+from runtime.sidecar_process import SidecarProcess
+from runtime.testbed import build_deployment
+
+pytestmark = pytest.mark.triton
+
+
+def test_not_ready_until_calibrated_then_ready_soon_after_the_servers(tmp_path: Path) -> None:
+    deploy, onnx_path, _ = build_deployment(tmp_path, name="resnet", slo_us=500_000.0)
+    sc = SidecarProcess(manifest=deploy, log_path=tmp_path / "sidecar.log").start()
+    try:
+        c = grpcclient.InferenceServerClient(sc.grpc_url)
+        assert c.is_server_live() and not c.is_server_ready() and not c.is_model_ready("resnet")
+        assert "calibration_skipped" in (tmp_path / "sidecar.log").read_text()
+        with Deployment(deploy, check_hardware=False, log_dir=tmp_path / "logs"):
+            t0 = time.monotonic()
+            while not c.is_model_ready("resnet"):
+                assert time.monotonic() - t0 < 15, "the sidecar did not turn ready after its servers did"
+                time.sleep(0.1)
+            took = time.monotonic() - t0
+            assert c.is_server_ready()
+            log = (tmp_path / "sidecar.log").read_text()
+            assert "event=clock_lead calibrated=1/1" in log and took < 8.0, took
+            x = np.random.default_rng(3).standard_normal((2, 3, 112, 112)).astype(np.float32)
+            inp = grpcclient.InferInput("input", list(x.shape), "FP32")
+            inp.set_data_from_numpy(x)
+            got = c.infer("resnet", [inp]).as_numpy("logits")
+            ref = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+            np.testing.assert_allclose(got, ref, atol=1e-4)
+    finally:
+        assert sc.stop() == 0
