@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 from prometheus_client import (
@@ -13,6 +14,7 @@ from prometheus_client import (
 )
 
 _P = "poolpipe_sidecar_"
+ATTAINMENT_WINDOW = 1000
 
 
 @dataclass
@@ -28,8 +30,9 @@ class SidecarMetrics:
         self.drops = Counter(_P + "drops", "Requests shed by the scheduler", ["model", "reason"], registry=r)
         self.slo_met = Counter(_P + "slo_met", "Planned-model requests answered within their deadline", ["model"],
                                registry=r)
-        self.slo_attainment = Gauge(_P + "slo_attainment", "Fraction of finished planned requests that met the SLO",
-                                    ["model"], registry=r)
+        self.slo_attainment = Gauge(_P + "slo_attainment", f"Fraction of the last {ATTAINMENT_WINDOW} finished "
+                                    "planned requests (answered or shed) that met the SLO; lifetime: slo_met / "
+                                    "successes + failures", ["model"], registry=r)
         self.queue_length = Gauge(_P + "queue_length", "Requests waiting in the scheduler", ["model"], registry=r)
         self.batch_size = Histogram(_P + "batch_size", "Dispatched batch sizes", ["model"], registry=r,
                                     buckets=(1, 2, 4, 8, 16, 32, 64))
@@ -43,16 +46,22 @@ class SidecarMetrics:
         self.retries = Counter(_P + "retries", "Batches retried on another path after a server fault", ["model"],
                                registry=r)
         self.hops = Counter(_P + "hops", "Boundary tensors handed between stages, by how", ["kind"], registry=r)
-        self._finished: dict[str, list[int]] = {}
+        self._window: dict[str, deque[bool]] = {}
+        self._met_in_window: dict[str, int] = {}
 
     def finished(self, model: str, met_slo: bool) -> None:
-        """Record one finished planned request (answered or shed) for the attainment gauge."""
-        met, total = self._finished.setdefault(model, [0, 0])
-        self._finished[model] = [met + int(met_slo), total + 1]
+        """Record one finished planned request (answered or shed): the attainment gauge covers a sliding window
+        of the last ATTAINMENT_WINDOW, so one shed at start-up does not pin it for the sidecar's life."""
+        window = self._window.setdefault(model, deque(maxlen=ATTAINMENT_WINDOW))
+        met = self._met_in_window.get(model, 0)
+        if len(window) == window.maxlen and window[0]:
+            met -= 1
+        window.append(met_slo)
+        met += int(met_slo)
+        self._met_in_window[model] = met
         if met_slo:
             self.slo_met.labels(model).inc()
-        m, t = self._finished[model]
-        self.slo_attainment.labels(model).set(m / t)
+        self.slo_attainment.labels(model).set(met / len(window))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
