@@ -28,7 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--http-port", type=int, default=8000, help="KServe v2 HTTP/REST port (default: %(default)s)")
     p.add_argument("--metrics-port", type=int, default=8002, help="Prometheus /metrics port (default: %(default)s)")
     p.add_argument("--bind", default="127.0.0.1", help="address to listen on (default: loopback only)")
-    p.add_argument("--policy", default="auto", help="scheduling policy: auto (= ppipe, reservation-based adaptive batching), ppipe, fifs "
+    p.add_argument("--policy", default="auto",
+                   help="scheduling policy: auto (= ppipe, reservation-based adaptive batching), ppipe, fifs "
                         "or elsa (default: auto)")
     p.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
                    help="seconds to let in-flight requests finish on SIGTERM")
