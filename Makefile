@@ -1,10 +1,14 @@
 # poolpipe: the two set-up commands are `make demo` and `make test`; both create .venv if missing.
+# `make test` runs `make lint` first (ruff, and the import-linter layer contracts in pyproject.toml).
+# VENV may name an existing environment on the command line, e.g. `make lint VENV=/path/to/.venv`: lint installs
+# nothing into an environment that already has its tools, but test, demo and bench reinstall this tree
+# (pip install -e) into VENV whenever pyproject.toml is newer than VENV/.installed.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench venv clean
+.PHONY: demo test lint bench venv clean
 
 venv: $(STAMP)
 
@@ -14,7 +18,12 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-test: $(STAMP)
+# lint-imports imports the packages to find their files: PYTHONPATH puts this tree's first, whoever calls make.
+lint: $(if $(and $(wildcard $(VENV)/bin/ruff),$(wildcard $(VENV)/bin/lint-imports)),,$(STAMP))
+	$(VENV)/bin/ruff check .
+	PYTHONPATH=$(CURDIR) $(VENV)/bin/lint-imports --no-logo
+
+test: $(STAMP) lint
 	$(PY) -m pytest -q -p no:cacheprovider
 
 demo: $(STAMP)
@@ -23,5 +32,6 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/planner.py
 
+# Only this tree's own .venv: an environment named on the command line (VENV=...) is never removed.
 clean:
-	rm -rf $(VENV) demo-out out .pytest_cache
+	rm -rf .venv demo-out out .pytest_cache .ruff_cache .import_linter_cache

@@ -125,7 +125,8 @@ def search(c: Combo) -> dict:
                                   GRID, LF_MAX, TARGET_ATTAINMENT)
         bound = float(np.mean(list(b.values())))
     low = c.cluster[1]
-    passing = [lf for lf, s in seen.items() if all(p["slo_attainment"] >= TARGET_ATTAINMENT for p in s["models"].values())]
+    passing = [lf for lf, s in seen.items()
+               if all(p["slo_attainment"] >= TARGET_ATTAINMENT for p in s["models"].values())]
     util = seen[max(passing)]["utilization"].get(low, 0.0) if passing else 0.0
     return {"group": c.group, "cluster": c.cluster, "trace": c.trace, "planner": c.planner, "policy": c.policy,
             "max_lf": mean_lf, "bound_lf": bound, "per_model": best, "low_util": util, "points": len(seen),
@@ -216,9 +217,11 @@ def main() -> int:
     print(f"  low-class GPU busy (Poisson, at max load): ppipe {100 * lu_pp:.1f}%, np {100 * lu_np:.1f}% | "
           f"{PAPER['low_util_ppipe']:.1f}%, {PAPER['low_util_np']:.1f}%")
     for tr in TRACES:
-        line = ", ".join(f"{pol} {mean([r['max_lf'] for r in res(cluster=('L4', 'T4'), trace=tr, planner='ppipe', policy=pol)]):.3f}"
-                         for pol in ("ppipe", "reactive", "fifs", "elsa"))
-        print(f"  L4+T4 ppipe plan, {tr}: {line} | reservation {PAPER['l4t4_reservation']}, reactive {PAPER['l4t4_reactive']}")
+        line = ", ".join(
+            f"{pol} {mean([r['max_lf'] for r in res(cluster=('L4', 'T4'), trace=tr, planner='ppipe', policy=pol)]):.3f}"
+            for pol in ("ppipe", "reactive", "fifs", "elsa"))
+        print(f"  L4+T4 ppipe plan, {tr}: {line} | "
+              f"reservation {PAPER['l4t4_reservation']}, reactive {PAPER['l4t4_reactive']}")
     rp = res(policy="ppipe")
     probes = sum(r["probes"] for r in rp) / max(1, sum(r["dispatches"] for r in rp))
     us = float(np.percentile([x for r in rp for x in r["dispatch_us"]], 50))

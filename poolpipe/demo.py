@@ -95,7 +95,8 @@ def run_demo(opts: DemoOptions) -> DemoResult:
     onnx_path = _build_model(opts, out)
     result.timings_s["build"] = time.monotonic() - t
 
-    t = step(f"2/6 profile {opts.blocks} blocks on the CPU as two device classes ({FAST}; {SLOW}: {SLOWDOWN:g}x slower)")
+    t = step(f"2/6 profile {opts.blocks} blocks on the CPU as two device classes "
+             f"({FAST}; {SLOW}: {SLOWDOWN:g}x slower)")
     profile_path = _profile(opts, onnx_path, out)
     result.timings_s["profile"] = time.monotonic() - t
 

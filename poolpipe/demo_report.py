@@ -62,8 +62,8 @@ def plot(result: Any, out: Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(6, 4))
     for system, style in (("poolpipe", "o-"), ("triton", "s--")):
         rs = sorted((r for r in result.runs if r["system"] == system), key=lambda r: r["load_factor"])
-        ax.plot([r["load_factor"] for r in rs], [100 * r["slo_attainment"] for r in rs], style,
-                label="poolpipe (sidecar, pooled pipeline)" if system == "poolpipe" else "Triton only (dynamic batcher)")
+        label = "poolpipe (sidecar, pooled pipeline)" if system == "poolpipe" else "Triton only (dynamic batcher)"
+        ax.plot([r["load_factor"] for r in rs], [100 * r["slo_attainment"] for r in rs], style, label=label)
     ax.axhline(99, color="grey", lw=0.8, ls=":")
     ax.set_xlabel("load factor (x planned throughput)")
     ax.set_ylabel("SLO attainment (%)")

@@ -14,7 +14,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     imp = psub.add_parser("import-ppipe", help="convert a model of the PPipe reference layout",
                           description="Convert block-timing/ and boundary-bytes/ CSVs of the PPipe reference "
                                       "layout (data/ppipe) into a profile named after the model.")
-    imp.add_argument("--dir", required=True, type=Path, help="reference directory (holds block-timing/, boundary-bytes/)")
+    imp.add_argument("--dir", required=True, type=Path,
+                     help="reference directory (holds block-timing/, boundary-bytes/)")
     imp.add_argument("--model", required=True, help="model name, e.g. atss_r101_fpn_1x_coco")
     imp.add_argument("--out", required=True, type=Path, help="profile JSON to write")
     imp.set_defaults(func=_import_ppipe)

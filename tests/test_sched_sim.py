@@ -67,8 +67,9 @@ def test_workloads_rates_burstiness_and_determinism(tmp_path):
     counts = np.histogram(a, bins=[0, 1, 2, 3, 4])[0]
     assert abs(len(a) / 4.0 - 400) < 60 and counts[1] > 2 * counts[0] and counts[3] > 2 * counts[2]
     f21 = tmp_path / "maf21.csv"
+    starts = np.sort(np.random.default_rng(0).uniform(0, 100, 900))
     f21.write_text("app,func,end_timestamp,duration\n" + "".join(
-        f"a,f{i % 3},{t + 0.5:.3f},0.5\n" for i, t in enumerate(np.sort(np.random.default_rng(0).uniform(0, 100, 900)))))
+        f"a,f{i % 3},{t + 0.5:.3f},0.5\n" for i, t in enumerate(starts)))
     a21 = arrival_times(f"maf21:{f21}", 50.0, 5.0, model_index=1, n_models=3)
     assert abs(len(a21) / 5.0 - 50) < 15
     # maf21 is the paper's "bursty": start times folded modulo (n - 1) / rate, as its simulator does. A

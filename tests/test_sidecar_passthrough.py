@@ -93,7 +93,8 @@ def test_sync_and_async_infer(sidecar: SidecarProcess, mod, url) -> None:
     if mod is grpcclient:
         done: queue.Queue = queue.Queue()
         for _ in range(4):
-            c.async_infer("simple", _inputs(mod, A, B), lambda result, error: done.put((result, error)), outputs=outputs)
+            c.async_infer("simple", _inputs(mod, A, B), lambda result, error: done.put((result, error)),
+                          outputs=outputs)
         for _ in range(4):
             r, e = done.get(timeout=30)
             assert e is None

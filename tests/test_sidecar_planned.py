@@ -225,7 +225,8 @@ def test_bad_inputs_get_triton_style_errors(testbed: dict) -> None:
     with pytest.raises(grpc.RpcError) as err:
         stub.ModelInfer(req, timeout=10)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "input byte size mismatch for input 'input' for model 'resnet'. Expected 150528, got 100" in err.value.details()
+    assert ("input byte size mismatch for input 'input' for model 'resnet'. Expected 150528, got 100"
+            in err.value.details())
     assert c.is_server_live() and c.is_model_ready(MODEL)  # and it keeps serving
 
 
@@ -383,7 +384,8 @@ def test_planned_and_passthrough_models_side_by_side(testbed: dict) -> None:
             shm.set_shared_memory_region(h, [a])
             shm.set_shared_memory_region(h, [x], offset=4096)
             c.register_system_shared_memory(tag, f"/{tag}", size)
-            i0, i1 = grpcclient.InferInput("INPUT0", [1, 16], "INT32"), grpcclient.InferInput("INPUT1", [1, 16], "INT32")
+            i0 = grpcclient.InferInput("INPUT0", [1, 16], "INT32")
+            i1 = grpcclient.InferInput("INPUT1", [1, 16], "INT32")
             i0.set_shared_memory(tag, 64)
             i1.set_shared_memory(tag, 64)
             o0 = grpcclient.InferRequestedOutput("OUTPUT0")

@@ -273,7 +273,8 @@ class HttpFront:
     async def shm_unregister(self, request: web.Request) -> web.Response:
         name = request.match_info.get("region", "")
         if self._cuda(request):
-            await self.router.call("CudaSharedMemoryUnregister", service_pb2.CudaSharedMemoryUnregisterRequest(name=name))
+            await self.router.call("CudaSharedMemoryUnregister",
+                                   service_pb2.CudaSharedMemoryUnregisterRequest(name=name))
         else:
             await self.router.call("SystemSharedMemoryUnregister",
                                    service_pb2.SystemSharedMemoryUnregisterRequest(name=name))

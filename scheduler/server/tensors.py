@@ -37,8 +37,8 @@ def json_to_numpy(data: Any, datatype: str, shape: list[int], name: str) -> np.n
     """A JSON ``data`` field (flat or nested list) as an array of the declared datatype and shape."""
     try:
         if datatype == "BYTES":
-            flat = np.array([d.encode() if isinstance(d, str) else bytes(d) for d in np.array(data, dtype=object).ravel()],
-                            dtype=np.object_)
+            items = np.array(data, dtype=object).ravel()
+            flat = np.array([d.encode() if isinstance(d, str) else bytes(d) for d in items], dtype=np.object_)
         else:
             flat = np.array(data, dtype=triton_to_np_dtype(datatype)).ravel()
         return flat.reshape(shape)

@@ -41,7 +41,8 @@ def _shm_params(params: object) -> tuple[str, int, int] | None:
     if "shared_memory_region" not in params:  # type: ignore[operator]
         return None
     p = {k: param_value(v) for k, v in params.items()}  # type: ignore[attr-defined]
-    return str(p["shared_memory_region"]), int(p.get("shared_memory_byte_size", 0)), int(p.get("shared_memory_offset", 0))
+    return (str(p["shared_memory_region"]), int(p.get("shared_memory_byte_size", 0)),
+            int(p.get("shared_memory_offset", 0)))
 
 
 def check_request(req: service_pb2.ModelInferRequest, model: ModelInfo, shm: ClientShmRegistry) -> CheckedRequest:
