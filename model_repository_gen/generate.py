@@ -282,7 +282,7 @@ def generate(plan: Plan, onnx_paths: Mapping[str, Path], cluster: Cluster | str 
                     for s in pool:
                         threads = max(1, cpu_cores(s.host) // vgpus_per_host[s.host.name]) if s.host.on_cpu else 0
                         settings = tc.BackendSettings(
-                            provider="cpu" if s.host.on_cpu else "auto", intra_op_threads=threads,
+                            engine="ort" if s.host.on_cpu else "auto", intra_op_threads=threads,
                             mps_thread_percentage=0 if s.host.on_cpu else 100 // s.v,
                             emulate_slowdown=s.host.emulate_slowdown)
                         cfg = tc.partition_config(name, ins, outs, pl.batch,
