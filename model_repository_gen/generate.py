@@ -43,9 +43,9 @@ from model_repository_gen.manifest import (
     StageInfo,
     VGpuInfo,
 )
+from model_repository_gen.ports import assign_ports
 from planner.plan import ModelPlan, Plan
 from poolpipe_common.errors import InputError
-from poolpipe_common.net import free_port
 from poolpipe_common.tensors import TensorSpec
 
 LAUNCH_FORMAT = "poolpipe.launch/1"
@@ -147,35 +147,6 @@ def _load_onnx(path: Path, model: str) -> onnx.ModelProto:
                          f"{str(e).splitlines()[0] if str(e) else 'parse error'})") from None
 
 
-def _host_ports(cluster: Cluster, slots: list[Slot]) -> dict[str, tuple[int, int, int]]:
-    """(http, grpc, metrics) per vGPU id: base+3k.. on each host, or free local ports for base_port 0."""
-    ports: dict[str, tuple[int, int, int]] = {}
-    for h in cluster.hosts:
-        mine = sorted({s.id: s for s in slots if s.host.name == h.name}.values(), key=lambda s: (s.gpu_index, s.slot))
-        if h.base_port and h.base_port + 3 * len(mine) > 65536:
-            last = h.base_port + 3 * len(mine) - 1
-            raise InputError(f"{cluster.source}: host {h.name} needs ports {h.base_port}..{last} for its "
-                             f"{len(mine)} vGPU(s); lower its base_port")
-        taken: set[int] = set()
-        for k, s in enumerate(mine):
-            if h.base_port:
-                ports[s.id] = (h.base_port + 3 * k, h.base_port + 3 * k + 1, h.base_port + 3 * k + 2)
-                continue
-            picked = []
-            while len(picked) < 3:
-                try:
-                    port = free_port(h.address)
-                except OSError:
-                    raise InputError(f"{cluster.source}: host {h.name} has base_port 0 (pick free ports now), "
-                                     f"which needs its address {h.address} to be on this machine; give a base_port"
-                                     ) from None
-                if port not in taken:
-                    taken.add(port)
-                    picked.append(port)
-            ports[s.id] = (picked[0], picked[1], picked[2])
-    return ports
-
-
 def _env(slot: Slot, threads: int) -> dict[str, str]:
     if slot.host.on_cpu:
         return {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": str(threads)}
@@ -252,7 +223,8 @@ def generate(plan: Plan, onnx_paths: Mapping[str, Path], cluster: Cluster | str 
         full_io[m.name] = partition_io(model)
     assignment = assign_vgpus(plan, cluster)
     all_slots = [s for pool in assignment.values() for s in pool]
-    ports = _host_ports(cluster, all_slots)
+    slots = sorted({s.id: s for s in all_slots}.values(), key=lambda s: (s.host.name, s.gpu_index, s.slot))
+    ports = assign_ports(cluster, [(s.id, s.host) for s in slots])
     vgpus_per_host = {h.name: sum(1 for s in all_slots if s.host.name == h.name) for h in cluster.hosts}
 
     _prepare_out_dir(out)
