@@ -7,6 +7,7 @@ The Triton-only baselines in ``ensembles/`` add Triton's dynamic batcher.
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -35,6 +36,21 @@ class DynamicBatching:
 
 
 @dataclass(frozen=True)
+class EmulatedSettings:
+    """An emulated device's parameters (backends/partition/emulated.py): the partition's profiled latency on
+    its (GPU type, vGPU level) per batch, its stage index (mixed into the checksum) and latency noise."""
+
+    latency_us: tuple[tuple[int, float], ...]  # (batch, µs)
+    stage: int
+    latency_cv: float = 0.0
+
+    def parameters(self) -> dict[str, str]:
+        return {"engine": "emulated",
+                "emulated_latency_us": json.dumps({str(b): round(us, 3) for b, us in sorted(self.latency_us)}),
+                "emulated_stage": str(self.stage), "emulated_latency_cv": f"{self.latency_cv:g}"}
+
+
+@dataclass(frozen=True)
 class BackendSettings:
     """The partition backend's config ``parameters`` (see backends/partition/model.py)."""
 
@@ -44,11 +60,14 @@ class BackendSettings:
     inter_op_threads: int = 1
     mps_thread_percentage: int = 0
     emulate_slowdown: float = 1.0  # CPU hosts emulating a slower device class (see the backend's docstring)
+    emulated: EmulatedSettings | None = None  # an emulated device instead of an engine (no ONNX file)
 
     def parameters(self) -> dict[str, str]:
-        return {"onnx_file": self.onnx_file, "engine": self.engine,
-                "intra_op_threads": str(self.intra_op_threads), "inter_op_threads": str(self.inter_op_threads),
-                "mps_thread_percentage": str(self.mps_thread_percentage),
+        common = {"intra_op_threads": str(self.intra_op_threads), "inter_op_threads": str(self.inter_op_threads),
+                  "mps_thread_percentage": str(self.mps_thread_percentage)}
+        if self.emulated is not None:
+            return {**common, **self.emulated.parameters()}
+        return {"onnx_file": self.onnx_file, "engine": self.engine, **common,
                 "emulate_slowdown": f"{self.emulate_slowdown:g}"}
 
 

@@ -1,12 +1,13 @@
-"""poolpipe partition backend: a Triton Python-backend model that runs one ONNX partition.
+"""poolpipe partition backend: a Triton Python-backend model that runs one ONNX partition or emulates a device.
 
 Copied as ``<repository>/<model>/1/model.py`` by ``poolpipe generate`` (and by ``ensembles/``), with
-``engines.py`` (the engines, shared with the profiler) beside it. It reads its settings from the
-``parameters`` of its config.pbtxt:
+``engines.py`` (the engines, shared with the profiler) and ``emulated.py`` (the emulated device) beside
+it. It reads its settings from the ``parameters`` of its config.pbtxt:
 
 ==========================  =====================================================================
 ``engine``                  ``auto`` (default), ``ort``, ``ort-trt``, ``trt``, ``torch`` (see engines.py; the
-                            device is the instance's kind: KIND_GPU -> cuda, KIND_CPU -> cpu)
+                            device is the instance's kind: KIND_GPU -> cuda, KIND_CPU -> cpu), or
+                            ``emulated`` (no engine: hold each batch for its profiled latency)
 ``onnx_file``               ONNX file, relative to the version directory (default ``model.onnx``)
 ``intra_op_threads``        ONNX Runtime intra-op threads (0 = ONNX Runtime's default)
 ``inter_op_threads``        ONNX Runtime inter-op threads (default 1)
@@ -15,6 +16,11 @@ Copied as ``<repository>/<model>/1/model.py`` by ``poolpipe generate`` (and by `
                             more, t the fastest run seen at that batch size, so a CPU host emulates a
                             device K times slower without spending K times the CPU (the demo's "old
                             GPU" class; ``profile measure --emulate-slowdown K`` records K x the time)
+``emulated_latency_us``     engine ``emulated``: JSON batch -> µs of this partition on its (GPU type,
+                            vGPU level), from the plan's profile; other batches interpolated
+``emulated_stage``          engine ``emulated``: the stage index, mixed into the outputs' checksum
+``emulated_latency_cv``     engine ``emulated``: coefficient of variation of lognormal latency noise (0 = none)
+``emulated_seed``           engine ``emulated``: seed of that noise (empty = fresh each load)
 ==========================  =====================================================================
 
 Every request gets, besides the partition's outputs, two extra outputs for the scheduler's feedback:
@@ -94,14 +100,24 @@ def _open_engine(engines, args, params, version_dir, max_batch, logger):
             logger.log_warn(f"no GPU engine can run here ({engines.engine_problem(engine, device)}); using ort on cpu")
             device = "cpu"
     elif engine not in engines.ENGINES:
-        raise ValueError(f"config parameter engine={engine!r} is not one of auto, {', '.join(engines.ENGINES)}")
+        raise ValueError(f"config parameter engine={engine!r} is not one of auto, emulated, "
+                         f"{', '.join(engines.ENGINES)}")
     return engines.open_engine(path, engine, device, int(args.get("model_instance_device_id", 0) or 0),
                                _number(params, "intra_op_threads", 0), _number(params, "inter_op_threads", 1),
                                max_batch)
 
 
+def _open_emulated(emulated, params, outputs):
+    """The emulated device of this partition from its ``emulated_*`` parameters."""
+    table = emulated.parse_latency_table(params.get("emulated_latency_us", ""))
+    seed = params.get("emulated_seed", "")
+    return emulated.EmulatedDevice(table, _number(params, "emulated_stage", 0),
+                                   outputs, _number(params, "emulated_latency_cv", 0.0, float),
+                                   int(seed) if seed else None)
+
+
 class TritonPythonModel:
-    """Runs one ONNX partition; one engine run per ``execute`` call."""
+    """Runs one ONNX partition (or emulates its device); one engine run per ``execute`` call."""
 
     def initialize(self, args):
         config = json.loads(args["model_config"])
@@ -113,7 +129,9 @@ class TritonPythonModel:
             os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(mps)  # before any CUDA context exists
         self.inputs = [(t["name"], _NUMPY_TYPES[t["data_type"]], [int(d) for d in t["dims"]])
                        for t in config["input"]]
-        self.outputs = [t["name"] for t in config["output"] if t["name"] not in TIMING_OUTPUTS]
+        outputs = [(t["name"], _NUMPY_TYPES[t["data_type"]], [int(d) for d in t["dims"]])
+                   for t in config["output"] if t["name"] not in TIMING_OUTPUTS]
+        self.outputs = [name for name, _, _ in outputs]
         self.timing = [t["name"] for t in config["output"] if t["name"] in TIMING_OUTPUTS]
         self.logger = pb_utils.Logger
         version_dir = os.path.join(args["model_repository"], args["model_version"])
@@ -121,13 +139,22 @@ class TritonPythonModel:
         if not self.slowdown >= 1.0:
             raise ValueError(f"config parameter emulate_slowdown={self.slowdown} must be >= 1")
         self.best_ns = {}  # batch size -> fastest engine run seen (emulate_slowdown stretches by it)
-        self.engine = _open_engine(_sibling(version_dir, "engines"), args, params, version_dir,
-                                   int(config.get("max_batch_size", 0) or 1), self.logger)
-        missing = [n for n in self.outputs if n not in self.engine.outputs]
-        if missing:
-            raise ValueError(f"config output(s) {missing} are not outputs of the ONNX partition "
-                             f"({self.engine.outputs})")
-        self.logger.log_info(f"poolpipe partition {args['model_name']}: {self.engine.description}")
+        if (params.get("engine", "") or "auto") == "emulated":
+            if self.slowdown != 1.0:
+                raise ValueError("config parameters engine=emulated and emulate_slowdown != 1 exclude each other")
+            self.engine = None
+            self.emulated = _open_emulated(_sibling(version_dir, "emulated"), params, outputs)
+            what = self.emulated.description
+        else:
+            self.emulated = None
+            self.engine = _open_engine(_sibling(version_dir, "engines"), args, params, version_dir,
+                                       int(config.get("max_batch_size", 0) or 1), self.logger)
+            missing = [n for n in self.outputs if n not in self.engine.outputs]
+            if missing:
+                raise ValueError(f"config output(s) {missing} are not outputs of the ONNX partition "
+                                 f"({self.engine.outputs})")
+            what = self.engine.description
+        self.logger.log_info(f"poolpipe partition {args['model_name']}: {what}")
 
     def _feeds(self, request):
         """The request's inputs as numpy arrays, checked against the config (ValueError if wrong)."""
@@ -156,6 +183,8 @@ class TritonPythonModel:
 
     def _compute(self, feeds):
         """The config's outputs, in order, for ``feeds``."""
+        if self.emulated is not None:
+            return self.emulated.run([feeds[name] for name, _, _ in self.inputs])
         outs = dict(zip(self.engine.outputs, self.engine.run(feeds)))
         return [outs[n] for n in self.outputs]
 
@@ -200,4 +229,4 @@ class TritonPythonModel:
         return responses
 
     def finalize(self):
-        self.engine = None
+        self.engine = self.emulated = None
