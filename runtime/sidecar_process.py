@@ -14,7 +14,7 @@ from pathlib import Path
 
 from poolpipe_common.net import free_port
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]  # the repository root (runtime/..)
 
 
 @dataclass
@@ -39,8 +39,9 @@ class SidecarProcess:
         return f"127.0.0.1:{self.http_port}"
 
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "poolpipe", *(["-v"] if self.verbose else []), "serve", "--grpc-port", str(self.grpc_port), "--http-port",
-               str(self.http_port), "--metrics-port", str(self.metrics_port), "--policy", self.policy]
+        cmd = [sys.executable, "-m", "poolpipe", *(["-v"] if self.verbose else []), "serve",
+               "--grpc-port", str(self.grpc_port), "--http-port", str(self.http_port),
+               "--metrics-port", str(self.metrics_port), "--policy", self.policy]
         if self.manifest:
             cmd += ["--manifest", str(self.manifest)]
         if self.passthrough:
