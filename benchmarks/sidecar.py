@@ -192,7 +192,7 @@ def main() -> int:
         deploy, onnx_path, _ = build_deployment(work / "tb", name=MODEL, slo_us=args.slo_ms * 1e3)
         repo = work / "baseline"
         write_whole_model(repo, onnx_path, MODEL, 8, tc.DynamicBatching((4, 8), 5000),
-                          settings=tc.BackendSettings(provider="cpu", intra_op_threads=os.cpu_count() or 2))
+                          settings=tc.BackendSettings(engine="ort", intra_op_threads=os.cpu_count() or 2))
         print(f"model {MODEL} (zoo), SLO {args.slo_ms:.0f} ms, {os.cpu_count()} cores, Poisson load "
               f"{duration:.0f} s per point\n")
 
@@ -213,7 +213,7 @@ def main() -> int:
         t_in.set_data_from_numpy(np.ones((1, 16), np.float32))
         trepo = work / "trivial-baseline"
         write_whole_model(trepo, tpath, "trivial", 32, tc.DynamicBatching((8, 16, 32), 1000),
-                          settings=tc.BackendSettings(provider="cpu", intra_op_threads=1))
+                          settings=tc.BackendSettings(engine="ort", intra_op_threads=1))
         with start_baseline(trepo, log_path=work / "trivial-baseline.log") as triton:
             asyncio.run(closed_loop(triton.grpc_url, "trivial", [t_in], 64, 1.0))
             direct_rps, _, _ = asyncio.run(closed_loop(triton.grpc_url, "trivial", [t_in], 64, duration))

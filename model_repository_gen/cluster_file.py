@@ -9,7 +9,12 @@
         gpus: 4                    # GPUs of that type (CPU hosts: CPU device slots)
         bandwidth_gbps: 10         # NIC bandwidth
         device: gpu                # optional: "cpu" serves this GPU type's partitions on the CPU
-                                   #   (emulation for tests and demos; default "cpu" iff gpu_type is "cpu")
+                                   #   (emulation for tests and demos; default "cpu" iff gpu_type is "cpu");
+                                   #   "emulated" holds each batch for the profiled latency of gpu_type
+                                   #   (no engine, no GPU, no CPU spent on compute; generate needs no --onnx
+                                   #   for models served only by emulated hosts)
+        latency_cv: 0.05           # optional, emulated hosts: lognormal latency noise, coefficient of variation
+                                   #   (default 0: every batch holds exactly its profiled latency)
         cpu_cores: 16              # optional, CPU devices: cores its vGPUs share (default: this machine's)
         base_port: 8000            # optional: vGPU k gets http base+3k, grpc base+3k+1, metrics base+3k+2;
                                    #   0 picks free ports on this machine now (loopback tests and demos)
@@ -27,6 +32,8 @@ from poolpipe_common.documents import read_document
 from poolpipe_common.errors import InputError
 
 DEFAULT_BASE_PORT = 8000
+DEVICES = ("gpu", "cpu", "emulated")
+MAX_LATENCY_CV = 10.0
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -37,14 +44,25 @@ class ClusterHost:
     gpu_type: str
     gpus: int
     bandwidth_gbps: float
-    device: str = "gpu"  # "gpu" or "cpu"
+    device: str = "gpu"  # one of DEVICES
     cpu_cores: int | None = None
     base_port: int = DEFAULT_BASE_PORT
     emulate_slowdown: float = 1.0  # CPU hosts only: emulate a device class this many times slower
+    latency_cv: float = 0.0  # emulated hosts only: latency noise (coefficient of variation)
 
     @property
     def on_cpu(self) -> bool:
+        """Real engines on the CPU."""
         return self.device == "cpu"
+
+    @property
+    def emulated(self) -> bool:
+        """No engine: the partition backend holds each batch for its profiled latency."""
+        return self.device == "emulated"
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device == "gpu"
 
 
 @dataclass(frozen=True)
@@ -88,9 +106,9 @@ def host_from_dict(d: Any, where: str) -> ClusterHost:
     if isinstance(bw, bool) or not isinstance(bw, (int, float)) or bw <= 0:
         raise InputError(f"{where}.bandwidth_gbps: expected a number > 0, got {bw!r}")
     device = d.get("device", "cpu" if d["gpu_type"] == "cpu" else "gpu")
-    if device not in ("gpu", "cpu"):
-        raise InputError(f"{where}.device: expected 'gpu' or 'cpu', got {device!r}")
-    if d["gpu_type"] == "cpu" and device != "cpu":
+    if device not in DEVICES:
+        raise InputError(f"{where}.device: expected one of {', '.join(DEVICES)}, got {device!r}")
+    if d["gpu_type"] == "cpu" and device == "gpu":
         raise InputError(f"{where}.device: a host of gpu_type 'cpu' cannot have device 'gpu'")
     cores = d.get("cpu_cores")
     cores = None if cores is None else _int(cores, f"{where}.cpu_cores", 1)
@@ -102,8 +120,13 @@ def host_from_dict(d: Any, where: str) -> ClusterHost:
         raise InputError(f"{where}.emulate_slowdown: expected a number >= 1, got {slow!r}")
     if slow != 1 and device != "cpu":
         raise InputError(f"{where}.emulate_slowdown: only CPU hosts (device: cpu) emulate a slower device")
+    cv = d.get("latency_cv", 0.0)
+    if isinstance(cv, bool) or not isinstance(cv, (int, float)) or not 0 <= cv <= MAX_LATENCY_CV:
+        raise InputError(f"{where}.latency_cv: expected a number 0..{MAX_LATENCY_CV:g}, got {cv!r}")
+    if cv and device != "emulated":
+        raise InputError(f"{where}.latency_cv: only emulated hosts (device: emulated) add latency noise")
     return ClusterHost(name, d["address"], d["gpu_type"], _int(d["gpus"], f"{where}.gpus", 1), float(bw),
-                       device, cores, int(base), float(slow))
+                       device, cores, int(base), float(slow), float(cv))
 
 
 def cluster_from_dict(d: Any, source: str = "cluster") -> Cluster:

@@ -10,7 +10,10 @@ Layout of ``out_dir``::
 Each planned vGPU becomes one tritonserver (decision 3 of ARCHITECTURE.md) on a concrete (host, GPU,
 slot). A GPU split into V vGPUs runs V servers, each with ``CUDA_VISIBLE_DEVICES=<gpu>`` (so its
 config says ``gpus: [0]``) and ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100/V``. On CPU devices the
-vGPUs of a host share its cores: each gets ``cores // vGPUs on the host`` engine threads.
+vGPUs of a host share its cores: each gets ``cores // vGPUs on the host`` engine threads. On emulated
+devices the partition backend holds each batch for the profiled latency of its (GPU type, V, batch)
+(``1/model.py`` with no ONNX file); a model served only by emulated hosts needs no ONNX file, its
+tensors are invented from the profile (``emulated_io.py``, scaled by ``emulated_tensor_scale``).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from model_repository_gen.cluster_file import (
     cpu_cores,
     load_cluster,
 )
+from model_repository_gen.emulated_io import EmulatedTensors, check_scale, emulated_tensors
 from model_repository_gen.manifest import (
     HostInfo,
     Manifest,
@@ -43,9 +47,9 @@ from model_repository_gen.manifest import (
     StageInfo,
     VGpuInfo,
 )
-from planner.plan import ModelPlan, Plan
+from model_repository_gen.ports import assign_ports
+from planner.plan import ModelPlan, PartitionPlan, Plan
 from poolpipe_common.errors import InputError
-from poolpipe_common.net import free_port
 from poolpipe_common.tensors import TensorSpec
 
 LAUNCH_FORMAT = "poolpipe.launch/1"
@@ -147,38 +151,9 @@ def _load_onnx(path: Path, model: str) -> onnx.ModelProto:
                          f"{str(e).splitlines()[0] if str(e) else 'parse error'})") from None
 
 
-def _host_ports(cluster: Cluster, slots: list[Slot]) -> dict[str, tuple[int, int, int]]:
-    """(http, grpc, metrics) per vGPU id: base+3k.. on each host, or free local ports for base_port 0."""
-    ports: dict[str, tuple[int, int, int]] = {}
-    for h in cluster.hosts:
-        mine = sorted({s.id: s for s in slots if s.host.name == h.name}.values(), key=lambda s: (s.gpu_index, s.slot))
-        if h.base_port and h.base_port + 3 * len(mine) > 65536:
-            last = h.base_port + 3 * len(mine) - 1
-            raise InputError(f"{cluster.source}: host {h.name} needs ports {h.base_port}..{last} for its "
-                             f"{len(mine)} vGPU(s); lower its base_port")
-        taken: set[int] = set()
-        for k, s in enumerate(mine):
-            if h.base_port:
-                ports[s.id] = (h.base_port + 3 * k, h.base_port + 3 * k + 1, h.base_port + 3 * k + 2)
-                continue
-            picked = []
-            while len(picked) < 3:
-                try:
-                    port = free_port(h.address)
-                except OSError:
-                    raise InputError(f"{cluster.source}: host {h.name} has base_port 0 (pick free ports now), "
-                                     f"which needs its address {h.address} to be on this machine; give a base_port"
-                                     ) from None
-                if port not in taken:
-                    taken.add(port)
-                    picked.append(port)
-            ports[s.id] = (picked[0], picked[1], picked[2])
-    return ports
-
-
 def _env(slot: Slot, threads: int) -> dict[str, str]:
-    if slot.host.on_cpu:
-        return {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": str(threads)}
+    if not slot.host.on_gpu:
+        return {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": str(max(threads, 1))}
     return {"CUDA_VISIBLE_DEVICES": str(slot.gpu_index), "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(100 // slot.v)}
 
 
@@ -226,87 +201,96 @@ def _prepare_out_dir(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
 
 
-def generate(plan: Plan, onnx_paths: Mapping[str, Path], cluster: Cluster | str | Path, out_dir: str | Path,
-             fp16_boundaries: bool = False) -> Manifest:
-    """Write repositories, launch files and manifest.json for ``plan`` under ``out_dir``; returns the manifest."""
-    from model_repository_gen.cut import (  # onnx graph work only when generating
-        cut_partition,
-        partition_io,
-    )
 
-    if not isinstance(cluster, Cluster):
-        cluster = load_cluster(cluster)
-    out = Path(out_dir)
+def _check_onnx_args(plan: Plan, onnx_paths: Mapping[str, Path], assignment: dict[StageKey, list[Slot]],
+                     scale: float) -> None:
+    """Each model needs --onnx unless only emulated hosts serve it; no --onnx for models not in the plan."""
     planned = [m.name for m in plan.models]
     missing = [n for n in planned if n not in onnx_paths]
-    if missing:
-        raise InputError(f"no ONNX file for plan model(s) {', '.join(missing)}: pass --onnx NAME=MODEL.onnx")
+    real = sorted({s.host.name for (name, _, _), pool in assignment.items() if name in missing
+                   for s in pool if not s.host.emulated})
+    if real:
+        raise InputError(f"no ONNX file for plan model(s) {', '.join(missing)}: host(s) {', '.join(real)} run real "
+                         "engines; pass --onnx NAME=MODEL.onnx (a model served only by hosts with device: emulated "
+                         "needs none)")
     extra = sorted(set(onnx_paths) - set(planned))
     if extra:
         raise InputError(f"--onnx {', '.join(extra)}: not a model of the plan (it has {', '.join(planned)})")
-    full_io = {}
-    for m in plan.models:
-        path = Path(onnx_paths[m.name])
-        model = _load_onnx(path, m.name)
-        _check_cut_info(m, path, model.graph)
-        full_io[m.name] = partition_io(model)
-    assignment = assign_vgpus(plan, cluster)
-    all_slots = [s for pool in assignment.values() for s in pool]
-    ports = _host_ports(cluster, all_slots)
-    vgpus_per_host = {h.name: sum(1 for s in all_slots if s.host.name == h.name) for h in cluster.hosts}
+    if scale != 1.0 and not missing:
+        raise InputError(f"--emulated-tensor-scale {scale:g}: every plan model has --onnx, so no tensors are invented "
+                         "to scale; leave out the flag, or the --onnx of models that only emulated hosts serve")
 
-    _prepare_out_dir(out)
-    work = Path(tempfile.mkdtemp(prefix=".partitions-", dir=out))
-    try:
-        cut_cache: dict[tuple[str, int, int], tuple[Path, list[TensorSpec], list[TensorSpec]]] = {}
 
-        def partition(m: ModelPlan, first: int, end: int) -> tuple[Path, list[TensorSpec], list[TensorSpec]]:
-            key = (m.name, first, end)
-            if key not in cut_cache:
-                sub = cut_partition(Path(onnx_paths[m.name]), m.profile, first, end, fp16_boundaries)
-                f = work / f"{partition_model_name(*key)}.onnx"
+def _slot_settings(s: Slot, stage: int, p: PartitionPlan, m: ModelPlan, threads: int
+                   ) -> tuple[tc.BackendSettings, str, int | None]:
+    """The partition backend's settings, instance kind and GPU index for one vGPU."""
+    if s.host.emulated:
+        lat = tuple((b, m.profile.latency_us(p.gpu, p.v, b, *p.blocks)) for b in m.profile.batch_sizes(p.gpu, p.v))
+        return tc.BackendSettings(emulated=tc.EmulatedSettings(lat, stage, s.host.latency_cv)), "KIND_CPU", None
+    if s.host.on_cpu:
+        return (tc.BackendSettings(engine="ort", intra_op_threads=threads, emulate_slowdown=s.host.emulate_slowdown),
+                "KIND_CPU", None)
+    return tc.BackendSettings(mps_thread_percentage=100 // s.v), "KIND_GPU", 0
+
+
+class _Writer:
+    """Writes the partition models of every vGPU and collects each vGPU's server entry."""
+
+    def __init__(self, out: Path, work: Path, onnx_paths: Mapping[str, Path], fp16_boundaries: bool,
+                 invented: dict[str, EmulatedTensors], ports: dict[str, tuple[int, int, int]],
+                 vgpus_per_host: dict[str, int]) -> None:
+        self.out, self.work, self.onnx_paths, self.fp16 = out, work, onnx_paths, fp16_boundaries
+        self.invented, self.ports, self.vgpus_per_host = invented, ports, vgpus_per_host
+        self.cut_cache: dict[tuple[str, int, int], tuple[Path | None, list[TensorSpec], list[TensorSpec]]] = {}
+        self.servers: dict[str, dict[str, Any]] = {}
+
+    def partition(self, m: ModelPlan, first: int, end: int) -> tuple[Path | None, list[TensorSpec], list[TensorSpec]]:
+        """(ONNX file or None for an invented model, inputs, outputs) of blocks [first, end)."""
+        from model_repository_gen.cut import cut_partition, partition_io  # onnx graph work only when generating
+
+        key = (m.name, first, end)
+        if key not in self.cut_cache:
+            if m.name in self.invented:
+                self.cut_cache[key] = (None, *self.invented[m.name].stage_io(first, end))
+            else:
+                sub = cut_partition(Path(self.onnx_paths[m.name]), m.profile, first, end, self.fp16)
+                f = self.work / f"{partition_model_name(*key)}.onnx"
                 onnx.save(sub, str(f))
-                cut_cache[key] = (f, *partition_io(sub))
-            return cut_cache[key]
+                self.cut_cache[key] = (f, *partition_io(sub))
+        return self.cut_cache[key]
 
-        servers: dict[str, dict[str, Any]] = {}
-        models = []
-        for m in plan.models:
-            pipes = []
-            for j, pl in enumerate(m.pipelines):
-                stages = []
-                for k, p in enumerate(pl.partitions):
-                    f, ins, outs = partition(m, *p.blocks)
-                    name = partition_model_name(m.name, *p.blocks)
-                    pool = assignment[(m.name, j, k)]
-                    for s in pool:
-                        threads = max(1, cpu_cores(s.host) // vgpus_per_host[s.host.name]) if s.host.on_cpu else 0
-                        settings = tc.BackendSettings(
-                            provider="cpu" if s.host.on_cpu else "auto", intra_op_threads=threads,
-                            mps_thread_percentage=0 if s.host.on_cpu else 100 // s.v,
-                            emulate_slowdown=s.host.emulate_slowdown)
-                        cfg = tc.partition_config(name, ins, outs, pl.batch,
-                                                  kind="KIND_CPU" if s.host.on_cpu else "KIND_GPU",
-                                                  gpu=None if s.host.on_cpu else 0, settings=settings)
-                        repo = out / s.host.name / s.id / "model_repository"
-                        tc.write_model(repo, cfg, f)
-                        http, grpc, metrics = ports[s.id]
-                        srv = servers.setdefault(s.id, {
-                            "vgpu": s.id, "host": s.host.name, "gpu_index": s.gpu_index, "slot": s.slot, "v": s.v,
-                            "repository": f"{s.id}/model_repository", "http_port": http, "grpc_port": grpc,
-                            "metrics_port": metrics, "env": _env(s, threads), "models": []})
-                        srv["models"].append(name)
-                    lat = {b: m.profile.latency_us(p.gpu, p.v, b, *p.blocks)
-                           for b in m.profile.batch_sizes(p.gpu, p.v)}
-                    stages.append(StageInfo(name, p.blocks, p.gpu, p.v, tuple(s.id for s in pool), tuple(ins),
-                                            tuple(outs), lat))
-                pipes.append(PipelineInfo(f"{m.name}/{j}", pl.batch, pl.throughput_rps, pl.latency_us, tuple(stages)))
-            ins, outs = full_io[m.name]
-            models.append(ModelInfo(m.name, m.slo_us, max(pl.batch for pl in m.pipelines), tuple(ins), tuple(outs),
-                                    tuple(pipes)))
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    def stage(self, m: ModelPlan, batch: int, k: int, p: PartitionPlan, pool: list[Slot]) -> StageInfo:
+        """Write stage ``k``'s partition model into each vGPU of its pool."""
+        f, ins, outs = self.partition(m, *p.blocks)
+        name = partition_model_name(m.name, *p.blocks)
+        for s in pool:
+            threads = max(1, cpu_cores(s.host) // self.vgpus_per_host[s.host.name]) if s.host.on_cpu else 0
+            settings, kind, gpu = _slot_settings(s, k, p, m, threads)
+            cfg = tc.partition_config(name, ins, outs, batch, kind=kind, gpu=gpu, settings=settings)
+            tc.write_model(self.out / s.host.name / s.id / "model_repository", cfg,
+                           None if settings.emulated is not None else f)
+            http, grpc, metrics = self.ports[s.id]
+            srv = self.servers.setdefault(s.id, {
+                "vgpu": s.id, "host": s.host.name, "gpu_index": s.gpu_index, "slot": s.slot, "v": s.v,
+                "repository": f"{s.id}/model_repository", "http_port": http, "grpc_port": grpc,
+                "metrics_port": metrics, "env": _env(s, threads), "models": []})
+            srv["models"].append(name)
+        lat = {b: m.profile.latency_us(p.gpu, p.v, b, *p.blocks) for b in m.profile.batch_sizes(p.gpu, p.v)}
+        return StageInfo(name, p.blocks, p.gpu, p.v, tuple(s.id for s in pool), tuple(ins), tuple(outs), lat)
 
+    def model(self, m: ModelPlan, io: tuple[list[TensorSpec], list[TensorSpec]],
+              assignment: dict[StageKey, list[Slot]]) -> ModelInfo:
+        pipes = []
+        for j, pl in enumerate(m.pipelines):
+            stages = tuple(self.stage(m, pl.batch, k, p, assignment[(m.name, j, k)])
+                           for k, p in enumerate(pl.partitions))
+            pipes.append(PipelineInfo(f"{m.name}/{j}", pl.batch, pl.throughput_rps, pl.latency_us, stages))
+        ins, outs = io
+        return ModelInfo(m.name, m.slo_us, max(pl.batch for pl in m.pipelines), tuple(ins), tuple(outs), tuple(pipes))
+
+
+def _write_launch_files(out: Path, cluster: Cluster, servers: dict[str, dict[str, Any]]) -> list[VGpuInfo]:
+    """Per host with servers: launch.json and launch.sh; returns every vGPU for the manifest."""
     vgpus = []
     for h in cluster.hosts:
         mine = sorted((s for s in servers.values() if s["host"] == h.name), key=lambda s: (s["gpu_index"], s["slot"]))
@@ -314,16 +298,57 @@ def generate(plan: Plan, onnx_paths: Mapping[str, Path], cluster: Cluster | str 
             vgpus.append(VGpuInfo(s["vgpu"], h.name, h.gpu_type, s["gpu_index"], s["slot"], s["v"],
                                   f"{h.address}:{s['grpc_port']}", f"{h.address}:{s['http_port']}",
                                   f"{h.address}:{s['metrics_port']}", f"{h.name}/{s['repository']}",
-                                  "KIND_CPU" if h.on_cpu else "KIND_GPU", dict(s["env"])))
+                                  "KIND_GPU" if h.on_gpu else "KIND_CPU", dict(s["env"])))
         if not mine:
             continue
         launch = {"format": LAUNCH_FORMAT, "host": h.name, "address": h.address, "gpu_type": h.gpu_type,
                   "device": h.device, "gpus": h.gpus,
-                  "needs_mps": (not h.on_cpu) and any(s["v"] > 1 for s in mine), "servers": mine}
+                  "needs_mps": h.on_gpu and any(s["v"] > 1 for s in mine), "servers": mine}
         (out / h.name / "launch.json").write_text(json.dumps(launch, indent=1) + "\n")
         sh = out / h.name / "launch.sh"
         sh.write_text(_launch_sh(h, mine))
         sh.chmod(0o755)
+    return vgpus
+
+
+def generate(plan: Plan, onnx_paths: Mapping[str, Path], cluster: Cluster | str | Path, out_dir: str | Path,
+             fp16_boundaries: bool = False, emulated_tensor_scale: float = 1.0) -> Manifest:
+    """Write repositories, launch files and manifest.json for ``plan`` under ``out_dir``; returns the manifest.
+
+    ``onnx_paths`` may leave out models that only emulated hosts serve; their tensors are invented from the
+    profile, their bytes scaled by ``emulated_tensor_scale`` (0 < scale <= 1)."""
+    from model_repository_gen.cut import partition_io  # onnx graph work only when generating
+
+    if not isinstance(cluster, Cluster):
+        cluster = load_cluster(cluster)
+    scale = check_scale(emulated_tensor_scale)
+    io: dict[str, tuple[list[TensorSpec], list[TensorSpec]]] = {}
+    for m in plan.models:
+        if m.name in onnx_paths:
+            path = Path(onnx_paths[m.name])
+            model = _load_onnx(path, m.name)
+            _check_cut_info(m, path, model.graph)
+            io[m.name] = partition_io(model)
+    assignment = assign_vgpus(plan, cluster)
+    _check_onnx_args(plan, onnx_paths, assignment, scale)
+    invented = {m.name: emulated_tensors(m.profile, scale, fp16_boundaries) for m in plan.models
+                if m.name not in onnx_paths}
+    for name, t in invented.items():
+        io[name] = (list(t.inputs), list(t.outputs))
+    slots = sorted({s.id: s for pool in assignment.values() for s in pool}.values(),
+                   key=lambda s: (s.host.name, s.gpu_index, s.slot))
+    ports = assign_ports(cluster, [(s.id, s.host) for s in slots])
+    vgpus_per_host = {h.name: sum(1 for s in slots if s.host.name == h.name) for h in cluster.hosts}
+
+    out = Path(out_dir)
+    _prepare_out_dir(out)
+    work = Path(tempfile.mkdtemp(prefix=".partitions-", dir=out))
+    try:
+        writer = _Writer(out, work, onnx_paths, fp16_boundaries, invented, ports, vgpus_per_host)
+        models = [writer.model(m, io[m.name], assignment) for m in plan.models]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    vgpus = _write_launch_files(out, cluster, writer.servers)
     hosts = tuple(HostInfo(h.name, h.address, h.gpu_type, h.gpus, h.bandwidth_gbps) for h in cluster.hosts)
     manifest = Manifest(hosts, tuple(vgpus), tuple(models), plan, out.resolve())
     manifest.save(out / "manifest.json")

@@ -12,12 +12,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "of the cluster file, a Triton model repository, per host launch.json/launch.sh, "
                                    "and DIR/manifest.json for the sidecar.")
     p.add_argument("--plan", required=True, type=Path, help="plan.json from 'poolpipe plan'")
-    p.add_argument("--onnx", required=True, action="append", metavar="NAME=MODEL.onnx",
-                   help="the ONNX file of plan model NAME (repeat for each model)")
+    p.add_argument("--onnx", action="append", default=[], metavar="NAME=MODEL.onnx",
+                   help="the ONNX file of plan model NAME (repeat for each model); not needed for a model that "
+                        "only hosts with device: emulated serve (its tensors are invented from the profile)")
     p.add_argument("--cluster", required=True, type=Path, help="cluster file (YAML or JSON) listing the hosts")
     p.add_argument("--out", required=True, type=Path, help="output directory")
     p.add_argument("--fp16-boundaries", action="store_true",
                    help="move tensors between partitions as FP16 (a Cast on each side)")
+    p.add_argument("--emulated-tensor-scale", type=float, default=1.0, metavar="F",
+                   help="0 < F <= 1: scale the bytes of the invented inputs, boundary tensors and outputs of models "
+                        "generated without --onnx (the plan's NIC times stay as profiled); default 1")
     p.set_defaults(func=_run)
 
 
@@ -43,7 +47,7 @@ def _run(args: argparse.Namespace) -> int:
 
     onnx_paths = parse_onnx_args(args.onnx)
     manifest = generate(load_plan(args.plan), onnx_paths, load_cluster(args.cluster), args.out,
-                        args.fp16_boundaries)
+                        args.fp16_boundaries, args.emulated_tensor_scale)
     per_host: dict[str, int] = {}
     for g in manifest.vgpus:
         per_host[g.host] = per_host.get(g.host, 0) + 1

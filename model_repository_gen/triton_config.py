@@ -7,6 +7,7 @@ The Triton-only baselines in ``ensembles/`` add Triton's dynamic batcher.
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from backends.partition import MODEL_PY
+from backends.partition import BACKEND_FILES, MODEL_PY  # noqa: F401 - MODEL_PY re-exported for tests
 from poolpipe_common.errors import InputError
 from poolpipe_common.tensors import TensorSpec
 
@@ -35,20 +36,38 @@ class DynamicBatching:
 
 
 @dataclass(frozen=True)
+class EmulatedSettings:
+    """An emulated device's parameters (backends/partition/emulated.py): the partition's profiled latency on
+    its (GPU type, vGPU level) per batch, its stage index (mixed into the checksum) and latency noise."""
+
+    latency_us: tuple[tuple[int, float], ...]  # (batch, µs)
+    stage: int
+    latency_cv: float = 0.0
+
+    def parameters(self) -> dict[str, str]:
+        return {"engine": "emulated",
+                "emulated_latency_us": json.dumps({str(b): round(us, 3) for b, us in sorted(self.latency_us)}),
+                "emulated_stage": str(self.stage), "emulated_latency_cv": f"{self.latency_cv:g}"}
+
+
+@dataclass(frozen=True)
 class BackendSettings:
     """The partition backend's config ``parameters`` (see backends/partition/model.py)."""
 
     onnx_file: str = "model.onnx"
-    provider: str = "auto"
+    engine: str = "auto"  # auto or a name of backends/partition/engines.py (ort, ort-trt, trt, torch)
     intra_op_threads: int = 0
     inter_op_threads: int = 1
     mps_thread_percentage: int = 0
     emulate_slowdown: float = 1.0  # CPU hosts emulating a slower device class (see the backend's docstring)
+    emulated: EmulatedSettings | None = None  # an emulated device instead of an engine (no ONNX file)
 
     def parameters(self) -> dict[str, str]:
-        return {"onnx_file": self.onnx_file, "provider": self.provider,
-                "intra_op_threads": str(self.intra_op_threads), "inter_op_threads": str(self.inter_op_threads),
-                "mps_thread_percentage": str(self.mps_thread_percentage),
+        common = {"intra_op_threads": str(self.intra_op_threads), "inter_op_threads": str(self.inter_op_threads),
+                  "mps_thread_percentage": str(self.mps_thread_percentage)}
+        if self.emulated is not None:
+            return {**common, **self.emulated.parameters()}
+        return {"onnx_file": self.onnx_file, "engine": self.engine, **common,
                 "emulate_slowdown": f"{self.emulate_slowdown:g}"}
 
 
@@ -149,14 +168,16 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 
 
 def write_model(repository: Path, cfg: mc.ModelConfig, onnx_file: Path | None = None) -> Path:
-    """Write ``<repository>/<name>/config.pbtxt`` (+ ``1/model.py`` and ``1/<onnx>`` for python models)."""
+    """Write ``<repository>/<name>/config.pbtxt`` (+ for python models ``1/model.py`` with the modules it loads
+    from beside it, and ``1/<onnx>`` when given)."""
     model_dir = repository / cfg.name
     model_dir.mkdir(parents=True, exist_ok=True)
     (model_dir / "config.pbtxt").write_text(config_text(cfg))
     if cfg.backend == "python":
         version = model_dir / "1"
         version.mkdir(exist_ok=True)
-        shutil.copyfile(MODEL_PY, version / "model.py")
+        for f in BACKEND_FILES:
+            shutil.copyfile(f, version / f.name)
         if onnx_file is not None:
             _link_or_copy(Path(onnx_file), version / cfg.parameters["onnx_file"].string_value)
     elif cfg.platform == "ensemble":

@@ -19,7 +19,7 @@ import onnx.utils
 
 from poolpipe_common.errors import InputError
 from profiling.cutpoints import GraphCuts, Segment, find_cut_points
-from profiling.engines import make_runner
+from profiling.devices import make_runner
 from profiling.onnx_graph import (
     TensorSpec,
     extract,

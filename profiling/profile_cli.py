@@ -26,8 +26,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                                     "pre-partitioning (--blocks N) or from an existing profile (--like).")
     m.add_argument("model", type=Path, metavar="MODEL.onnx")
     m.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
-    m.add_argument("--engine", default=None, help="ort, trt (TensorRT) or torch (onnx2torch); default: trt on "
-                                                  "cuda when tensorrt imports, else ort")
+    m.add_argument("--engine", default=None,
+                   help="ort (ONNX Runtime), ort-trt (ONNX Runtime's TensorRT provider), trt (native TensorRT) or "
+                        "torch (onnx2torch), as the partition backend's engine parameter; default: the first of "
+                        "trt, ort-trt, ort, torch that runs here on cuda, ort on cpu")
     m.add_argument("--threads", type=int, default=None, help="CPU threads of ONNX Runtime (default: all cores)")
     m.add_argument("--label", default=None, help="device type name in the profile (default: cpu, or the GPU "
                                                  "model on cuda, e.g. L4)")
@@ -85,7 +87,7 @@ def _default_label(device: str) -> str:
     """'cpu', or the GPU's model as the planner names GPU types (NVIDIA L4 -> L4)."""
     if device != "cuda":
         return "cpu"
-    from profiling.engines import gpu_names
+    from profiling.devices import gpu_names
 
     names = gpu_names()
     words = names[0].replace("NVIDIA", "").replace("Tesla", "").split() if names else []
@@ -94,7 +96,7 @@ def _default_label(device: str) -> str:
 
 def _measure(args: argparse.Namespace) -> int:
     from poolpipe_common.errors import InputError
-    from profiling.engines import default_engine
+    from profiling.devices import default_engine
     from profiling.profile import load_profile
     from profiling.profiler import MeasureOptions, measure_profile
 

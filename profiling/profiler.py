@@ -27,7 +27,7 @@ import onnx
 import onnx.utils
 
 from poolpipe_common.errors import InputError
-from profiling.engines import check_engine, gpu_names, make_runner
+from profiling.devices import check_engine, gpu_names, make_runner
 from profiling.onnx_graph import (
     TensorSpec,
     extract,

@@ -21,7 +21,7 @@ from model_repository_gen.manifest import Manifest, load_manifest
 from poolpipe_common.documents import read_document
 from poolpipe_common.errors import InputError
 from poolpipe_common.net import port_in_use
-from profiling.engines import mps_running
+from profiling.devices import mps_running
 from runtime.tritonserver import TritonProcess
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from poolpipe_common.net import free_port
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]  # the repository root (runtime/..)
 
 
 @dataclass

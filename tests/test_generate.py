@@ -218,3 +218,25 @@ def test_cluster_file_validation(tmp_path):
         with pytest.raises(InputError, match=msg.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")
                            .replace("]", r"\]")):
             cluster_from_dict(d)
+
+
+def test_hosts_that_collide_on_ports_are_refused(resnet, tmp_path):
+    onnx_path, prof = resnet
+    plan, _ = _plan_files(tmp_path, onnx_path, prof)
+    hosts = cpu_hosts()  # l4box: 3 vGPUs (ports base..base+8), t4box: 1 vGPU, both at 127.0.0.1
+    for h in hosts:
+        del h["base_port"]  # both on the default base port 8000
+    cluster = write_cluster(tmp_path / "cluster.json", hosts)
+    r = run_cli("generate", "--plan", plan, "--onnx", f"resnet={onnx_path}", "--cluster", cluster,
+                "--out", tmp_path / "out")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "hosts l4box and t4box collide on ports 8000..8002 at 127.0.0.1" in r.stderr
+    assert not (tmp_path / "out").exists()
+    overlapping = [{**hosts[0], "base_port": 8000}, {**hosts[1], "base_port": 8006, "address": "localhost"}]
+    with pytest.raises(InputError, match=r"hosts l4box and t4box collide on ports 8006\.\.8008"):
+        generate(make_plan(prof, PIPELINES), {"resnet": onnx_path}, cluster_from_dict({"hosts": overlapping}),
+                 tmp_path / "out")
+    apart = [{**hosts[0], "base_port": 8000}, {**hosts[1], "base_port": 8009}]
+    ok = generate(make_plan(prof, PIPELINES), {"resnet": onnx_path}, cluster_from_dict({"hosts": apart}),
+                  tmp_path / "out")
+    assert sorted(g.grpc_url for g in ok.vgpus) == [f"127.0.0.1:{p}" for p in (8001, 8004, 8007, 8010)]

@@ -48,12 +48,18 @@ def test_partition_backend_matches_onnxruntime_and_survives_bad_requests(tmp_pat
                               settings=tc.BackendSettings(intra_op_threads=1))
     tc.write_model(repo, cfg, onnx_path)
     assert tc.parse_config(repo / "tiny" / "config.pbtxt") == cfg
+    bad = tc.partition_config("bad", ins, outs, max_batch_size=8, settings=tc.BackendSettings(engine="tensorrt"))
+    tc.write_model(repo, bad, onnx_path)
 
     x = np.random.default_rng(1).standard_normal((3, 3, 4, 4)).astype(np.float32)
     expected = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
-    with TritonProcess(repo, log_path=tmp_path / "triton.log", name="tiny") as server:
+    with TritonProcess(repo, log_path=tmp_path / "triton.log", name="tiny",
+                       extra_args=("--model-control-mode=explicit", "--load-model=tiny")) as server:
         client = grpcclient.InferenceServerClient(server.grpc_url)
         assert client.is_model_ready("tiny")
+        # an engine name the engine module does not know: a clear load error, and the server keeps serving
+        with pytest.raises(InferenceServerException, match="engine='tensorrt' is not one of auto, emulated, ort, "):
+            client.load_model("bad")
 
         def infer(arr: np.ndarray):
             inp = grpcclient.InferInput("input", list(arr.shape), "FP32")
@@ -85,3 +91,25 @@ def test_backend_timing_output_names_match_the_generator() -> None:
               for t in n.targets if isinstance(t, ast.Name) and isinstance(n.value, ast.Constant)}
     assert consts["COMPUTE_START_OUTPUT"] == tc.COMPUTE_START_OUTPUT
     assert consts["COMPUTE_END_OUTPUT"] == tc.COMPUTE_END_OUTPUT
+
+
+def test_one_engine_module_serves_the_profiler_and_the_backend(tmp_path: Path) -> None:
+    """The profiler imports the engine module; generate copies the same file beside every model.py."""
+    from backends.partition import engines
+    from profiling import devices
+
+    assert devices.ENGINES is engines.ENGINES == ("ort", "ort-trt", "trt", "torch")
+    assert devices.default_engine is engines.default_engine and engines.default_engine("cpu") == "ort"
+    assert engines.engine_problem("ort", "cpu") is None
+    assert "cuda only" in engines.engine_problem("ort-trt", "cpu")
+    onnx_path = tiny_model(tmp_path / "tiny.onnx")
+    ins, outs = [TensorSpec("input", "FP32", (3, 4, 4))], [TensorSpec("out/put:0", "FP32", (4, 4, 4))]
+    version = tc.write_model(tmp_path / "repo", tc.partition_config("tiny", ins, outs, 2), onnx_path) / "1"
+    assert (version / "engines.py").read_bytes() == Path(engines.__file__).read_bytes()
+    assert sorted(p.name for p in version.iterdir()) == ["emulated.py", "engines.py", "model.onnx", "model.py"]
+    # the profiler's runner is the backend's engine: same outputs, by the same code
+    runner = devices.make_runner(onnx.load(str(onnx_path)), "cpu", "ort", threads=1)
+    x = np.random.default_rng(2).standard_normal((2, 3, 4, 4)).astype(np.float32)
+    backend = engines.open_engine(str(version / "model.onnx"), "ort", "cpu", threads=1)
+    np.testing.assert_array_equal(runner.run({"input": x})[0], backend.run({"input": x})[0])
+    assert backend.outputs == ["out/put:0"] and "CPUExecutionProvider" in backend.description

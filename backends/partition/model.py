@@ -1,11 +1,14 @@
-"""poolpipe partition backend: a Triton Python-backend model that runs one ONNX partition.
+"""poolpipe partition backend: a Triton Python-backend model that runs one ONNX partition or emulates a device.
 
-Copied as ``<repository>/<model>/1/model.py`` by ``poolpipe generate`` (and by ``ensembles/``). It reads
-its settings from the ``parameters`` of its config.pbtxt:
+Copied as ``<repository>/<model>/1/model.py`` by ``poolpipe generate`` (and by ``ensembles/``), with
+``engines.py`` (the engines, shared with the profiler) and ``emulated.py`` (the emulated device) beside
+it. It reads its settings from the ``parameters`` of its config.pbtxt:
 
 ==========================  =====================================================================
+``engine``                  ``auto`` (default), ``ort``, ``ort-trt``, ``trt``, ``torch`` (see engines.py; the
+                            device is the instance's kind: KIND_GPU -> cuda, KIND_CPU -> cpu), or
+                            ``emulated`` (no engine: hold each batch for its profiled latency)
 ``onnx_file``               ONNX file, relative to the version directory (default ``model.onnx``)
-``provider``                ``auto`` (default), ``cpu``, ``cuda``, ``tensorrt`` or ``torch`` (onnx2torch)
 ``intra_op_threads``        ONNX Runtime intra-op threads (0 = ONNX Runtime's default)
 ``inter_op_threads``        ONNX Runtime inter-op threads (default 1)
 ``mps_thread_percentage``   sets ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` before CUDA starts (0 = leave as is)
@@ -13,6 +16,11 @@ its settings from the ``parameters`` of its config.pbtxt:
                             more, t the fastest run seen at that batch size, so a CPU host emulates a
                             device K times slower without spending K times the CPU (the demo's "old
                             GPU" class; ``profile measure --emulate-slowdown K`` records K x the time)
+``emulated_latency_us``     engine ``emulated``: JSON batch -> µs of this partition on its (GPU type,
+                            vGPU level), from the plan's profile; other batches interpolated
+``emulated_stage``          engine ``emulated``: the stage index, mixed into the outputs' checksum
+``emulated_latency_cv``     engine ``emulated``: coefficient of variation of lognormal latency noise (0 = none)
+``emulated_seed``           engine ``emulated``: seed of that noise (empty = fresh each load)
 ==========================  =====================================================================
 
 Every request gets, besides the partition's outputs, two extra outputs for the scheduler's feedback:
@@ -32,6 +40,7 @@ for _p in reversed([p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
+import importlib.util  # noqa: E402
 import json  # noqa: E402
 import time  # noqa: E402
 
@@ -41,7 +50,6 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 COMPUTE_START_OUTPUT = "POOLPIPE_COMPUTE_START_NS"
 COMPUTE_END_OUTPUT = "POOLPIPE_COMPUTE_END_NS"
 TIMING_OUTPUTS = (COMPUTE_START_OUTPUT, COMPUTE_END_OUTPUT)
-PROVIDERS = ("auto", "cpu", "cuda", "tensorrt", "torch")
 
 _NUMPY_TYPES = {
     "TYPE_FP32": np.float32, "TYPE_FP16": np.float16, "TYPE_FP64": np.float64, "TYPE_INT64": np.int64,
@@ -54,127 +62,99 @@ def _parameters(config):
     return {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
 
 
-def _int_param(params, key, default):
+def _number(params, key, default, kind=int):
     raw = params.get(key, "")
     if raw == "":
         return default
     try:
-        return int(raw)
+        return kind(raw)
     except ValueError:
-        raise ValueError(f"config parameter {key}={raw!r} is not an integer") from None
+        raise ValueError(f"config parameter {key}={raw!r} is not {'an integer' if kind is int else 'a number'}"
+                         ) from None
 
 
-class _OrtEngine:
-    """An ONNX Runtime session on the CPU, CUDA or TensorRT execution provider."""
-
-    def __init__(self, path, provider, device_id, intra, inter):
-        import onnxruntime as ort
-
-        available = ort.get_available_providers()
-        chain = {
-            "cpu": ["CPUExecutionProvider"],
-            "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
-            "tensorrt": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
-        }[provider]
-        if chain[0] not in available:
-            raise RuntimeError(f"provider {provider!r} needs {chain[0]}, which this onnxruntime lacks "
-                               f"(available: {', '.join(available)})")
-        providers = [(p, {"device_id": device_id}) if p != "CPUExecutionProvider" else p
-                     for p in chain if p in available]
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = intra
-        so.inter_op_num_threads = inter
-        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        self.session = ort.InferenceSession(path, sess_options=so, providers=providers)
-        self.providers = self.session.get_providers()
-
-    def run(self, outputs, feeds):
-        return self.session.run(outputs, feeds)
+def _sibling(version_dir, name):
+    """Load ``name.py`` from the version directory (copied beside model.py by poolpipe generate)."""
+    path = os.path.join(version_dir, f"{name}.py")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path} is missing: 'poolpipe generate' copies {name}.py beside model.py; "
+                                "re-generate the model repository")
+    spec = importlib.util.spec_from_file_location(f"poolpipe_partition_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
-class _TorchEngine:
-    """The partition converted with onnx2torch, on a CUDA device (GPU hosts with only PyTorch)."""
-
-    def __init__(self, path, device_id):
-        import onnx2torch
-        import torch
-
-        if not torch.cuda.is_available():
-            raise RuntimeError("provider 'torch' needs a CUDA device visible to PyTorch")
-        self.torch = torch
-        self.device = torch.device("cuda", device_id)
-        self.module = onnx2torch.convert(path).to(self.device).eval()
-        self.providers = [f"torch:{self.device}"]
-
-    def run(self, outputs, feeds):
-        torch = self.torch
-        with torch.no_grad():
-            result = self.module(*(torch.from_numpy(x).to(self.device) for x in feeds.values()))
-        if not isinstance(result, (tuple, list)):
-            result = (result,)
-        torch.cuda.synchronize(self.device)
-        return [r.cpu().numpy() for r in result][: len(outputs)]
+def _open_engine(engines, args, params, version_dir, max_batch, logger):
+    """The configured engine on this instance's device; ``auto`` falls back to ort on the CPU when the
+    GPU instance has no GPU engine."""
+    path = os.path.join(version_dir, params.get("onnx_file", "") or "model.onnx")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"ONNX partition {path} not found (config parameter onnx_file)")
+    device = "cuda" if args.get("model_instance_kind", "CPU") == "GPU" else "cpu"
+    engine = params.get("engine", "") or "auto"
+    if engine == "auto":
+        engine = engines.default_engine(device)
+        if device == "cuda" and engines.engine_problem(engine, device):
+            logger.log_warn(f"no GPU engine can run here ({engines.engine_problem(engine, device)}); using ort on cpu")
+            device = "cpu"
+    elif engine not in engines.ENGINES:
+        raise ValueError(f"config parameter engine={engine!r} is not one of auto, emulated, "
+                         f"{', '.join(engines.ENGINES)}")
+    return engines.open_engine(path, engine, device, int(args.get("model_instance_device_id", 0) or 0),
+                               _number(params, "intra_op_threads", 0), _number(params, "inter_op_threads", 1),
+                               max_batch)
 
 
-def _resolve_provider(provider, kind):
-    """``auto``: the CPU for KIND_CPU; on a GPU TensorRT, else CUDA, else onnx2torch, else the CPU."""
-    if provider != "auto":
-        return provider
-    if kind != "GPU":
-        return "cpu"
-    import onnxruntime as ort
-
-    available = ort.get_available_providers()
-    if "TensorrtExecutionProvider" in available:
-        return "tensorrt"
-    if "CUDAExecutionProvider" in available:
-        return "cuda"
-    try:
-        import onnx2torch  # noqa: F401
-        import torch
-
-        if torch.cuda.is_available():
-            return "torch"
-    except ImportError:
-        pass
-    return "cpu"
+def _open_emulated(emulated, params, outputs):
+    """The emulated device of this partition from its ``emulated_*`` parameters."""
+    table = emulated.parse_latency_table(params.get("emulated_latency_us", ""))
+    seed = params.get("emulated_seed", "")
+    return emulated.EmulatedDevice(table, _number(params, "emulated_stage", 0),
+                                   outputs, _number(params, "emulated_latency_cv", 0.0, float),
+                                   int(seed) if seed else None)
 
 
 class TritonPythonModel:
-    """Runs one ONNX partition; one engine run per ``execute`` call."""
+    """Runs one ONNX partition (or emulates its device); one engine run per ``execute`` call."""
 
     def initialize(self, args):
         config = json.loads(args["model_config"])
         params = _parameters(config)
-        mps = _int_param(params, "mps_thread_percentage", 0)
+        mps = _number(params, "mps_thread_percentage", 0)
         if mps:
             if not 1 <= mps <= 100:
                 raise ValueError(f"config parameter mps_thread_percentage={mps} must be 1..100")
             os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(mps)  # before any CUDA context exists
-        provider = params.get("provider", "") or "auto"
-        if provider not in PROVIDERS:
-            raise ValueError(f"config parameter provider={provider!r} is not one of {', '.join(PROVIDERS)}")
-        version_dir = os.path.join(args["model_repository"], args["model_version"])
-        path = os.path.join(version_dir, params.get("onnx_file", "") or "model.onnx")
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"ONNX partition {path} not found (config parameter onnx_file)")
-        device_id = int(args.get("model_instance_device_id", 0) or 0)
-        provider = _resolve_provider(provider, args.get("model_instance_kind", "CPU"))
-        if provider == "torch":
-            self.engine = _TorchEngine(path, device_id)
-        else:
-            self.engine = _OrtEngine(path, provider, device_id, _int_param(params, "intra_op_threads", 0),
-                                     _int_param(params, "inter_op_threads", 1))
-        self.slowdown = float(params.get("emulate_slowdown", "") or 1.0)
-        self.best_ns = {}  # batch size -> fastest engine run seen (emulate_slowdown stretches by it)
-        if not self.slowdown >= 1.0:
-            raise ValueError(f"config parameter emulate_slowdown={self.slowdown} must be >= 1")
         self.inputs = [(t["name"], _NUMPY_TYPES[t["data_type"]], [int(d) for d in t["dims"]])
                        for t in config["input"]]
-        self.outputs = [t["name"] for t in config["output"] if t["name"] not in TIMING_OUTPUTS]
+        outputs = [(t["name"], _NUMPY_TYPES[t["data_type"]], [int(d) for d in t["dims"]])
+                   for t in config["output"] if t["name"] not in TIMING_OUTPUTS]
+        self.outputs = [name for name, _, _ in outputs]
         self.timing = [t["name"] for t in config["output"] if t["name"] in TIMING_OUTPUTS]
         self.logger = pb_utils.Logger
-        self.logger.log_info(f"poolpipe partition {args['model_name']}: {path} on {self.engine.providers}")
+        version_dir = os.path.join(args["model_repository"], args["model_version"])
+        self.slowdown = _number(params, "emulate_slowdown", 1.0, float)
+        if not self.slowdown >= 1.0:
+            raise ValueError(f"config parameter emulate_slowdown={self.slowdown} must be >= 1")
+        self.best_ns = {}  # batch size -> fastest engine run seen (emulate_slowdown stretches by it)
+        if (params.get("engine", "") or "auto") == "emulated":
+            if self.slowdown != 1.0:
+                raise ValueError("config parameters engine=emulated and emulate_slowdown != 1 exclude each other")
+            self.engine = None
+            self.emulated = _open_emulated(_sibling(version_dir, "emulated"), params, outputs)
+            what = self.emulated.description
+        else:
+            self.emulated = None
+            self.engine = _open_engine(_sibling(version_dir, "engines"), args, params, version_dir,
+                                       int(config.get("max_batch_size", 0) or 1), self.logger)
+            missing = [n for n in self.outputs if n not in self.engine.outputs]
+            if missing:
+                raise ValueError(f"config output(s) {missing} are not outputs of the ONNX partition "
+                                 f"({self.engine.outputs})")
+            what = self.engine.description
+        self.logger.log_info(f"poolpipe partition {args['model_name']}: {what}")
 
     def _feeds(self, request):
         """The request's inputs as numpy arrays, checked against the config (ValueError if wrong)."""
@@ -201,9 +181,16 @@ class TritonPythonModel:
         tensors += [pb_utils.Tensor(n, np.full((batch, 1), stamps[n], dtype=np.int64)) for n in self.timing]
         return pb_utils.InferenceResponse(output_tensors=tensors)
 
+    def _compute(self, feeds):
+        """The config's outputs, in order, for ``feeds``."""
+        if self.emulated is not None:
+            return self.emulated.run([feeds[name] for name, _, _ in self.inputs])
+        outs = dict(zip(self.engine.outputs, self.engine.run(feeds)))
+        return [outs[n] for n in self.outputs]
+
     def _run(self, feeds):
         start = time.time_ns()
-        outs = self.engine.run(self.outputs, feeds)
+        outs = self._compute(feeds)
         if self.slowdown > 1.0:
             # Stretch by the best time seen at this batch size, not this run's: CPU contention on the
             # host must not be multiplied into the emulated device's speed.
@@ -242,4 +229,4 @@ class TritonPythonModel:
         return responses
 
     def finalize(self):
-        self.engine = None
+        self.engine = self.emulated = None

@@ -1,0 +1,142 @@
+"""An emulated device: holds each batch for its profiled latency and returns tensors computed from the inputs.
+
+``poolpipe generate`` copies this file beside ``model.py`` for hosts with ``device: emulated``; the
+partition backend then runs an :class:`EmulatedDevice` instead of an engine. Everything but the GPU's
+compute is real (requests, tensors, hops, Triton); the compute is a sleep, which costs no CPU.
+
+Outputs prove the path a request took: per request (row), a CRC-32 digest of the head of each input
+row (up to ``DIGEST_HEAD_BYTES``), seeded with the stage index, is written into the first four
+elements of every output row as four values 0..255 (exact in every datatype); the rest is zeros.
+A chain of emulated stages therefore carries a checksum forward that depends on the client's input
+and on every stage having run, in order; :func:`emulated_outputs` recomputes it for a test.
+Imports nothing of the project (it runs inside tritonserver).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import zlib
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+DIGEST_HEAD_BYTES = 65536  # bytes of each input row that enter the digest (bounds the CPU spent per request)
+DIGEST_ELEMENTS = 4  # leading elements of each output row that carry the digest, one byte each
+
+
+def parse_latency_table(text: str) -> dict[int, float]:
+    """``{"1": 830.5, "2": 1500}`` (batch -> µs, JSON) -> {1: 830.5, 2: 1500.0}; ValueError naming the fault."""
+    try:
+        raw = json.loads(text)
+    except (TypeError, ValueError):
+        raise ValueError(f"emulated_latency_us={text!r} is not JSON (batch -> latency in µs)") from None
+    if not isinstance(raw, dict) or not raw:
+        raise ValueError(f"emulated_latency_us={text!r}: expected a non-empty object batch -> latency in µs")
+    table = {}
+    for b, us in raw.items():
+        try:
+            batch = int(b)
+        except ValueError:
+            raise ValueError(f"emulated_latency_us: batch {b!r} is not an integer") from None
+        if batch < 1 or isinstance(us, bool) or not isinstance(us, (int, float)) or not 0 <= us < math.inf:
+            raise ValueError(f"emulated_latency_us: batch {b} -> {us!r}; expected batch >= 1 and a latency >= 0")
+        table[batch] = float(us)
+    return table
+
+
+def latency_at(table: Mapping[int, float], batch: int) -> float:
+    """Latency (µs) at ``batch``: the profiled value, else linear between the neighbouring profiled batches;
+    below the smallest, proportional to the batch; above the largest, the last segment's slope (or
+    proportional with one point), never less than the largest profiled latency."""
+    if batch in table:
+        return table[batch]
+    sizes = sorted(table)
+    lo, hi = sizes[0], sizes[-1]
+    if batch < lo:
+        return table[lo] * batch / lo
+    if batch > hi:
+        if len(sizes) == 1:
+            return table[hi] * batch / hi
+        prev = sizes[-2]
+        slope = max((table[hi] - table[prev]) / (hi - prev), 0.0)
+        return table[hi] + slope * (batch - hi)
+    below = max(b for b in sizes if b < batch)
+    above = min(b for b in sizes if b > batch)
+    return table[below] + (table[above] - table[below]) * (batch - below) / (above - below)
+
+
+def row_digests(inputs: Sequence[np.ndarray], stage: int) -> list[int]:
+    """One CRC-32 per request: the stage index, then the head of each input's row, in input order."""
+    seed = zlib.crc32(f"poolpipe-stage-{stage}".encode())
+    flat = [np.ascontiguousarray(x).reshape(x.shape[0], -1).view(np.uint8) for x in inputs]
+    out = []
+    for i in range(inputs[0].shape[0]):
+        d = seed
+        for x in flat:
+            d = zlib.crc32(x[i, :DIGEST_HEAD_BYTES], d)
+        out.append(d)
+    return out
+
+
+def emulated_outputs(inputs: Sequence[np.ndarray], stage: int,
+                     outputs: Sequence[tuple[np.dtype, Sequence[int]]]) -> list[np.ndarray]:
+    """The outputs (dtype, dims without batch) of an emulated stage for ``inputs``: zeros, each row led by
+    the digest of its input rows mixed with the output's index."""
+    digests = row_digests(inputs, stage)
+    batch = len(digests)
+    result = []
+    for j, (dtype, dims) in enumerate(outputs):
+        y = np.zeros((batch, *dims), dtype=dtype)
+        flat = y.reshape(batch, -1)
+        n = min(DIGEST_ELEMENTS, flat.shape[1])
+        for i, d in enumerate(digests):
+            code = np.frombuffer(zlib.crc32(bytes([j]), d).to_bytes(4, "little"), np.uint8)[:n]
+            flat[i, :n] = code & 1 if y.dtype == np.bool_ else code
+        result.append(y)
+    return result
+
+
+class EmulatedDevice:
+    """Stands in for an engine: ``run`` returns :func:`emulated_outputs` after holding the calling thread
+    (asleep) for the profiled latency at the batch size, times lognormal noise of mean 1 if ``cv`` > 0."""
+
+    def __init__(self, latency_us: Mapping[int, float], stage: int,
+                 outputs: Sequence[tuple[str, np.dtype, Sequence[int]]], cv: float = 0.0, seed: int | None = None
+                 ) -> None:
+        if not latency_us:
+            raise ValueError("emulated device: empty latency table")
+        if stage < 0:
+            raise ValueError(f"emulated_stage={stage} must be >= 0")
+        if not 0.0 <= cv <= 10.0:
+            raise ValueError(f"emulated_latency_cv={cv} must be within 0..10 (0 = no noise)")
+        variable = [name for name, _, dims in outputs if any(int(d) < 1 for d in dims)]
+        if variable:
+            raise ValueError(f"emulated device: output(s) {variable} have variable dims; emulated outputs need "
+                             "fixed shapes")
+        self.latency_us = dict(latency_us)
+        self.stage = stage
+        self.outputs = [name for name, _, _ in outputs]
+        self.specs = [(np.dtype(dt), tuple(int(d) for d in dims)) for _, dt, dims in outputs]
+        self.sigma = math.sqrt(math.log1p(cv * cv))
+        self.rng = np.random.default_rng(seed)
+        self.description = f"emulated device (stage {stage}, latency cv {cv:g})"
+
+    def hold_us(self, batch: int) -> float:
+        """How long a batch of ``batch`` requests holds the device (µs)."""
+        us = latency_at(self.latency_us, batch)
+        if self.sigma > 0:
+            us *= float(self.rng.lognormal(-self.sigma * self.sigma / 2, self.sigma))
+        return us
+
+    def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Outputs for ``inputs`` (config input order), returned when the hold since the call has passed."""
+        start = time.monotonic()
+        until = start + self.hold_us(inputs[0].shape[0]) / 1e6
+        outs = emulated_outputs(inputs, self.stage, self.specs)
+        left = until - time.monotonic()
+        while left > 0:  # time.sleep may wake early on some systems; never spin
+            time.sleep(left)
+            left = until - time.monotonic()
+        return outs
