@@ -148,15 +148,17 @@ def _tensors(raw: Any, where: str) -> tuple[TensorSpec, ...]:
     return tuple(out)
 
 
+def _host(h: Any, where: str) -> HostInfo:
+    return HostInfo(str(_get(h, "name", where)), str(_get(h, "address", where)), str(_get(h, "gpu_type", where)),
+                    int(_get(h, "gpus", where)), float(_get(h, "bandwidth_gbps", where)))
+
+
 def manifest_from_dict(d: Any, root: Path = Path("."), source: str = "manifest") -> Manifest:
     """Validate a manifest: fields, cross-references between pipelines and vGPUs."""
     fmt = _get(d, "format", source)
     if fmt != FORMAT:
         raise InputError(f"{source}: format is {fmt!r}, expected {FORMAT!r}")
-    hosts = tuple(HostInfo(str(_get(h, "name", f"{source}: hosts[{i}]")), str(_get(h, "address", f"{source}: hosts[{i}]")),
-                           str(_get(h, "gpu_type", f"{source}: hosts[{i}]")), int(_get(h, "gpus", f"{source}: hosts[{i}]")),
-                           float(_get(h, "bandwidth_gbps", f"{source}: hosts[{i}]")))
-                  for i, h in enumerate(_get(d, "hosts", source)))
+    hosts = tuple(_host(h, f"{source}: hosts[{i}]") for i, h in enumerate(_get(d, "hosts", source)))
     host_names = {h.name for h in hosts}
     vgpus = []
     for i, g in enumerate(_get(d, "vgpus", source)):
