@@ -17,7 +17,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", required=True, help="model name")
     p.add_argument("--rate", type=float, required=True, help="mean offered load, requests per second")
     p.add_argument("--duration-s", type=float, default=30.0, help="seconds of arrivals (default: %(default)s)")
-    p.add_argument("--trace", default="poisson", help="poisson | bursty[:CV] | maf19:FILE | maf21:FILE")
+    p.add_argument("--trace", default="poisson",
+                   help="poisson | bursty[:CV] | maf19:FILE | maf21:FILE | replay:FILE (default: %(default)s). "
+                        "replay:FILE: real arrivals (a CSV with a TIMESTAMP column of dates, or one time in seconds "
+                        "per line) with inter-arrival times scaled to --rate, so the burstiness is kept; cyclic; "
+                        "--seed picks where in the trace it starts. replay:azure-code (bursty, inter-arrival CV 13) "
+                        "and replay:azure-conv (CV 1.1): the shipped Azure LLM inference traces of 2023 "
+                        "(data/traces/azure-llm-2023)")
     p.add_argument("--slo-ms", type=float, default=0.0,
                    help="SLO for attainment (default: the model config's poolpipe_slo_us parameter)")
     p.add_argument("--timeout-ms", type=float, default=0.0, help="per-request client timeout sent to the server")
@@ -40,7 +46,7 @@ def _run(args: argparse.Namespace) -> int:
     t.add_column("measure")
     t.add_column("value", justify="right")
     for k in ("sent", "succeeded", "failed", "unanswered", "throughput_rps", "slo_ms", "slo_attainment",
-              "p50_ms", "p90_ms", "p99_ms"):
+              "p50_ms", "p90_ms", "p99_ms", "send_lag_ms_p99"):
         v = s[k]
         t.add_row(k, f"{v:.3f}" if isinstance(v, float) else str(v))
     for msg, n in s["errors"].items():

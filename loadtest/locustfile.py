@@ -1,9 +1,10 @@
 """Locust load test of a Triton (KServe v2) endpoint, e.g. the poolpipe sidecar, over gRPC with tritonclient.
 
-Open loop: arrivals follow a schedule (Poisson, bursty, or a replayed Azure Functions trace, from
-the simulator's workload generators), not the responses, so an overloaded server sees the load it
-would see in production. Each request is reported to Locust (latency, success, or the server's
-error message); a JSON summary with SLO attainment is written at the end when asked.
+Open loop: arrivals follow a schedule (Poisson, bursty, an Azure Functions trace, or real arrivals
+replayed with ``replay:FILE`` scaled to the rate, from the simulator's workload generators), not the
+responses, so an overloaded server sees the load it would see in production. Each request is reported
+to Locust (latency, success, or the server's error message); a JSON summary with SLO attainment and
+how late requests left after their scheduled times is written at the end when asked.
 
     locust -f loadtest/locustfile.py --headless --host 127.0.0.1:8001 \
         --model resnet --trace poisson --rate 50 --duration-s 30 --slo-ms 100 \
@@ -29,15 +30,20 @@ from locust.shape import LoadTestShape  # noqa: E402
 
 from loadtest.payload import request_inputs  # noqa: E402
 from loadtest.summary import RunSummary  # noqa: E402
+from poolpipe_common.errors import InputError  # noqa: E402
 from scheduler.sim.workloads import arrival_times  # noqa: E402
+
+TRACE_HELP = ("arrival process: poisson | bursty[:CV] | maf19:FILE | maf21:FILE | replay:FILE. replay: real "
+              "arrivals (a CSV with a TIMESTAMP column, or seconds one per line) scaled to --rate keeping their "
+              "burstiness, cyclic, the start in the trace chosen by --seed; replay:azure-code and replay:azure-conv "
+              "are the shipped Azure LLM inference traces (data/traces/azure-llm-2023)")
 
 
 @events.init_command_line_parser.add_listener
 def _add_arguments(parser) -> None:
     g = parser.add_argument_group("poolpipe")
     g.add_argument("--model", type=str, default="", help="model name on the server (required)")
-    g.add_argument("--trace", type=str, default="poisson",
-                   help="arrival process: poisson | bursty[:CV] | maf19:FILE | maf21:FILE")
+    g.add_argument("--trace", type=str, default="poisson", help=TRACE_HELP)
     g.add_argument("--rate", type=float, default=10.0, help="mean offered load, requests per second")
     g.add_argument("--duration-s", type=float, default=30.0, help="seconds of arrivals (then in-flight requests drain)")
     g.add_argument("--seed", type=int, default=0, help="seed of the arrival process and input data")
@@ -63,7 +69,10 @@ def _on_test_start(environment, **_kw) -> None:
     o = environment.parsed_options
     if not o.model:
         raise SystemExit("loadtest: --model is required (the model name on the server)")
-    _Run.schedule = arrival_times(o.trace, o.rate, o.duration_s, o.seed)
+    try:
+        _Run.schedule = arrival_times(o.trace, o.rate, o.duration_s, o.seed)
+    except InputError as e:
+        raise SystemExit(f"loadtest: {e}") from None
     _Run.summary = RunSummary(model=o.model, trace=o.trace, rate_rps=o.rate, duration_s=o.duration_s)
     _Run.counter = itertools.count()
     _Run.t0 = time.monotonic() + 1.0  # a second for the senders to connect
@@ -105,14 +114,14 @@ class TritonGrpcUser(User):
             delay = _Run.t0 + t - time.monotonic()
             if delay > 0:
                 gevent.sleep(delay)
-            pending.append(gevent.spawn(self._infer))
+            pending.append(gevent.spawn(self._infer, _Run.t0 + t))
         gevent.joinall(pending)
         gevent.sleep(3600)  # done: wait for the shape to end the run
 
-    def _infer(self) -> None:
+    def _infer(self, due: float) -> None:
         o = self.environment.parsed_options
         if _Run.summary is not None:
-            _Run.summary.started()
+            _Run.summary.started(time.monotonic() - due)
         start = time.perf_counter()
         exc = None
         nbytes = 0

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from poolpipe_common.errors import InputError
+from scheduler.sim.workloads import parse_trace
 
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
 REPO_ROOT = LOCUSTFILE.parent.parent
@@ -56,6 +57,7 @@ def run_loadtest(test: LoadTest, out_dir: Path, timeout_s: float | None = None) 
     """Run one headless Locust test; returns the summary (also in out_dir/summary.json)."""
     if test.rate_rps <= 0 or test.duration_s <= 0:
         raise InputError("loadtest: --rate and --duration-s must be > 0")
+    parse_trace(test.trace)  # a bad --trace fails here, in one line, not in the Locust child
     preflight(test.url, test.model)
     out_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}

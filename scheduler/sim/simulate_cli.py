@@ -23,10 +23,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--reference-plan", help="plan.json whose throughputs define load factor 1.0 (default: --plan)")
     p.add_argument("--policy", default="ppipe", choices=tuple(POLICIES), help="data-plane policy (default ppipe)")
     p.add_argument("--trace", default="poisson",
-                   help="poisson | bursty:CV | maf19:FILE | maf21:FILE (default poisson). bursty:CV: gamma "
-                   "inter-arrival times with that coefficient of variation (synthetic stress test). The "
+                   help="poisson | bursty:CV | maf19:FILE | maf21:FILE | replay:FILE (default poisson). bursty:CV: "
+                   "gamma inter-arrival times with that coefficient of variation (synthetic stress test). The "
                    "PPipe paper's 'bursty' workload is maf21: the Azure Functions 2021 invocation trace, "
-                   "folded to the target rate as the paper's simulator does")
+                   "folded to the target rate as the paper's simulator does. replay:FILE: real arrivals (a CSV "
+                   "with a TIMESTAMP column of dates, or one time in seconds per line) with their inter-arrival "
+                   "times scaled to the target rate, so the burstiness is kept; cyclic; the seed picks the start, "
+                   "each model starts elsewhere in the trace. replay:azure-code (bursty, inter-arrival CV 13) and "
+                   "replay:azure-conv (CV 1.1) are the shipped Azure LLM inference traces of 2023 "
+                   "(data/traces/azure-llm-2023)")
     p.add_argument("--load-factors", default="0.05:1.0:0.05", help="START:STOP:STEP or a comma list")
     p.add_argument("--duration-s", type=float, default=30.0, help="simulated seconds per point (default 30)")
     p.add_argument("--seed", type=int, default=0)

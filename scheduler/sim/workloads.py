@@ -14,12 +14,23 @@
   (n - 1) / rate seconds, so that the n invocations overlay into one segment at the target rate,
   and the folded inter-arrival times are replayed cyclically from t = 0. When the target rate is
   below the trace's own rate, time is stretched instead.
+- ``replay:FILE``: real arrivals replayed with their burstiness. FILE is a CSV with a ``TIMESTAMP``
+  column of dates (the Azure LLM inference trace format, ``2023-11-16 18:17:03.9799600``) or a plain
+  file of one arrival time in seconds per line (an optional header line; ties allowed, no decrease).
+  Every inter-arrival time is multiplied by (trace rate / target rate), so the mean rate is the target
+  and the inter-arrival shape (its CV) is the trace's; the trace repeats from its start when the run is
+  longer, the wrap from its last arrival back to its first taking one mean gap. Seed 0 starts at the
+  trace's first arrival, another seed at a seed-chosen arrival; with several models (each at its own
+  rate), model i of m starts i*n/m of the trace's n arrivals further on, so their bursts do not coincide.
+  Shortcuts: ``azure-code`` and ``azure-conv`` name the shipped traces in data/traces/azure-llm-2023.
 Every generator is scaled to the requested mean rate.
 """
 
 from __future__ import annotations
 
 import csv
+import os
+import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -28,21 +39,33 @@ import numpy as np
 
 from poolpipe_common.errors import InputError
 
+TRACES_DIR = Path(__file__).resolve().parents[2] / "data" / "traces"
+REPLAY_SHORTCUTS = {
+    "azure-code": TRACES_DIR / "azure-llm-2023" / "AzureLLMInferenceTrace_code.csv",
+    "azure-conv": TRACES_DIR / "azure-llm-2023" / "AzureLLMInferenceTrace_conv.csv",
+}
+TRACE_KINDS = "poisson, bursty:CV, maf19:FILE, maf21:FILE or replay:FILE|azure-code|azure-conv"
+
 
 @dataclass(frozen=True)
 class TraceSpec:
-    kind: str  # poisson | bursty | maf19 | maf21
+    kind: str  # poisson | bursty | maf19 | maf21 | replay
     cv: float = 4.0
     path: str | None = None
 
     def __str__(self) -> str:
         if self.kind == "bursty":
             return f"bursty:{self.cv:g}"
+        short = next((k for k, v in REPLAY_SHORTCUTS.items() if str(v) == self.path), None)
+        if self.kind == "replay" and short:
+            return f"replay:{short}"
         return f"{self.kind}:{self.path}" if self.path else self.kind
 
 
 def parse_trace(text: str) -> TraceSpec:
-    """Parse ``poisson | bursty[:CV] | maf19:FILE | maf21:FILE`` (raises InputError naming --trace)."""
+    """Parse ``poisson | bursty[:CV] | maf19:FILE | maf21:FILE | replay:FILE`` (raises InputError naming --trace).
+
+    A replay file is read here (and cached), so that a bad one fails before any simulation or load test."""
     kind, _, arg = text.partition(":")
     if kind == "poisson" and not arg:
         return TraceSpec("poisson")
@@ -60,7 +83,21 @@ def parse_trace(text: str) -> TraceSpec:
         if not Path(arg).is_file():
             raise InputError(f"--trace {text!r}: no such file {arg}")
         return TraceSpec(kind, path=arg)
-    raise InputError(f"--trace {text!r}: expected poisson, bursty:CV, maf19:FILE or maf21:FILE")
+    if kind == "replay":
+        return _parse_replay(text, arg)
+    raise InputError(f"--trace {text!r}: expected {TRACE_KINDS}")
+
+
+def _parse_replay(text: str, arg: str) -> TraceSpec:
+    """``replay:FILE`` or a shortcut; the file must hold a usable trace."""
+    if not arg:
+        raise InputError(f"--trace {text!r}: give the trace file or a shortcut, e.g. replay:azure-code "
+                         f"(shortcuts: {', '.join(REPLAY_SHORTCUTS)})")
+    path = str(REPLAY_SHORTCUTS[arg]) if arg in REPLAY_SHORTCUTS else arg
+    if not Path(path).is_file():
+        raise InputError(f"--trace {text!r}: no such file {path}")
+    replay_trace(path)
+    return TraceSpec("replay", path=path)
 
 
 def _poisson(rate: float, duration_s: float, rng: np.random.Generator) -> np.ndarray:
@@ -191,6 +228,110 @@ def _stretched(sel: np.ndarray, rate: float, duration_s: float) -> np.ndarray:
     return tiled[tiled < duration_s]
 
 
+def replay_trace(path: str) -> np.ndarray:
+    """Arrival times in seconds since the file's first arrival, checked; cached while the file is unchanged."""
+    st = os.stat(path)
+    return _replay_file(path, st.st_mtime_ns, st.st_size)
+
+
+@lru_cache(maxsize=8)
+def _replay_file(path: str, _mtime_ns: int, _size: int) -> np.ndarray:
+    where = f"--trace replay:{path}"
+    try:
+        with open(path, newline="") as f:
+            reader = csv.reader(f)
+            rows = [(reader.line_num, r) for r in reader if any(c.strip() for c in r)]
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise InputError(f"{where}: cannot read the file: {getattr(e, 'strerror', None) or e}") from None
+    lines, times = _timestamps(rows, where)
+    return _checked(lines, times, where)
+
+
+def _timestamps(rows: list[tuple[int, list[str]]], where: str) -> tuple[np.ndarray, np.ndarray]:
+    """(line numbers, times in s) of a TIMESTAMP column of dates or of a one-column file of seconds."""
+    header = [c.strip().upper() for c in rows[0][1]] if rows else []
+    if "TIMESTAMP" in header:
+        col = header.index("TIMESTAMP")
+        cells = [(n, r[col].strip() if col < len(r) else "") for n, r in rows[1:]]
+        return np.array([n for n, _ in cells], dtype=int), _dates(cells, where)
+    if rows and len(rows[0][1]) == 1 and not _is_number(rows[0][1][0]):
+        rows = rows[1:]  # the header of a one-column file
+    out = []
+    for n, r in rows:
+        cells = [c.strip() for c in r if c.strip()]
+        if len(cells) != 1 or not _is_number(cells[0]):
+            raise InputError(f"{where}: line {n}: expected one arrival time in seconds per line "
+                             f"(or a TIMESTAMP column of dates), got {','.join(r)[:60]!r}")
+        out.append(float(cells[0]))
+    return np.array([n for n, _ in rows], dtype=int), np.array(out, dtype=float)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        return bool(np.isfinite(float(text)))
+    except ValueError:
+        return False
+
+
+def _dates(cells: list[tuple[int, str]], where: str) -> np.ndarray:
+    """Seconds since the first date, to the nanosecond (dates like ``2023-11-16 18:17:03.9799600``)."""
+    texts = [text.replace(" ", "T", 1) if text else "NaT" for _, text in cells]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # a zone suffix: numpy converts to UTC
+        try:
+            stamps = np.array(texts, dtype="datetime64[ns]")
+        except ValueError:
+            stamps = np.array([_date_or_nat(t) for t in texts], dtype="datetime64[ns]")
+    bad = np.flatnonzero(np.isnat(stamps))
+    if bad.size:
+        n, text = cells[bad[0]]
+        raise InputError(f"{where}: line {n}: TIMESTAMP {text!r} is not a date like 2023-11-16 18:17:03.97996")
+    if not len(stamps):
+        return np.zeros(0)
+    return (stamps - stamps[0]).astype("int64") / 1e9
+
+
+def _date_or_nat(text: str) -> np.datetime64:
+    try:
+        return np.datetime64(text, "ns")
+    except ValueError:
+        return np.datetime64("NaT")
+
+
+def _checked(lines: np.ndarray, times: np.ndarray, where: str) -> np.ndarray:
+    """At least 2 arrivals, never earlier than the one before, spanning some time; origin at the first."""
+    if times.size < 2:
+        raise InputError(f"{where}: {times.size} arrival(s); a replay needs at least 2")
+    back = np.flatnonzero(np.diff(times) < 0)
+    if back.size:
+        raise InputError(f"{where}: line {lines[back[0] + 1]}: the arrival is earlier than the one before "
+                         "(times must not decrease)")
+    if times[-1] <= times[0]:
+        raise InputError(f"{where}: all {times.size} arrivals are at one instant; a replay needs a time span")
+    return times - times[0]
+
+
+def replay_gaps(times: np.ndarray) -> np.ndarray:
+    """One cycle of a trace as n gaps: its n - 1 inter-arrival times, then the wrap to its start (the mean gap)."""
+    gaps = np.diff(times)
+    return np.append(gaps, gaps.mean())
+
+
+def replay_start(n: int, seed: int, model_index: int = 0, n_models: int = 1) -> int:
+    """The arrival a replay starts at: the first for seed 0, a seed-chosen one otherwise; model i of m i/m later."""
+    base = 0 if seed == 0 else int(np.random.default_rng(seed).integers(n))
+    return (base + (model_index % n_models) * n // n_models) % n
+
+
+def replay_arrivals(times: np.ndarray, rate: float, duration_s: float, start: int = 0) -> np.ndarray:
+    """A trace's arrivals from arrival ``start`` on, in [0, duration_s), cyclic, its gaps scaled to mean 1 / rate."""
+    gaps = np.roll(replay_gaps(times), -start)
+    gaps = gaps / (gaps.mean() * rate)  # x (trace rate / target rate): the shape is kept
+    reps = int(np.ceil(duration_s / gaps.sum())) + 1
+    out = np.concatenate(([0.0], np.cumsum(np.tile(gaps, reps))))
+    return out[out < duration_s]
+
+
 def arrival_times(trace: TraceSpec | str, rate_rps: float, duration_s: float, seed: int = 0,
                   model_index: int = 0, n_models: int = 1, bucket_s: float = 1.0) -> np.ndarray:
     """Sorted arrival times in seconds in [0, duration_s) with mean rate ``rate_rps`` for one model."""
@@ -206,6 +347,9 @@ def arrival_times(trace: TraceSpec | str, rate_rps: float, duration_s: float, se
         return _maf19(spec.path, rate_rps, duration_s, model_index, n_models, rng, bucket_s)
     if spec.kind == "maf21":
         return _maf21(spec.path, rate_rps, duration_s, model_index, n_models)
+    if spec.kind == "replay":
+        times = replay_trace(spec.path)
+        return replay_arrivals(times, rate_rps, duration_s, replay_start(times.size, seed, model_index, n_models))
     raise InputError(f"unknown trace kind {spec.kind!r}")
 
 
