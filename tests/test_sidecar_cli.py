@@ -15,7 +15,7 @@ from tests.conftest import run_cli
     ((), "give --manifest DIR/manifest.json, --passthrough HOST:PORT, or both"),
     (("--passthrough", "localhost"), "expected HOST:PORT"),
     (("--manifest", "/nonexistent/manifest.json"), "cannot read manifest /nonexistent/manifest.json"),
-    (("--passthrough", "127.0.0.1:8001", "--policy", "reactive"), "--policy reactive: choose one of auto, ppipe"),
+    (("--passthrough", "127.0.0.1:8001", "--policy", "lazy"), "--policy lazy: choose one of auto, ppipe"),
     (("--passthrough", "127.0.0.1:8001", "--grpc-port", "70000"), "--grpc-port: 70000 is not a TCP port"),
 ])
 def test_bad_flags(args: tuple[str, ...], message: str) -> None:
