@@ -24,6 +24,7 @@ from scheduler.core.topology import Topology
 # Hold a partial batch only when the recent arrival rate exceeds this fraction of what the pools sustain at
 # that batch size: below it, dispatching at once leaves the vGPUs enough idle time that batching buys nothing.
 FILL_HEADROOM = 0.5
+SLOWNESS_WEIGHT = 0.05  # of one stage report in the smoothed slowness
 
 
 class PPipePolicy(QueueingPolicy):
@@ -34,7 +35,8 @@ class PPipePolicy(QueueingPolicy):
         super().__init__(topology)
         self.fill_aware = fill_aware
         self.rates = {m: ArrivalRate() for m in topology.pipelines}
-        self._capacity: dict[tuple[str, int], float] = {}  # (model, batch) -> requests per µs
+        self._capacity: dict[tuple[str, int], float] = {}  # (model, batch) -> requests per µs, as profiled
+        self.slowness = 1.0  # measured / profiled stage time, smoothed over the executors' reports
         self.state = ReservationState(topology)
         self.prune_every_us = prune_every_us
         self.forget_after_us = forget_after_us
@@ -91,6 +93,9 @@ class PPipePolicy(QueueingPolicy):
         for a in stages:
             if a.stage == stage:
                 self.state.correct(dispatch_id, stage, a.vgpu, start_us, end_us)
+                planned = a.end_us - a.start_us
+                if planned > 0:  # how much slower than profiled the servers run (for _capacity_per_us)
+                    self.slowness += SLOWNESS_WEIGHT * ((end_us - start_us) / planned - self.slowness)
                 break
         else:
             return
@@ -171,11 +176,12 @@ class PPipePolicy(QueueingPolicy):
 
     def _worth_waiting(self, model: str, batch: int, now: float, latest: float) -> bool:
         """Whether holding a batch of ``batch`` until ``latest`` pays: another request is expected by then
-        and the model's pools could not keep up with the recent rate at this batch size."""
+        and the model's pools could not keep up with the recent rate at this batch size (at the speed the
+        servers really run, which may be slower than profiled)."""
         rate = self.rates[model].per_us(now)
         if rate * (latest - now) < 1.0:
             return False
-        return rate > FILL_HEADROOM * self._capacity_per_us(model, batch)
+        return rate * max(1.0, self.slowness) > FILL_HEADROOM * self._capacity_per_us(model, batch)
 
     def _capacity_per_us(self, model: str, batch: int) -> float:
         """Requests per µs all the model's pipelines sustain in batches of ``batch`` (bottleneck stage)."""

@@ -1,0 +1,93 @@
+"""A light open-loop client for benchmarks: requests leave at scheduled times (not when answers come back),
+spread round-robin over one or more Triton/sidecar gRPC endpoints (as a Kubernetes Service would), and
+each outcome is recorded against the SLO. Locust (`poolpipe loadtest`) is the user-facing load generator;
+this one costs less CPU per request, which matters when it shares two cores with the system under test."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import tritonclient.grpc.aio as grpcaio
+from tritonclient.grpc import InferInput
+from tritonclient.utils import InferenceServerException, triton_to_np_dtype
+
+
+@dataclass(frozen=True)
+class RunResult:
+    offered: int
+    met: int  # answered within the SLO
+    late: int  # answered after it
+    errors: int  # answered with an error (shed, failed)
+    latencies_ms: tuple[float, ...]  # of answered requests
+    first_error: str | None
+    send_lag_ms_p99: float  # how late requests left after their scheduled time (the client's own lateness)
+
+    @property
+    def attainment(self) -> float:
+        return self.met / self.offered if self.offered else 1.0
+
+    def latency_ms(self, q: float) -> float | None:
+        return float(np.percentile(self.latencies_ms, q)) if self.latencies_ms else None
+
+
+async def _inputs(client: grpcaio.InferenceServerClient, model: str) -> list[InferInput]:
+    """Zero tensors of the model's input shapes (batch 1), from its metadata."""
+    meta = await client.get_model_metadata(model)
+    out = []
+    for t in meta.inputs:
+        shape = [1, *[d if d > 0 else 1 for d in list(t.shape)[1:]]]
+        inp = InferInput(t.name, shape, t.datatype)
+        inp.set_data_from_numpy(np.zeros(shape, dtype=triton_to_np_dtype(t.datatype)))
+        out.append(inp)
+    return out
+
+
+async def run_open_loop(urls: Sequence[str], model: str, arrivals_s: Sequence[float], slo_ms: float,
+                        timeout_s: float = 10.0) -> RunResult:
+    """Send one batch-1 request of ``model`` at each time of ``arrivals_s`` (seconds from now), endpoint by
+    endpoint in turn; wait for every answer (or ``timeout_s`` past the last send)."""
+    clients = [grpcaio.InferenceServerClient(u) for u in urls]
+    try:
+        inputs = await _inputs(clients[0], model)
+        latencies: list[float] = []
+        lags: list[float] = []
+        counts = {"met": 0, "late": 0, "errors": 0}
+        first_error: list[str] = []
+
+        async def one(i: int) -> None:
+            t0 = time.perf_counter()
+            try:
+                await clients[i % len(clients)].infer(model, inputs, client_timeout=timeout_s)
+            except InferenceServerException as e:
+                counts["errors"] += 1
+                if not first_error:
+                    first_error.append(e.message() or str(e))
+                return
+            ms = (time.perf_counter() - t0) * 1e3
+            latencies.append(ms)
+            counts["met" if ms <= slo_ms else "late"] += 1
+
+        start = time.perf_counter()
+        tasks = []
+        for i, t in enumerate(arrivals_s):
+            wait = start + t - time.perf_counter()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            lags.append(max(0.0, (time.perf_counter() - start - t) * 1e3))
+            tasks.append(asyncio.ensure_future(one(i)))
+        await asyncio.gather(*tasks)
+    finally:
+        for c in clients:
+            await c.close()
+    return RunResult(len(arrivals_s), counts["met"], counts["late"], counts["errors"], tuple(latencies),
+                     first_error[0] if first_error else None, float(np.percentile(lags, 99)) if lags else 0.0)
+
+
+def open_loop(urls: Sequence[str], model: str, arrivals_s: Sequence[float], slo_ms: float,
+              timeout_s: float = 10.0) -> RunResult:
+    """Blocking wrapper of run_open_loop (its own event loop)."""
+    return asyncio.run(run_open_loop(urls, model, arrivals_s, slo_ms, timeout_s))

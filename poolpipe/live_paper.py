@@ -1,0 +1,227 @@
+"""The paper's comparison, live, on an emulated L4 + T4 cluster built from PPipe's measured profiles.
+
+One model per run: the ppipe and np plans of a small L4:T4 = 1:3 cluster, served on emulated devices (real
+tritonservers that hold each batch for its profiled latency, costing no CPU), measured with open-loop
+arrivals: (a) the ppipe plan through the sidecar, (b) the np plan through the sidecar, (c) Triton-native:
+the np plan's whole-model servers behind Triton's dynamic batcher, requests spread round-robin, and (d) the
+simulator's prediction of (a) and (b), given the overheads the sidecar measured. Per system: the largest
+load factor (steps of 0.05; the ppipe plan's throughput = 1.0) with >= 99 % SLO attainment.
+Used by benchmarks/live_paper.py and `poolpipe demo`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+TARGET = 0.99
+STEP = 0.05
+
+
+@dataclass(frozen=True)
+class PaperRun:
+    model: str
+    slo_factor: float = 3.0  # SLO = this x the model's batch-1 latency on a whole L4
+    l4: int = 2
+    t4: int = 6
+    tensor_scale: float = 0.01  # bytes of the emulated tensors (the plan's NIC times stay as profiled)
+    trace: str = "poisson"
+    duration_s: float = 5.0  # per load point
+    seed: int = 0
+    max_lf: float = 1.6
+
+
+@dataclass
+class SystemResult:
+    name: str
+    max_lf: float
+    points: dict[float, float] = field(default_factory=dict)  # load factor -> attainment
+    notes: dict[str, float] = field(default_factory=dict)
+
+
+def paper_spec(run: PaperRun):
+    """The model's planning terms from its PPipe reference entry (ablation suite, L4+T4), on the small
+    cluster, with SLO = slo_factor x batch-1 latency on L4."""
+    from planner.reference_plans import load_reference_plans, spec_from_reference
+    from planner.spec import ClusterSpec, check_spec
+    from poolpipe_common.errors import InputError
+
+    entry = next((e for e in load_reference_plans() if e["suite"] == "ablation" and len(e["models"]) == 1
+                  and e["models"][0]["model"] == run.model and tuple(e["cluster"]["gpu_name_arr"]) == ("L4", "T4")),
+                 None)
+    if entry is None:
+        raise InputError(f"no L4+T4 ablation reference entry for model {run.model!r} in data/ppipe")
+    spec = spec_from_reference(entry)
+    c = spec.cluster
+    small = ClusterSpec({"L4": run.l4, "T4": run.t4}, c.gpus_per_server, c.bandwidth_gbps, c.vgpu_levels)
+    ms = spec.models[0]
+    prof = ms.profile
+    slo = run.slo_factor * prof.latency_us("L4", 1, 1, 0, len(prof.blocks))
+    return check_spec(dataclasses.replace(spec, cluster=small, models=(dataclasses.replace(ms, slo_us=slo),)))
+
+
+def cluster_doc(run: PaperRun) -> dict:
+    """Two emulated machines on loopback: the L4s at 127.0.0.1 and the T4s at 127.0.0.2 (hops between them go
+    over gRPC, hops within one through shared memory)."""
+    return {"hosts": [
+        {"name": "l4", "address": "127.0.0.1", "gpu_type": "L4", "gpus": run.l4, "bandwidth_gbps": 10,
+         "device": "emulated", "base_port": 0},
+        {"name": "t4", "address": "127.0.0.2", "gpu_type": "T4", "gpus": run.t4, "bandwidth_gbps": 10,
+         "device": "emulated", "base_port": 0}]}
+
+
+def search_max_lf(attainment_at: Callable[[float], float], hi: float, step: float = STEP,
+                  start: float = 0.7) -> tuple[float, dict[float, float]]:
+    """Largest load factor on the step grid in (0, hi] with attainment >= TARGET, by bisection (attainment is
+    taken as falling with load); returns it and every point measured."""
+    grid = [round(step * i, 4) for i in range(1, int(round(hi / step)) + 1)]
+    points: dict[float, float] = {}
+    lo_i, hi_i = -1, len(grid)  # grid[lo_i] passes, grid[hi_i] fails (virtual ends)
+    i = min(range(len(grid)), key=lambda k: abs(grid[k] - start))
+    while hi_i - lo_i > 1:
+        points[grid[i]] = attainment_at(grid[i])
+        if points[grid[i]] >= TARGET:
+            lo_i = i
+        else:
+            hi_i = i
+        i = (lo_i + hi_i) // 2
+    return (grid[lo_i] if lo_i >= 0 else 0.0), points
+
+
+class PaperExperiment:
+    """Plans, deployments and measurements of one PaperRun under ``work``."""
+
+    def __init__(self, run: PaperRun, work: Path, log: Callable[[str], None] = print) -> None:
+        self.run = run
+        self.work = work
+        self.log = log
+        work.mkdir(parents=True, exist_ok=True)
+        (work / "cluster.json").write_text(json.dumps(cluster_doc(run)))
+
+    def plans(self):
+        from planner.solve import solve_spec
+
+        spec = paper_spec(self.run)
+        self.ppipe = solve_spec(spec, "ppipe", time_limit_s=60)
+        self.np_plan = solve_spec(spec, "np", time_limit_s=60)
+        self.rate = self.ppipe.models[0].throughput_rps
+        self.slo_ms = spec.models[0].slo_us / 1e3
+        self.log(f"{self.run.model}: SLO {self.slo_ms:.1f} ms; planned throughput ppipe {self.rate:.0f} req/s, "
+                 f"np {self.np_plan.models[0].throughput_rps:.0f} req/s on {self.run.l4} L4 + {self.run.t4} T4")
+
+    def deploy(self, plan, name: str):
+        from model_repository_gen.generate import generate
+
+        out = self.work / name
+        if out.exists():
+            shutil.rmtree(out)
+        return generate(plan, {}, self.work / "cluster.json", out, emulated_tensor_scale=self.run.tensor_scale)
+
+    def arrivals(self, lf: float) -> np.ndarray:
+        from scheduler.sim.workloads import arrival_times
+
+        return arrival_times(self.run.trace, lf * self.rate, self.run.duration_s, self.run.seed)
+
+    def measure_sidecar(self, name: str, plan) -> SystemResult:
+        """The plan through `poolpipe serve` (a fresh sidecar per point, so no point inherits a margin)."""
+        from loadtest.open_loop import open_loop
+        from runtime.launch import Deployment
+        from runtime.sidecar_process import SidecarProcess
+
+        manifest = self.deploy(plan, name)
+        deploy = self.work / name
+        overheads = self.work / f"{name}-overheads.json"
+        model = manifest.models[0].name
+        with Deployment(deploy, check_hardware=False, log_dir=self.work / f"{name}-logs"):
+            def at(lf: float) -> float:
+                sc = SidecarProcess(manifest=deploy, log_path=self.work / f"{name}-sidecar.log",
+                                    extra_args=("--overheads-out", str(overheads))).start()
+                try:
+                    _wait_ready(sc.grpc_url, model)
+                    open_loop([sc.grpc_url], model, self.arrivals(0.2)[:50], self.slo_ms)  # warm-up
+                    r = open_loop([sc.grpc_url], model, self.arrivals(lf), self.slo_ms)
+                finally:
+                    sc.stop()
+                self.log(f"  {name:13s} lf {lf:.2f}: attainment {100 * r.attainment:6.2f} % "
+                         f"p50 {r.latency_ms(50) or 0:6.1f} ms  errors {r.errors}  late {r.late}")
+                return r.attainment
+            best, points = search_max_lf(at, self.run.max_lf)
+        self.manifests = getattr(self, "manifests", {})
+        self.manifests[name] = manifest
+        return SystemResult(name, best, points)
+
+    def measure_triton_native(self) -> SystemResult:
+        """The np plan's whole-model servers with Triton's dynamic batcher, clients round-robin over them."""
+        from ensembles.dynamic_batching import enable_dynamic_batching, whole_model_endpoints
+        from loadtest.open_loop import open_loop
+        from runtime.launch import Deployment
+
+        manifest = self.deploy(self.np_plan, "triton-native")
+        deploy = self.work / "triton-native"
+        enable_dynamic_batching(deploy, manifest)
+        urls = whole_model_endpoints(manifest, manifest.models[0].name)
+        triton_model = manifest.models[0].pipelines[0].stages[0].triton_model
+        with Deployment(deploy, check_hardware=False, log_dir=self.work / "triton-native-logs"):
+            open_loop(urls, triton_model, self.arrivals(0.2)[:50], self.slo_ms)  # warm-up
+
+            def at(lf: float) -> float:
+                r = open_loop(urls, triton_model, self.arrivals(lf), self.slo_ms)
+                self.log(f"  {'triton-native':13s} lf {lf:.2f}: attainment {100 * r.attainment:6.2f} % "
+                         f"p50 {r.latency_ms(50) or 0:6.1f} ms  errors {r.errors}  late {r.late}")
+                return r.attainment
+            best, points = search_max_lf(at, self.run.max_lf)
+        return SystemResult("triton-native", best, points)
+
+    def predict(self, name: str) -> SystemResult:
+        """The simulator's prediction for a sidecar system: its manifest's topology, the live driver, and the
+        overheads that sidecar measured, on the same arrivals."""
+        from scheduler.core import make_scheduler
+        from scheduler.core.driver import DriverConfig
+        from scheduler.core.overheads import Overheads
+        from scheduler.core.topology import with_stage_overhead
+        from scheduler.server.manifest_topology import topology_from_manifest
+        from scheduler.sim.engine import simulate
+
+        ov_path = self.work / f"{name}-overheads.json"
+        ov = Overheads.from_dict(json.loads(ov_path.read_text())) if ov_path.exists() else Overheads()
+        topo = with_stage_overhead(topology_from_manifest(self.manifests[name]), ov.tail_us)
+        model = self.manifests[name].models[0].name
+
+        def at(lf: float) -> float:
+            arr = [(float(t) * 1e6, model) for t in self.arrivals(lf)]
+            res = simulate(topo, make_scheduler("ppipe", topo), arr, self.run.duration_s * 1e6, seed=self.run.seed,
+                           driver=DriverConfig.live(clock_lead_us=ov.clock_lead_us), overheads=ov)
+            return res.models[model].attainment
+        best, points = search_max_lf(at, self.run.max_lf)
+        return SystemResult(f"simulated {name}", best, points,
+                            {"lead_us": ov.lead_us, "tail_us": ov.tail_us, "slowdown": ov.slowdown})
+
+
+def _wait_ready(url: str, model: str, timeout_s: float = 30.0) -> None:
+    import time
+
+    import tritonclient.grpc as grpcclient
+
+    c = grpcclient.InferenceServerClient(url)
+    deadline = time.monotonic() + timeout_s
+    while not c.is_model_ready(model):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"sidecar at {url}: model {model} not ready after {timeout_s:.0f} s")
+        time.sleep(0.1)
+
+
+def run_all(run: PaperRun, work: Path, log: Callable[[str], None] = print) -> dict[str, SystemResult]:
+    """Every system of the comparison for one model and trace."""
+    ex = PaperExperiment(run, work, log)
+    ex.plans()
+    out = {"ppipe": ex.measure_sidecar("ppipe", ex.ppipe), "np": ex.measure_sidecar("np", ex.np_plan),
+           "triton-native": ex.measure_triton_native()}
+    out["sim-ppipe"] = ex.predict("ppipe")
+    out["sim-np"] = ex.predict("np")
+    return out
