@@ -33,6 +33,7 @@ def main() -> None:
     ap.add_argument("--models", default=",".join(MODELS), help="comma list of data/ppipe models")
     ap.add_argument("--traces", default="poisson,replay:azure-conv", help="comma list of --trace values")
     ap.add_argument("--duration-s", type=float, default=6.0, help="seconds of load per point")
+    ap.add_argument("--slo-factor", type=float, help="SLO = this x the batch-1 latency on L4 (default per model)")
     ap.add_argument("--l4", type=int, default=2)
     ap.add_argument("--t4", type=int, default=6)
     ap.add_argument("--work", type=Path, help="keep deployments and logs here (default: a temporary directory)")
@@ -47,7 +48,8 @@ def main() -> None:
         work = args.work or Path(tmp)
         for model in models:
             for trace in traces:
-                run = PaperRun(model, MODELS.get(model, 3.0), args.l4, args.t4, trace=trace, duration_s=duration)
+                factor = args.slo_factor or MODELS.get(model, 3.0)
+                run = PaperRun(model, factor, args.l4, args.t4, trace=trace, duration_s=duration)
                 console.print(f"[bold]{model}[/bold], {trace} (emulated {args.l4} L4 + {args.t4} T4)")
                 res = run_all(run, work / f"{model}-{trace.replace(':', '_')}", console.print)
                 rows.append((model, trace, res))

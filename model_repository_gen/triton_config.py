@@ -55,7 +55,7 @@ class BackendSettings:
     """The partition backend's config ``parameters`` (see backends/partition/model.py)."""
 
     onnx_file: str = "model.onnx"
-    engine: str = "auto"  # auto or a name of backends/partition/engines.py (ort, ort-trt, trt, torch)
+    engine: str = "auto"  # auto or a name of profiling/engines.py (ort, ort-trt, trt, torch)
     intra_op_threads: int = 0
     inter_op_threads: int = 1
     mps_thread_percentage: int = 0

@@ -1,6 +1,6 @@
 """The devices the profiler times on: GPU discovery, the MPS daemon, and the engines behind one-line errors.
 
-The engines themselves are ``backends.partition.engines`` (the same module the partition backend runs
+The engines themselves are ``profiling.engines`` (the same module the partition backend runs
 inside tritonserver), so an engine name means the same in a profile and in a deployment.
 ``check_engine`` says in one line why a device/engine cannot run here; ``make_runner`` opens an engine
 on an in-memory ONNX model.
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import onnx
 
-from backends.partition import engines
-from backends.partition.engines import DEVICES, ENGINES, Engine, default_engine
 from poolpipe_common.errors import InputError
+from profiling import engines
+from profiling.engines import DEVICES, ENGINES, Engine, default_engine
 
 __all__ = ["DEVICES", "ENGINES", "Engine", "check_engine", "default_engine", "gpu_names", "make_runner", "mps_running"]
 

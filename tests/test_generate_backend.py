@@ -95,8 +95,7 @@ def test_backend_timing_output_names_match_the_generator() -> None:
 
 def test_one_engine_module_serves_the_profiler_and_the_backend(tmp_path: Path) -> None:
     """The profiler imports the engine module; generate copies the same file beside every model.py."""
-    from backends.partition import engines
-    from profiling import devices
+    from profiling import devices, engines
 
     assert devices.ENGINES is engines.ENGINES == ("ort", "ort-trt", "trt", "torch")
     assert devices.default_engine is engines.default_engine and engines.default_engine("cpu") == "ort"

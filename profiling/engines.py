@@ -1,6 +1,6 @@
 """The inference engines of poolpipe, one module for the profiler and the partition backend.
 
-The profiler imports it from the package (``backends.partition.engines``); ``poolpipe generate`` copies
+The profiler imports it from the package (``profiling.engines``); ``poolpipe generate`` copies
 it beside ``model.py`` into every partition model, where the backend loads it inside ``tritonserver``.
 So it imports nothing of the project, and heavy or optional libraries only when an engine needs them.
 
