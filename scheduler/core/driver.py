@@ -101,6 +101,7 @@ class Driver:
         self.tickets: dict[int, Ticket] = {}
         self.wake_us: float | None = None
         self.retries = 0
+        self.extra_lead_us = 0.0  # set by an executor that measures its lead under load (sidecar)
         self.learned = 0
         self.margin_changes: list[tuple[float, str, float]] = []  # (time, model, new margin): for tests and logs
         self._next_id = 1
@@ -108,7 +109,8 @@ class Driver:
 
     @property
     def lead_us(self) -> float:
-        return self.config.clock_lead_us
+        """How far the core's clock runs ahead: the configured lead plus what the executor learned since."""
+        return self.config.clock_lead_us + self.extra_lead_us
 
     # -- requests in --------------------------------------------------------------------------------------
     def submit(self, item: Any, model: str, arrival_us: float, deadline_us: float) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,10 @@ from scheduler.server.shm_pool import Region, align
 
 log = logging.getLogger("poolpipe.sidecar.executor")
 
+LEAD_WINDOW = 256
+LEAD_MIN_SAMPLES = 16
+LEAD_EVERY = 8
+LEAD_PERCENTILE = 90
 # Codes that say "this request is wrong", not "this server is broken": the batch fails, the server stays.
 CLIENT_FAULTS = (grpc.StatusCode.INVALID_ARGUMENT,)
 
@@ -92,6 +97,11 @@ class LiveExecutor:
         self.driver: Driver | None = None
         self.kick: Callable[[], None] = lambda: None  # wakes the scheduler loop: something changed
         self.lead_us: dict[str, list[dict[int, float]]] = {}  # pipeline -> stage -> batch -> send-to-compute
+        # Under load a stage takes longer from send to compute than calibration measured at idle (the servers'
+        # and the sidecar's CPU is shared): learned from stages sent to an idle server, added to every lead.
+        self.extra_lead_us = 0.0
+        self._lead_excess: deque[float] = deque(maxlen=LEAD_WINDOW)
+        self._last_end: dict[str, float] = {}  # vGPU -> end of its last measured compute
         self.tasks: set[asyncio.Task] = set()
         self.meter = OverheadMeter()
 
@@ -112,7 +122,22 @@ class LiveExecutor:
     # -- one dispatch ---------------------------------------------------------------------------------------
     def _lead(self, pipeline_id: str, stage: int, batch: int) -> float:
         per_stage = self.lead_us.get(pipeline_id)
-        return per_stage[stage].get(batch, 0.0) if per_stage is not None else 0.0
+        return (per_stage[stage].get(batch, 0.0) if per_stage is not None else 0.0) + self.extra_lead_us
+
+    def _learn_lead(self, d: Dispatch, stage: int, vgpu: str, batch: int, t: StageTiming) -> None:
+        """A stage sent to an idle server shows the real send-to-compute lead: keep the excess over the
+        calibrated one, and lead by a high percentile of it (the core's clock with it)."""
+        idle = self._last_end.get(vgpu, 0.0) < t.send_us
+        self._last_end[vgpu] = t.end_us
+        if not idle or d.pipeline_id not in self.lead_us:
+            return
+        base = self._lead(d.pipeline_id, stage, batch) - self.extra_lead_us
+        self._lead_excess.append(max(0.0, t.start_us - t.send_us - base))
+        if len(self._lead_excess) >= LEAD_MIN_SAMPLES and len(self._lead_excess) % LEAD_EVERY == 0:
+            self.extra_lead_us = float(np.percentile(self._lead_excess, LEAD_PERCENTILE))
+            if self.driver is not None:
+                self.driver.extra_lead_us = self.extra_lead_us
+            self.meter.learned_lead(self.extra_lead_us)
 
     def _inputs(self, d: Dispatch, live: list[Sample]) -> list[HopTensor]:
         """The batch's input: the model's inputs for stage 0, else what the previous dispatch carried."""
@@ -180,6 +205,7 @@ class LiveExecutor:
         self.metrics.vgpu_busy.labels(vgpu).inc(max(t.end_us - t.start_us, 0.0) / 1e6)
         planned = self.pipelines[d.pipeline_id].stages[stage].latency_us.get(batch, 0.0)
         self.meter.stage(planned, t.start_us, t.end_us, t.recv_us)
+        self._learn_lead(d, stage, vgpu, batch, t)
         if self.batch_log is not None:
             self.batch_log.stage(d, stage, vgpu, batch, t.start_us, t.end_us)
         if log.isEnabledFor(logging.DEBUG):

@@ -31,6 +31,7 @@ class OverheadMeter:
     tail: _Mean = field(default_factory=_Mean)
     wake_late: _Mean = field(default_factory=_Mean)
     slowdown: _Mean = field(default_factory=_Mean)
+    extra_lead_us: float = 0.0
 
     def calibrated(self, lead_us: float) -> None:
         self.lead.add(lead_us)
@@ -43,8 +44,13 @@ class OverheadMeter:
     def woke(self, late_us: float) -> None:
         self.wake_late.add(max(0.0, late_us))
 
+    def learned_lead(self, extra_us: float) -> None:
+        """The executor's lead under load exceeds the calibrated one by ``extra_us``."""
+        self.extra_lead_us = extra_us
+
     def overheads(self) -> Overheads:
-        return Overheads(self.lead.value(), self.tail.value(), self.wake_late.value(), self.slowdown.value(1.0))
+        lead = self.lead.value() + self.extra_lead_us
+        return Overheads(lead, self.tail.value(), self.wake_late.value(), self.slowdown.value(1.0))
 
     def write(self, path: Path) -> None:
         doc = self.overheads().to_dict()

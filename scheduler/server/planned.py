@@ -97,6 +97,7 @@ class PlannedModels:
         for srv in self.fleet.servers.values():
             if not srv.up:
                 drv.set_vgpu_up(srv.id, False, now_us())
+        drv.extra_lead_us = self.executor.extra_lead_us
         self.executor.driver = drv
         self.executor.lead_us = {p: o.lead_us for p, o in self.overheads.items()}
         return drv
