@@ -155,14 +155,14 @@ def test_ppipe_holds_a_batch_only_when_the_arrival_rate_can_fill_it():
     s = make_scheduler("ppipe", one_stage({1: 10.0, 2: 15.0}, 2, 100.0))
     t = 0.0
     for i in range(4):  # one request every 1000 µs: 0.001/µs against a capacity of 0.1/µs at batch 1
-        s.enqueue(req(i, t, t + 100.0))
+        s.enqueue(req(i, t, 100.0))
         r = s.step(t)
         assert [d.batch for d in r.dispatches] == [1] and r.dispatches[0].stages[0].start_us == t
         t += 1000.0
     busy = make_scheduler("ppipe", one_stage({1: 10.0, 2: 15.0}, 2, 100.0))
     t, batches = 0.0, []
     for i in range(8):  # one request every 8 µs: 0.125/µs, above what batch 1 sustains (0.1/µs)
-        busy.enqueue(req(i, t, t + 100.0))
+        busy.enqueue(req(i, t, 100.0))
         r = busy.step(t)
         batches += [d.batch for d in r.dispatches]
         t += 8.0

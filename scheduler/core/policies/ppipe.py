@@ -5,9 +5,9 @@ the one that waits least; then the largest batch <= planned whose completion mee
 request's deadline; if not even batch 1 can, drop the oldest and start over. With fewer pending
 requests than that batch, wait, but no later than the last moment they can still make the deadline;
 otherwise reserve the probed path and dispatch. Unlike the paper (``fill_aware`` off), waiting happens
-only when it pays: when the recent arrival rate expects another request before that moment and is too
-high for the pools to serve at the batch size at hand (with ``FILL_HEADROOM`` to spare); at low load a
-lone request goes at once instead of waiting for requests that will not come.
+only when it pays: when the recent arrival rate fills the planned batch before that moment, or expects
+another request and is too high for the pools to serve at the batch size at hand (with ``FILL_HEADROOM``
+to spare); at low load a lone request goes at once instead of waiting for requests that will not come.
 Executors' measured timings correct the tables.
 """
 
@@ -169,18 +169,22 @@ class PPipePolicy(QueueingPolicy):
                     r = self.state.probe(cp, batches[k], now)
                 latest = max(r.start_us, now) + (oldest.deadline_us - r.completion_us)
                 if n < cp.batch and latest > now + EPS_US:
-                    if not self.fill_aware or self._worth_waiting(model, batches[k], now, latest):
+                    if not self.fill_aware or self._worth_waiting(model, batches[k], cp.batch - n, now, latest):
                         return latest
             self._dispatch(model, cp, r, now, result)
         return None
 
-    def _worth_waiting(self, model: str, batch: int, now: float, latest: float) -> bool:
-        """Whether holding a batch of ``batch`` until ``latest`` pays: another request is expected by then
-        and the model's pools could not keep up with the recent rate at this batch size (at the speed the
-        servers really run, which may be slower than profiled)."""
-        rate = self.rates[model].per_us(now)
-        if rate * (latest - now) < 1.0:
+    def _worth_waiting(self, model: str, batch: int, missing: int, now: float, latest: float) -> bool:
+        """Whether holding a batch of ``batch`` (``missing`` short of the planned one) until ``latest`` pays:
+        the recent rate fills it by then (full batches: fewest dispatches, as the paper), or another request
+        is expected and the pools could not keep up with the rate at this batch size (at the speed the
+        servers really run, which may be slower than profiled). Otherwise nothing is gained by waiting."""
+        expected = self.rates[model].per_us(now) * (latest - now)
+        if expected < 1.0:
             return False
+        if expected >= missing:
+            return True
+        rate = self.rates[model].per_us(now)
         return rate * max(1.0, self.slowness) > FILL_HEADROOM * self._capacity_per_us(model, batch)
 
     def _capacity_per_us(self, model: str, batch: int) -> float:
