@@ -12,9 +12,9 @@ import numpy as np
 
 from planner import whole_gpu
 from planner.candidates import Candidates, enumerate_candidates
-from planner.milp_solvers import MilpResult, SolverOptions
+from planner.milp_solvers import MilpResult, SolverOptions, relative_gap
 from planner.plan import ModelPlan, PartitionPlan, PipelinePlan, Plan
-from planner.ppipe_milp import ChosenPipeline, Objective, column_start, solve_columns
+from planner.ppipe_milp import ChosenPipeline, Objective, column_start, relaxation_bound, solve_columns
 from planner.spec import ClusterSpec, ModelSpec, PlanningSpec
 from poolpipe_common.errors import InputError
 
@@ -93,11 +93,23 @@ def solve_with_warm_start(cands: list[Candidates], counts: np.ndarray, objective
     t0 = time.perf_counter()
     dp = whole_gpu.whole_gpu_plan(cands, counts, list(objective.weights))
     if len(cands) == 1 and whole_gpu.exact_for(cands) and dp:
-        total = sum(ch.throughput_rps for ch in dp)
+        total = dp_objective(dp, 1, objective.weights)
         return MilpResult("optimal", None, total, time.perf_counter() - t0, 0.0, total), dp
     start = column_start(cands, counts, objective, dp) if dp else None
     res, chosen = solve_columns(cands, counts, objective, opts.remaining(time.perf_counter() - t0), second_pass, start)
+    if res.x is None and dp and res.status != "infeasible":  # stopped before it took the start: keep the DP's plan
+        obj = dp_objective(dp, len(cands), objective.weights)
+        bound = relaxation_bound(cands, counts, objective)
+        return MilpResult("time_limit", None, obj, time.perf_counter() - t0, relative_gap(obj, bound), bound), dp
     return MilpResult(res.status, res.x, res.objective, time.perf_counter() - t0, res.gap, res.bound), chosen
+
+
+def dp_objective(chosen: list[ChosenPipeline], num_models: int, weights: tuple[float, ...]) -> float:
+    """Throughput (one model) or smallest throughput/weight of a list of chosen pipelines."""
+    thr = np.zeros(num_models)
+    for ch in chosen:
+        thr[ch.model] += ch.throughput_rps
+    return float(thr[0]) if num_models == 1 else float(np.min(thr / np.asarray(weights, float)))
 
 
 def solve_pooled(spec: PlanningSpec, cluster: ClusterSpec, max_parts: int, opts: SolverOptions,

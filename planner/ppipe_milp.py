@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.candidates import Candidates
-from planner.milp_solvers import MilpArrays, MilpResult, SolverOptions, solve_milp
+from planner.milp_solvers import MilpArrays, MilpResult, SolverOptions, relative_gap, solve_milp
 
 
 @dataclass(frozen=True)
@@ -169,6 +169,38 @@ def _second_pass(milp: MilpArrays, layout: ColumnLayout, objective: Objective, z
                       milp.row_lower, milp.row_upper, True)
 
 
+def relaxation_bound(cands: list[Candidates], gpu_counts: np.ndarray, objective: Objective) -> float | None:
+    """The LP relaxation's optimum from an aggregated LP (one row per GPU type and model): with vGPUs
+    and GPUs continuous, pipeline c uses sum_k 1 / (r_ck V_ck) GPUs of each type per req/s, so this
+    small LP has the full relaxation's value. A bound for solves stopped before their root LP."""
+    all_c = Candidates.concat(cands, cands[0].gpu.shape[1])
+    model_of = np.concatenate([np.full(len(c), i) for i, c in enumerate(cands)]).astype(int)
+    ci, pi = np.nonzero(all_c.gpu >= 0)
+    nt, nc, nm = len(gpu_counts), len(all_c), len(cands)
+    use = np.zeros((nt, nc))
+    np.add.at(use, (all_c.gpu[ci, pi], ci), 1.0 / (all_c.rate_rps[ci, pi] * all_c.v[ci, pi]))
+    rows = _Rows([], [], [], [], [])
+    tr, cc = np.nonzero(use)
+    rows.add(tr, cc, use[tr, cc], np.full(nt, -np.inf), gpu_counts.astype(float))
+    cost = np.zeros(nc + 1)
+    if objective.kind == "cost":
+        rows.add(model_of, np.arange(nc), np.ones(nc), np.asarray(objective.rates_rps, float), np.full(nm, np.inf))
+        cost[:nc] = np.asarray(objective.prices, float) @ use
+    elif objective.max_min:
+        w = np.asarray(objective.weights, float)
+        rows.add(np.r_[np.arange(nm), model_of], np.r_[np.full(nm, nc), np.arange(nc)],
+                 np.r_[np.ones(nm), -1.0 / w[model_of]], np.full(nm, -np.inf), np.zeros(nm))
+        cost[nc] = 1.0
+    else:
+        cost[:nc] = 1.0
+    upper = np.full(nc + 1, np.inf)
+    lp = MilpArrays(cost, np.zeros(nc + 1), upper, np.zeros(nc + 1, bool), np.concatenate(rows.rows),
+                    np.concatenate(rows.cols), np.concatenate(rows.vals), np.concatenate(rows.lo),
+                    np.concatenate(rows.hi), maximize=objective.kind != "cost")
+    res = solve_milp(lp)
+    return res.objective
+
+
 def solve_columns(cands: list[Candidates], gpu_counts: np.ndarray, objective: Objective, opts: SolverOptions,
                   second_pass: str | None = "fill", start: np.ndarray | None = None
                   ) -> tuple[MilpResult, list[ChosenPipeline]]:
@@ -180,6 +212,8 @@ def solve_columns(cands: list[Candidates], gpu_counts: np.ndarray, objective: Ob
     res = solve_milp(milp, opts.solver, opts.time_limit_s, opts.rel_gap, opts.log, start)
     if res.x is None:
         return res, []
+    if res.status != "optimal":
+        res = _with_relaxation_bound(res, relaxation_bound(cands, gpu_counts, objective), milp.maximize)
     if objective.max_min and second_pass and res.objective is not None and res.objective > 0:
         left = opts.remaining(res.seconds)
         res2 = solve_milp(_second_pass(milp, layout, objective, res.objective, second_pass), left.solver,
@@ -187,6 +221,14 @@ def solve_columns(cands: list[Candidates], gpu_counts: np.ndarray, objective: Ob
         if res2.x is not None:
             res = MilpResult(res.status, res2.x, res.objective, res.seconds + res2.seconds, res.gap, res.bound)
     return res, chosen_pipelines(cands, layout, res.x)
+
+
+def _with_relaxation_bound(res: MilpResult, lp: float | None, maximize: bool) -> MilpResult:
+    """The better of the solver's bound and the LP relaxation's."""
+    if lp is None:
+        return res
+    bound = lp if res.bound is None else (min(res.bound, lp) if maximize else max(res.bound, lp))
+    return MilpResult(res.status, res.x, res.objective, res.seconds, relative_gap(res.objective, bound), bound)
 
 
 def column_start(cands: list[Candidates], gpu_counts: np.ndarray, objective: Objective,
