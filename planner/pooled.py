@@ -95,6 +95,10 @@ def solve_with_warm_start(cands: list[Candidates], counts: np.ndarray, objective
     if len(cands) == 1 and whole_gpu.exact_for(cands) and dp:
         total = dp_objective(dp, 1, objective.weights)
         return MilpResult("optimal", None, total, time.perf_counter() - t0, 0.0, total), dp
+    if dp and len(cands) == 1:  # proven within the gap by the LP relaxation: no MILP needed
+        obj, bound = dp_objective(dp, 1, objective.weights), relaxation_bound(cands, counts, objective)
+        if bound is not None and relative_gap(obj, bound) <= opts.rel_gap:
+            return MilpResult("optimal", None, obj, time.perf_counter() - t0, relative_gap(obj, bound), bound), dp
     start = column_start(cands, counts, objective, dp) if dp else None
     res, chosen = solve_columns(cands, counts, objective, opts.remaining(time.perf_counter() - t0), second_pass, start)
     if res.x is None and dp and res.status != "infeasible":  # stopped before it took the start: keep the DP's plan

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.candidates import Candidates
-from planner.milp_solvers import MilpArrays, MilpResult, SolverOptions, relative_gap, solve_milp
+from planner.milp_solvers import QUICK_PASS_S, MilpArrays, MilpResult, SolverOptions, relative_gap, solve_milp
 
 
 @dataclass(frozen=True)
@@ -169,6 +169,31 @@ def _second_pass(milp: MilpArrays, layout: ColumnLayout, objective: Objective, z
                       milp.row_lower, milp.row_upper, True)
 
 
+def _better_bound(a: float | None, b: float | None, maximize: bool) -> float | None:
+    if a is None or b is None:
+        return b if a is None else a
+    return min(a, b) if maximize else max(a, b)
+
+
+def solve_two_pass(milp: MilpArrays, opts: SolverOptions, start: np.ndarray | None) -> MilpResult:
+    """HiGHS: a quick pass (root presolve only, at most QUICK_PASS_S) proves most models at the root; the
+    rest go on with HiGHS's defaults from the quick pass's incumbent. Other solvers: one pass."""
+    if opts.solver != "highs":
+        return solve_milp(milp, opts.solver, opts.time_limit_s, opts.rel_gap, opts.log, start)
+    limit = QUICK_PASS_S if opts.time_limit_s is None else min(QUICK_PASS_S, opts.time_limit_s)
+    first = solve_milp(milp, "highs", limit, opts.rel_gap, opts.log, start, quick=True)
+    left = opts.remaining(first.seconds)
+    if first.status in ("optimal", "infeasible") or (opts.time_limit_s is not None and left.time_limit_s <= 1e-3):
+        return first
+    res = solve_milp(milp, "highs", left.time_limit_s, opts.rel_gap, opts.log,
+                     first.x if first.x is not None else start)
+    bound = _better_bound(first.bound, res.bound, milp.maximize)
+    if res.x is None and first.x is not None:
+        res = first
+    return MilpResult(res.status, res.x, res.objective, first.seconds + res.seconds,
+                      relative_gap(res.objective, bound) if res.status != "optimal" else res.gap, bound)
+
+
 def relaxation_bound(cands: list[Candidates], gpu_counts: np.ndarray, objective: Objective) -> float | None:
     """The LP relaxation's optimum from an aggregated LP (one row per GPU type and model): with vGPUs
     and GPUs continuous, pipeline c uses sum_k 1 / (r_ck V_ck) GPUs of each type per req/s, so this
@@ -209,7 +234,7 @@ def solve_columns(cands: list[Candidates], gpu_counts: np.ndarray, objective: Ob
     total throughput/weight) or frees it ("lean": use as few physical GPUs as possible). The result
     reports the first pass's incumbent, bound and gap (the objective the plan is judged by)."""
     milp, layout = build_column_milp(cands, gpu_counts, objective)
-    res = solve_milp(milp, opts.solver, opts.time_limit_s, opts.rel_gap, opts.log, start)
+    res = solve_two_pass(milp, opts, start)
     if res.x is None:
         return res, []
     if res.status != "optimal":
