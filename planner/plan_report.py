@@ -69,8 +69,8 @@ def print_plan(plan: Plan, spec: PlanningSpec) -> None:
     console.print(_gpu_table(plan))
     console.print(outcome_line(plan))
     if plan.status != "optimal":
-        console.print(f"[yellow]the solver stopped at its time limit: the plan is its incumbent, feasible but "
-                      f"not proven within the gap ({plan.status}); raise --time-limit for a proof[/yellow]")
+        console.print("[yellow]stopped at --time-limit: the plan is the best found so far (feasible, not proven "
+                      "within --gap)[/yellow]")
     if plan.objective_kind == "cost":
         for line in cost_lines(plan):
             console.print(line)

@@ -121,9 +121,11 @@ def solve_pooled(spec: PlanningSpec, cluster: ClusterSpec, max_parts: int, opts:
                  ) -> tuple[list[ModelPipelines], MilpResult]:
     """Plan every model of ``spec`` on ``cluster`` with the column MILP (pipelines of <= max_parts);
     the objective is throughput (the models' weights) unless ``objective`` says otherwise."""
+    t0 = time.perf_counter()
     cands = model_candidates(spec, cluster, max_parts)
     objective = objective or Objective("throughput", tuple(m.weight for m in spec.models))
-    res, chosen = solve_with_warm_start(cands, gpu_counts(cluster), objective, opts, second_pass)
+    res, chosen = solve_with_warm_start(cands, gpu_counts(cluster), objective,
+                                        opts.remaining(time.perf_counter() - t0), second_pass)
     if res.x is None and not chosen:
         if objective.kind == "cost" and res.status == "infeasible":
             raise InfeasibleError("the cluster cannot serve the requested rates under the SLOs, even with all "
