@@ -63,9 +63,12 @@ def max_throughput(profile: dict, a: int, b: int) -> float:
 
 # --------------------------------------------------------------------------------------------- limits
 
-def test_time_limited_solve_keeps_a_valid_incumbent_with_its_gap():
+def test_time_limited_solve_writes_a_valid_incumbent_with_its_gap(tmp_path):
     """convnext on 25 L4 + 75 T4 (3 partitions, V up to 4) is not proven in 0.5 s: the plan is the incumbent
-    (the whole-GPU DP's 4919.21 at least), valid, with a bound from the LP relaxation and the gap between."""
+    (the whole-GPU DP's 4919.21 at least), valid, with a bound from the LP relaxation and the gap between;
+    plan.json keeps all three."""
+    from planner.plan import load_plan
+
     e = next(e for e in load_reference_plans() if e["suite"] == "ablation" and e["planner"] == "ppipe"
              and e["models"][0]["model"] == "convnext_large")
     spec = spec_from_reference(e)
@@ -76,6 +79,10 @@ def test_time_limited_solve_keeps_a_valid_incumbent_with_its_gap():
     assert plan.objective <= plan.bound <= 4947.13  # the LP relaxation is 4947.12
     assert plan.gap == pytest.approx((plan.bound - plan.objective) / plan.objective)
     assert 1e-4 < plan.gap < 0.01
+    plan.save(tmp_path / "plan.json")
+    back = load_plan(tmp_path / "plan.json")
+    assert (back.status, back.objective, back.bound, back.gap) == (plan.status, plan.objective, plan.bound, plan.gap)
+    check_plan_terms(back, spec)
 
 
 @PROPS
