@@ -86,8 +86,9 @@ def chosen_to_models(spec: PlanningSpec, cands: list[Candidates], chosen: list[C
 
 def solve_with_warm_start(cands: list[Candidates], counts: np.ndarray, objective: Objective, opts: SolverOptions,
                           second_pass: str) -> tuple[MilpResult, list[ChosenPipeline]]:
-    """The column MILP started from the whole-GPU DP's plan (planner.whole_gpu) where the DP applies;
-    one model with vGPU level 1 everywhere needs no MILP at all (the DP's plan is optimal)."""
+    """The column MILP started from the whole-GPU DP's plan (planner.whole_gpu) where the DP applies.
+    One model needs no MILP when the DP's plan is proven: vGPU level 1 everywhere (nothing to share),
+    or the LP relaxation within the gap of it."""
     if objective.kind != "throughput" or not whole_gpu.applicable(cands, counts):
         return solve_columns(cands, counts, objective, opts, second_pass)
     t0 = time.perf_counter()
