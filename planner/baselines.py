@@ -18,16 +18,15 @@ from dataclasses import replace
 
 import numpy as np
 
+from planner.milp_solvers import MilpResult, SolverOptions
 from planner.plan import PipelinePlan
 from planner.pooled import ModelPipelines, solve_pooled
 from planner.spec import ClusterSpec, PlanningSpec
 from poolpipe_common.errors import InputError
 
 
-def solve_np(spec: PlanningSpec, solver: str, time_limit_s: float | None,
-             progress: bool) -> tuple[list[ModelPipelines], str]:
-    models, res = solve_pooled(spec, spec.cluster, 1, solver, time_limit_s, progress)
-    return models, res.status
+def solve_np(spec: PlanningSpec, opts: SolverOptions) -> tuple[list[ModelPipelines], MilpResult]:
+    return solve_pooled(spec, spec.cluster, 1, opts)
 
 
 def _whole_gpu_cluster(cluster: ClusterSpec, counts: dict[str, int]) -> ClusterSpec:
@@ -55,27 +54,28 @@ def _merge(pipes: list[PipelinePlan]) -> tuple[PipelinePlan, ...]:
     return tuple(sorted(merged.values(), key=lambda x: -x.throughput_rps))
 
 
-def _unit_plan(spec: PlanningSpec, model_index: int, counts: dict[str, int], max_parts: int, solver: str,
-               time_limit_s: float | None) -> list[PipelinePlan]:
+def _unit_plan(spec: PlanningSpec, model_index: int, counts: dict[str, int], max_parts: int,
+               opts: SolverOptions) -> list[PipelinePlan]:
     """Best plan of one model on a tiny cluster (one pair, or one GPU); empty if nothing fits."""
     sub = PlanningSpec(_whole_gpu_cluster(spec.cluster, counts), (spec.models[model_index],), max_parts,
                        spec.batch_unification)
     try:
-        models, _ = solve_pooled(sub, sub.cluster, max_parts, solver, time_limit_s, False)
+        models, _ = solve_pooled(sub, sub.cluster, max_parts, SolverOptions(opts.solver, opts.time_limit_s,
+                                                                            opts.rel_gap))
     except InputError:  # nothing meets the SLO on this unit
         return []
     return list(models[0].pipelines)
 
 
-def solve_dart_r(spec: PlanningSpec, solver: str, time_limit_s: float | None,
-                 progress: bool) -> tuple[list[ModelPipelines], str]:
+def solve_dart_r(spec: PlanningSpec, opts: SolverOptions) -> tuple[list[ModelPipelines], MilpResult]:
+    """The dart-r plan (a heuristic: its status is the base split's; it has no bound)."""
     types = [t for t in spec.cluster.gpu_types if spec.cluster.gpus[t] > 0]
     if len(types) != 2:
         raise InputError(f"--planner dart-r pairs two GPU types, but the cluster has GPUs of "
                          f"{len(types)} type(s) ({', '.join(types) or 'none'}); use --planner ppipe or np")
     # 1. split the GPUs among models with the whole-model plan (V = 1)
     base_cluster = _whole_gpu_cluster(spec.cluster, spec.cluster.gpus)
-    base, _ = solve_pooled(spec, base_cluster, 1, solver, time_limit_s, progress, second_pass="lean")
+    base, res = solve_pooled(spec, base_cluster, 1, opts, second_pass="lean")
     used = np.array([[sum(pp.num_vgpus for pl in mp.pipelines for pp in pl.partitions if pp.gpu == t)
                       for t in types] for mp in base])
     remaining = np.array([spec.cluster.gpus[t] for t in types]) - used.sum(0)
@@ -88,13 +88,13 @@ def solve_dart_r(spec: PlanningSpec, solver: str, time_limit_s: float | None,
         extra = max(share.values()) - pairs
         pipes: list[PipelinePlan] = []
         if pairs:
-            unit = _unit_plan(spec, mi, {t: 1 for t in types}, spec.max_partitions, solver, time_limit_s)
+            unit = _unit_plan(spec, mi, {t: 1 for t in types}, spec.max_partitions, opts)
             pipes += [_scaled(p, pairs) for p in unit]
         if extra:
-            unit = _unit_plan(spec, mi, {extra_type: 1}, 1, solver, time_limit_s)
+            unit = _unit_plan(spec, mi, {extra_type: 1}, 1, opts)
             pipes += [_scaled(p, extra) for p in unit]
         out.append(ModelPipelines(m, _merge(pipes)))
     if any(not mp.pipelines for mp in out):
         bad = next(mp.model.name for mp in out if not mp.pipelines)
         raise InputError(f"model {bad} is infeasible under dart-r: no pair or single GPU of its share meets its SLO")
-    return out, "optimal"
+    return out, MilpResult(res.status, None, None, res.seconds)

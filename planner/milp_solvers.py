@@ -19,6 +19,11 @@ from poolpipe_common.errors import InputError
 
 SOLVERS = ("highs", "cbc", "gurobi")
 DEFAULT_REL_GAP = 1e-4  # the published planner ran Gurobi with this relative gap
+# HiGHS 1.16 solves the root LP of these models through a presolved IPM fallback whose singleton-column
+# stuffing is quadratic: 1-2 s for a 700-row model that takes 10 ms as a plain LP. With presolve at the
+# root only that path is skipped (40x faster on models proven at the root) but sub-MIP heuristics lose
+# presolve (2-3x slower on models that need a search). So a first pass runs that way for this long.
+QUICK_PASS_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -46,12 +51,38 @@ class MilpArrays:
 
 
 @dataclass(frozen=True)
+class SolverOptions:
+    """How to solve: which solver, for how long (None: no limit), to which relative gap, with its log or not."""
+
+    solver: str = "highs"
+    time_limit_s: float | None = None
+    rel_gap: float = DEFAULT_REL_GAP
+    log: bool = False
+
+    def remaining(self, spent_s: float) -> SolverOptions:
+        """The same options with ``spent_s`` seconds less of the time limit (at least a millisecond)."""
+        if self.time_limit_s is None:
+            return self
+        return SolverOptions(self.solver, max(1e-3, self.time_limit_s - spent_s), self.rel_gap, self.log)
+
+
+@dataclass(frozen=True)
 class MilpResult:
-    status: str  # optimal | time_limit (feasible, not proven) | infeasible | no_solution
+    """A solve's outcome: the incumbent (x, objective), the proven bound on the optimum, and their gap."""
+
+    status: str  # optimal (within the gap) | time_limit (feasible, not proven) | infeasible | no_solution
     x: np.ndarray | None
     objective: float | None
     seconds: float
-    gap: float | None = None
+    gap: float | None = None  # |objective - bound| / |objective|
+    bound: float | None = None  # best bound on the optimum (>= objective when maximising)
+
+
+def relative_gap(objective: float | None, bound: float | None) -> float | None:
+    """The relative MIP gap as HiGHS defines it: |bound - objective| / max(|objective|, tiny)."""
+    if objective is None or bound is None or not np.isfinite(bound):
+        return None
+    return abs(bound - objective) / max(abs(objective), 1e-9)
 
 
 def _highs_model(m: MilpArrays, names: bool = False):
@@ -85,15 +116,31 @@ def _highs_model(m: MilpArrays, names: bool = False):
     return h
 
 
-def _solve_highs(m: MilpArrays, time_limit_s: float | None, rel_gap: float, log: bool) -> MilpResult:
+def _set_start(h, m: MilpArrays, start: np.ndarray) -> None:
+    """Hand HiGHS a feasible point to start from (integers rounded; HiGHS checks it and ignores a bad one)."""
+    import highspy
+
+    x = np.where(m.integer, np.rint(start), start)
+    sol = highspy.HighsSolution()
+    sol.col_value = list(np.clip(x, m.lower, m.upper))
+    sol.value_valid = True
+    h.setSolution(sol)
+
+
+def _solve_highs(m: MilpArrays, time_limit_s: float | None, rel_gap: float, log: bool,
+                 start: np.ndarray | None = None, quick: bool = False) -> MilpResult:
     import highspy
 
     h = _highs_model(m)
+    if quick:  # see QUICK_PASS_S
+        h.setOptionValue("mip_root_presolve_only", True)
     h.setOptionValue("output_flag", log)
     h.setOptionValue("mip_rel_gap", rel_gap)
-    h.setOptionValue("threads", 1)
+    h.setOptionValue("threads", 1)  # HiGHS fixes its thread pool per process: every solve asks for the same
     if time_limit_s is not None:
         h.setOptionValue("time_limit", float(time_limit_s))
+    if start is not None:
+        _set_start(h, m, start)
     t = time.perf_counter()
     h.run()
     secs = time.perf_counter() - t
@@ -109,7 +156,11 @@ def _solve_highs(m: MilpArrays, time_limit_s: float | None, rel_gap: float, log:
     else:
         return MilpResult("no_solution", None, None, secs)
     x = np.asarray(h.getSolution().col_value)
-    return MilpResult(status, x, float(info.objective_function_value), secs, float(info.mip_gap))
+    obj = float(info.objective_function_value)
+    bound = float(info.mip_dual_bound) if m.integer.any() else obj
+    if status == "optimal" and not np.isfinite(bound):
+        bound = obj
+    return MilpResult(status, x, obj, secs, relative_gap(obj, bound), bound)
 
 
 def _write_mps(m: MilpArrays, path: Path) -> None:
@@ -142,7 +193,8 @@ def _pulp_problem(m: MilpArrays):
     return prob, xs
 
 
-def _solve_cbc(m: MilpArrays, time_limit_s: float | None, rel_gap: float, log: bool) -> MilpResult:
+def _solve_cbc(m: MilpArrays, time_limit_s: float | None, rel_gap: float, log: bool,
+               start: np.ndarray | None = None) -> MilpResult:
     import pulp
 
     prob, xs = _pulp_problem(m)
@@ -160,10 +212,13 @@ def _solve_cbc(m: MilpArrays, time_limit_s: float | None, rel_gap: float, log: b
         return MilpResult("no_solution", None, None, secs)
     x = np.array([v.value() or 0.0 for v in xs])
     proven = status == "Optimal" and sol_status != pulp.LpSolutionIntegerFeasible
-    return MilpResult("optimal" if proven else "time_limit", x, float(m.cost @ x), secs)
+    obj = float(m.cost @ x)
+    bound = obj if proven else None  # PuLP does not report CBC's bound
+    return MilpResult("optimal" if proven else "time_limit", x, obj, secs, 0.0 if proven else None, bound)
 
 
-def _solve_gurobi(m: MilpArrays, time_limit_s: float | None, rel_gap: float, log: bool) -> MilpResult:
+def _solve_gurobi(m: MilpArrays, time_limit_s: float | None, rel_gap: float, log: bool,
+                  start: np.ndarray | None = None) -> MilpResult:
     try:
         import gurobipy as gp
     except ImportError:
@@ -196,15 +251,23 @@ def _solve_gurobi(m: MilpArrays, time_limit_s: float | None, rel_gap: float, log
         return MilpResult("no_solution", None, None, secs)
     x = np.array([v.X for v in sorted(model.getVars(), key=lambda v: int(v.VarName[1:]))])
     status = "optimal" if model.Status == gp.GRB.OPTIMAL else "time_limit"
-    return MilpResult(status, x, float(m.cost @ x), secs, float(model.MIPGap))
+    bound = float(model.ObjBound) * (-1.0 if m.maximize else 1.0)  # the MPS is a minimisation
+    return MilpResult(status, x, float(m.cost @ x), secs, float(model.MIPGap), bound)
 
 
 def solve_milp(m: MilpArrays, solver: str = "highs", time_limit_s: float | None = None,
-               rel_gap: float = DEFAULT_REL_GAP, log: bool = False) -> MilpResult:
-    """Solve ``m`` with the named solver; bad solver names and unusable solvers raise InputError."""
+               rel_gap: float = DEFAULT_REL_GAP, log: bool = False, start: np.ndarray | None = None,
+               quick: bool = False) -> MilpResult:
+    """Solve ``m`` with the named solver, from the feasible point ``start`` if given (HiGHS only);
+    ``quick``: HiGHS's presolve at the root only (see QUICK_PASS_S). Bad solver names and unusable
+    solvers raise InputError."""
     if solver not in SOLVERS:
         raise InputError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}")
     if time_limit_s is not None and not time_limit_s > 0:
         raise InputError(f"--time-limit must be > 0 seconds, got {time_limit_s}")
-    fn = {"highs": _solve_highs, "cbc": _solve_cbc, "gurobi": _solve_gurobi}[solver]
-    return fn(m, time_limit_s, rel_gap, log)
+    if not 0 <= rel_gap < 1:
+        raise InputError(f"--gap must be a relative MIP gap in [0, 1), got {rel_gap}")
+    if solver == "highs":
+        return _solve_highs(m, time_limit_s, rel_gap, log, start, quick)
+    fn = {"cbc": _solve_cbc, "gurobi": _solve_gurobi}[solver]
+    return fn(m, time_limit_s, rel_gap, log, start)

@@ -1,6 +1,9 @@
 """plan.json: the planner's output that the generator, the sidecar and the simulator consume.
 
-Contract fields: ``planner``, ``solver``, ``solve_seconds``, ``models[]`` with ``name``, ``slo_us``,
+Contract fields: ``planner``, ``solver``, ``solve_seconds``, ``status`` (optimal: proven within the
+relative gap; time_limit: the incumbent when the solver was stopped), ``objective`` (the incumbent's),
+``bound`` (the best proven bound on the optimum, null without one), ``gap`` (relative), ``objective_kind``
+(throughput, or cost with a ``cost`` object), ``models[]`` with ``name``, ``slo_us``,
 ``throughput_rps``, ``pipelines[]`` with ``throughput_rps``, ``latency_us`` and ``partitions[]`` with
 ``blocks`` ([first, end)), ``gpu``, ``vgpu_fraction`` ("1/V"), ``batch``, ``num_vgpus``,
 ``latency_us``, ``transfer_us`` (transfer time of one batch out of this partition to the next; 0 for
@@ -91,6 +94,10 @@ class Plan:
     spec: dict[str, Any] = field(default_factory=dict)  # the spec it was solved for (to_dict form)
     status: str = "optimal"
     objective: float | None = None
+    bound: float | None = None  # proven bound on the objective's optimum (None: the planner has none)
+    gap: float | None = None  # relative gap between objective and bound
+    objective_kind: str = "throughput"  # throughput | cost
+    cost: dict[str, Any] | None = None  # cost plans: rates, prices, GPUs used, cost per hour and per 1M requests
 
     def model(self, name: str) -> ModelPlan:
         for m in self.models:
@@ -107,11 +114,15 @@ class Plan:
         return used
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": FORMAT, "planner": self.planner, "solver": self.solver,
-                "solve_seconds": self.solve_seconds, "status": self.status, "objective": self.objective,
-                "cluster": self.cluster.to_dict(), "spec": self.spec,
-                "physical_gpus_used": self.physical_gpus_used(),
-                "models": [m.to_dict() for m in self.models]}
+        d = {"format": FORMAT, "planner": self.planner, "solver": self.solver,
+             "solve_seconds": self.solve_seconds, "status": self.status, "objective_kind": self.objective_kind,
+             "objective": self.objective, "bound": self.bound, "gap": self.gap,
+             "cluster": self.cluster.to_dict(), "spec": self.spec,
+             "physical_gpus_used": self.physical_gpus_used(),
+             "models": [m.to_dict() for m in self.models]}
+        if self.cost is not None:
+            d["cost"] = self.cost
+        return d
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
@@ -173,7 +184,8 @@ def plan_from_dict(d: Any, source: str = "plan") -> Plan:
                                 float(m.get("batch_wait_us_per_request", 0.0))))
     return Plan(str(_field(d, "planner", source)), str(_field(d, "solver", source)),
                 float(_field(d, "solve_seconds", source)), cluster, tuple(models), d.get("spec", {}),
-                d.get("status", "optimal"), d.get("objective"))
+                d.get("status", "optimal"), d.get("objective"), d.get("bound"), d.get("gap"),
+                d.get("objective_kind", "throughput"), d.get("cost"))
 
 
 def load_plan(path: str | Path) -> Plan:

@@ -11,28 +11,40 @@ QUICK_FLAGS = ("profile", "gpus", "gpus_per_server", "bandwidth_gbps", "vgpu_lev
                "no_batch_unification")
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "plan", help="plan pooled pipelines (MILP) for a cluster and SLOs",
-        description="Plan where each model is cut, which pool of (virtual) GPUs serves each partition, with "
-                    "which batch and how many vGPUs. Give a spec file (--spec) or build one with quick flags "
-                    "(--profile, --gpus, ...).")
-    p.add_argument("--spec", type=Path, help="planning spec (YAML or JSON)")
-    p.add_argument("--planner", default="ppipe", choices=("ppipe", "np", "dart-r"),
-                   help="ppipe: pooled pipelines (default); np: whole models; dart-r: GPU pairs cut once")
+DESCRIPTION = (
+    "Plan where each model is cut, which pool of (virtual) GPUs serves each partition, with which batch and how "
+    "many vGPUs. Give a spec file (--spec) or build one with quick flags (--profile, --gpus, ...). By default the "
+    "plan maximises throughput on the whole cluster; --objective cost instead finds the cheapest GPUs (the "
+    "cluster's counts become upper bounds) that serve --rate under the SLOs at --price. Every solve stops at "
+    "--time-limit or once proven within --gap; the plan is then the solver's incumbent, and the output and "
+    "plan.json say the status, incumbent, bound and gap. 'poolpipe plan sweep --help' compares planners over "
+    "one axis (SLO multipliers, GPU ratios or SLO margins).")
+
+
+def add_solver_flags(p: argparse.ArgumentParser) -> None:
+    """--solver, --time-limit and --gap (shared by plan and plan sweep)."""
     p.add_argument("--solver", default="highs", choices=("highs", "cbc", "gurobi"), help="MILP solver (default highs)")
-    p.add_argument("--time-limit", type=float, metavar="S", help="solver time limit in seconds")
-    p.add_argument("--out", required=True, type=Path, help="plan.json to write")
-    p.add_argument("--progress", action="store_true", help="show the solver's log")
+    p.add_argument("--time-limit", type=float, metavar="S", default=60.0,
+                   help="stop each solve after S seconds and keep its best plan so far (default 60; 0: no limit)")
+    p.add_argument("--gap", type=float, metavar="G", default=1e-4,
+                   help="relative MIP gap at which a plan counts as optimal: stop once the incumbent is proven "
+                        "within G of the best possible (default 1e-4 = 0.01%%)")
+
+
+def add_spec_flags(p: argparse.ArgumentParser) -> None:
+    """--spec or the quick flags that build a spec (shared by plan and plan sweep)."""
+    p.add_argument("--spec", type=Path, help="planning spec (YAML or JSON)")
     q = p.add_argument_group("quick spec (instead of --spec)")
     q.add_argument("--profile", action="append", type=Path, metavar="FILE",
                    help="profile JSON of a model (repeat for several models sharing the cluster)")
     q.add_argument("--gpus", metavar="T=N,...", help="GPU counts, e.g. L4=25,T4=75")
     q.add_argument("--gpus-per-server", metavar="T=N,...", help="GPUs sharing one NIC, e.g. L4=4,T4=2 (default 1)")
     q.add_argument("--bandwidth-gbps", type=float, help="effective NIC bandwidth per server (default 10)")
-    q.add_argument("--vgpu-levels", metavar="V|T=V,...", help="max vGPU level V per type, e.g. 4 or L4=4,T4=2 (default 1)")
+    q.add_argument("--vgpu-levels", metavar="V|T=V,...",
+                   help="max vGPU level V per type, e.g. 4 or L4=4,T4=2 (default 1)")
     q.add_argument("--max-partitions", type=int, help="max partitions per pipeline (default 3)")
-    q.add_argument("--no-batch-unification", action="store_true", help="let partitions of a pipeline use different batches")
+    q.add_argument("--no-batch-unification", action="store_true",
+                   help="let partitions of a pipeline use different batches")
     q.add_argument("--slo-us", type=float, action="append", help="latency SLO in µs (one, or one per --profile)")
     q.add_argument("--slo-multiplier", type=float, action="append",
                    help="SLO as a multiple of the fastest batch-1 latency (instead of --slo-us)")
@@ -41,7 +53,31 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--batch-wait-us", type=float, action="append",
                    help="expected wait per extra request of a batch (batch_wait_us_per_request)")
     q.add_argument("--weight", type=float, action="append", help="workload share per --profile (default 1)")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plan", help="plan pooled pipelines (MILP) for a cluster and SLOs, or the cheapest GPUs "
+                                    "for given rates", description=DESCRIPTION)
+    add_spec_flags(p)
+    p.add_argument("--planner", default="ppipe", choices=("ppipe", "np", "dart-r"),
+                   help="ppipe: pooled pipelines (default); np: whole models; dart-r: GPU pairs cut once")
+    add_solver_flags(p)
+    p.add_argument("--out", type=Path, help="plan.json to write (required)")
+    p.add_argument("--progress", action="store_true", help="show the solver's log")
+    c = p.add_argument_group("capacity and cost planning")
+    c.add_argument("--objective", default="throughput", choices=("throughput", "cost"),
+                   help="throughput: serve as much as the cluster can (default); cost: the least cost per hour "
+                        "that serves --rate, using at most the cluster's GPUs")
+    c.add_argument("--rate", metavar="NAME=R,...",
+                   help="with --objective cost: requests/s each model must sustain, by model name, e.g. "
+                        "convnext_large=2000")
+    c.add_argument("--price", metavar="TYPE=P,...",
+                   help="with --objective cost: price of one GPU-hour per GPU type, e.g. L4=0.8,T4=0.35")
     p.set_defaults(func=_plan)
+    plan_sub = p.add_subparsers(dest="plan_command", title="subcommand", metavar="sweep")
+    from planner.sweep_cli import register_sweep
+
+    register_sweep(plan_sub)
 
 
 def _type_map(text: str, flag: str, *, allow_scalar: bool = False) -> Any:
@@ -111,21 +147,57 @@ def quick_spec_dict(args: argparse.Namespace) -> dict[str, Any]:
     return d
 
 
-def _plan(args: argparse.Namespace) -> int:
-    from planner.solve import solve_spec
+def load_cli_spec(args: argparse.Namespace):
+    """The spec from --spec, or from the quick flags (never both)."""
     from planner.spec import load_spec, spec_from_dict
     from poolpipe_common.errors import InputError
 
     quick = [f for f in QUICK_FLAGS if getattr(args, f) not in (None, False)]
     if args.spec is not None:
         if quick:
-            raise InputError(f"--spec cannot be combined with quick flags ({', '.join('--' + f.replace('_', '-') for f in quick)})")
-        spec = load_spec(args.spec)
-    else:
-        spec = spec_from_dict(quick_spec_dict(args), Path.cwd(), "command line")
+            flags = ", ".join("--" + f.replace("_", "-") for f in quick)
+            raise InputError(f"--spec cannot be combined with quick flags ({flags})")
+        return load_spec(args.spec)
+    return spec_from_dict(quick_spec_dict(args), Path.cwd(), "command line")
+
+
+def time_limit(args: argparse.Namespace) -> float | None:
+    """--time-limit in seconds; 0 means no limit (negative values are left for the solver's check)."""
+    return None if args.time_limit == 0 else args.time_limit
+
+
+def _cost_request(args: argparse.Namespace):
+    from planner.cost import CostRequest
+    from poolpipe_common.errors import InputError
+
+    if args.objective != "cost":
+        if args.rate or args.price:
+            raise InputError("--rate and --price go with --objective cost")
+        return None
+    if not args.rate or not args.price:
+        raise InputError("--objective cost needs --rate NAME=REQ_PER_S,... and --price TYPE=PER_GPU_HOUR,...")
+    return CostRequest({k: float(v) for k, v in _type_map(args.rate, "--rate").items()},
+                       {k: float(v) for k, v in _type_map(args.price, "--price").items()})
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from planner.cost import solve_cost
+    from planner.plan_report import print_plan
+    from planner.solve import check_limits, solve_spec
+    from poolpipe_common.errors import InputError
+
+    if args.out is None:
+        raise InputError("--out FILE is needed: the plan.json to write")
     if args.out.is_dir():
         raise InputError(f"--out {args.out} is a directory; give a file name such as plan.json")
-    plan = solve_spec(spec, args.planner, args.solver, args.time_limit, args.progress)
+    req = _cost_request(args)
+    spec = load_cli_spec(args)
+    if req is not None:
+        opts = check_limits(args.solver, time_limit(args), args.gap)
+        plan = solve_cost(spec, req, args.planner, type(opts)(opts.solver, opts.time_limit_s, opts.rel_gap,
+                                                                args.progress))
+    else:
+        plan = solve_spec(spec, args.planner, args.solver, time_limit(args), args.progress, args.gap)
     try:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         plan.save(args.out)
@@ -137,38 +209,7 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def print_plan(plan, spec) -> None:
-    """Per model and pipeline: each partition's blocks, GPU, vGPU, batch, count, latency, transfer, throughput."""
-    from rich.console import Console
-    from rich.table import Table
+    """See planner.plan_report.print_plan (kept here for callers of the CLI module)."""
+    from planner.plan_report import print_plan as _print
 
-    from planner.candidates import partition_rate_rps
-
-    console = Console(width=130)
-    specs = {m.name: m for m in spec.models}
-    for m in plan.models:
-        ms = specs[m.name]
-        t = Table(title=f"{m.name}: {m.throughput_rps:,.1f} req/s  (SLO {m.slo_us:,.0f} us, margin "
-                        f"{m.slo_margin_us:,.0f} us, weight {m.weight:g})", title_justify="left")
-        for col in ("pipe", "blocks", "GPU", "vGPU", "batch", "vGPUs", "latency us", "transfer us", "req/s"):
-            t.add_column(col, justify="left" if col in ("blocks", "GPU") else "right")
-        for i, pl in enumerate(m.pipelines):
-            for k, p in enumerate(pl.partitions):
-                rate = p.num_vgpus * partition_rate_rps(ms, spec.cluster, p.gpu, p.v, p.batch, *p.blocks)
-                t.add_row(str(i) if k == 0 else "", f"[{p.blocks[0]}, {p.blocks[1]})", p.gpu, p.vgpu_fraction,
-                          str(p.batch), str(p.num_vgpus), f"{p.latency_us:,.0f}", f"{p.transfer_us:,.0f}",
-                          f"{rate:,.1f}")
-            t.add_row("", "", "", "", "", "", f"[b]{pl.latency_us:,.0f}[/b]", "", f"[b]{pl.throughput_rps:,.1f}[/b]",
-                      end_section=True)
-        console.print(t)
-    used = plan.physical_gpus_used()
-    g = Table(title="physical GPUs", title_justify="left")
-    for col in ("GPU", "used", "cluster"):
-        g.add_column(col, justify="left" if col == "GPU" else "right")
-    for gpu, count in plan.cluster.gpus.items():
-        g.add_row(gpu, f"{used.get(gpu, 0.0):g}", str(count))
-    console.print(g)
-    if plan.status != "optimal":
-        console.print(f"[yellow]solver stopped at the time limit: the plan is feasible but not proven optimal "
-                      f"({plan.status})[/yellow]")
-    if len(plan.models) > 1:
-        console.print(f"smallest throughput/weight: {plan.objective:,.1f}")
+    _print(plan, spec)

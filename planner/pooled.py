@@ -5,14 +5,16 @@ time of one batch out of each partition (0 for the last).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
 
+from planner import whole_gpu
 from planner.candidates import Candidates, enumerate_candidates
-from planner.milp_solvers import MilpResult
+from planner.milp_solvers import MilpResult, SolverOptions, relative_gap
 from planner.plan import ModelPlan, PartitionPlan, PipelinePlan, Plan
-from planner.ppipe_milp import ChosenPipeline, solve_columns
+from planner.ppipe_milp import ChosenPipeline, Objective, column_start, relaxation_bound, solve_columns
 from planner.spec import ClusterSpec, ModelSpec, PlanningSpec
 from poolpipe_common.errors import InputError
 
@@ -82,14 +84,54 @@ def chosen_to_models(spec: PlanningSpec, cands: list[Candidates], chosen: list[C
     return [ModelPipelines(m, tuple(sorted(p, key=lambda x: -x.throughput_rps))) for m, p in zip(spec.models, per)]
 
 
-def solve_pooled(spec: PlanningSpec, cluster: ClusterSpec, max_parts: int, solver: str,
-                 time_limit_s: float | None, progress: bool, second_pass: str = "fill"
+def solve_with_warm_start(cands: list[Candidates], counts: np.ndarray, objective: Objective, opts: SolverOptions,
+                          second_pass: str) -> tuple[MilpResult, list[ChosenPipeline]]:
+    """The column MILP started from the whole-GPU DP's plan (planner.whole_gpu) where the DP applies.
+    One model needs no MILP when the DP's plan is proven: vGPU level 1 everywhere (nothing to share),
+    or the LP relaxation within the gap of it."""
+    if objective.kind != "throughput" or not whole_gpu.applicable(cands, counts):
+        return solve_columns(cands, counts, objective, opts, second_pass)
+    t0 = time.perf_counter()
+    dp = whole_gpu.whole_gpu_plan(cands, counts, list(objective.weights))
+    if len(cands) == 1 and whole_gpu.exact_for(cands) and dp:
+        total = dp_objective(dp, 1, objective.weights)
+        return MilpResult("optimal", None, total, time.perf_counter() - t0, 0.0, total), dp
+    if dp and len(cands) == 1:  # proven within the gap by the LP relaxation: no MILP needed
+        obj, bound = dp_objective(dp, 1, objective.weights), relaxation_bound(cands, counts, objective)
+        if bound is not None and relative_gap(obj, bound) <= opts.rel_gap:
+            return MilpResult("optimal", None, obj, time.perf_counter() - t0, relative_gap(obj, bound), bound), dp
+    start = column_start(cands, counts, objective, dp) if dp else None
+    res, chosen = solve_columns(cands, counts, objective, opts.remaining(time.perf_counter() - t0), second_pass, start)
+    if res.x is None and dp and res.status != "infeasible":  # stopped before it took the start: keep the DP's plan
+        obj = dp_objective(dp, len(cands), objective.weights)
+        bound = relaxation_bound(cands, counts, objective)
+        return MilpResult("time_limit", None, obj, time.perf_counter() - t0, relative_gap(obj, bound), bound), dp
+    return MilpResult(res.status, res.x, res.objective, time.perf_counter() - t0, res.gap, res.bound), chosen
+
+
+def dp_objective(chosen: list[ChosenPipeline], num_models: int, weights: tuple[float, ...]) -> float:
+    """Throughput (one model) or smallest throughput/weight of a list of chosen pipelines."""
+    thr = np.zeros(num_models)
+    for ch in chosen:
+        thr[ch.model] += ch.throughput_rps
+    return float(thr[0]) if num_models == 1 else float(np.min(thr / np.asarray(weights, float)))
+
+
+def solve_pooled(spec: PlanningSpec, cluster: ClusterSpec, max_parts: int, opts: SolverOptions,
+                 second_pass: str = "fill", objective: Objective | None = None
                  ) -> tuple[list[ModelPipelines], MilpResult]:
-    """Plan every model of ``spec`` on ``cluster`` with the column MILP (pipelines of <= max_parts)."""
+    """Plan every model of ``spec`` on ``cluster`` with the column MILP (pipelines of <= max_parts);
+    the objective is throughput (the models' weights) unless ``objective`` says otherwise."""
+    t0 = time.perf_counter()
     cands = model_candidates(spec, cluster, max_parts)
-    res, chosen = solve_columns(cands, gpu_counts(cluster), [m.weight for m in spec.models], solver,
-                                time_limit_s, log=progress, second_pass=second_pass)
-    if res.x is None:
+    objective = objective or Objective("throughput", tuple(m.weight for m in spec.models))
+    res, chosen = solve_with_warm_start(cands, gpu_counts(cluster), objective,
+                                        opts.remaining(time.perf_counter() - t0), second_pass)
+    if res.x is None and not chosen:
+        if objective.kind == "cost" and res.status == "infeasible":
+            raise InfeasibleError("the cluster cannot serve the requested rates under the SLOs, even with all "
+                                  f"of its GPUs ({', '.join(f'{t}={n}' for t, n in cluster.gpus.items())}); "
+                                  "lower --rate or add GPUs")
         what = "infeasible" if res.status == "infeasible" else f"stopped without a plan ({res.status})"
         raise InfeasibleError(f"the MILP is {what}; raise --time-limit or check the spec")
     models = chosen_to_models(spec, cands, chosen, cluster.gpu_types)
@@ -101,11 +143,20 @@ def solve_pooled(spec: PlanningSpec, cluster: ClusterSpec, max_parts: int, solve
     return models, res
 
 
+def model_plans(models: list[ModelPipelines]) -> tuple[ModelPlan, ...]:
+    return tuple(ModelPlan(mp.model.name, mp.model.slo_us, mp.throughput_rps, mp.pipelines, mp.model.profile,
+                           mp.model.weight, mp.model.slo_margin_us, mp.model.batch_wait_us_per_request)
+                 for mp in models)
+
+
 def assemble_plan(spec: PlanningSpec, planner: str, solver: str, seconds: float,
-                  models: list[ModelPipelines], status: str) -> Plan:
-    mplans = tuple(ModelPlan(mp.model.name, mp.model.slo_us, mp.throughput_rps, mp.pipelines, mp.model.profile,
-                             mp.model.weight, mp.model.slo_margin_us, mp.model.batch_wait_us_per_request)
-                   for mp in models)
+                  models: list[ModelPipelines], res: MilpResult) -> Plan:
+    """The throughput Plan: objective = throughput (one model) or smallest throughput/weight, with the
+    solver's status, bound and gap (None where the planner has no bound, e.g. dart-r)."""
+    mplans = model_plans(models)
     objective = (mplans[0].throughput_rps if len(mplans) == 1
                  else min(m.throughput_rps / m.weight for m in mplans))
-    return Plan(planner, solver, seconds, spec.cluster, mplans, spec.to_dict(), status, objective)
+    bound = None if res.bound is None else max(res.bound, objective)  # whole vGPUs may carry a bit more than x
+    gap = None if bound is None else (bound - objective) / max(objective, 1e-9)
+    return Plan(planner, solver, seconds, spec.cluster, mplans, spec.to_dict(), res.status, objective,
+                bound=bound, gap=gap)

@@ -10,8 +10,10 @@ Constraints:
   sum_{c in m, k: pos p, type t} n_ck / V_ck <= y_mpt   vGPUs pack into whole GPUs per position
   sum_{m, p} y_mpt <= G_t                  the cluster's GPUs of each type
   z <= sum_{c in m} x_c / w_m              (several models)
-Objective: max sum_c x_c (one model) or max z (several models). These are the reference planner's
-terms, with any number of pipelines per GPU-type sequence instead of one.
+Objective (throughput): max sum_c x_c (one model) or max z (several models). These are the
+reference planner's terms, with any number of pipelines per GPU-type sequence instead of one.
+Objective (cost, Harpagon's question over pooled pipelines): min sum_t price_t sum_{m,p} y_mpt
+subject to sum_{c in m} x_c >= R_m for every model; G_t is then an upper bound on what may be used.
 """
 
 from __future__ import annotations
@@ -22,7 +24,21 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.candidates import Candidates
-from planner.milp_solvers import DEFAULT_REL_GAP, MilpArrays, MilpResult, solve_milp
+from planner.milp_solvers import QUICK_PASS_S, MilpArrays, MilpResult, SolverOptions, relative_gap, solve_milp
+
+
+@dataclass(frozen=True)
+class Objective:
+    """What the MILP optimises: throughput (weights per model) or cost (rates per model, prices per type)."""
+
+    kind: str = "throughput"  # throughput | cost
+    weights: tuple[float, ...] = ()
+    rates_rps: tuple[float, ...] = ()  # cost: throughput each model must reach
+    prices: tuple[float, ...] = ()  # cost: price of one GPU (per hour) for each cluster GPU type
+
+    @property
+    def max_min(self) -> bool:
+        return self.kind == "throughput" and len(self.weights) > 1
 
 
 @dataclass(frozen=True)
@@ -33,6 +49,7 @@ class ColumnLayout:
     x_index: np.ndarray  # (C,) column of x_c
     n_index: np.ndarray  # (C, P) column of n_ck, -1 where unused
     y_index: np.ndarray  # (Y,) columns of y_mpt
+    y_keys: np.ndarray  # (Y, 3) (model, position, type) of each y
     z_index: int | None
 
 
@@ -44,86 +61,82 @@ class ChosenPipeline:
     num_vgpus: tuple[int, ...]  # per partition (minimal whole vGPUs carrying x_c)
 
 
-def build_column_milp(cands: list[Candidates], gpu_counts: np.ndarray, weights: list[float],
-                      max_min: bool) -> tuple[MilpArrays, ColumnLayout]:
-    """Assemble the MILP above as arrays (no per-variable Python objects)."""
-    all_c = Candidates.concat(cands, cands[0].gpu.shape[1]) if cands else None
+@dataclass
+class _Rows:
+    """COO rows being assembled: lo <= sum(val * col) <= hi."""
+
+    rows: list
+    cols: list
+    vals: list
+    lo: list
+    hi: list
+    count: int = 0
+
+    def add(self, local_rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
+        self.rows.append(self.count + np.asarray(local_rows))
+        self.cols.append(np.asarray(cols))
+        self.vals.append(np.asarray(vals, float))
+        self.lo.append(np.asarray(lo, float))
+        self.hi.append(np.asarray(hi, float))
+        self.count += len(lo)
+
+
+def _layout(cands: list[Candidates], max_min: bool) -> tuple[Candidates, ColumnLayout, np.ndarray, np.ndarray]:
+    """Column positions of x, n, y (and z); also the (candidate, position) of every n and its y row."""
+    all_c = Candidates.concat(cands, cands[0].gpu.shape[1])
     model_of = np.concatenate([np.full(len(c), i) for i, c in enumerate(cands)]).astype(int)
     num_c, num_p = all_c.gpu.shape
-    used = all_c.gpu >= 0
-    ci, pi = np.nonzero(used)  # one n variable per used (candidate, position)
-    t_of = all_c.gpu[ci, pi]
-    v_of = all_c.v[ci, pi]
-    r_of = all_c.rate_rps[ci, pi]
-    x_idx = np.arange(num_c)
-    n_idx_flat = num_c + np.arange(len(ci))
+    ci, pi = np.nonzero(all_c.gpu >= 0)  # one n variable per used (candidate, position)
     n_index = np.full((num_c, num_p), -1)
-    n_index[ci, pi] = n_idx_flat
-    # y per (model, position, type) that some candidate uses
-    ykey = np.stack([model_of[ci], pi, t_of], 1)
-    ykeys, y_of_n = np.unique(ykey, axis=0, return_inverse=True)
-    y_of_n = y_of_n.ravel()
+    n_index[ci, pi] = num_c + np.arange(len(ci))
+    ykeys, y_of_n = np.unique(np.stack([model_of[ci], pi, all_c.gpu[ci, pi]], 1), axis=0, return_inverse=True)
     y_idx = num_c + len(ci) + np.arange(len(ykeys))
-    ncols = num_c + len(ci) + len(ykeys) + (1 if max_min else 0)
-    z_index = ncols - 1 if max_min else None
+    z_index = y_idx[-1] + 1 if max_min else None
+    layout = ColumnLayout(model_of, np.arange(num_c), n_index, y_idx, ykeys.reshape(-1, 3), z_index)
+    return all_c, layout, np.stack([ci, pi]), y_of_n.ravel()
 
+
+def build_column_milp(cands: list[Candidates], gpu_counts: np.ndarray, objective: Objective
+                      ) -> tuple[MilpArrays, ColumnLayout]:
+    """Assemble the MILP above as arrays (no per-variable Python objects)."""
+    all_c, lay, (ci, pi), y_of_n = _layout(cands, objective.max_min)
+    t_of, v_of, r_of = all_c.gpu[ci, pi], all_c.v[ci, pi], all_c.rate_rps[ci, pi]
+    n_idx = lay.n_index[ci, pi]
+    ncols = len(all_c) + len(ci) + len(lay.y_index) + (1 if objective.max_min else 0)
     g = gpu_counts.astype(float)
-    lower = np.zeros(ncols)
-    upper = np.empty(ncols)
-    n_ub = g[t_of] * v_of
-    x_ub = np.full(num_c, np.inf)
-    np.minimum.at(x_ub, ci, r_of * n_ub)
-    upper[x_idx] = x_ub
-    upper[n_idx_flat] = n_ub
-    upper[y_idx] = g[ykeys[:, 2]]
-    integer = np.zeros(ncols, bool)
-    integer[n_idx_flat] = True
-    integer[y_idx] = True
-    cost = np.zeros(ncols)
-    if max_min:
-        upper[z_index] = np.inf
-        cost[z_index] = 1.0
-    else:
-        cost[x_idx] = 1.0
-
-    rows, cols, vals, rlo, rhi = [], [], [], [], []
-    r0 = 0
-    # (a) x_c - r n_ck <= 0
+    x_ub = np.full(len(all_c), np.inf)
+    np.minimum.at(x_ub, ci, r_of * g[t_of] * v_of)
+    lower, upper, integer, cost = np.zeros(ncols), np.zeros(ncols), np.zeros(ncols, bool), np.zeros(ncols)
+    upper[lay.x_index] = x_ub
+    upper[n_idx] = np.minimum(g[t_of] * v_of, np.ceil(x_ub[ci] / r_of - 1e-9))  # no more vGPUs than x_c can use
+    upper[lay.y_index] = g[lay.y_keys[:, 2]]
+    integer[n_idx] = True
+    integer[lay.y_index] = True
+    rows = _Rows([], [], [], [], [])
     k = len(ci)
-    rows += [r0 + np.arange(k)] * 2
-    cols += [ci, n_idx_flat]
-    vals += [np.ones(k), -r_of]
-    rlo.append(np.full(k, -np.inf))
-    rhi.append(np.zeros(k))
-    r0 += k
-    # (b) sum n / V - y <= 0
-    ny = len(ykeys)
-    rows += [r0 + y_of_n, r0 + np.arange(ny)]
-    cols += [n_idx_flat, y_idx]
-    vals += [1.0 / v_of, -np.ones(ny)]
-    rlo.append(np.full(ny, -np.inf))
-    rhi.append(np.zeros(ny))
-    r0 += ny
-    # (c) sum_y per type <= G_t
-    rows.append(r0 + ykeys[:, 2])
-    cols.append(y_idx)
-    vals.append(np.ones(ny))
-    rlo.append(np.full(len(g), -np.inf))
-    rhi.append(g)
-    r0 += len(g)
-    # (d) z - sum x / w <= 0
-    if max_min:
-        nm = len(cands)
-        rows += [r0 + np.arange(nm), r0 + model_of]
-        cols += [np.full(nm, z_index), x_idx]
-        vals += [np.ones(nm), -1.0 / np.asarray(weights, float)[model_of]]
-        rlo.append(np.full(nm, -np.inf))
-        rhi.append(np.zeros(nm))
-        r0 += nm
-    milp = MilpArrays(cost, lower, upper, integer, np.concatenate(rows).astype(int),
-                      np.concatenate(cols).astype(int), np.concatenate(vals).astype(float),
-                      np.concatenate(rlo), np.concatenate(rhi), maximize=True)
-    return milp, ColumnLayout(model_of, x_idx, n_index, y_idx, z_index)
+    rows.add(np.r_[np.arange(k), np.arange(k)], np.r_[ci, n_idx], np.r_[np.ones(k), -r_of],
+             np.full(k, -np.inf), np.zeros(k))  # x_c - r n_ck <= 0
+    ny = len(lay.y_index)
+    rows.add(np.r_[y_of_n, np.arange(ny)], np.r_[n_idx, lay.y_index], np.r_[1.0 / v_of, -np.ones(ny)],
+             np.full(ny, -np.inf), np.zeros(ny))  # sum n / V - y <= 0
+    rows.add(lay.y_keys[:, 2], lay.y_index, np.ones(ny), np.full(len(g), -np.inf), g)  # sum y <= G_t
+    nm = len(cands)
+    if objective.kind == "cost":
+        rows.add(lay.model_of, lay.x_index, np.ones(len(all_c)), np.asarray(objective.rates_rps, float),
+                 np.full(nm, np.inf))  # sum x >= R_m
+        cost[lay.y_index] = np.asarray(objective.prices, float)[lay.y_keys[:, 2]]
+    elif objective.max_min:
+        upper[lay.z_index] = np.inf
+        cost[lay.z_index] = 1.0
+        w = np.asarray(objective.weights, float)
+        rows.add(np.r_[np.arange(nm), lay.model_of], np.r_[np.full(nm, lay.z_index), lay.x_index],
+                 np.r_[np.ones(nm), -1.0 / w[lay.model_of]], np.full(nm, -np.inf), np.zeros(nm))  # z <= x / w
+    else:
+        cost[lay.x_index] = 1.0
+    milp = MilpArrays(cost, lower, upper, integer, np.concatenate(rows.rows).astype(int),
+                      np.concatenate(rows.cols).astype(int), np.concatenate(rows.vals), np.concatenate(rows.lo),
+                      np.concatenate(rows.hi), maximize=objective.kind != "cost")
+    return milp, lay
 
 
 def chosen_pipelines(cands: list[Candidates], layout: ColumnLayout, x: np.ndarray,
@@ -143,31 +156,123 @@ def chosen_pipelines(cands: list[Candidates], layout: ColumnLayout, x: np.ndarra
     return out
 
 
-def solve_columns(cands: list[Candidates], gpu_counts: np.ndarray, weights: list[float], solver: str,
-                  time_limit_s: float | None, log: bool = False, rel_gap: float = DEFAULT_REL_GAP,
-                  second_pass: str | None = "fill") -> tuple[MilpResult, list[ChosenPipeline]]:
-    """Solve the column MILP. With several models a second pass keeps the smallest throughput/weight
-    and either spends what is left over ("fill": maximise total throughput/weight) or frees it
-    ("lean": use as few physical GPUs as possible)."""
-    max_min = len(cands) > 1
-    milp, layout = build_column_milp(cands, gpu_counts, weights, max_min)
-    res = solve_milp(milp, solver, time_limit_s, rel_gap, log)
+def _second_pass(milp: MilpArrays, layout: ColumnLayout, objective: Objective, z: float, how: str) -> MilpArrays:
+    """Keep the smallest throughput/weight at ``z`` and spend what is left ("fill") or free it ("lean")."""
+    lower = milp.lower.copy()
+    lower[layout.z_index] = z * (1 - 1e-9)
+    cost = np.zeros_like(milp.cost)
+    if how == "fill":
+        cost[layout.x_index] = 1.0 / np.asarray(objective.weights, float)[layout.model_of]
+    else:
+        cost[layout.y_index] = -1.0
+    return MilpArrays(cost, lower, milp.upper, milp.integer, milp.a_row, milp.a_col, milp.a_val,
+                      milp.row_lower, milp.row_upper, True)
+
+
+def _better_bound(a: float | None, b: float | None, maximize: bool) -> float | None:
+    if a is None or b is None:
+        return b if a is None else a
+    return min(a, b) if maximize else max(a, b)
+
+
+def solve_two_pass(milp: MilpArrays, opts: SolverOptions, start: np.ndarray | None) -> MilpResult:
+    """HiGHS: a quick pass (root presolve only, at most QUICK_PASS_S) proves most models at the root; the
+    rest go on with HiGHS's defaults from the quick pass's incumbent. Other solvers: one pass."""
+    if opts.solver != "highs":
+        return solve_milp(milp, opts.solver, opts.time_limit_s, opts.rel_gap, opts.log, start)
+    limit = QUICK_PASS_S if opts.time_limit_s is None else min(QUICK_PASS_S, opts.time_limit_s)
+    first = solve_milp(milp, "highs", limit, opts.rel_gap, opts.log, start, quick=True)
+    left = opts.remaining(first.seconds)
+    if first.status in ("optimal", "infeasible") or (opts.time_limit_s is not None and left.time_limit_s <= 1e-3):
+        return first
+    res = solve_milp(milp, "highs", left.time_limit_s, opts.rel_gap, opts.log,
+                     first.x if first.x is not None else start)
+    bound = _better_bound(first.bound, res.bound, milp.maximize)
+    if res.x is None and first.x is not None:
+        res = first
+    return MilpResult(res.status, res.x, res.objective, first.seconds + res.seconds,
+                      relative_gap(res.objective, bound) if res.status != "optimal" else res.gap, bound)
+
+
+def relaxation_bound(cands: list[Candidates], gpu_counts: np.ndarray, objective: Objective) -> float | None:
+    """The LP relaxation's optimum from an aggregated LP (one row per GPU type and model): with vGPUs
+    and GPUs continuous, pipeline c uses sum_k 1 / (r_ck V_ck) GPUs of each type per req/s, so this
+    small LP has the full relaxation's value. A bound for solves stopped before their root LP."""
+    all_c = Candidates.concat(cands, cands[0].gpu.shape[1])
+    model_of = np.concatenate([np.full(len(c), i) for i, c in enumerate(cands)]).astype(int)
+    ci, pi = np.nonzero(all_c.gpu >= 0)
+    nt, nc, nm = len(gpu_counts), len(all_c), len(cands)
+    use = np.zeros((nt, nc))
+    np.add.at(use, (all_c.gpu[ci, pi], ci), 1.0 / (all_c.rate_rps[ci, pi] * all_c.v[ci, pi]))
+    rows = _Rows([], [], [], [], [])
+    tr, cc = np.nonzero(use)
+    rows.add(tr, cc, use[tr, cc], np.full(nt, -np.inf), gpu_counts.astype(float))
+    cost = np.zeros(nc + 1)
+    if objective.kind == "cost":
+        rows.add(model_of, np.arange(nc), np.ones(nc), np.asarray(objective.rates_rps, float), np.full(nm, np.inf))
+        cost[:nc] = np.asarray(objective.prices, float) @ use
+    elif objective.max_min:
+        w = np.asarray(objective.weights, float)
+        rows.add(np.r_[np.arange(nm), model_of], np.r_[np.full(nm, nc), np.arange(nc)],
+                 np.r_[np.ones(nm), -1.0 / w[model_of]], np.full(nm, -np.inf), np.zeros(nm))
+        cost[nc] = 1.0
+    else:
+        cost[:nc] = 1.0
+    upper = np.full(nc + 1, np.inf)
+    lp = MilpArrays(cost, np.zeros(nc + 1), upper, np.zeros(nc + 1, bool), np.concatenate(rows.rows),
+                    np.concatenate(rows.cols), np.concatenate(rows.vals), np.concatenate(rows.lo),
+                    np.concatenate(rows.hi), maximize=objective.kind != "cost")
+    res = solve_milp(lp)
+    return res.objective
+
+
+def solve_columns(cands: list[Candidates], gpu_counts: np.ndarray, objective: Objective, opts: SolverOptions,
+                  second_pass: str | None = "fill", start: np.ndarray | None = None
+                  ) -> tuple[MilpResult, list[ChosenPipeline]]:
+    """Solve the column MILP (from the MILP point ``start`` if given). With several models a second
+    pass keeps the smallest throughput/weight and either spends what is left over ("fill": maximise
+    total throughput/weight) or frees it ("lean": use as few physical GPUs as possible). The result
+    reports the first pass's incumbent, bound and gap (the objective the plan is judged by)."""
+    milp, layout = build_column_milp(cands, gpu_counts, objective)
+    res = solve_two_pass(milp, opts, start)
     if res.x is None:
         return res, []
-    if max_min and second_pass and res.objective is not None and res.objective > 0:
-        z = res.objective
-        lower = milp.lower.copy()
-        lower[layout.z_index] = z * (1 - 1e-9)
-        cost = np.zeros_like(milp.cost)
-        if second_pass == "fill":
-            cost[layout.x_index] = 1.0 / np.asarray(weights, float)[layout.model_of]
-        else:
-            cost[layout.y_index] = -1.0
-        second = MilpArrays(cost, lower, milp.upper, milp.integer, milp.a_row, milp.a_col, milp.a_val,
-                            milp.row_lower, milp.row_upper, True)
-        left = None if time_limit_s is None else max(1e-3, time_limit_s - res.seconds)
-        res2 = solve_milp(second, solver, left, rel_gap, log)
+    if res.status != "optimal":
+        res = _with_relaxation_bound(res, relaxation_bound(cands, gpu_counts, objective), milp.maximize)
+    if objective.max_min and second_pass and res.objective is not None and res.objective > 0:
+        left = opts.remaining(res.seconds)
+        res2 = solve_milp(_second_pass(milp, layout, objective, res.objective, second_pass), left.solver,
+                          left.time_limit_s, left.rel_gap, left.log, res.x)
         if res2.x is not None:
-            res = MilpResult(res.status if res2.status == "optimal" else res2.status, res2.x, z,
-                             res.seconds + res2.seconds, res.gap)
+            res = MilpResult(res.status, res2.x, res.objective, res.seconds + res2.seconds, res.gap, res.bound)
     return res, chosen_pipelines(cands, layout, res.x)
+
+
+def _with_relaxation_bound(res: MilpResult, lp: float | None, maximize: bool) -> MilpResult:
+    """The better of the solver's bound and the LP relaxation's."""
+    if lp is None:
+        return res
+    bound = lp if res.bound is None else (min(res.bound, lp) if maximize else max(res.bound, lp))
+    return MilpResult(res.status, res.x, res.objective, res.seconds, relative_gap(res.objective, bound), bound)
+
+
+def column_start(cands: list[Candidates], gpu_counts: np.ndarray, objective: Objective,
+                 chosen: list[ChosenPipeline]) -> np.ndarray:
+    """The MILP point of a set of chosen pipelines (x, n, y and z filled in), to start a solve from."""
+    milp, lay = build_column_milp(cands, gpu_counts, objective)
+    x = np.zeros(milp.num_cols)
+    offsets = np.cumsum([0] + [len(c) for c in cands])
+    use = np.zeros(len(lay.y_index))
+    ykey = {tuple(k): i for i, k in enumerate(lay.y_keys.tolist())}
+    for ch in chosen:
+        c_all = offsets[ch.model] + ch.candidate
+        x[lay.x_index[c_all]] = ch.throughput_rps
+        cand = cands[ch.model]
+        for p, n in enumerate(ch.num_vgpus):
+            x[lay.n_index[c_all, p]] = n
+            use[ykey[(ch.model, p, int(cand.gpu[ch.candidate, p]))]] += n / float(cand.v[ch.candidate, p])
+    x[lay.y_index] = np.ceil(use - 1e-9)
+    if lay.z_index is not None:
+        thr = np.bincount(lay.model_of, x[lay.x_index], minlength=len(cands))
+        x[lay.z_index] = float(np.min(thr / np.asarray(objective.weights, float)))
+    return x
