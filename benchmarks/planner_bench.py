@@ -16,7 +16,7 @@ Suites (each case planned as a user would, with the CLI's default time limit and
 Printed per case: our objective / best known (one model: throughput; several: the smallest
 throughput/weight), solve seconds and status; per suite: min ratio, median and max solve time.
 
-    python -m benchmarks.planner [--suite ablation,maf19,maf21,stress] [--planner ppipe,np,dart-r]
+    python -m benchmarks.planner_bench [--suite ablation,maf19,maf21,stress] [--planner ppipe,np,dart-r]
                                  [--time-limit 60] [--gap 1e-4] [--solver highs]
 
 (``python -m`` or ``python -P``: run as a plain script, this file's own name would shadow the planner package.)
