@@ -13,7 +13,7 @@ DESCRIPTION = (
 
 
 def register_sweep(plan_sub: argparse._SubParsersAction) -> None:
-    from planner.plan_cli import add_solver_flags, add_spec_flags
+    from planner.cli_flags import add_solver_flags, add_spec_flags
 
     p = plan_sub.add_parser("sweep", help="compare planners over SLO multipliers, GPU ratios or SLO margins",
                             description=DESCRIPTION)
@@ -60,7 +60,7 @@ def _sweep(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import Progress
 
-    from planner.plan_cli import load_cli_spec, time_limit
+    from planner.cli_flags import load_cli_spec, time_limit
     from planner.solve import check_limits
     from planner.sweep import default_solve, parse_values, plot_sweep, run_sweep, save_result, sweep_points, sweep_table
 
