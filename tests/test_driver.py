@@ -168,3 +168,23 @@ def test_every_item_ends_exactly_once_whatever_fails(n, attempts, fails):
     assert sorted(done + rejected) == list(range(n))
     assert not drv.tickets and drv.queue_lengths() == {"m": 0}
     assert (len(rejected) == n) == (fails >= attempts)
+
+
+def test_a_bursts_lateness_is_forgotten_after_the_horizon():
+    """A burst's late batches raise the margin; ten seconds later on-time batches bring it back to the base."""
+    ex, core = _Recorder(), _OneShot()
+    drv = Driver(core, two_stage_topology(), ex, DriverConfig.live())
+    base = drv.base_margin_us["m"]
+
+    def batch(t: float, late_us: float) -> None:
+        drv.submit(object(), "m", t, t + SLO_US)
+        drv.step(t)
+        d, _ = ex.executed.pop()
+        drv.completed(d, d.completion_us + late_us)
+
+    for i in range(40):  # a burst: every batch 15 ms late
+        batch(i * 1000.0, 15_000.0)
+    assert drv.margin_us["m"] > base + 5_000.0
+    for i in range(40):  # well past the horizon, on time again
+        batch(20e6 + i * 1000.0, 0.0)
+    assert drv.margin_us["m"] == base

@@ -39,6 +39,9 @@ class DriverConfig:
     margin_fraction: float = 0.05
     learn_lateness: bool = True
     lateness_window: int = 256
+    # Lateness older than this is forgotten, so that a burst's late batches do not keep the margin high (and
+    # shed requests) long after the burst has passed.
+    lateness_horizon_us: float = 10_000_000.0
     lateness_every: int = 16
     lateness_percentile: float = 95.0
     lateness_warmup: int = 8
@@ -95,7 +98,8 @@ class Driver:
         c = self.config
         self.base_margin_us = {m: max(c.min_margin_us, c.margin_fraction * slo) for m, slo in topology.slo_us.items()}
         self.margin_us = dict(self.base_margin_us)
-        self.lateness_us: dict[str, deque[float]] = {m: deque(maxlen=c.lateness_window) for m in topology.slo_us}
+        self.lateness_us: dict[str, deque[tuple[float, float]]] = {m: deque(maxlen=c.lateness_window)
+                                                                   for m in topology.slo_us}  # (when, how late)
         self.late_wake_tolerance_us = max(c.min_late_wake_tolerance_us,
                                           0.5 * min(self.base_margin_us.values(), default=0.0))
         self.tickets: dict[int, Ticket] = {}
@@ -207,10 +211,14 @@ class Driver:
         if self.learned <= c.lateness_warmup or model not in self.lateness_us:
             return
         window = self.lateness_us[model]
-        window.append(late_us)
+        pruned = False
+        while window and window[0][0] < now_us - c.lateness_horizon_us:
+            window.popleft()
+            pruned = True
+        window.append((now_us, late_us))
         n = self.learned - c.lateness_warmup
-        if n <= c.lateness_every or n % c.lateness_every == 0:
-            learned = float(np.percentile(window, c.lateness_percentile))
+        if pruned or n <= c.lateness_every or n % c.lateness_every == 0:
+            learned = float(np.percentile([x for _, x in window], c.lateness_percentile))
             new = min(max(self.base_margin_us[model], learned), self.margin_cap_us(model))
             if abs(new - self.margin_us[model]) > 1000.0:
                 self.margin_changes.append((now_us, model, new))
