@@ -27,15 +27,15 @@ def enable_dynamic_batching(deploy: Path, manifest: Manifest, queue_delay_fracti
     """Give each whole-model config.pbtxt Triton's dynamic batcher: preferred batch = the planned batch, queue
     delay = ``queue_delay_fraction`` of the slack its SLO leaves over the planned batch's latency (a Triton
     user's usual tuning); returns how many configs were changed."""
+    repository = {g.id: g.repository for g in manifest.vgpus}
     changed = 0
     for m in manifest.models:
         for p in m.pipelines:
             stage = p.stages[0]
             slack = m.slo_us - stage.latency_us.get(p.batch, max(stage.latency_us.values()))
             delay = int(max(0.0, queue_delay_fraction * slack))
-            for v in {g.id: g for g in manifest.vgpus}.keys() & set(stage.vgpus):
-                repo = next(g.repository for g in manifest.vgpus if g.id == v)
-                path = deploy / repo / stage.triton_model / "config.pbtxt"
+            for v in stage.vgpus:
+                path = deploy / repository[v] / stage.triton_model / "config.pbtxt"
                 cfg = parse_config(path)
                 cfg.dynamic_batching.preferred_batch_size[:] = [p.batch]
                 cfg.dynamic_batching.max_queue_delay_microseconds = delay

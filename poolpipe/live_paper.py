@@ -101,6 +101,7 @@ class PaperExperiment:
         self.run = run
         self.work = work
         self.log = log
+        self.manifests: dict = {}  # sidecar system -> its manifest, for the prediction
         work.mkdir(parents=True, exist_ok=True)
         (work / "cluster.json").write_text(json.dumps(cluster_doc(run)))
 
@@ -152,7 +153,6 @@ class PaperExperiment:
                          f"p50 {r.latency_ms(50) or 0:6.1f} ms  errors {r.errors}  late {r.late}")
                 return r.attainment
             best, points = search_max_lf(at, self.run.max_lf)
-        self.manifests = getattr(self, "manifests", {})
         self.manifests[name] = manifest
         return SystemResult(name, best, points)
 
@@ -182,11 +182,11 @@ class PaperExperiment:
         """The simulator's prediction for a sidecar system: its manifest's topology, the live driver, and the
         overheads that sidecar measured, on the same arrivals."""
         from scheduler.core import make_scheduler
-        from scheduler.core.driver import DriverConfig
         from scheduler.core.overheads import Overheads
         from scheduler.core.topology import with_stage_overhead
         from scheduler.server.manifest_topology import topology_from_manifest
         from scheduler.sim.engine import simulate
+        from scheduler.sim.sweep import driver_config
 
         ov_path = self.work / f"{name}-overheads.json"
         ov = Overheads.from_dict(json.loads(ov_path.read_text())) if ov_path.exists() else Overheads()
@@ -196,7 +196,7 @@ class PaperExperiment:
         def at(lf: float) -> float:
             arr = [(float(t) * 1e6, model) for t in self.arrivals(lf)]
             res = simulate(topo, make_scheduler("ppipe", topo), arr, self.run.duration_s * 1e6, seed=self.run.seed,
-                           driver=DriverConfig.live(clock_lead_us=ov.clock_lead_us), overheads=ov)
+                           driver=driver_config("live", ov), overheads=ov)
             return res.models[model].attainment
         best, points = search_max_lf(at, self.run.max_lf)
         return SystemResult(f"simulated {name}", best, points,

@@ -30,7 +30,3 @@ class ArrivalRate:
             return 0.0
         span = max(times[-1] - times[0], now_us - times[-1], 1.0)
         return (len(times) - 1) / span
-
-    def expected(self, now_us: float, until_us: float) -> float:
-        """Arrivals expected in (now, until] at the recent rate."""
-        return self.per_us(now_us) * max(0.0, until_us - now_us)

@@ -107,7 +107,6 @@ class Driver:
         self.retries = 0
         self.extra_lead_us = 0.0  # set by an executor that measures its lead under load (sidecar)
         self.learned = 0
-        self.margin_changes: list[tuple[float, str, float]] = []  # (time, model, new margin): for tests and logs
         self._next_id = 1
         self._in_flight: dict[int, list[Ticket]] = {}
 
@@ -170,17 +169,17 @@ class Driver:
         """A server failed the batch: re-enqueue ``items`` (those still wanted) that have attempts and time
         left, reject the rest; returns how many were retried."""
         tickets = self._in_flight.pop(dispatch.id, [])
-        by_item = {id(tk.item): tk for tk in tickets}
+        if not dispatch.final:  # a per-stage dispatch still holds its tickets under the requests' ids
+            for r in dispatch.requests:
+                self.tickets.pop(r.id, None)
+        wanted = {id(item) for item in items}
         retried = 0
-        for item in items:
-            tk = by_item.get(id(item))
-            if tk is None:
+        for tk in tickets:
+            if id(tk.item) not in wanted:
                 continue
-            for r in dispatch.requests:  # a non-final dispatch still holds the ticket under its request id
-                if self.tickets.get(r.id) is tk:
-                    del self.tickets[r.id]
             if tk.attempts >= self.config.max_attempts or now_us >= tk.deadline_us:
-                self.executor.reject(item, tk.model, f"{reason} and no retry could meet the deadline", failure=True)
+                self.executor.reject(tk.item, tk.model, f"{reason} and no retry could meet the deadline",
+                                     failure=True)
             else:
                 self._enqueue(tk, now_us)
                 retried += 1
@@ -221,7 +220,6 @@ class Driver:
             learned = float(np.percentile([x for _, x in window], c.lateness_percentile))
             new = min(max(self.base_margin_us[model], learned), self.margin_cap_us(model))
             if abs(new - self.margin_us[model]) > 1000.0:
-                self.margin_changes.append((now_us, model, new))
                 log.info("event=margin model=%s margin_us=%.0f p%.0f_lateness_us=%.0f", model, new,
                          c.lateness_percentile, learned)
             self.margin_us[model] = new

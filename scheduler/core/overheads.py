@@ -25,7 +25,7 @@ class Overheads:
     def from_dict(cls, raw: dict[str, Any], where: str = "overheads") -> "Overheads":
         """Validated: known fields, non-negative times, slowdown > 0 (ValueError names the bad field)."""
         fields = ("lead_us", "tail_us", "wake_late_us", "slowdown")
-        unknown = sorted(set(raw) - set(fields) - {"format", "clock_lead_us", "source"})
+        unknown = sorted(set(raw) - set(fields) - {"format", "source"})
         if unknown:
             raise ValueError(f"{where}: unknown field(s) {', '.join(unknown)} (known: {', '.join(fields)})")
         vals: dict[str, float] = {}
@@ -38,11 +38,6 @@ class Overheads:
                 if not (vals[k] > 0 if k == "slowdown" else vals[k] >= 0) or math.isinf(vals[k]):
                     raise ValueError(f"{where}: {k} must be {'> 0' if k == 'slowdown' else '>= 0'}, got {raw[k]!r}")
         return cls(**vals)
-
-    @property
-    def clock_lead_us(self) -> float:
-        """How far the live driver runs the core's clock ahead (a batch dispatched now computes a lead later)."""
-        return self.lead_us
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": OVERHEADS_FORMAT, "lead_us": self.lead_us, "tail_us": self.tail_us,

@@ -120,9 +120,12 @@ class LiveExecutor:
             self.answers.fail(sample.call, shed(model, reason))
 
     # -- one dispatch ---------------------------------------------------------------------------------------
-    def _lead(self, pipeline_id: str, stage: int, batch: int) -> float:
+    def _calibrated_lead(self, pipeline_id: str, stage: int, batch: int) -> float:
         per_stage = self.lead_us.get(pipeline_id)
-        return (per_stage[stage].get(batch, 0.0) if per_stage is not None else 0.0) + self.extra_lead_us
+        return per_stage[stage].get(batch, 0.0) if per_stage is not None else 0.0
+
+    def _lead(self, pipeline_id: str, stage: int, batch: int) -> float:
+        return self._calibrated_lead(pipeline_id, stage, batch) + self.extra_lead_us
 
     def _learn_lead(self, d: Dispatch, stage: int, vgpu: str, batch: int, t: StageTiming) -> None:
         """A stage sent to an idle server shows the real send-to-compute lead: keep the excess over the
@@ -131,7 +134,7 @@ class LiveExecutor:
         self._last_end[vgpu] = t.end_us
         if not idle or d.pipeline_id not in self.lead_us:
             return
-        base = self._lead(d.pipeline_id, stage, batch) - self.extra_lead_us
+        base = self._calibrated_lead(d.pipeline_id, stage, batch)
         self._lead_excess.append(max(0.0, t.start_us - t.send_us - base))
         if len(self._lead_excess) >= LEAD_MIN_SAMPLES and len(self._lead_excess) % LEAD_EVERY == 0:
             self.extra_lead_us = float(np.percentile(self._lead_excess, LEAD_PERCENTILE))

@@ -12,8 +12,9 @@ import numpy as np
 
 from scheduler.core.api import Scheduler
 from scheduler.core.driver import Driver, DriverConfig
+from scheduler.core.overheads import Overheads
 from scheduler.core.topology import Topology
-from scheduler.sim.virtual import Batch, Fault, Overheads, VirtualExecutor, utilization
+from scheduler.sim.virtual import Batch, Fault, VirtualExecutor, utilization
 
 __all__ = ["Batch", "Fault", "ModelStats", "Overheads", "SimResult", "simulate"]
 

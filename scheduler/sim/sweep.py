@@ -66,7 +66,7 @@ class PointJob:
 def driver_config(driver: str, overheads: Overheads | None) -> DriverConfig:
     if driver not in DRIVERS:
         raise InputError(f"--driver {driver!r}: choose one of {', '.join(DRIVERS)}")
-    lead = overheads.clock_lead_us if overheads else 0.0
+    lead = overheads.lead_us if overheads else 0.0  # the core's clock leads by it, as live
     return DriverConfig.live(clock_lead_us=lead) if driver == "live" else DriverConfig.ideal(clock_lead_us=lead)
 
 

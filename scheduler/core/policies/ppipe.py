@@ -179,12 +179,12 @@ class PPipePolicy(QueueingPolicy):
         the recent rate fills it by then (full batches: fewest dispatches, as the paper), or another request
         is expected and the pools could not keep up with the rate at this batch size (at the speed the
         servers really run, which may be slower than profiled). Otherwise nothing is gained by waiting."""
-        expected = self.rates[model].per_us(now) * (latest - now)
+        rate = self.rates[model].per_us(now)
+        expected = rate * (latest - now)
         if expected < 1.0:
             return False
         if expected >= missing:
             return True
-        rate = self.rates[model].per_us(now)
         return rate * max(1.0, self.slowness) > FILL_HEADROOM * self._capacity_per_us(model, batch)
 
     def _capacity_per_us(self, model: str, batch: int) -> float:
