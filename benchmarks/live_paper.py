@@ -22,9 +22,9 @@ from rich.table import Table
 
 from poolpipe.live_paper import PaperRun, run_all
 
-# Two families: a classification CNN and a one-stage detector, at SLOs where the T4 cannot serve the
+# Two families: a one-stage detector and a classification CNN, at SLOs where the T4 cannot serve the
 # whole model alone (so np idles the T4s and ppipe pools them).
-MODELS = {"repvgg-b3": 3.0, "atss_r101_fpn_1x_coco": 3.0}
+MODELS = {"centernet-update_r50-caffe_fpn_ms-1x_coco": 3.0, "convnext_large": 3.0}
 
 
 def main() -> None:
@@ -34,8 +34,12 @@ def main() -> None:
     ap.add_argument("--traces", default="poisson,replay:azure-conv", help="comma list of --trace values")
     ap.add_argument("--duration-s", type=float, default=6.0, help="seconds of load per point")
     ap.add_argument("--slo-factor", type=float, help="SLO = this x the batch-1 latency on L4 (default per model)")
-    ap.add_argument("--l4", type=int, default=2)
-    ap.add_argument("--t4", type=int, default=6)
+    ap.add_argument("--slo-margin", type=float, default=PaperRun.slo_margin,
+                    help="share of the SLO the plans keep free for queueing (default: %(default)s)")
+    ap.add_argument("--l4", type=int, default=4)
+    ap.add_argument("--t4", type=int, default=12)
+    ap.add_argument("--time-scale", type=float, default=8.0,
+                    help="slow motion: latencies and SLO x this, request rates / this (load factors unchanged)")
     ap.add_argument("--work", type=Path, help="keep deployments and logs here (default: a temporary directory)")
     args = ap.parse_args()
     models = args.models.split(",")[:1] if args.quick else args.models.split(",")
@@ -49,7 +53,8 @@ def main() -> None:
         for model in models:
             for trace in traces:
                 factor = args.slo_factor or MODELS.get(model, 3.0)
-                run = PaperRun(model, factor, args.l4, args.t4, trace=trace, duration_s=duration)
+                run = PaperRun(model, factor, args.l4, args.t4, trace=trace, duration_s=duration,
+                               time_scale=args.time_scale, slo_margin=args.slo_margin)
                 console.print(f"[bold]{model}[/bold], {trace} (emulated {args.l4} L4 + {args.t4} T4)")
                 res = run_all(run, work / f"{model}-{trace.replace(':', '_')}", console.print)
                 rows.append((model, trace, res))

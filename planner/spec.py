@@ -19,7 +19,7 @@ YAML or JSON::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -165,6 +165,19 @@ def model_spec_from_dict(d: Any, where: str, base_dir: Path | None = None,
     wait = _num(d.get("batch_wait_us_per_request", 0.0), f"{where}.batch_wait_us_per_request")
     weight = _num(d.get("weight", 1.0), f"{where}.weight", positive=True)
     return ModelSpec(profile, slo, margin, wait, weight, path)
+
+
+def time_dilated(spec: PlanningSpec, k: float) -> PlanningSpec:
+    """The same planning problem in slow motion: every latency, SLO and margin x ``k``, NIC bandwidth / ``k``.
+    Plans keep their structure and their load factors, at 1/``k`` of the request rate: how a small machine
+    emulates a large cluster without its per-request CPU costs growing relative to the compute."""
+    if not k > 0:
+        raise ValueError(f"time scale {k} must be > 0")
+    cluster = replace(spec.cluster, bandwidth_gbps=spec.cluster.bandwidth_gbps / k)
+    models = tuple(replace(m, profile=m.profile.time_scaled(k), slo_us=m.slo_us * k,
+                           slo_margin_us=m.slo_margin_us * k,
+                           batch_wait_us_per_request=m.batch_wait_us_per_request * k) for m in spec.models)
+    return replace(spec, cluster=cluster, models=models)
 
 
 def check_spec(spec: PlanningSpec) -> PlanningSpec:

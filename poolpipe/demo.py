@@ -1,14 +1,17 @@
-"""``poolpipe demo``: the whole flow on this machine, measured, then stopped.
+"""``poolpipe demo``: the whole flow on this machine, then the paper's comparison on an emulated GPU cluster.
 
-Builds a zoo CNN, profiles it on the CPU as two emulated device classes, plans a pooled pipeline,
-generates Triton repositories, launches the Triton servers and the sidecar on loopback, drives them
-with Locust at a few load factors, then does the same with the Triton-only baseline (the whole model
-behind Triton's dynamic batcher on the fast device, what a Triton user runs today while the old
-devices idle), and prints and plots what it measured.
+Part 1, a real model end to end: builds a zoo CNN, profiles it on the CPU as two device classes, plans a
+pooled pipeline (MILP), generates Triton repositories, launches the Triton servers and the sidecar on
+loopback and checks that answers through the sidecar equal ONNX Runtime's on the whole model.
 
-The device classes: "cpu-fast" is one engine thread; "cpu-slow" is one engine thread that stays busy
-SLOWDOWN x as long (the backend's emulate_slowdown), like an old GPU that is slow but costs this
-machine's cores little. One fast and two slow devices fit a 2-core machine with the sidecar and Locust.
+Part 2, performance, on an emulated L4 + T4 cluster built from PPipe's measured profiles (data/ppipe):
+real tritonservers whose backend holds each batch for the latency the GPU was measured at, so this
+machine's cores are spent only on serving. The ppipe plan through the sidecar (poolpipe), the np plan
+through the sidecar (NP: whole models, the T4s idle), and Triton-native (the np plan's whole-model
+servers behind Triton's dynamic batcher, requests round-robin) at a few load factors, with the
+simulator's prediction for poolpipe from the overheads the sidecar measured. The emulated cluster runs
+in slow motion (latencies and SLO x time scale, request rates / time scale) so that this 2-core
+machine's per-request costs weigh on it as little as a real cluster's would; load factors are unchanged.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-FAST, SLOW = "cpu-fast", "cpu-slow"  # emulated device classes (labels in the profile and cluster)
+FAST, SLOW = "cpu-fast", "cpu-slow"  # the real model's device classes (labels in the profile and cluster)
 SLOWDOWN = 4.0  # the slow class takes this many times the fast class's time
 
 
@@ -28,12 +31,18 @@ SLOWDOWN = 4.0  # the slow class takes this many times the fast class's time
 class DemoOptions:
     out: Path
     model: str = "resnet"
-    input_hw: int = 224  # large enough that a request's compute dwarfs the per-hop serving overhead on CPU
+    input_hw: int = 224  # large enough that the plan splits the model over both device classes
     blocks: int = 4
     batch_sizes: tuple[int, ...] = (1, 2, 4)
-    load_factors: tuple[float, ...] = (0.3, 0.45, 0.6, 0.75, 0.9)
-    duration_s: float = 12.0
     slo_multiplier: float = 5.0  # SLO = this x the fastest batch-1 latency (the paper's setting)
+    requests: int = 24  # checked against ONNX Runtime in part 1
+    paper_model: str = "atss_r101_fpn_1x_coco"
+    slo_factor: float = 3.0  # part 2: SLO = this x the model's batch-1 latency on a whole L4
+    l4: int = 4
+    t4: int = 12
+    time_scale: float = 8.0
+    load_factors: tuple[float, ...] = (0.4, 0.55, 0.7, 0.85)
+    duration_s: float = 12.0
     seed: int = 0
 
 
@@ -41,22 +50,27 @@ class DemoOptions:
 class DemoResult:
     options: dict[str, Any]
     plan: dict[str, Any] = field(default_factory=dict)
-    slo_ms: float = 0.0
-    planned_rps: float = 0.0
-    runs: list[dict[str, Any]] = field(default_factory=list)  # one per (system, load factor)
-    vgpu_utilization: dict[str, dict[str, float]] = field(default_factory=dict)  # load factor -> vGPU -> busy
+    answers: dict[str, Any] = field(default_factory=dict)  # part 1: requests checked, max abs difference
+    paper: dict[str, Any] = field(default_factory=dict)  # part 2: SLO, planned rates, time scale
+    runs: list[dict[str, Any]] = field(default_factory=list)  # part 2: one per (system, load factor)
     timings_s: dict[str, float] = field(default_factory=dict)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="run the whole flow end to end on this machine (about 5-10 minutes)",
-                       description=__doc__.split("\n\n", 1)[1])
+    p = sub.add_parser("demo", help="run the whole flow end to end on this machine (about 5 minutes)",
+                       description=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=Path("demo-out"), help="working and report directory")
-    p.add_argument("--model", default="resnet", help="zoo model: resnet, mobilenet or segnet")
-    p.add_argument("--input-size", type=int, default=224, help="image height and width (default: %(default)s)")
-    p.add_argument("--load-factors", default="0.3,0.45,0.6,0.75,0.9",
-                   help="offered load as fractions of the plan's throughput (default: %(default)s)")
-    p.add_argument("--duration-s", type=float, default=12.0, help="seconds of load per point")
+    p.add_argument("--model", default="resnet", help="part 1 zoo model: resnet, mobilenet or segnet")
+    p.add_argument("--input-size", type=int, default=DemoOptions.input_hw,
+                   help="part 1 image height and width (default: %(default)s)")
+    p.add_argument("--paper-model", default=DemoOptions.paper_model, help="part 2 model of data/ppipe")
+    p.add_argument("--l4", type=int, default=DemoOptions.l4, help="part 2 emulated L4 GPUs (default: %(default)s)")
+    p.add_argument("--t4", type=int, default=DemoOptions.t4, help="part 2 emulated T4 GPUs (default: %(default)s)")
+    p.add_argument("--load-factors", default=",".join(f"{x:g}" for x in DemoOptions.load_factors),
+                   help="part 2 offered loads as fractions of the ppipe plan's throughput (default: %(default)s)")
+    p.add_argument("--duration-s", type=float, default=DemoOptions.duration_s, help="seconds of load per point")
+    p.add_argument("--time-scale", type=float, default=DemoOptions.time_scale,
+                   help="part 2 slow motion: latencies and SLO x this, rates / this (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_run)
 
@@ -70,8 +84,13 @@ def _run(args: argparse.Namespace) -> int:
         raise InputError(f"--load-factors: expected numbers separated by commas, got {args.load_factors!r}") from None
     if not factors or min(factors) <= 0:
         raise InputError("--load-factors must be positive")
-    opts = DemoOptions(args.out, args.model, args.input_size, load_factors=factors, duration_s=args.duration_s,
-                       seed=args.seed)
+    if not args.time_scale > 0 or not args.duration_s > 0:
+        raise InputError("--time-scale and --duration-s must be positive")
+    if args.l4 < 1 or args.t4 < 0:
+        raise InputError("--l4 must be >= 1 and --t4 >= 0")
+    opts = DemoOptions(args.out, args.model, args.input_size, paper_model=args.paper_model, l4=args.l4, t4=args.t4,
+                       load_factors=factors,
+                       duration_s=args.duration_s, time_scale=args.time_scale, seed=args.seed)
     run_demo(opts)
     return 0
 
@@ -81,7 +100,7 @@ def run_demo(opts: DemoOptions) -> DemoResult:
 
     from poolpipe import demo_report
 
-    console = Console()
+    console = Console(width=120)
     out = opts.out
     out.mkdir(parents=True, exist_ok=True)
     result = DemoResult(options={k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(opts).items()})
@@ -91,7 +110,7 @@ def run_demo(opts: DemoOptions) -> DemoResult:
         console.rule(f"[bold]{title}")
         return time.monotonic()
 
-    t = step(f"1/6 build the zoo model '{opts.model}'")
+    t = step(f"1/6 build the zoo model '{opts.model}' ({opts.input_hw}x{opts.input_hw})")
     onnx_path = _build_model(opts, out)
     result.timings_s["build"] = time.monotonic() - t
 
@@ -103,25 +122,24 @@ def run_demo(opts: DemoOptions) -> DemoResult:
     t = step("3/6 plan a pooled pipeline (MILP, HiGHS)")
     plan = _plan(opts, profile_path, out, console)
     result.plan = json.loads((out / "plan.json").read_text())
-    result.slo_ms = plan.models[0].slo_us / 1e3
-    result.planned_rps = plan.models[0].throughput_rps
     result.timings_s["plan"] = time.monotonic() - t
 
-    t = step("4/6 generate Triton repositories, launch them and the sidecar, load-test through the sidecar")
-    _serve_poolpipe(opts, plan, onnx_path, out, result, console)
-    result.timings_s["poolpipe"] = time.monotonic() - t
+    t = step("4/6 generate, launch the Triton servers and the sidecar; answers through the sidecar vs ONNX Runtime")
+    result.answers = _check_answers(opts, plan, onnx_path, out, console)
+    result.timings_s["answers"] = time.monotonic() - t
 
-    t = step("5/6 the Triton-only baseline (whole model, Triton's dynamic batcher) at the same loads")
-    _serve_baseline(opts, plan, onnx_path, out, result, console)
-    result.timings_s["baseline"] = time.monotonic() - t
+    t = step(f"5/6 performance on an emulated {opts.l4} L4 + {opts.t4} T4 cluster ({opts.paper_model}): "
+             "poolpipe vs NP vs Triton-native, and the simulator's prediction")
+    _paper(opts, out, result, console)
+    result.timings_s["paper"] = time.monotonic() - t
 
     step("6/6 summary")
     result.timings_s["total"] = time.monotonic() - t_all
     (out / "summary.json").write_text(json.dumps(asdict(result), indent=1, default=str) + "\n")
-    demo_report.print_summary(result, console)
     for png in demo_report.plot(result, out):
         console.print(f"plot: {png}")
-    console.print(f"summary: {out / 'summary.json'}; Locust reports under {out / 'loadtest'}")
+    console.print(f"summary: {out / 'summary.json'}; logs under {out / 'logs'} and {out / 'paper'}")
+    demo_report.print_summary(result, console)
     return result
 
 
@@ -181,9 +199,13 @@ def _cluster_file(out: Path) -> Path:
     return path
 
 
-def _serve_poolpipe(opts: DemoOptions, plan: Any, onnx_path: Path, out: Path, result: DemoResult, console) -> None:
+def _check_answers(opts: DemoOptions, plan: Any, onnx_path: Path, out: Path, console) -> dict[str, Any]:
+    """Requests of batch 1 up to the plan's batch through the sidecar (gRPC and HTTP) compared with ONNX Runtime
+    on the whole model; raises if any differs."""
+    import numpy as np
+    import onnxruntime as ort
+
     from model_repository_gen.generate import generate
-    from poolpipe.demo_report import scrape_vgpu_busy
     from runtime.launch import Deployment
     from runtime.sidecar_process import SidecarProcess
 
@@ -191,47 +213,52 @@ def _serve_poolpipe(opts: DemoOptions, plan: Any, onnx_path: Path, out: Path, re
     manifest = generate(plan, {opts.model: onnx_path}, _cluster_file(out), deploy)
     logs = out / "logs"
     logs.mkdir(exist_ok=True)
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(opts.seed)
+    worst, hops = 0.0, len(plan.models[0].pipelines[0].partitions)
+    max_batch = max(p.batch for p in manifest.models[0].pipelines)
     with Deployment(deploy, check_hardware=False, log_dir=logs) as dep:
         console.print(f"{len(dep.servers)} Triton servers ready: "
-                      + ", ".join(f"{g.id} ({g.gpu_type}) {g.grpc_url}" for g in manifest.vgpus))
-        sidecar = SidecarProcess(manifest=deploy / "manifest.json", log_path=logs / "sidecar.log",
-                                 extra_args=("--batch-log", str(out / "batches.jsonl")))
-        with sidecar:
-            console.print(f"sidecar on {sidecar.grpc_url} (gRPC), {sidecar.http_url} (HTTP)")
-            for lf in opts.load_factors:
-                before = scrape_vgpu_busy(sidecar.metrics_port)
-                run = _load(opts, sidecar.grpc_url, lf, result, "poolpipe", out, console)
-                after = scrape_vgpu_busy(sidecar.metrics_port)
-                result.vgpu_utilization[f"{lf:g}"] = {g: (after.get(g, 0.0) - before.get(g, 0.0)) / run["duration_s"]
-                                                      for g in after}
+                      + ", ".join(f"{g.id} ({g.gpu_type})" for g in manifest.vgpus))
+        with SidecarProcess(manifest=deploy / "manifest.json", log_path=logs / "sidecar.log",
+                            extra_args=("--batch-log", str(out / "batches.jsonl"))) as sidecar:
+            for i in range(opts.requests):
+                x = rng.standard_normal((1 + i % max_batch, 3, opts.input_hw, opts.input_hw)).astype(np.float32)
+                got = _infer(sidecar, "http" if i % 3 == 2 else "grpc", opts.model, manifest, x)
+                want = session.run(None, {manifest.models[0].inputs[0].name: x})
+                worst = max(worst, max(float(np.abs(g - w).max()) for g, w in zip(got, want)))
+    if worst > 1e-3:
+        raise RuntimeError(f"answers through the sidecar differ from ONNX Runtime by {worst:g}")
+    console.print(f"{opts.requests} requests (batch 1..{max_batch}, gRPC and HTTP) through a {hops}-stage pooled "
+                  f"pipeline: answers equal ONNX Runtime's (max abs difference {worst:.1e})")
+    return {"requests": opts.requests, "max_abs_diff": worst, "stages": hops}
 
 
-def _serve_baseline(opts: DemoOptions, plan: Any, onnx_path: Path, out: Path, result: DemoResult, console) -> None:
-    from ensembles.triton_baseline import start_baseline, write_whole_model
-    from model_repository_gen import triton_config as tc
+def _infer(sidecar: Any, protocol: str, model: str, manifest: Any, x: Any) -> list[Any]:
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
 
-    repo = out / "baseline" / "model_repository"
-    batch = max(p.batch for p in plan.models[0].pipelines)
-    write_whole_model(repo, onnx_path, opts.model, max_batch_size=batch,
-                      batching=tc.DynamicBatching(preferred_batch_sizes=(batch,), max_queue_delay_us=2000),
-                      settings=tc.BackendSettings(intra_op_threads=1))
-    with start_baseline(repo, log_path=out / "logs" / "triton-baseline.log") as server:
-        console.print(f"Triton-only baseline on {server.grpc_url}: whole model on the {FAST} device, dynamic batcher "
-                      f"(max batch {batch})")
-        for lf in opts.load_factors:
-            _load(opts, server.grpc_url, lf, result, "triton", out, console)
+    mod, url = (grpcclient, sidecar.grpc_url) if protocol == "grpc" else (httpclient, sidecar.http_url)
+    info = manifest.models[0]
+    inp = mod.InferInput(info.inputs[0].name, list(x.shape), info.inputs[0].datatype)
+    inp.set_data_from_numpy(x)
+    res = mod.InferenceServerClient(url).infer(model, [inp])
+    return [res.as_numpy(o.name) for o in info.outputs]
 
 
-def _load(opts: DemoOptions, url: str, lf: float, result: DemoResult, system: str, out: Path, console) -> dict:
-    from loadtest.runner import LoadTest, run_loadtest
+def _paper(opts: DemoOptions, out: Path, result: DemoResult, console) -> None:
+    """Part 2 (poolpipe.live_paper) at the demo's load factors; its records become ``result.runs``."""
+    from poolpipe.live_paper import PaperExperiment, PaperRun
 
-    rate = lf * result.planned_rps
-    s = run_loadtest(LoadTest(url, opts.model, rate, opts.duration_s, "poisson", slo_ms=result.slo_ms,
-                              seed=opts.seed), out / "loadtest" / f"{system}-{lf:g}")
-    s.update(system=system, load_factor=lf)
-    result.runs.append(s)
-    att = s["slo_attainment"]
-    console.print(f"  {system:8s} load {lf:4.2f} ({rate:6.1f} rps): attainment {att:6.1%}, "
-                  f"{s['succeeded']}/{s['sent']} ok, p99 {s['p99_ms']:.1f} ms"
-                  + (f", errors: {s['errors']}" if s["errors"] else ""))
-    return s
+    run = PaperRun(opts.paper_model, opts.slo_factor, opts.l4, opts.t4, trace="poisson", duration_s=opts.duration_s,
+                   seed=opts.seed, time_scale=opts.time_scale, grid=tuple(sorted(opts.load_factors)))
+    ex = PaperExperiment(run, out / "paper", console.print)
+    ex.plans()
+    result.paper = {"model": opts.paper_model, "slo_ms": ex.slo_ms, "ppipe_rps": ex.rate,
+                    "np_rps": ex.np_plan.models[0].throughput_rps, "time_scale": opts.time_scale,
+                    "cluster": f"{opts.l4} L4 + {opts.t4} T4 (emulated)"}
+    ex.measure_sidecar("ppipe", ex.ppipe)
+    ex.measure_sidecar("np", ex.np_plan)
+    ex.measure_triton_native()
+    ex.predict("ppipe")
+    result.runs = ex.records

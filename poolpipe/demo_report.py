@@ -1,75 +1,81 @@
-"""The demo's report: a summary table, the attainment-vs-load and batch-timeline plots, metric scraping."""
+"""The demo's report: the summary table and last line, the attainment-vs-load and batch-timeline plots."""
 
 from __future__ import annotations
 
 import json
-import re
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-_BUSY = re.compile(r'^\w*vgpu_busy_seconds_total\{vgpu="([^"]+)"\} ([0-9.eE+-]+)$', re.M)
-
-
-def scrape_vgpu_busy(metrics_port: int, host: str = "127.0.0.1") -> dict[str, float]:
-    """Cumulative measured compute seconds per vGPU, from the sidecar's Prometheus endpoint."""
-    with urllib.request.urlopen(f"http://{host}:{metrics_port}/metrics", timeout=5) as r:
-        text = r.read().decode()
-    return {m[1]: float(m[2]) for m in _BUSY.finditer(text)}
+LABELS = {"ppipe": "poolpipe (ppipe plan, sidecar)", "np": "NP (np plan, sidecar)",
+          "triton-native": "Triton-native (dynamic batcher)", "sim-ppipe": "simulator's prediction (poolpipe)"}
 
 
 def max_load_at(runs: list[dict[str, Any]], system: str, target: float = 0.99) -> float:
-    """Largest load factor whose attainment reached ``target`` (0 if none did)."""
-    ok = [r["load_factor"] for r in runs if r["system"] == system and (r["slo_attainment"] or 0) >= target]
-    return max(ok, default=0.0)
+    """Largest tested load factor reached with >= ``target`` attainment before the first one below it."""
+    best = 0.0
+    for r in sorted((r for r in runs if r["system"] == system), key=lambda r: r["load_factor"]):
+        if r["attainment"] < target:
+            break
+        best = r["load_factor"]
+    return best
 
 
 def print_summary(result: Any, console: Any) -> None:
     from rich.table import Table
 
-    t = Table(title=f"measured: SLO {result.slo_ms:.1f} ms, planned throughput {result.planned_rps:.1f} req/s",
+    a = result.answers
+    console.print(f"part 1: {a['requests']} requests through the {a['stages']}-stage pipeline equal ONNX Runtime "
+                  f"(max abs difference {a['max_abs_diff']:.1e})")
+    p = result.paper
+    t = Table(title=f"part 2: {p['model']} on {p['cluster']}, SLO {p['slo_ms']:.0f} ms (time x{p['time_scale']:g}); "
+                    f"load factor 1.0 = ppipe plan {p['ppipe_rps']:.1f} req/s, np plan {p['np_rps']:.1f} req/s",
               title_justify="left")
-    for col in ("load", "offered rps", "system", "attainment", "in-SLO rps", "ok rps", "shed/failed", "p50 ms",
-                "p99 ms"):
-        t.add_column(col, justify="right")
-    for r in sorted(result.runs, key=lambda r: (r["load_factor"], r["system"])):
-        t.add_row(f"{r['load_factor']:g}", f"{r['offered_rps']:.1f}", r["system"], f"{r['slo_attainment']:.1%}",
-                  f"{r['slo_attainment'] * r['offered_rps']:.1f}", f"{r['throughput_rps']:.1f}", str(r["failed"]),
-                  f"{r['p50_ms']:.1f}", f"{r['p99_ms']:.1f}")
+    t.add_column("load", justify="right")
+    t.add_column("req/s", justify="right")
+    systems = [s for s in LABELS if any(r["system"] == s for r in result.runs)]
+    for s in systems:
+        t.add_column(f"{s} attain." if s != "sim-ppipe" else "sim attain.", justify="right")
+    for s in ("ppipe", "np", "triton-native"):
+        t.add_column(f"{s} p99 ms", justify="right")
+    by = {(r["system"], r["load_factor"]): r for r in result.runs}
+    for lf in sorted({r["load_factor"] for r in result.runs}):
+        cells = [f"{by[(s, lf)]['attainment']:.1%}" if (s, lf) in by else "-" for s in systems]
+        p99 = [f"{by[(s, lf)]['p99_ms']:.0f}" if by.get((s, lf), {}).get("p99_ms") else "-"
+               for s in ("ppipe", "np", "triton-native")]
+        t.add_row(f"{lf:g}", f"{lf * p['ppipe_rps']:.1f}", *cells, *p99)
     console.print(t)
-    u = Table(title="vGPU utilization through the sidecar (measured compute time / wall time)", title_justify="left")
-    u.add_column("load", justify="right")
-    vgpus = sorted({g for per in result.vgpu_utilization.values() for g in per})
-    for g in vgpus:
-        u.add_column(g, justify="right")
-    for lf, per in result.vgpu_utilization.items():
-        u.add_row(lf, *(f"{per.get(g, 0.0):.0%}" for g in vgpus))
-    console.print(u)
-    pp, tr = max_load_at(result.runs, "poolpipe"), max_load_at(result.runs, "triton")
-    ratio = f"{pp / tr:.2f}x" if tr else "n/a (Triton-only met 99% at no tested load)"
+    best = {s: max_load_at(result.runs, s) for s in systems}
+    console.print("highest tested load with >= 99% attainment: "
+                  + ", ".join(f"{LABELS[s]} {v:g}" for s, v in best.items()))
+    pp, tr = best.get("ppipe", 0.0), best.get("triton-native", 0.0)
+    ratio = f"{pp / tr:.2f}x" if tr else "n/a: Triton-only met 99% at no tested load"
     console.print(f"highest tested load with >= 99% SLO attainment: poolpipe {pp:g}, Triton-only {tr:g} "
                   f"(ratio {ratio})")
 
 
 def plot(result: Any, out: Path) -> list[Path]:
-    """attainment.png (both systems vs load) and timeline.png (batches per vGPU, from the sidecar's log)."""
+    """attainment.png (every system and the prediction vs load) and timeline.png (part 1's batches per vGPU)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     paths = []
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for system, style in (("poolpipe", "o-"), ("triton", "s--")):
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    styles = {"ppipe": "o-", "np": "^-", "triton-native": "s-", "sim-ppipe": "o--"}
+    for system, label in LABELS.items():
         rs = sorted((r for r in result.runs if r["system"] == system), key=lambda r: r["load_factor"])
-        label = "poolpipe (sidecar, pooled pipeline)" if system == "poolpipe" else "Triton only (dynamic batcher)"
-        ax.plot([r["load_factor"] for r in rs], [100 * r["slo_attainment"] for r in rs], style, label=label)
+        if rs:
+            ax.plot([r["load_factor"] for r in rs], [100 * r["attainment"] for r in rs], styles[system], label=label,
+                    color="tab:blue" if "ppipe" in system else None, alpha=0.6 if system == "sim-ppipe" else 1.0)
     ax.axhline(99, color="grey", lw=0.8, ls=":")
-    ax.set_xlabel("load factor (x planned throughput)")
+    p = result.paper
+    ax.set_xlabel(f"load factor (x ppipe plan throughput, {p['ppipe_rps']:.1f} req/s)")
     ax.set_ylabel("SLO attainment (%)")
-    ax.set_title(f"SLO {result.slo_ms:.0f} ms, planned {result.planned_rps:.0f} req/s (measured)")
-    ax.legend(loc="lower left")
-    ax.set_ylim(0, 102)
+    ax.set_title(f"{p['model']}, emulated {p['cluster']}, SLO {p['slo_ms']:.0f} ms (time x{p['time_scale']:g})",
+                 fontsize=9)
+    ax.legend(loc="lower left", fontsize=8)
+    ax.set_ylim(min([90.0] + [100 * r["attainment"] - 2 for r in result.runs]), 100.5)
     fig.tight_layout()
     paths.append(out / "attainment.png")
     fig.savefig(paths[-1], dpi=120)

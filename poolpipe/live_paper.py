@@ -35,6 +35,13 @@ class PaperRun:
     duration_s: float = 5.0  # per load point
     seed: int = 0
     max_lf: float = 1.6
+    # Slow motion: every latency and the SLO x this, rates / this (planner.spec.time_dilated), so the fixed
+    # per-request CPU costs of a 2-core machine weigh on the emulated GPU cluster as little as on a real one.
+    time_scale: float = 1.0
+    grid: tuple[float, ...] = ()  # measure at these load factors (a curve) instead of searching the max
+    # Share of the SLO the plans keep free for queueing (the spec's slo_margin): a pool of a few GPUs under
+    # Poisson arrivals needs it; at 0 the planner fills the SLO with compute and any wait is a miss.
+    slo_margin: float = 0.3
 
 
 @dataclass
@@ -47,9 +54,9 @@ class SystemResult:
 
 def paper_spec(run: PaperRun):
     """The model's planning terms from its PPipe reference entry (ablation suite, L4+T4), on the small
-    cluster, with SLO = slo_factor x batch-1 latency on L4."""
+    cluster, with SLO = slo_factor x batch-1 latency on L4 and the run's SLO margin, in the run's time scale."""
     from planner.reference_plans import load_reference_plans, spec_from_reference
-    from planner.spec import ClusterSpec, check_spec
+    from planner.spec import ClusterSpec, check_spec, time_dilated
     from poolpipe_common.errors import InputError
 
     entry = next((e for e in load_reference_plans() if e["suite"] == "ablation" and len(e["models"]) == 1
@@ -63,7 +70,9 @@ def paper_spec(run: PaperRun):
     ms = spec.models[0]
     prof = ms.profile
     slo = run.slo_factor * prof.latency_us("L4", 1, 1, 0, len(prof.blocks))
-    return check_spec(dataclasses.replace(spec, cluster=small, models=(dataclasses.replace(ms, slo_us=slo),)))
+    ms = dataclasses.replace(ms, slo_us=slo, slo_margin_us=run.slo_margin * slo)
+    spec = dataclasses.replace(spec, cluster=small, models=(ms,))
+    return check_spec(time_dilated(spec, run.time_scale))
 
 
 def cluster_doc(run: PaperRun) -> dict:
@@ -74,6 +83,18 @@ def cluster_doc(run: PaperRun) -> dict:
          "device": "emulated", "base_port": 0},
         {"name": "t4", "address": "127.0.0.2", "gpu_type": "T4", "gpus": run.t4, "bandwidth_gbps": 10,
          "device": "emulated", "base_port": 0}]}
+
+
+def measure_grid(attainment_at: Callable[[float], float], grid: tuple[float, ...]
+                 ) -> tuple[float, dict[float, float]]:
+    """Attainment at every load factor of ``grid``; the largest passing one below the first failure."""
+    points = {lf: attainment_at(lf) for lf in sorted(grid)}
+    best = 0.0
+    for lf, att in points.items():
+        if att < TARGET:
+            break
+        best = lf
+    return best, points
 
 
 def search_max_lf(attainment_at: Callable[[float], float], hi: float, step: float = STEP,
@@ -102,8 +123,14 @@ class PaperExperiment:
         self.work = work
         self.log = log
         self.manifests: dict = {}  # sidecar system -> its manifest, for the prediction
+        self.records: list[dict] = []  # one per measured (system, load factor): what the client saw
         work.mkdir(parents=True, exist_ok=True)
         (work / "cluster.json").write_text(json.dumps(cluster_doc(run)))
+
+    def search(self, attainment_at: Callable[[float], float]) -> tuple[float, dict[float, float]]:
+        if self.run.grid:
+            return measure_grid(attainment_at, self.run.grid)
+        return search_max_lf(attainment_at, self.run.max_lf)
 
     def plans(self):
         from planner.solve import solve_spec
@@ -113,8 +140,21 @@ class PaperExperiment:
         self.np_plan = solve_spec(spec, "np", time_limit_s=60)
         self.rate = self.ppipe.models[0].throughput_rps
         self.slo_ms = spec.models[0].slo_us / 1e3
-        self.log(f"{self.run.model}: SLO {self.slo_ms:.1f} ms; planned throughput ppipe {self.rate:.0f} req/s, "
-                 f"np {self.np_plan.models[0].throughput_rps:.0f} req/s on {self.run.l4} L4 + {self.run.t4} T4")
+        slow = f" (time x{self.run.time_scale:g}: latencies and SLO x{self.run.time_scale:g}, rates /" \
+               f"{self.run.time_scale:g})" if self.run.time_scale != 1 else ""
+        self.log(f"{self.run.model}: SLO {self.slo_ms:.1f} ms; planned throughput ppipe {self.rate:.1f} req/s, "
+                 f"np {self.np_plan.models[0].throughput_rps:.1f} req/s on emulated {self.run.l4} L4 + "
+                 f"{self.run.t4} T4{slow}")
+
+    def _record(self, system: str, lf: float, r) -> float:
+        """Keep and log one measured point (an open_loop RunResult); returns its attainment."""
+        self.records.append({"system": system, "load_factor": lf, "offered_rps": lf * self.rate,
+                             "attainment": r.attainment, "offered": r.offered, "late": r.late, "errors": r.errors,
+                             "p50_ms": r.latency_ms(50), "p99_ms": r.latency_ms(99), "first_error": r.first_error})
+        self.log(f"  {system:13s} lf {lf:.2f} ({lf * self.rate:5.1f} req/s): attainment {100 * r.attainment:6.2f} % "
+                 f"p50 {r.latency_ms(50) or 0:6.1f} ms  p99 {r.latency_ms(99) or 0:6.1f} ms  shed {r.errors}  "
+                 f"late {r.late}")
+        return r.attainment
 
     def deploy(self, plan, name: str):
         from model_repository_gen.generate import generate
@@ -149,10 +189,8 @@ class PaperExperiment:
                     r = open_loop([sc.grpc_url], model, self.arrivals(lf), self.slo_ms)
                 finally:
                     sc.stop()
-                self.log(f"  {name:13s} lf {lf:.2f}: attainment {100 * r.attainment:6.2f} % "
-                         f"p50 {r.latency_ms(50) or 0:6.1f} ms  errors {r.errors}  late {r.late}")
-                return r.attainment
-            best, points = search_max_lf(at, self.run.max_lf)
+                return self._record(name, lf, r)
+            best, points = self.search(at)
         self.manifests[name] = manifest
         return SystemResult(name, best, points)
 
@@ -172,10 +210,8 @@ class PaperExperiment:
 
             def at(lf: float) -> float:
                 r = open_loop(urls, triton_model, self.arrivals(lf), self.slo_ms)
-                self.log(f"  {'triton-native':13s} lf {lf:.2f}: attainment {100 * r.attainment:6.2f} % "
-                         f"p50 {r.latency_ms(50) or 0:6.1f} ms  errors {r.errors}  late {r.late}")
-                return r.attainment
-            best, points = search_max_lf(at, self.run.max_lf)
+                return self._record("triton-native", lf, r)
+            best, points = self.search(at)
         return SystemResult("triton-native", best, points)
 
     def predict(self, name: str) -> SystemResult:
@@ -197,8 +233,11 @@ class PaperExperiment:
             arr = [(float(t) * 1e6, model) for t in self.arrivals(lf)]
             res = simulate(topo, make_scheduler("ppipe", topo), arr, self.run.duration_s * 1e6, seed=self.run.seed,
                            driver=driver_config("live", ov), overheads=ov)
-            return res.models[model].attainment
-        best, points = search_max_lf(at, self.run.max_lf)
+            att = res.models[model].attainment
+            self.records.append({"system": f"sim-{name}", "load_factor": lf, "offered_rps": lf * self.rate,
+                                 "attainment": att})
+            return att
+        best, points = self.search(at)
         return SystemResult(f"simulated {name}", best, points,
                             {"lead_us": ov.lead_us, "tail_us": ov.tail_us, "slowdown": ov.slowdown})
 

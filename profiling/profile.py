@@ -25,7 +25,7 @@ Latencies are per block, in microseconds, of one vGPU while all V vGPUs of the G
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +94,14 @@ class Profile:
         if b is None:
             raise ValueError(f"profile {self.model}: boundary size after block {cut - 1} is unknown")
         return b
+
+    def time_scaled(self, k: float) -> "Profile":
+        """Every latency x ``k`` (an emulated cluster in slow motion, see planner.spec.time_dilated)."""
+        if not k > 0:
+            raise ValueError(f"time scale {k} must be > 0")
+        timings = {d: {v: DeviceTiming(t.batch_sizes, t.latency_us * k) for v, t in lv.items()}
+                   for d, lv in self.timings.items()}
+        return replace(self, timings=timings, provenance={**self.provenance, "time_scale": k})
 
     def fastest_latency_us(self, batch: int = 1) -> float:
         """Whole-model latency at ``batch`` on the fastest profiled device at V=1."""

@@ -11,23 +11,24 @@ from tests.conftest import run_cli
 
 @pytest.mark.triton
 @pytest.mark.e2e
-def test_short_demo_measures_both_systems_and_stops_everything(tmp_path):
+def test_short_demo_checks_answers_and_measures_every_system(tmp_path):
     out = tmp_path / "demo"
-    r = run_cli("demo", "--out", out, "--input-size", "112", "--duration-s", "3", "--load-factors", "0.3,0.6",
-                timeout=400)
+    r = run_cli("demo", "--out", out, "--input-size", "112", "--duration-s", "3", "--load-factors", "0.3",
+                "--l4", "1", "--t4", "3", timeout=400)
     assert r.returncode == 0, r.stderr[-3000:]
     s = json.loads((out / "summary.json").read_text())
+    # part 1: the real model through the sidecar equals ONNX Runtime
+    assert s["answers"]["requests"] > 0 and s["answers"]["max_abs_diff"] <= 1e-3
+    # part 2: every system measured (and predicted) at the load factor, from what the clients saw
     assert {(x["system"], x["load_factor"]) for x in s["runs"]} == {
-        (sys, lf) for sys in ("poolpipe", "triton") for lf in (0.3, 0.6)}
+        (sys, 0.3) for sys in ("ppipe", "np", "triton-native", "sim-ppipe")}
     for run in s["runs"]:
-        assert run["sent"] > 0 and run["unanswered"] == 0  # every request answered or explicitly failed
-        assert 0.0 <= run["slo_attainment"] <= 1.0
-    assert s["planned_rps"] > 0 and s["slo_ms"] > 0
-    assert set(s["vgpu_utilization"]) == {"0.3", "0.6"}
-    busy = s["vgpu_utilization"]["0.6"]
-    # measured compute time per vGPU (a vGPU of a pipeline the policy rarely picks may idle in 3 s)
-    assert len(busy) == 3 and all(0 <= u < 1.5 for u in busy.values()) and max(busy.values()) > 0
+        assert 0.0 <= run["attainment"] <= 1.0
+        if not run["system"].startswith("sim"):
+            assert run["offered"] > 0 and run["offered"] * run["attainment"] <= run["offered"] - run["late"]
+    assert s["paper"]["ppipe_rps"] > 0 and s["paper"]["slo_ms"] > 0 and s["paper"]["time_scale"] == 8
     assert (out / "attainment.png").stat().st_size > 0 and (out / "timeline.png").stat().st_size > 0
-    assert "highest tested load with >= 99% SLO attainment" in r.stdout
+    last = r.stdout.strip().splitlines()[-1]
+    assert last.startswith("highest tested load with >= 99% SLO attainment: poolpipe "), last
     stages = [json.loads(line) for line in (out / "batches.jsonl").read_text().splitlines()]
-    assert stages and {st["vgpu"] for st in stages} <= set(busy)
+    assert stages and all(st["end_s"] >= st["start_s"] for st in stages)

@@ -12,7 +12,7 @@ import yaml
 from planner.plan import Plan, load_plan
 from planner.reference_plans import load_reference_plans, spec_from_reference
 from planner.solve import InfeasibleError, solve_spec
-from planner.spec import spec_from_dict
+from planner.spec import spec_from_dict, time_dilated
 from poolpipe_common.errors import InputError
 from profiling.reference import import_ppipe_profile
 from tests.conftest import run_cli
@@ -121,6 +121,21 @@ def test_hand_instance_pooled_pipeline_beats_whole_models():
     assert solve_spec(tiny_spec(), planner="np").objective == pytest.approx(1e6 / 3000 + 2e6 / 9000)
     # dart-r: one A+B pair (best pair: B[0,1) -> A[1,3), 500/s) and one leftover B running the whole model
     assert solve_spec(tiny_spec(), planner="dart-r").objective == pytest.approx(500 + 1e6 / 9000)
+
+
+def test_time_dilated_spec_plans_the_same_pipelines_at_a_fraction_of_the_rate():
+    """Slow motion (latencies, SLO, margin x k; bandwidth / k) keeps the plan's structure and divides its rate."""
+    spec = spec_from_reference(next(e for e in load_reference_plans() if e["suite"] == "ablation"
+                                    and len(e["models"]) == 1))
+    base, slow = solve_spec(spec), solve_spec(time_dilated(spec, 4.0))
+    assert slow.objective == pytest.approx(base.objective / 4, rel=1e-6)
+    shape = [sorted((tuple((p.blocks, p.gpu, p.v, p.batch, p.num_vgpus) for p in pl.partitions))
+                    for pl in plan.models[0].pipelines) for plan in (base, slow)]
+    assert shape[0] == shape[1]
+    ms = time_dilated(spec, 4.0).models[0]
+    assert ms.slo_us == 4 * spec.models[0].slo_us and ms.profile.provenance["time_scale"] == 4.0
+    with pytest.raises(ValueError, match="must be > 0"):
+        time_dilated(spec, 0.0)
 
 
 def test_hand_instance_slo_and_nic_limits():

@@ -220,7 +220,7 @@ class Driver:
             learned = float(np.percentile([x for _, x in window], c.lateness_percentile))
             new = min(max(self.base_margin_us[model], learned), self.margin_cap_us(model))
             if abs(new - self.margin_us[model]) > 1000.0:
-                log.info("event=margin model=%s margin_us=%.0f p%.0f_lateness_us=%.0f", model, new,
+                log.debug("event=margin model=%s margin_us=%.0f p%.0f_lateness_us=%.0f", model, new,
                          c.lateness_percentile, learned)
             self.margin_us[model] = new
 
