@@ -51,13 +51,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def load_overheads(path: str):
     """An overheads file (poolpipe serve --overheads-out), validated; bad ones are one-line InputErrors."""
-    from poolpipe_common.documents import read_document
+    from poolpipe_common.documents import check_fields, read_document
     from poolpipe_common.errors import InputError
     from scheduler.core.overheads import Overheads
 
-    raw = read_document(path, "overheads file")
-    if not isinstance(raw, dict):
-        raise InputError(f"--overheads {path}: expected a JSON object with lead_us, tail_us, ...")
+    raw = check_fields(read_document(path, "overheads file"),
+                       ("format", "source", "lead_us", "tail_us", "wake_late_us", "slowdown"), f"--overheads {path}")
     try:
         return Overheads.from_dict(raw, f"--overheads {path}")
     except ValueError as e:
