@@ -1,5 +1,6 @@
 """Sending fuzz cases (loadtest/fuzz_cases.py) to a live KServe v2 server and classifying what came back:
-an error answer, accepted (a malformed request answered with outputs), unhandled (HTTP 500, gRPC UNKNOWN: an
+an error answer, accepted (a malformed request answered with outputs), shed (accepted into the scheduler's
+queue, then dropped to protect the SLO), unhandled (HTTP 500, gRPC UNKNOWN: an
 exception escaped the server's handler), hung (no answer within the timeout) or cancelled by the client."""
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ _UNDECODABLE = "Failed to deserialize"
 
 @dataclass(frozen=True)
 class Outcome:
-    result: str  # "error" | "accepted" | "unhandled" | "hung" | "cancelled"
+    result: str  # "error" | "accepted" | "shed" (queued, then dropped to protect the SLO) | "unhandled" | "hung"
+    #              | "cancelled"
     detail: str = ""
 
 
@@ -33,6 +35,8 @@ def grpc_outcome(e: grpc.aio.AioRpcError) -> Outcome:
     code, details = e.code(), e.details() or ""
     if code == grpc.StatusCode.CANCELLED:
         return Outcome("cancelled", details)
+    if code == grpc.StatusCode.UNAVAILABLE and "request shed" in details:
+        return Outcome("shed", details)
     if code == grpc.StatusCode.UNKNOWN or (code == grpc.StatusCode.INTERNAL and _UNDECODABLE not in details):
         return Outcome("unhandled", f"{code.name}: {details}")
     return Outcome("error", code.name)
@@ -62,6 +66,8 @@ async def send_http(session: aiohttp.ClientSession, base_url: str, case: HttpCas
             text = (await r.read())[:200].decode(errors="replace")
             if r.status == 200:
                 return Outcome("accepted")
+            if r.status == 503 and "request shed" in text:
+                return Outcome("shed", text)
             return Outcome("unhandled" if r.status >= 500 and r.status != 503 else "error", f"{r.status} {text}")
     except asyncio.TimeoutError:
         return Outcome("hung")

@@ -49,7 +49,7 @@ class DemoResult:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="run the whole flow end to end on this machine (about 5-10 minutes)",
+    p = sub.add_parser("demo", help="run the whole flow end to end on this machine (about 3-10 minutes)",
                        description=__doc__.split("\n\n", 1)[1])
     p.add_argument("--out", type=Path, default=Path("demo-out"), help="working and report directory")
     p.add_argument("--model", default="resnet", help="zoo model: resnet, mobilenet or segnet")

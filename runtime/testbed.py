@@ -83,7 +83,7 @@ EMULATED_MODEL = "googlenet-v3-pytorch"  # PPipe's measured profile with the sho
 REFERENCE_DIR = Path(__file__).resolve().parents[1] / "data" / "ppipe"
 
 
-def build_emulated_deployment(work: Path, slo_us: float = 400_000.0, batch: int = 2, scale: float = 0.01) -> Path:
+def build_emulated_deployment(work: Path, slo_us: float = 1_000_000.0, batch: int = 2, scale: float = 0.01) -> Path:
     """A deployment that costs almost no CPU: PPipe's measured googlenet profile on two emulated servers (a T4 runs
     blocks 0-2, an L4 the rest, one gRPC hop between two loopback addresses), tensors at ``scale`` of their profiled
     bytes. Returns the deploy directory (for the fuzzer, the health test and benchmarks)."""
