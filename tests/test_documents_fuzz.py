@@ -76,7 +76,7 @@ def _mutate(doc: Any, path: tuple, kind: str, value: Any) -> Any:
 def _fuzz(base: Any, load: Callable[[Any], Any]) -> Callable[..., None]:
     paths = _paths(base)
 
-    @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(st.integers(0, len(paths) - 1), st.sampled_from(["replace", "remove", "typo", "extra"]), JSON_VALUES)
     def check(i: int, kind: str, value: Any) -> None:
         doc = _mutate(base, paths[i], kind, value)
