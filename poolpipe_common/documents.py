@@ -37,12 +37,12 @@ def parse_text(text: str, source: str, yaml_ok: bool = False) -> Any:
     try:
         return yaml.safe_load(text) if yaml_ok else json.loads(text)
     except json.JSONDecodeError as e:
-        raise InputError(f"{source}: line {e.lineno} column {e.colno}: invalid JSON: {e.msg}") from None
+        raise InputError(f"{source} does not parse: line {e.lineno} column {e.colno}: invalid JSON: {e.msg}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1} column {mark.column + 1}: " if mark is not None else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise InputError(f"{source}: {where}invalid YAML: {problem}") from None
+        raise InputError(f"{source} does not parse: {where}invalid YAML: {problem}") from None
 
 
 def read_document(path: str | Path, what: str, yaml_ok: bool = False) -> Any:
@@ -83,7 +83,9 @@ def need(d: Any, key: str, where: str) -> Any:
 
 def as_int(x: Any, where: str, lo: int | None = None) -> int:
     """A whole number (an integral float is accepted) of at least ``lo``."""
-    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or int(x) != x:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise InputError(f"{where}: expected a number, got {x!r}")
+    if not math.isfinite(x) or int(x) != x:
         raise InputError(f"{where}: expected a whole number, got {x!r}")
     if lo is not None and x < lo:
         raise InputError(f"{where}: must be >= {lo}, got {x!r}")
@@ -92,8 +94,10 @@ def as_int(x: Any, where: str, lo: int | None = None) -> int:
 
 def as_float(x: Any, where: str, lo: float | None = None, finite: bool = True) -> float:
     """A number (finite unless ``finite`` is False: NaN records "not measured") of at least ``lo``."""
-    if isinstance(x, bool) or not isinstance(x, (int, float)) or (finite and not math.isfinite(x)):
-        raise InputError(f"{where}: expected a {'finite ' if finite else ''}number, got {x!r}")
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise InputError(f"{where}: expected a number, got {x!r}")
+    if finite and not math.isfinite(x):
+        raise InputError(f"{where}: expected a finite number, got {x!r}")
     if lo is not None and x < lo:
         raise InputError(f"{where}: must be >= {lo:g}, got {x!r}")
     return float(x)
