@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from poolpipe_common.documents import read_document
+from poolpipe_common.documents import check_fields, need, read_document
 from poolpipe_common.errors import InputError
 
 DEFAULT_BASE_PORT = 8000
@@ -88,14 +88,9 @@ def _int(x: Any, where: str, lo: int, hi: int | None = None) -> int:
 
 
 def host_from_dict(d: Any, where: str) -> ClusterHost:
-    if not isinstance(d, dict):
-        raise InputError(f"{where}: expected an object with name, address, gpu_type, gpus, bandwidth_gbps")
+    check_fields(d, ClusterHost.__dataclass_fields__, where)
     for key in ("name", "address", "gpu_type", "gpus", "bandwidth_gbps"):
-        if key not in d:
-            raise InputError(f"{where}: missing field '{key}'")
-    unknown = sorted(set(d) - set(ClusterHost.__dataclass_fields__))
-    if unknown:
-        raise InputError(f"{where}: unknown field(s) {', '.join(unknown)}")
+        need(d, key, where)
     name = d["name"]
     if not isinstance(name, str) or not _NAME.match(name):
         raise InputError(f"{where}.name: {name!r} must be letters, digits, '_', '.', '-' (it names directories)")
@@ -130,6 +125,8 @@ def host_from_dict(d: Any, where: str) -> ClusterHost:
 
 
 def cluster_from_dict(d: Any, source: str = "cluster") -> Cluster:
+    if isinstance(d, dict):
+        check_fields(d, ("hosts",), source)
     if not isinstance(d, dict) or not isinstance(d.get("hosts"), list) or not d["hosts"]:
         raise InputError(f"{source}: expected 'hosts:' with a non-empty list of hosts")
     hosts = tuple(host_from_dict(h, f"{source}: hosts[{i}]") for i, h in enumerate(d["hosts"]))

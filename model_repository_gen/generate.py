@@ -47,6 +47,7 @@ from model_repository_gen.manifest import (
     StageInfo,
     VGpuInfo,
 )
+from model_repository_gen.onnx_check import check_onnx_matches_profile
 from model_repository_gen.ports import assign_ports
 from planner.plan import ModelPlan, PartitionPlan, Plan
 from poolpipe_common.errors import InputError
@@ -122,23 +123,6 @@ def _safe(name: str) -> str:
 
 def partition_model_name(model: str, first: int, end: int) -> str:
     return f"{_safe(model)}_b{first}_{end}"
-
-
-def _check_cut_info(m: ModelPlan, onnx_path: Path, graph: onnx.GraphProto) -> None:
-    """Every boundary the plan cuts at must name tensors of this ONNX file (else the plan is for another model)."""
-    prof = m.profile
-    known = {vi.name for vi in graph.input} | {t for n in graph.node for t in n.output}
-    cuts = sorted({p.blocks[0] for pl in m.pipelines for p in pl.partitions if p.blocks[0] > 0})
-    for cut in cuts:
-        names = prof.blocks[cut - 1].output_tensors
-        if not names:
-            raise InputError(f"plan model {m.name}: its profile has no tensor names at the boundary after block "
-                             f"{cut - 1}; measure the profile with 'poolpipe profile measure' on {onnx_path}")
-        missing = [t for t in names if t not in known]
-        if missing:
-            raise InputError(f"plan model {m.name}: the plan cuts after block {cut - 1} of {prof.num_blocks} at "
-                             f"tensor(s) {missing}, which {onnx_path} does not have; the plan's profile was "
-                             f"measured on another model (or more blocks than {onnx_path} has)")
 
 
 def _load_onnx(path: Path, model: str) -> onnx.ModelProto:
@@ -327,7 +311,7 @@ def generate(plan: Plan, onnx_paths: Mapping[str, Path], cluster: Cluster | str 
         if m.name in onnx_paths:
             path = Path(onnx_paths[m.name])
             model = _load_onnx(path, m.name)
-            _check_cut_info(m, path, model.graph)
+            check_onnx_matches_profile(m, path, model)
             io[m.name] = partition_io(model)
     assignment = assign_vgpus(plan, cluster)
     _check_onnx_args(plan, onnx_paths, assignment, scale)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.plan import Plan, plan_from_dict
-from poolpipe_common.documents import read_document
+from poolpipe_common.documents import as_float, as_int, as_str, check_fields, need, read_document
 from poolpipe_common.errors import InputError
 from poolpipe_common.tensors import DATATYPES, TensorSpec
 
@@ -126,10 +126,16 @@ class Manifest:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
 
 
-def _get(d: Any, key: str, where: str) -> Any:
-    if not isinstance(d, dict) or key not in d:
-        raise InputError(f"{where}: missing field '{key}'")
-    return d[key]
+MANIFEST_FIELDS = ("format", "hosts", "vgpus", "models", "plan")
+MODEL_FIELDS = ("name", "slo_us", "max_batch_size", "inputs", "outputs", "pipelines")
+PIPELINE_FIELDS = ("id", "batch", "throughput_rps", "latency_us", "stages")
+STAGE_FIELDS = ("triton_model", "blocks", "gpu_type", "v", "vgpus", "inputs", "outputs", "latency_us")
+
+
+def _list(x: Any, where: str) -> list:
+    if not isinstance(x, list):
+        raise InputError(f"{where}: expected a list, got {x!r}")
+    return x
 
 
 def _tensors(raw: Any, where: str) -> tuple[TensorSpec, ...]:
@@ -138,63 +144,95 @@ def _tensors(raw: Any, where: str) -> tuple[TensorSpec, ...]:
     out = []
     for i, t in enumerate(raw):
         w = f"{where}[{i}]"
-        dt = _get(t, "datatype", w)
+        check_fields(t, ("name", "datatype", "shape"), w)
+        dt = need(t, "datatype", w)
         if dt not in DATATYPES:
             raise InputError(f"{w}.datatype: {dt!r} is not one of {', '.join(DATATYPES)}")
-        shape = _get(t, "shape", w)
+        shape = need(t, "shape", w)
         if not isinstance(shape, list) or not all(isinstance(x, int) and x > 0 for x in shape):
             raise InputError(f"{w}.shape: expected positive integers (without the batch dimension), got {shape!r}")
-        out.append(TensorSpec(str(_get(t, "name", w)), dt, tuple(shape)))
+        out.append(TensorSpec(as_str(need(t, "name", w), f"{w}.name"), dt, tuple(shape)))
     return tuple(out)
 
 
 def _host(h: Any, where: str) -> HostInfo:
-    return HostInfo(str(_get(h, "name", where)), str(_get(h, "address", where)), str(_get(h, "gpu_type", where)),
-                    int(_get(h, "gpus", where)), float(_get(h, "bandwidth_gbps", where)))
+    check_fields(h, HostInfo.__dataclass_fields__, where)
+    return HostInfo(as_str(need(h, "name", where), f"{where}.name"),
+                    as_str(need(h, "address", where), f"{where}.address"),
+                    as_str(need(h, "gpu_type", where), f"{where}.gpu_type"),
+                    as_int(need(h, "gpus", where), f"{where}.gpus", 1),
+                    as_float(need(h, "bandwidth_gbps", where), f"{where}.bandwidth_gbps", 0))
+
+
+def _vgpu(g: Any, host_names: set[str], w: str) -> VGpuInfo:
+    check_fields(g, VGpuInfo.__dataclass_fields__, w)
+    f = {k: need(g, k, w) for k in VGpuInfo.__dataclass_fields__}
+    for k, lo in (("gpu_index", 0), ("slot", 0), ("v", 1)):
+        f[k] = as_int(f[k], f"{w}.{k}", lo)
+    for k in ("id", "host", "gpu_type", "grpc_url", "http_url", "metrics_url", "repository", "kind"):
+        f[k] = as_str(f[k], f"{w}.{k}")
+    if f["host"] not in host_names:
+        raise InputError(f"{w}.host: {f['host']!r} is not among the hosts")
+    if not isinstance(f["env"], dict) or not all(isinstance(v, str) for v in f["env"].values()):
+        raise InputError(f"{w}.env: expected an object of strings, got {f['env']!r}")
+    return VGpuInfo(**{**f, "env": dict(f["env"])})
+
+
+def _stage(s: Any, vgpu_ids: set[str], ws: str) -> StageInfo:
+    check_fields(s, STAGE_FIELDS, ws)
+    pool = tuple(as_str(v, f"{ws}.vgpus") for v in _list(need(s, "vgpus", ws), f"{ws}.vgpus"))
+    unknown = [x for x in pool if x not in vgpu_ids]
+    if not pool or unknown:
+        raise InputError(f"{ws}.vgpus: empty pool or unknown vGPU ids {unknown}")
+    blocks = _list(need(s, "blocks", ws), f"{ws}.blocks")
+    if len(blocks) != 2:
+        raise InputError(f"{ws}.blocks: expected [first, end), got {blocks!r}")
+    lat = need(s, "latency_us", ws)
+    if not isinstance(lat, dict) or not all(str(b).isdigit() for b in lat):
+        raise InputError(f"{ws}.latency_us: expected an object of batch size -> latency, got {lat!r}")
+    return StageInfo(as_str(need(s, "triton_model", ws), f"{ws}.triton_model"),
+                     tuple(as_int(b, f"{ws}.blocks", 0) for b in blocks),
+                     as_str(need(s, "gpu_type", ws), f"{ws}.gpu_type"), as_int(need(s, "v", ws), f"{ws}.v", 1), pool,
+                     _tensors(need(s, "inputs", ws), f"{ws}.inputs"), _tensors(need(s, "outputs", ws), f"{ws}.outputs"),
+                     {int(b): as_float(x, f"{ws}.latency_us.{b}", 0) for b, x in lat.items()})
+
+
+def _pipeline(p: Any, vgpu_ids: set[str], wp: str) -> PipelineInfo:
+    check_fields(p, PIPELINE_FIELDS, wp)
+    stages = [_stage(s, vgpu_ids, f"{wp}.stages[{k}]") for k, s in enumerate(_list(need(p, "stages", wp),
+                                                                                   f"{wp}.stages"))]
+    return PipelineInfo(as_str(need(p, "id", wp), f"{wp}.id"), as_int(need(p, "batch", wp), f"{wp}.batch", 1),
+                        as_float(need(p, "throughput_rps", wp), f"{wp}.throughput_rps", 0),
+                        as_float(need(p, "latency_us", wp), f"{wp}.latency_us", 0), tuple(stages))
+
+
+def _model(m: Any, vgpu_ids: set[str], w: str) -> ModelInfo:
+    check_fields(m, MODEL_FIELDS, w)
+    pipes = [_pipeline(p, vgpu_ids, f"{w}.pipelines[{j}]") for j, p in enumerate(_list(need(m, "pipelines", w),
+                                                                                      f"{w}.pipelines"))]
+    return ModelInfo(as_str(need(m, "name", w), f"{w}.name"), as_float(need(m, "slo_us", w), f"{w}.slo_us", 0),
+                     as_int(need(m, "max_batch_size", w), f"{w}.max_batch_size", 1),
+                     _tensors(need(m, "inputs", w), f"{w}.inputs"), _tensors(need(m, "outputs", w), f"{w}.outputs"),
+                     tuple(pipes))
 
 
 def manifest_from_dict(d: Any, root: Path = Path("."), source: str = "manifest") -> Manifest:
     """Validate a manifest: fields, cross-references between pipelines and vGPUs."""
-    fmt = _get(d, "format", source)
+    check_fields(d, MANIFEST_FIELDS, source)
+    fmt = need(d, "format", source)
     if fmt != FORMAT:
         raise InputError(f"{source}: format is {fmt!r}, expected {FORMAT!r}")
-    hosts = tuple(_host(h, f"{source}: hosts[{i}]") for i, h in enumerate(_get(d, "hosts", source)))
+    hosts = tuple(_host(h, f"{source}: hosts[{i}]") for i, h in enumerate(_list(need(d, "hosts", source),
+                                                                               f"{source}: hosts")))
     host_names = {h.name for h in hosts}
-    vgpus = []
-    for i, g in enumerate(_get(d, "vgpus", source)):
-        w = f"{source}: vgpus[{i}]"
-        fields = {k: _get(g, k, w) for k in VGpuInfo.__dataclass_fields__}
-        if fields["host"] not in host_names:
-            raise InputError(f"{w}.host: {fields['host']!r} is not among the hosts")
-        vgpus.append(VGpuInfo(**{**fields, "env": dict(fields["env"])}))
+    vgpus = [_vgpu(g, host_names, f"{source}: vgpus[{i}]")
+             for i, g in enumerate(_list(need(d, "vgpus", source), f"{source}: vgpus"))]
     vgpu_ids = {g.id for g in vgpus}
     if len(vgpu_ids) != len(vgpus):
         raise InputError(f"{source}: vGPU ids are not unique")
-    models = []
-    for i, m in enumerate(_get(d, "models", source)):
-        w = f"{source}: models[{i}]"
-        pipes = []
-        for j, p in enumerate(_get(m, "pipelines", w)):
-            wp = f"{w}.pipelines[{j}]"
-            stages = []
-            for k, s in enumerate(_get(p, "stages", wp)):
-                ws = f"{wp}.stages[{k}]"
-                pool = tuple(_get(s, "vgpus", ws))
-                unknown = [x for x in pool if x not in vgpu_ids]
-                if not pool or unknown:
-                    raise InputError(f"{ws}.vgpus: empty pool or unknown vGPU ids {unknown}")
-                stages.append(StageInfo(str(_get(s, "triton_model", ws)), tuple(_get(s, "blocks", ws)),
-                                        str(_get(s, "gpu_type", ws)), int(_get(s, "v", ws)), pool,
-                                        _tensors(_get(s, "inputs", ws), f"{ws}.inputs"),
-                                        _tensors(_get(s, "outputs", ws), f"{ws}.outputs"),
-                                        {int(b): float(x) for b, x in _get(s, "latency_us", ws).items()}))
-            pipes.append(PipelineInfo(str(_get(p, "id", wp)), int(_get(p, "batch", wp)),
-                                      float(_get(p, "throughput_rps", wp)), float(_get(p, "latency_us", wp)),
-                                      tuple(stages)))
-        models.append(ModelInfo(str(_get(m, "name", w)), float(_get(m, "slo_us", w)),
-                                int(_get(m, "max_batch_size", w)), _tensors(_get(m, "inputs", w), f"{w}.inputs"),
-                                _tensors(_get(m, "outputs", w), f"{w}.outputs"), tuple(pipes)))
-    plan = plan_from_dict(_get(d, "plan", source), f"{source}: plan")
+    models = [_model(m, vgpu_ids, f"{source}: models[{i}]")
+              for i, m in enumerate(_list(need(d, "models", source), f"{source}: models"))]
+    plan = plan_from_dict(need(d, "plan", source), f"{source}: plan")
     return Manifest(hosts, tuple(vgpus), tuple(models), plan, root)
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.spec import ClusterSpec, cluster_from_dict
-from poolpipe_common.documents import read_document
+from poolpipe_common.documents import as_float, as_int, as_str, check_fields, need, read_document
 from poolpipe_common.errors import InputError
 from profiling.profile import Profile, profile_from_dict
 
@@ -128,64 +128,98 @@ class Plan:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
 
 
+PLAN_FIELDS = ("format", "planner", "solver", "solve_seconds", "status", "objective_kind", "objective", "bound",
+               "gap", "cluster", "spec", "physical_gpus_used", "models", "cost")
+MODEL_FIELDS = ("name", "slo_us", "slo_margin_us", "batch_wait_us_per_request", "weight", "throughput_rps",
+                "pipelines", "profile")
+PIPELINE_FIELDS = ("throughput_rps", "latency_us", "batch", "partitions")
+PARTITION_FIELDS = ("blocks", "gpu", "vgpu_fraction", "batch", "num_vgpus", "physical_gpus", "latency_us",
+                    "transfer_us")
+
+
 def _fraction_level(s: Any, where: str) -> int:
     if not isinstance(s, str) or not s.startswith("1/") or not s[2:].isdigit() or int(s[2:]) < 1:
         raise InputError(f"{where}: vgpu_fraction must look like '1/V', got {s!r}")
     return int(s[2:])
 
 
-def _field(d: Any, key: str, where: str) -> Any:
-    if not isinstance(d, dict) or key not in d:
-        raise InputError(f"{where}: missing field '{key}'")
-    return d[key]
+def _list(x: Any, where: str) -> list:
+    if not isinstance(x, list) or not x:
+        raise InputError(f"{where}: expected a non-empty list, got {x!r}")
+    return x
+
+
+def _partition(p: Any, prof: Profile, prev_end: int, wk: str) -> PartitionPlan:
+    check_fields(p, PARTITION_FIELDS, wk)
+    blocks = need(p, "blocks", wk)
+    if not isinstance(blocks, list) or len(blocks) != 2:
+        raise InputError(f"{wk}.blocks: expected [first, end), got {blocks!r}")
+    first, end = (as_int(x, f"{wk}.blocks") for x in blocks)
+    if first != prev_end or not first < end <= prof.num_blocks:
+        raise InputError(f"{wk}.blocks: [{first}, {end}) does not continue the pipeline at block "
+                         f"{prev_end} within the model's {prof.num_blocks} blocks")
+    gpu = as_str(need(p, "gpu", wk), f"{wk}.gpu")
+    v = _fraction_level(need(p, "vgpu_fraction", wk), f"{wk}.vgpu_fraction")
+    if gpu not in prof.timings or v not in prof.timings[gpu]:
+        raise InputError(f"{wk}: {gpu} at V={v} is not in the profile of {prof.model}")
+    batch = as_int(need(p, "batch", wk), f"{wk}.batch", 1)
+    if batch not in prof.batch_sizes(gpu, v):
+        raise InputError(f"{wk}.batch: {batch} is not profiled for {gpu} at V={v}")
+    return PartitionPlan((first, end), gpu, v, batch, as_int(need(p, "num_vgpus", wk), f"{wk}.num_vgpus", 1),
+                         as_float(need(p, "latency_us", wk), f"{wk}.latency_us", 0),
+                         as_float(p.get("transfer_us", 0.0), f"{wk}.transfer_us", 0))
+
+
+def _pipeline(pl: Any, prof: Profile, wp: str) -> PipelinePlan:
+    check_fields(pl, PIPELINE_FIELDS, wp)
+    parts: list[PartitionPlan] = []
+    for k, p in enumerate(_list(need(pl, "partitions", wp), f"{wp}.partitions")):
+        parts.append(_partition(p, prof, parts[-1].blocks[1] if parts else 0, f"{wp}.partitions[{k}]"))
+    if parts[-1].blocks[1] != prof.num_blocks:
+        raise InputError(f"{wp}: partitions end at block {parts[-1].blocks[1]}, the model has {prof.num_blocks}")
+    return PipelinePlan(tuple(parts), as_float(need(pl, "throughput_rps", wp), f"{wp}.throughput_rps", 0),
+                        as_float(need(pl, "latency_us", wp), f"{wp}.latency_us", 0))
+
+
+def _model(m: Any, w: str) -> ModelPlan:
+    check_fields(m, MODEL_FIELDS, w)
+    prof = profile_from_dict(need(m, "profile", w), f"{w}.profile")
+    pipes = [_pipeline(pl, prof, f"{w}.pipelines[{j}]")
+             for j, pl in enumerate(_list(need(m, "pipelines", w), f"{w}.pipelines"))]
+    return ModelPlan(as_str(need(m, "name", w), f"{w}.name"), as_float(need(m, "slo_us", w), f"{w}.slo_us", 0),
+                     as_float(need(m, "throughput_rps", w), f"{w}.throughput_rps", 0), tuple(pipes), prof,
+                     as_float(m.get("weight", 1.0), f"{w}.weight", 0),
+                     as_float(m.get("slo_margin_us", 0.0), f"{w}.slo_margin_us", 0),
+                     as_float(m.get("batch_wait_us_per_request", 0.0), f"{w}.batch_wait_us_per_request", 0))
+
+
+def _optional_float(d: dict, key: str, where: str) -> float | None:
+    """A number or null (not checked for finiteness: an unbounded solve records an infinite gap)."""
+    x = d.get(key)
+    if x is not None and (isinstance(x, bool) or not isinstance(x, (int, float))):
+        raise InputError(f"{where}: {key}: expected a number or null, got {x!r}")
+    return None if x is None else float(x)
 
 
 def plan_from_dict(d: Any, source: str = "plan") -> Plan:
     """Validate plan.json; every error names the offending field."""
-    cluster = cluster_from_dict(_field(d, "cluster", source), f"{source}: cluster")
-    models = []
-    raw_models = _field(d, "models", source)
-    if not isinstance(raw_models, list) or not raw_models:
-        raise InputError(f"{source}: 'models' must be a non-empty list")
-    for i, m in enumerate(raw_models):
-        w = f"{source}: models[{i}]"
-        prof = profile_from_dict(_field(m, "profile", w), f"{w}.profile")
-        pipes = []
-        for j, pl in enumerate(_field(m, "pipelines", w)):
-            wp = f"{w}.pipelines[{j}]"
-            parts = []
-            prev_end = 0
-            for k, p in enumerate(_field(pl, "partitions", wp)):
-                wk = f"{wp}.partitions[{k}]"
-                first, end = (int(x) for x in _field(p, "blocks", wk))
-                if first != prev_end or not first < end <= prof.num_blocks:
-                    raise InputError(f"{wk}.blocks: [{first}, {end}) does not continue the pipeline at block "
-                                     f"{prev_end} within the model's {prof.num_blocks} blocks")
-                prev_end = end
-                gpu = _field(p, "gpu", wk)
-                v = _fraction_level(_field(p, "vgpu_fraction", wk), f"{wk}.vgpu_fraction")
-                if gpu not in prof.timings or v not in prof.timings[gpu]:
-                    raise InputError(f"{wk}: {gpu} at V={v} is not in the profile of {prof.model}")
-                batch = int(_field(p, "batch", wk))
-                if batch not in prof.batch_sizes(gpu, v):
-                    raise InputError(f"{wk}.batch: {batch} is not profiled for {gpu} at V={v}")
-                n = int(_field(p, "num_vgpus", wk))
-                if n < 1:
-                    raise InputError(f"{wk}.num_vgpus: must be >= 1")
-                parts.append(PartitionPlan((first, end), gpu, v, batch, n, float(_field(p, "latency_us", wk)),
-                                           float(p.get("transfer_us", 0.0))))
-            if prev_end != prof.num_blocks:
-                raise InputError(f"{wp}: partitions end at block {prev_end}, the model has {prof.num_blocks}")
-            pipes.append(PipelinePlan(tuple(parts), float(_field(pl, "throughput_rps", wp)),
-                                      float(_field(pl, "latency_us", wp))))
-        models.append(ModelPlan(str(_field(m, "name", w)), float(_field(m, "slo_us", w)),
-                                float(_field(m, "throughput_rps", w)), tuple(pipes), prof,
-                                float(m.get("weight", 1.0)), float(m.get("slo_margin_us", 0.0)),
-                                float(m.get("batch_wait_us_per_request", 0.0))))
-    return Plan(str(_field(d, "planner", source)), str(_field(d, "solver", source)),
-                float(_field(d, "solve_seconds", source)), cluster, tuple(models), d.get("spec", {}),
-                d.get("status", "optimal"), d.get("objective"), d.get("bound"), d.get("gap"),
-                d.get("objective_kind", "throughput"), d.get("cost"))
+    check_fields(d, PLAN_FIELDS, source)
+    if d.get("format", FORMAT) != FORMAT:
+        raise InputError(f"{source}: field 'format' is {d['format']!r}, expected {FORMAT!r}")
+    cluster = cluster_from_dict(need(d, "cluster", source), f"{source}: cluster")
+    models = [_model(m, f"{source}: models[{i}]") for i, m in enumerate(_list(need(d, "models", source),
+                                                                              f"{source}: models"))]
+    for key in ("spec", "cost"):
+        if d.get(key) is not None and not isinstance(d[key], dict):
+            raise InputError(f"{source}: {key}: expected an object, got {d[key]!r}")
+    return Plan(as_str(need(d, "planner", source), f"{source}: planner"),
+                as_str(need(d, "solver", source), f"{source}: solver"),
+                as_float(need(d, "solve_seconds", source), f"{source}: solve_seconds", 0, finite=False), cluster,
+                tuple(models),
+                d.get("spec") or {}, as_str(d.get("status", "optimal"), f"{source}: status"),
+                _optional_float(d, "objective", source), _optional_float(d, "bound", source),
+                _optional_float(d, "gap", source), as_str(d.get("objective_kind", "throughput"),
+                                                          f"{source}: objective_kind"), d.get("cost"))
 
 
 def load_plan(path: str | Path) -> Plan:

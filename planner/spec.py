@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from poolpipe_common.documents import read_document
+from poolpipe_common.documents import as_float, as_int, check_fields, read_document
 from poolpipe_common.errors import InputError
 from profiling.profile import Profile, load_profile, profile_from_dict
 
@@ -83,10 +83,7 @@ class PlanningSpec:
 
 
 def _num(x: Any, where: str, *, positive: bool = False, integer: bool = False) -> float:
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        raise InputError(f"{where}: expected a number, got {x!r}")
-    if integer and int(x) != x:
-        raise InputError(f"{where}: expected a whole number, got {x!r}")
+    x = as_int(x, where) if integer else as_float(x, where)
     if x < 0 or (positive and x == 0):
         raise InputError(f"{where}: must be {'> 0' if positive else '>= 0'}, got {x!r}")
     return int(x) if integer else float(x)
@@ -108,9 +105,14 @@ def _type_map(x: Any, where: str, *, default: int | None = None, types: list[str
     return out
 
 
+CLUSTER_FIELDS = ("gpus", "gpus_per_server", "bandwidth_gbps", "vgpu_levels")
+MODEL_FIELDS = ("profile", "model", "slo_us", "slo_multiplier", "slo_margin_us", "slo_margin",
+                "batch_wait_us_per_request", "weight")
+SPEC_FIELDS = ("cluster", "max_partitions", "batch_unification", "models")
+
+
 def cluster_from_dict(d: Any, where: str = "cluster") -> ClusterSpec:
-    if not isinstance(d, dict):
-        raise InputError(f"{where}: expected an object with gpus, bandwidth_gbps, ...")
+    check_fields(d, CLUSTER_FIELDS, where)
     if "gpus" not in d:
         raise InputError(f"{where}: missing field 'gpus' (GPU type -> count)")
     gpus = _type_map(d["gpus"], f"{where}.gpus")
@@ -133,8 +135,7 @@ def cluster_from_dict(d: Any, where: str = "cluster") -> ClusterSpec:
 def model_spec_from_dict(d: Any, where: str, base_dir: Path | None = None,
                          profile: Profile | None = None) -> ModelSpec:
     """Build one model entry; ``profile`` may be given directly (else loaded from d['profile'])."""
-    if not isinstance(d, dict):
-        raise InputError(f"{where}: expected an object with profile and slo_us")
+    check_fields(d, MODEL_FIELDS, where)
     path = None
     if profile is None:
         if "profile" not in d:
@@ -148,6 +149,8 @@ def model_spec_from_dict(d: Any, where: str, base_dir: Path | None = None,
                 p = base_dir / p
             path = str(p)
             profile = load_profile(p)
+    if "model" in d and d["model"] != profile.model:
+        raise InputError(f"{where}.model: {d['model']!r} but the profile is of model {profile.model!r}")
     fastest = profile.fastest_latency_us(1)
     if "slo_us" in d:
         slo = _num(d["slo_us"], f"{where}.slo_us", positive=True)
@@ -208,8 +211,7 @@ def check_spec(spec: PlanningSpec) -> PlanningSpec:
 
 
 def spec_from_dict(d: Any, base_dir: Path | None = None, source: str = "spec") -> PlanningSpec:
-    if not isinstance(d, dict):
-        raise InputError(f"{source}: expected a mapping with cluster and models")
+    check_fields(d, SPEC_FIELDS, source)
     if "cluster" not in d:
         raise InputError(f"{source}: missing field 'cluster'")
     cluster = cluster_from_dict(d["cluster"], f"{source}: cluster")

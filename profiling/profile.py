@@ -31,10 +31,11 @@ from typing import Any
 
 import numpy as np
 
-from poolpipe_common.documents import read_document
+from poolpipe_common.documents import as_int, check_fields, read_document
 from poolpipe_common.errors import InputError
 
 FORMAT = "poolpipe.profile/1"
+PROFILE_FIELDS = ("format", "model", "input_bytes", "input_tensors", "blocks", "devices", "provenance")
 MIN_BLOCK_US = 1.0  # every block counts as at least 1 µs (the reference planner's rule)
 
 
@@ -143,9 +144,7 @@ def _need(obj: dict, key: str, where: str) -> Any:
 def _positive_int_or_none(x: Any, where: str) -> int | None:
     if x is None:
         return None
-    if isinstance(x, bool) or not isinstance(x, (int, float)) or x < 0 or int(x) != x:
-        raise InputError(f"{where}: expected a non-negative integer, got {x!r}")
-    return int(x)
+    return as_int(x, where, 0)
 
 
 def _names(x: Any, where: str) -> tuple[str, ...] | None:
@@ -158,6 +157,7 @@ def _names(x: Any, where: str) -> tuple[str, ...] | None:
 
 def profile_from_dict(d: Any, source: str = "profile") -> Profile:
     """Validate a profile document; every error names the offending field."""
+    check_fields(d, PROFILE_FIELDS, source)
     fmt = _need(d, "format", source)
     if fmt != FORMAT:
         raise InputError(f"{source}: field 'format' is {fmt!r}, expected {FORMAT!r}")
@@ -170,6 +170,7 @@ def profile_from_dict(d: Any, source: str = "profile") -> Profile:
     blocks = []
     for i, b in enumerate(raw_blocks):
         w = f"{source}: blocks[{i}]"
+        check_fields(b, ("name", "output_bytes", "output_tensors"), w)
         name = b.get("name", f"block{i}") if isinstance(b, dict) else None
         if not isinstance(name, str):
             raise InputError(f"{w}.name: expected a string")
@@ -191,6 +192,7 @@ def profile_from_dict(d: Any, source: str = "profile") -> Profile:
                 raise InputError(f"{w}: vGPU level must be an integer 1..8, got {vk!r}") from None
             if not 1 <= v <= 8:
                 raise InputError(f"{w}: vGPU level must be 1..8")
+            check_fields(t, ("batch_sizes", "latency_us"), w)
             bs = _need(t, "batch_sizes", w)
             if (not isinstance(bs, list) or not bs
                     or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in bs)

@@ -156,8 +156,13 @@ class Deployment:
             self.gpus, mps = discover_gpus(), mps_running()
             for h in gpu_hosts:
                 check_host_hardware(h, self.gpus, mps)
+        owner: dict[tuple[str, int], str] = {}
         for s in self.server_launches:
             for port in (s.http_port, s.grpc_port, s.metrics_port):
+                other = owner.setdefault((s.address, port), s.vgpu)
+                if other != s.vgpu:
+                    raise InputError(f"vGPUs {other} and {s.vgpu} both use port {port} on {s.address}; "
+                                     "re-generate with base_ports that do not overlap")
                 if port_in_use(port, s.address):
                     raise InputError(f"vGPU {s.vgpu}: port {port} on {s.address} is already in use; stop what "
                                      f"uses it or re-generate with another base_port for host {s.host}")

@@ -9,6 +9,7 @@ shared-memory regions it owned.
 
 from __future__ import annotations
 
+import http.client
 import os
 import shutil
 import signal
@@ -166,7 +167,7 @@ class TritonProcess:
         try:
             with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=1) as r:
                 return r.status == 200
-        except (urllib.error.URLError, OSError):
+        except (urllib.error.URLError, OSError, http.client.HTTPException):  # e.g. another program on the port
             return False
 
     def wait_ready(self, timeout_s: float) -> None:

@@ -10,8 +10,10 @@ import json
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 
+from model_repository_gen.onnx_check import bytes_per_request
 from planner.plan import ModelPlan, PartitionPlan, PipelinePlan, Plan
 from planner.spec import ClusterSpec
 from profiling.prepartition import prepartition
@@ -23,11 +25,14 @@ BATCHES = (1, 2, 4)
 def make_profile(onnx_path: Path, name: str, n_blocks: int, devices: dict[str, tuple[int, ...]]) -> Profile:
     """A profile with the pre-partitioner's block boundaries; device -> vGPU levels with made-up latencies."""
     pp = prepartition(onnx_path, n_blocks, repeats=1, warmup=0)
-    blocks = tuple(Block(f"block{i}", 1000 * (i + 1), b.output_tensors) for i, b in enumerate(pp.blocks))
+    sizes = bytes_per_request(onnx.load(str(onnx_path)))  # the real sizes: generate checks them against the ONNX
+    blocks = tuple(Block(f"block{i}", sum(sizes[t] for t in b.output_tensors), b.output_tensors)
+                   for i, b in enumerate(pp.blocks))
     timings = {dev: {v: DeviceTiming(BATCHES, np.array([[100.0 * (i + 1) * b * v for b in BATCHES]
                                                            for i in range(n_blocks)]))
                      for v in levels} for dev, levels in devices.items()}
-    return Profile(name, blocks, timings, 150528, pp.input_tensors, {"source": "tests"})
+    return Profile(name, blocks, timings, sum(sizes[t] for t in pp.input_tensors), pp.input_tensors,
+                   {"source": "tests"})
 
 
 def make_plan(profile: Profile, pipelines: list[list[tuple[tuple[int, int], str, int, int]]], batch: int = 2,

@@ -18,11 +18,12 @@ from scheduler.server.shm_pool import HostPool, Region, align, stale
 
 log = logging.getLogger("poolpipe.sidecar.fleet")
 
-HEALTH_PERIOD_S = 0.5
-# A server that is not up yet (serve started before launch) or restarting must be noticed within a health
-# period or two, not after gRPC's default reconnect back-off (up to two minutes).
-CHANNEL_OPTIONS = [*GRPC_OPTIONS, ("grpc.initial_reconnect_backoff_ms", 250), ("grpc.min_reconnect_backoff_ms", 250),
-                   ("grpc.max_reconnect_backoff_ms", 1000)]
+HEALTH_PERIOD_S = 0.5  # liveness of the servers in service
+PROBE_PERIOD_S = 0.15  # readiness of the servers out of service (not started yet, restarting)
+# A server that is not up yet (serve started before launch) or restarting must be noticed within a second of its
+# readiness, not after gRPC's default reconnect back-off (up to two minutes): the channel retries every 150-250 ms.
+CHANNEL_OPTIONS = [*GRPC_OPTIONS, ("grpc.initial_reconnect_backoff_ms", 150), ("grpc.min_reconnect_backoff_ms", 150),
+                   ("grpc.max_reconnect_backoff_ms", 250)]
 
 
 def is_local_address(address: str) -> bool:
@@ -177,18 +178,28 @@ class Fleet:
         self.on_change(srv, up, why)
 
     async def _health_loop(self) -> None:
+        """Probe the servers out of service every PROBE_PERIOD_S and those in service every HEALTH_PERIOD_S, all
+        at once (one slow server does not delay noticing the others)."""
+        last_live = 0.0
+        loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(HEALTH_PERIOD_S)
-            for srv in list(self.servers.values()):
-                if srv.up:
-                    try:
-                        r = await srv.stub.ServerLive(service_pb2.ServerLiveRequest(), timeout=1)
-                        if not r.live:
-                            self.set_up(srv, False, "not live")
-                    except grpc.aio.AioRpcError as e:
-                        self.set_up(srv, False, f"health check: {e.code().name}")
-                elif await self.bring_up(srv):
-                    self.set_up(srv, True, "healthy again")
+            await asyncio.sleep(PROBE_PERIOD_S)
+            live_due = loop.time() - last_live >= HEALTH_PERIOD_S
+            if live_due:
+                last_live = loop.time()
+            await asyncio.gather(*[self._check(srv) for srv in list(self.servers.values()) if live_due or not srv.up])
+
+    async def _check(self, srv: VGpuServer) -> None:
+        if not srv.up:
+            if await self.bring_up(srv):
+                self.set_up(srv, True, "healthy again")
+            return
+        try:
+            r = await srv.stub.ServerLive(service_pb2.ServerLiveRequest(), timeout=1)
+            if not r.live:
+                self.set_up(srv, False, "not live")
+        except grpc.aio.AioRpcError as e:
+            self.set_up(srv, False, f"health check: {e.code().name}")
 
     async def close(self) -> int:
         """Stop the health checks, unregister and remove every region, close the channels; returns regions removed."""

@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 import grpc
+from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from scheduler.server.errors import ServeError
@@ -20,6 +21,36 @@ UNARY_METHODS = ("ServerLive", "ServerReady", "ServerMetadata", "ModelReady", "M
                  "SystemSharedMemoryStatus", "SystemSharedMemoryRegister", "SystemSharedMemoryUnregister",
                  "CudaSharedMemoryStatus", "CudaSharedMemoryRegister", "CudaSharedMemoryUnregister",
                  "TraceSetting", "LogSettings")
+
+
+class Undecodable:
+    """A request message that does not parse; the handler answers it with INVALID_ARGUMENT (grpc would answer
+    UNKNOWN, as for an exception escaping the handler)."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
+def _deserializer(cls: Any) -> Callable[[bytes], Any]:
+    def parse(data: bytes) -> Any:
+        try:
+            return cls.FromString(data)
+        except DecodeError as e:
+            return Undecodable(f"the request is not a valid {cls.DESCRIPTOR.full_name} message: {e}")
+    return parse
+
+
+def service_handler(servicer: Any) -> grpc.GenericRpcHandler:
+    """Triton's GRPCInferenceService, as ``add_GRPCInferenceServiceServicer_to_server`` builds it, but with
+    deserializers that hand an undecodable message to the handler instead of failing inside grpc."""
+    service = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    handlers = {}
+    for m in service.methods:
+        make = grpc.stream_stream_rpc_method_handler if m.client_streaming else grpc.unary_unary_rpc_method_handler
+        handlers[m.name] = make(getattr(servicer, m.name),
+                                request_deserializer=_deserializer(getattr(service_pb2, m.input_type.name)),
+                                response_serializer=getattr(service_pb2, m.output_type.name).SerializeToString)
+    return grpc.method_handlers_generic_handler(service.full_name, handlers)
 
 
 def _deadline(context: grpc.aio.ServicerContext) -> float | None:
@@ -37,6 +68,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     def _unary(self, method: str) -> Any:
         async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            if isinstance(request, Undecodable):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
             try:
                 return await self.router.call(method, request, context.time_remaining())
             except ServeError as e:
@@ -44,6 +77,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         return handler
 
     async def ModelInfer(self, request: service_pb2.ModelInferRequest, context: grpc.aio.ServicerContext) -> Any:
+        if isinstance(request, Undecodable):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
         try:
             return await self.router.infer(request, _deadline(context))
         except ServeError as e:
@@ -73,6 +108,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         async def read_client() -> None:
             nonlocal backend_call
             async for req in request_iterator:
+                if isinstance(req, Undecodable):
+                    out.put_nowait(service_pb2.ModelStreamInferResponse(error_message=req.message))
+                    continue
                 if self.router.is_planned(req.model_name) or self.router.stub is None:
                     t = asyncio.ensure_future(planned_one(req))
                     tasks.add(t)
@@ -107,7 +145,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
 async def start_grpc(router: Router, bind: str, port: int) -> grpc.aio.Server:
     server = grpc.aio.server(options=GRPC_OPTIONS)
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(router), server)
+    server.add_generic_rpc_handlers((service_handler(InferenceServicer(router)),))
     if server.add_insecure_port(f"{bind}:{port}") == 0:
         raise OSError(f"cannot listen for gRPC on {bind}:{port}")
     await server.start()

@@ -14,21 +14,11 @@ from aiohttp import web
 from tritonclient.grpc import service_pb2
 
 from scheduler.server.errors import ServeError, invalid
+from scheduler.server.http_infer import HEADER_LENGTH, infer_response_to_http, parse_infer_request
 from scheduler.server.router import Router
-from scheduler.server.tensors import (
-    json_to_numpy,
-    numpy_to_json,
-    param_value,
-    params_to_dict,
-    proto_to_json,
-    set_param,
-    to_numpy,
-    to_raw,
-)
+from scheduler.server.tensors import param_value, proto_to_json, set_param
 
 log = logging.getLogger("poolpipe.sidecar.http")
-HEADER_LENGTH = "Inference-Header-Content-Length"
-_HTTP_ONLY_PARAMS = ("binary_data", "binary_data_size", "binary_data_output")
 
 
 def error_response(e: ServeError) -> web.Response:
@@ -46,93 +36,6 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
     if not isinstance(d, dict):
         raise invalid("the request body must be a JSON object")
     return d
-
-
-# --- inference: HTTP <-> ModelInferRequest/Response -------------------------------------------------------
-
-def parse_infer_request(model: str, version: str, body: bytes, header_length: int | None
-                        ) -> tuple[service_pb2.ModelInferRequest, dict[str, bool], bool, dict[str, dict[str, Any]]]:
-    """The protobuf request, per requested output whether it wants binary data, the default, and the outputs
-    to be written to shared memory (gRPC responses do not mark those, HTTP ones do)."""
-    n = len(body) if header_length is None else header_length
-    if n > len(body):
-        raise invalid(f"{HEADER_LENGTH} {n} is larger than the request body ({len(body)} bytes)")
-    try:
-        head = json.loads(body[:n])
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise invalid(f"failed to parse the request JSON buffer: {e}") from None
-    if not isinstance(head, dict) or not isinstance(head.get("inputs"), list):
-        raise invalid("the inference request JSON must be an object with an 'inputs' list")
-    req = service_pb2.ModelInferRequest(model_name=model, model_version=version, id=str(head.get("id", "")))
-    params = head.get("parameters") or {}
-    default_binary = bool(params.get("binary_data_output", False))
-    for k, v in params.items():
-        if k not in _HTTP_ONLY_PARAMS:
-            set_param(req.parameters, k, v)
-    pos = n
-    for i, t in enumerate(head["inputs"]):
-        if not isinstance(t, dict) or "name" not in t or "datatype" not in t or "shape" not in t:
-            raise invalid(f"input {i} must have 'name', 'datatype' and 'shape'")
-        name, dt, shape = str(t["name"]), str(t["datatype"]), [int(x) for x in t["shape"]]
-        tp = t.get("parameters") or {}
-        inp = req.inputs.add(name=name, datatype=dt, shape=shape)
-        for k, v in tp.items():
-            if k not in _HTTP_ONLY_PARAMS:
-                set_param(inp.parameters, k, v)
-        if "shared_memory_region" in tp:
-            continue
-        if "binary_data_size" in tp:
-            size = int(tp["binary_data_size"])
-            if pos + size > len(body):
-                raise invalid(f"unexpected end of the binary data of input '{name}': {size} bytes declared, "
-                              f"{len(body) - pos} left in the request body")
-            req.raw_input_contents.append(body[pos:pos + size])
-            pos += size
-        elif "data" in t:
-            req.raw_input_contents.append(to_raw(json_to_numpy(t["data"], dt, shape, name), dt))
-        else:
-            raise invalid(f"input '{name}' has neither 'data', 'binary_data_size' nor 'shared_memory_region'")
-    binary: dict[str, bool] = {}
-    shm_outputs: dict[str, dict[str, Any]] = {}
-    for o in head.get("outputs") or []:
-        op = o.get("parameters") or {}
-        out = req.outputs.add(name=str(o["name"]))
-        for k, v in op.items():
-            if k not in _HTTP_ONLY_PARAMS:
-                set_param(out.parameters, k, v)
-        binary[out.name] = bool(op.get("binary_data", default_binary))
-        if "shared_memory_region" in op:
-            shm_outputs[out.name] = {k: v for k, v in op.items() if k.startswith("shared_memory")}
-    return req, binary, default_binary, shm_outputs
-
-
-def infer_response_to_http(resp: service_pb2.ModelInferResponse, binary: dict[str, bool], default_binary: bool,
-                           shm_outputs: dict[str, dict[str, Any]]) -> web.Response:
-    head: dict[str, Any] = {"model_name": resp.model_name, "model_version": resp.model_version}
-    if resp.id:
-        head["id"] = resp.id
-    if resp.parameters:
-        head["parameters"] = params_to_dict(resp.parameters)
-    outputs, blobs = [], []
-    for i, o in enumerate(resp.outputs):
-        d: dict[str, Any] = {"name": o.name, "datatype": o.datatype, "shape": list(o.shape)}
-        p = {**params_to_dict(o.parameters), **shm_outputs.get(o.name, {})}
-        if "shared_memory_region" not in p:
-            raw = resp.raw_output_contents[i] if i < len(resp.raw_output_contents) else b""
-            if binary.get(o.name, default_binary):
-                p["binary_data_size"] = len(raw)
-                blobs.append(raw)
-            else:
-                d["data"] = numpy_to_json(to_numpy(raw, o.datatype, list(o.shape)), o.datatype)
-        if p:
-            d["parameters"] = p
-        outputs.append(d)
-    head["outputs"] = outputs
-    text = json.dumps(head).encode()
-    if not blobs:
-        return web.Response(body=text, content_type="application/json")
-    return web.Response(body=b"".join([text, *blobs]), headers={HEADER_LENGTH: str(len(text))},
-                        content_type="application/octet-stream")
 
 
 # --- JSON views of the metadata calls -------------------------------------------------------------------
@@ -183,8 +86,8 @@ class HttpFront:
             return await handler(request)
         except ServeError as e:
             return error_response(e)
-        except (ValueError, KeyError, TypeError) as e:
-            return error_response(invalid(f"malformed request: {e}"))
+        except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as e:  # a JSON field of the wrong type
+            return error_response(invalid(f"malformed request: {type(e).__name__}: {e}"))
 
     async def live(self, request: web.Request) -> web.Response:
         return web.Response(status=200)
@@ -306,8 +209,7 @@ class HttpFront:
     async def infer(self, request: web.Request) -> web.Response:
         m, v = self._names(request)
         body = await request.read()
-        hl = request.headers.get(HEADER_LENGTH)
-        req, binary, default_binary, shm_outputs = parse_infer_request(m, v, body, int(hl) if hl else None)
+        req, binary, default_binary, shm_outputs = parse_infer_request(m, v, body, request.headers.get(HEADER_LENGTH))
         resp = await self.router.infer(req, None)
         return infer_response_to_http(resp, binary, default_binary, shm_outputs)
 

@@ -49,6 +49,24 @@ class SidecarMetrics:
         self._window: dict[str, deque[bool]] = {}
         self._met_in_window: dict[str, int] = {}
 
+    def declare(self, models: list[str], vgpus: list[str]) -> None:
+        """Create every series whose labels are known at start (at zero; attainment NaN until a request finishes),
+        so that each declared metric is exported from the start and alerts on rates and ratios have a series."""
+        for m in models:
+            self.requests.labels(m, "planned")
+            self.latency.labels(m, "planned")
+            for metric in (self.successes, self.slo_met, self.retries, self.batch_size, self.queue_length):
+                metric.labels(m)
+            self.failures.labels(m, "UNAVAILABLE")
+            self.drops.labels(m, "deadline cannot be met")
+            if m not in self._window:
+                self.slo_attainment.labels(m).set(float("nan"))
+        for v in vgpus:
+            self.vgpu_busy.labels(v)
+            self.vgpu_up.labels(v)
+        for kind in ("shm", "grpc"):
+            self.hops.labels(kind)
+
     def finished(self, model: str, met_slo: bool) -> None:
         """Record one finished planned request (answered or shed): the attainment gauge covers a sliding window
         of the last ATTAINMENT_WINDOW, so one shed at start-up does not pin it for the sidecar's life."""

@@ -44,6 +44,7 @@ class PlannedModels:
         if self.policy not in LIVE_POLICIES:
             raise InputError(f"--policy {policy}: choose one of {', '.join(('auto',) + LIVE_POLICIES)}")
         self.metrics = metrics
+        metrics.declare([m.name for m in manifest.models], [v.id for v in manifest.vgpus])
         self.models = {m.name: m for m in manifest.models}
         self.pipelines = {p.id: p for m in manifest.models for p in m.pipelines}
         self.answers = Answers(metrics, list(self.models))

@@ -33,17 +33,51 @@ def to_raw(array: np.ndarray, datatype: str) -> bytes:
     return np.ascontiguousarray(array).tobytes()
 
 
+def _flatten(data: Any) -> list[Any]:
+    """The scalars of a (nested) JSON list, in order."""
+    out: list[Any] = []
+    stack = [iter([data])]
+    while stack:
+        for item in stack[-1]:
+            if isinstance(item, list):
+                stack.append(iter(item))
+                break
+            out.append(item)
+        else:
+            stack.pop()
+    return out
+
+
+def _json_type_ok(datatype: str, values: list[Any]) -> bool:
+    """Whether every JSON scalar has the type KServe v2 requires for ``datatype`` (booleans are not numbers,
+    strings are not numbers, integers fit their type)."""
+    if datatype == "BOOL":
+        return all(isinstance(v, bool) for v in values)
+    if datatype == "BYTES":
+        return all(isinstance(v, str) for v in values)
+    if datatype.startswith(("INT", "UINT")):
+        info = np.iinfo(triton_to_np_dtype(datatype))
+        return all(isinstance(v, int) and not isinstance(v, bool) and info.min <= v <= info.max for v in values)
+    return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+
+
 def json_to_numpy(data: Any, datatype: str, shape: list[int], name: str) -> np.ndarray:
     """A JSON ``data`` field (flat or nested list) as an array of the declared datatype and shape."""
-    try:
-        if datatype == "BYTES":
-            items = np.array(data, dtype=object).ravel()
-            flat = np.array([d.encode() if isinstance(d, str) else bytes(d) for d in items], dtype=np.object_)
-        else:
-            flat = np.array(data, dtype=triton_to_np_dtype(datatype)).ravel()
-        return flat.reshape(shape)
-    except (ValueError, TypeError) as e:
-        raise invalid(f"unable to parse 'data' of input '{name}' as {datatype} with shape {shape}: {e}") from None
+    if triton_to_np_dtype(datatype) is None:
+        raise invalid(f"input '{name}': unknown datatype '{datatype}'")
+    values = _flatten(data)
+    count = 1
+    for d in shape:
+        count *= d
+    if len(values) != count:
+        raise invalid(f"unable to parse 'data' of input '{name}': {len(values)} values for shape {shape}")
+    if not _json_type_ok(datatype, values):
+        raise invalid(f"unable to parse 'data' of input '{name}': every value must be a JSON "
+                      f"{'boolean' if datatype == 'BOOL' else 'string' if datatype == 'BYTES' else 'number'} "
+                      f"that fits {datatype}")
+    if datatype == "BYTES":
+        return np.array([v.encode() for v in values], dtype=np.object_).reshape(shape)
+    return np.array(values, dtype=triton_to_np_dtype(datatype)).reshape(shape)
 
 
 def numpy_to_json(array: np.ndarray, datatype: str) -> list[Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from tritonclient.grpc import service_pb2
@@ -37,12 +38,21 @@ def _shape_str(shape: list[int] | tuple[int, ...]) -> str:
     return "[" + ",".join(str(d) for d in shape) + "]"
 
 
-def _shm_params(params: object) -> tuple[str, int, int] | None:
-    if "shared_memory_region" not in params:  # type: ignore[operator]
+def _shm_params(params: Any) -> tuple[str, int, int] | None:
+    """(region, byte size, offset) of a tensor in client shared memory, as Triton reads them: the region a string,
+    the size and offset int64 (a string or double there is a malformed request, not a number to convert)."""
+    if "shared_memory_region" not in params:
         return None
-    p = {k: param_value(v) for k, v in params.items()}  # type: ignore[attr-defined]
-    return (str(p["shared_memory_region"]), int(p.get("shared_memory_byte_size", 0)),
-            int(p.get("shared_memory_offset", 0)))
+    kinds = {"shared_memory_region": "string_param", "shared_memory_byte_size": "int64_param",
+             "shared_memory_offset": "int64_param"}
+    for key, kind in kinds.items():
+        if key in params and params[key].WhichOneof("parameter_choice") != kind:
+            raise invalid(f"parameter '{key}' must be {'a string' if kind == 'string_param' else 'an int64'}, got "
+                          f"{param_value(params[key])!r}")
+    if "shared_memory_byte_size" not in params:
+        raise invalid("parameter 'shared_memory_byte_size' is missing for a tensor in shared memory")
+    offset = params["shared_memory_offset"].int64_param if "shared_memory_offset" in params else 0
+    return params["shared_memory_region"].string_param, params["shared_memory_byte_size"].int64_param, offset
 
 
 def check_request(req: service_pb2.ModelInferRequest, model: ModelInfo, shm: ClientShmRegistry) -> CheckedRequest:

@@ -51,13 +51,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def load_overheads(path: str):
     """An overheads file (poolpipe serve --overheads-out), validated; bad ones are one-line InputErrors."""
-    from poolpipe_common.documents import read_document
+    from poolpipe_common.documents import check_fields, read_document
     from poolpipe_common.errors import InputError
     from scheduler.core.overheads import Overheads
 
-    raw = read_document(path, "overheads file")
-    if not isinstance(raw, dict):
-        raise InputError(f"--overheads {path}: expected a JSON object with lead_us, tail_us, ...")
+    raw = check_fields(read_document(path, "overheads file"),
+                       ("format", "source", "lead_us", "tail_us", "wake_late_us", "slowdown"), f"--overheads {path}")
     try:
         return Overheads.from_dict(raw, f"--overheads {path}")
     except ValueError as e:
@@ -117,7 +116,12 @@ def run(args: argparse.Namespace) -> int:
         plot_gantt(sim, d / "gantt.png", title=f"{plan.planner} plan, {args.policy}, load factor {lf:.2f}: "
                                                 "batches per vGPU")
     for m in result["models"]:
-        print(f"{m['name']}: max load factor {m['max_load_factor']:.2f}")
+        curve = ", ".join(f"{p['load_factor']:.2f}: {100 * p['slo_attainment']:.1f}%" for p in m["points"])
+        print(f"{m['name']}: SLO attainment at load factor {curve}")
+        if m["max_load_factor"] > 0:
+            print(f"{m['name']}: max load factor {m['max_load_factor']:.2f} (the largest with >= 99% attainment)")
+        else:
+            print(f"{m['name']}: no load factor tried reached 99% attainment; try lower --load-factors")
     print(f"mean max load factor {result['max_load_factor']:.3f}; dispatch decision p50 "
           f"{result['dispatch_us_p50'] or 0:.1f} us; {result['probes_per_dispatch']:.2f} probes per dispatch; "
           f"wrote {out}")

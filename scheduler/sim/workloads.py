@@ -137,8 +137,8 @@ def _maf19_counts(path: str) -> np.ndarray:
                     rows.append([float(x) for x in row[4:]])
                 except ValueError:
                     raise InputError(f"{path}:{i}: per-minute counts must be numbers") from None
-    except OSError as e:
-        raise InputError(f"cannot read trace {path}: {e.strerror or e}") from None
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise InputError(f"cannot read trace {path}: {getattr(e, 'strerror', None) or e}") from None
     if not rows:
         raise InputError(f"{path}: no functions in the trace")
     width = max(len(r) for r in rows)
@@ -163,8 +163,8 @@ def _maf21_invocations(path: str) -> tuple[np.ndarray, np.ndarray]:
                     raise InputError(f"{path}:{i}: end_timestamp and duration must be numbers") from None
                 fidx.append(funcs.setdefault((row["app"], row["func"]), len(funcs)))
                 starts.append(start)
-    except OSError as e:
-        raise InputError(f"cannot read trace {path}: {e.strerror or e}") from None
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise InputError(f"cannot read trace {path}: {getattr(e, 'strerror', None) or e}") from None
     if not starts:
         raise InputError(f"{path}: no invocations in the trace")
     return np.array(fidx), np.array(starts)

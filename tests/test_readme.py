@@ -1,0 +1,175 @@
+"""The README's walkthrough, run as written, so that README and code cannot drift.
+
+Every ```console block of README.md is run in order in one scratch directory (``$ `` lines are commands, ``\\``
+continues one, the lines under a command are its expected output); ```yaml blocks whose first line is
+``# NAME.yaml`` are written to NAME.yaml first. ``poolpipe`` and ``python`` are this checkout's. A command ending
+in `` &`` runs in the background until the end (stopped by its process group) and the test waits for its expected
+output. Outputs are compared by shape: each expected line, with numbers masked and runs of spaces and table rules
+collapsed (and cpu-fast/cpu-slow alike), must appear in order within the actual output (``…`` skips). A block after
+``<!-- readme-test: parse-only -->`` (paper-scale plans that take minutes) is only parsed by the real argument
+parser. The sidecar's default ports 8000-8002 are replaced by free ones.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from poolpipe.cli import build_parser
+from poolpipe_common.net import free_port
+from tests.conftest import ROOT
+
+pytestmark = [pytest.mark.triton, pytest.mark.e2e]
+PARSE_ONLY = "<!-- readme-test: parse-only -->"
+_NUMBER = re.compile(r"[-+]?\d[\d,]*(\.\d+)?(e[-+]?\d+)?")
+_RULES = re.compile(r"[━─═┅]+")
+_DEVICE = re.compile(r"\bcpu-(fast|slow)\b")
+
+
+@dataclass
+class Command:
+    text: str
+    expected: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Block:
+    lang: str
+    body: str
+    parse_only: bool
+
+
+def readme_blocks(text: str) -> list[Block]:
+    blocks = []
+    for m in re.finditer(r"(?P<before>[^\n]*)\n+```(?P<lang>\w+)\n(?P<body>.*?)\n```", text, re.S):
+        blocks.append(Block(m["lang"], m["body"], m["before"].strip() == PARSE_ONLY))
+    return blocks
+
+
+def commands(body: str) -> list[Command]:
+    out: list[Command] = []
+    lines = body.splitlines()
+    i = 0
+    while i < len(lines):
+        if lines[i].startswith("$ "):
+            text = lines[i][2:]
+            while text.endswith("\\") and i + 1 < len(lines):
+                i += 1
+                text = text[:-1] + " " + lines[i].strip()
+            out.append(Command(text.split("  # ")[0].strip() if "  # " in text else text))
+        elif out:
+            out[-1].expected.append(lines[i])
+        i += 1
+    return out
+
+
+def shape(line: str) -> str:
+    """A line as compared: numbers masked, the two emulated device classes alike (which one a plan puts first
+    depends on the measured profile), table rules and runs of spaces collapsed."""
+    return " ".join(_RULES.sub("━", _NUMBER.sub("N", _DEVICE.sub("cpu-*", line))).split())
+
+
+def missing_line(expected: list[str], actual: str) -> str | None:
+    """The first expected line that does not appear (by shape, in order) in ``actual``; None when all do."""
+    got = [shape(x) for x in actual.replace("\r", "\n").splitlines()]
+    pos = 0
+    for line in expected:
+        want = shape(line)
+        if not want or want == "…":
+            continue
+        while pos < len(got) and want not in got[pos]:
+            pos += 1
+        if pos == len(got):
+            return line
+        pos += 1
+    return None
+
+
+class Session:
+    """A scratch directory with this checkout's ``poolpipe`` first on the PATH, and the background jobs."""
+
+    def __init__(self, work: Path) -> None:
+        self.work = work
+        bin_dir = work / ".bin"
+        bin_dir.mkdir()
+        for name, cmd in (("poolpipe", f"{sys.executable} -m poolpipe"), ("python", sys.executable)):
+            (bin_dir / name).write_text(f'#!/bin/sh\nexec {cmd} "$@"\n')
+            (bin_dir / name).chmod(0o755)
+        (work / "data").symlink_to(ROOT / "data")
+        self.env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(ROOT),
+                    "COLUMNS": "120", "NO_COLOR": "1"}
+        self.ports = {p: str(free_port()) for p in ("8000", "8001", "8002")}
+        self.jobs: list[tuple[subprocess.Popen, Path]] = []
+
+    def run(self, cmd: Command) -> None:
+        text = re.sub(r"\b800[012]\b", lambda m: self.ports[m[0]], cmd.text)
+        if text.endswith("&"):
+            self._background(text[:-1], cmd)
+            return
+        r = subprocess.run(["bash", "-c", text], cwd=self.work, env=self.env, capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 0, f"$ {cmd.text}\nexit {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+        line = missing_line(cmd.expected, r.stdout + "\n" + r.stderr)
+        assert line is None, f"$ {cmd.text}\nREADME shows {line!r}; the command printed:\n{r.stdout}\n{r.stderr}"
+
+    def _background(self, text: str, cmd: Command, timeout_s: float = 180.0) -> None:
+        log = self.work / f".job{len(self.jobs)}.log"
+        with open(log, "wb") as f:
+            proc = subprocess.Popen(["bash", "-c", f"exec {text}"], cwd=self.work, env=self.env, stdout=f,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        self.jobs.append((proc, log))
+        deadline = time.monotonic() + timeout_s
+        while missing_line(cmd.expected, log.read_text(errors="replace")) is not None:
+            assert proc.poll() is None, f"$ {cmd.text} exited {proc.returncode}:\n{log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"$ {cmd.text}: no {cmd.expected} after {timeout_s:.0f} s"
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        """SIGTERM each background job's process group, newest first (the sidecar before its servers)."""
+        for proc, _ in reversed(self.jobs):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(60)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+
+
+def parse_only(cmd: Command) -> None:
+    argv = shlex.split(cmd.text)
+    if argv and argv[0] == "poolpipe":
+        try:
+            build_parser().parse_args(argv[1:])
+        except SystemExit as e:
+            pytest.fail(f"README command does not parse ({e.code}): $ {cmd.text}")
+
+
+def test_the_readme_walkthrough_runs_as_written(tmp_path: Path) -> None:
+    blocks = readme_blocks((ROOT / "README.md").read_text())
+    session = Session(tmp_path)
+    ran = 0
+    try:
+        for b in blocks:
+            named = re.match(r"# ([\w.-]+\.yaml)\b", b.body)
+            if b.lang == "yaml" and named:
+                (tmp_path / named[1]).write_text(b.body + "\n")
+            elif b.lang == "console":
+                for cmd in commands(b.body):
+                    if b.parse_only:
+                        parse_only(cmd)
+                    else:
+                        session.run(cmd)
+                        ran += 1
+    finally:
+        session.stop()
+    assert ran >= 12, f"only {ran} README commands ran"
