@@ -4,10 +4,13 @@ Per model and arrival trace: the ppipe plan through the sidecar (a), the np plan
 Triton-native (c: the np plan's whole-model servers with Triton's dynamic batcher, round-robin), and the
 simulator's prediction of (a) and (b) (d). Printed: each system's max load factor at >= 99 % SLO
 attainment (steps of 0.05; 1.0 = the ppipe plan's throughput) and the ratios a/c, a/b, a/d. All devices
-are emulated (real tritonservers that hold each batch for its profiled latency).
+are emulated (real tritonservers that hold each batch for its profiled latency) on 4 L4 + 12 T4, in slow
+motion (latencies and SLO x the time scale, rates / it; load factors unchanged) so that the per-request CPU
+costs of this 2-core machine weigh on the emulated cluster as little as on a real one; plans keep 30 % of
+the SLO free for queueing.
 
-    .venv/bin/python benchmarks/live_paper.py                 # 2 models x (poisson, replay:azure-conv)
-    .venv/bin/python benchmarks/live_paper.py --quick         # one model, poisson, 3 s points
+    python -P benchmarks/live_paper.py --duration-s 15     # 2 models x (poisson, replay:azure-conv), ~25 min
+    python -P benchmarks/live_paper.py --quick             # one model, poisson, 3 s points
 """
 
 from __future__ import annotations
@@ -38,14 +41,15 @@ def main() -> None:
                     help="share of the SLO the plans keep free for queueing (default: %(default)s)")
     ap.add_argument("--l4", type=int, default=4)
     ap.add_argument("--t4", type=int, default=12)
-    ap.add_argument("--time-scale", type=float, default=8.0,
-                    help="slow motion: latencies and SLO x this, request rates / this (load factors unchanged)")
+    ap.add_argument("--time-scale", type=float, default=0.0,
+                    help="slow motion: latencies and SLO x this, request rates / this (load factors unchanged); "
+                         "0 = auto: >= 8 and the ppipe plan at <= 50 req/s (default)")
     ap.add_argument("--work", type=Path, help="keep deployments and logs here (default: a temporary directory)")
     args = ap.parse_args()
     models = args.models.split(",")[:1] if args.quick else args.models.split(",")
     traces = ["poisson"] if args.quick else args.traces.split(",")
     duration = 3.0 if args.quick else args.duration_s
-    console = Console(width=140)
+    console = Console(width=200)
     rows = []
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="live_paper_") as tmp:

@@ -36,11 +36,11 @@ class DemoOptions:
     batch_sizes: tuple[int, ...] = (1, 2, 4)
     slo_multiplier: float = 5.0  # SLO = this x the fastest batch-1 latency (the paper's setting)
     requests: int = 24  # checked against ONNX Runtime in part 1
-    paper_model: str = "atss_r101_fpn_1x_coco"
+    paper_model: str = "centernet-update_r50-caffe_fpn_ms-1x_coco"
     slo_factor: float = 3.0  # part 2: SLO = this x the model's batch-1 latency on a whole L4
     l4: int = 4
     t4: int = 12
-    time_scale: float = 8.0
+    time_scale: float = 0.0  # 0 = auto (poolpipe.live_paper.PaperExperiment.auto_time_scale)
     load_factors: tuple[float, ...] = (0.4, 0.55, 0.7, 0.85)
     duration_s: float = 12.0
     seed: int = 0
@@ -70,7 +70,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="part 2 offered loads as fractions of the ppipe plan's throughput (default: %(default)s)")
     p.add_argument("--duration-s", type=float, default=DemoOptions.duration_s, help="seconds of load per point")
     p.add_argument("--time-scale", type=float, default=DemoOptions.time_scale,
-                   help="part 2 slow motion: latencies and SLO x this, rates / this (default: %(default)s)")
+                   help="part 2 slow motion: latencies and SLO x this, rates / this; 0 = auto: >= 8 and the "
+                        "ppipe plan at <= 50 req/s (default)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_run)
 
@@ -84,8 +85,8 @@ def _run(args: argparse.Namespace) -> int:
         raise InputError(f"--load-factors: expected numbers separated by commas, got {args.load_factors!r}") from None
     if not factors or min(factors) <= 0:
         raise InputError("--load-factors must be positive")
-    if not args.time_scale > 0 or not args.duration_s > 0:
-        raise InputError("--time-scale and --duration-s must be positive")
+    if args.time_scale < 0 or not args.duration_s > 0:
+        raise InputError("--time-scale must be >= 0 (0 = auto) and --duration-s positive")
     if args.l4 < 1 or args.t4 < 0:
         raise InputError("--l4 must be >= 1 and --t4 >= 0")
     opts = DemoOptions(args.out, args.model, args.input_size, paper_model=args.paper_model, l4=args.l4, t4=args.t4,
@@ -255,7 +256,7 @@ def _paper(opts: DemoOptions, out: Path, result: DemoResult, console) -> None:
     ex = PaperExperiment(run, out / "paper", console.print)
     ex.plans()
     result.paper = {"model": opts.paper_model, "slo_ms": ex.slo_ms, "ppipe_rps": ex.rate,
-                    "np_rps": ex.np_plan.models[0].throughput_rps, "time_scale": opts.time_scale,
+                    "np_rps": ex.np_plan.models[0].throughput_rps, "time_scale": ex.run.time_scale,
                     "cluster": f"{opts.l4} L4 + {opts.t4} T4 (emulated)"}
     ex.measure_sidecar("ppipe", ex.ppipe)
     ex.measure_sidecar("np", ex.np_plan)

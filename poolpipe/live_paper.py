@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +23,10 @@ import numpy as np
 
 TARGET = 0.99
 STEP = 0.05
+# What a 2-core machine drives through one sidecar and its emulated servers with little jitter (measured:
+# ~50 req/s keeps per-stage lead and tail near their idle values; at ~80 req/s lateness grows).
+MAX_LIVE_RPS = 50.0
+MIN_TIME_SCALE = 8.0
 
 
 @dataclass(frozen=True)
@@ -37,7 +42,7 @@ class PaperRun:
     max_lf: float = 1.6
     # Slow motion: every latency and the SLO x this, rates / this (planner.spec.time_dilated), so the fixed
     # per-request CPU costs of a 2-core machine weigh on the emulated GPU cluster as little as on a real one.
-    time_scale: float = 1.0
+    time_scale: float = 1.0  # 0 = auto: at least MIN_TIME_SCALE, and the ppipe plan at most MAX_LIVE_RPS
     grid: tuple[float, ...] = ()  # measure at these load factors (a curve) instead of searching the max
     # Share of the SLO the plans keep free for queueing (the spec's slo_margin): a pool of a few GPUs under
     # Poisson arrivals needs it; at 0 the planner fills the SLO with compute and any wait is a miss.
@@ -135,6 +140,8 @@ class PaperExperiment:
     def plans(self):
         from planner.solve import solve_spec
 
+        if self.run.time_scale <= 0:
+            self.run = dataclasses.replace(self.run, time_scale=self.auto_time_scale())
         spec = paper_spec(self.run)
         self.ppipe = solve_spec(spec, "ppipe", time_limit_s=60)
         self.np_plan = solve_spec(spec, "np", time_limit_s=60)
@@ -145,6 +152,14 @@ class PaperExperiment:
         self.log(f"{self.run.model}: SLO {self.slo_ms:.1f} ms; planned throughput ppipe {self.rate:.1f} req/s, "
                  f"np {self.np_plan.models[0].throughput_rps:.1f} req/s on emulated {self.run.l4} L4 + "
                  f"{self.run.t4} T4{slow}")
+
+    def auto_time_scale(self) -> float:
+        """The smallest whole time scale >= MIN_TIME_SCALE at which the ppipe plan needs <= MAX_LIVE_RPS."""
+        from planner.solve import solve_spec
+
+        rate = solve_spec(paper_spec(dataclasses.replace(self.run, time_scale=1.0)), "ppipe",
+                          time_limit_s=60).models[0].throughput_rps
+        return float(max(MIN_TIME_SCALE, math.ceil(rate / MAX_LIVE_RPS)))
 
     def _record(self, system: str, lf: float, r) -> float:
         """Keep and log one measured point (an open_loop RunResult); returns its attainment."""
