@@ -17,7 +17,7 @@ Printed per case: our objective / best known (one model: throughput; several: th
 throughput/weight), solve seconds and status; per suite: min ratio, median and max solve time.
 
     python -m benchmarks.planner_bench [--suite ablation,maf19,maf21,stress] [--planner ppipe,np,dart-r]
-                                 [--time-limit 60] [--gap 1e-4] [--solver highs]
+                                 [--time-limit 60] [--gap 1e-4] [--solver highs] [--only fsaf,25xL4]
 
 (``python -m`` or ``python -P``: run as a plain script, this file's own name would shadow the planner package.)
 """
@@ -163,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--planner", default="ppipe,np,dart-r", help="planners of the reference suites")
     ap.add_argument("--time-limit", type=float, default=60.0, help="per-case time limit, s (0: none; default 60)")
     ap.add_argument("--gap", type=float, default=1e-4, help="relative MIP gap (default 1e-4)")
+    ap.add_argument("--only", default="", help="comma-separated substrings; keep cases whose models+cluster match one")
     args = ap.parse_args(argv)
     suites, planners = args.suite.split(","), args.planner.split(",")
     entries = load_reference_plans()
@@ -170,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     profiles = {m: import_ppipe_profile(REFERENCE_DIR, m) for m in models}
     cases = reference_cases(entries, [s for s in suites if s != "stress"], planners, profiles)
     cases += stress_cases(entries, profiles) if "stress" in suites else []
+    if args.only:
+        cases = [c for c in cases if any(w in f"{c.label} on {c.cluster}" for w in args.only.split(","))]
     rows = [run_case(c, args) for c in tqdm(cases, desc="planning", unit="case", file=sys.stderr)]
     Console(width=150).print(table(rows, args.solver))
     print("\n* best known from an unlimited solve (no reference plan for that problem)")

@@ -109,6 +109,7 @@ def _highs_model(m: MilpArrays, names: bool = False):
         lp.row_names_ = [f"r{i}" for i in range(m.num_rows)]
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
+    h.setOptionValue("threads", 1)  # HiGHS fixes its thread pool per process: every solve asks for the same
     h.passModel(lp)
     idx = np.flatnonzero(m.integer).astype(np.int32)
     if len(idx):
@@ -136,7 +137,6 @@ def _solve_highs(m: MilpArrays, time_limit_s: float | None, rel_gap: float, log:
         h.setOptionValue("mip_root_presolve_only", True)
     h.setOptionValue("output_flag", log)
     h.setOptionValue("mip_rel_gap", rel_gap)
-    h.setOptionValue("threads", 1)  # HiGHS fixes its thread pool per process: every solve asks for the same
     if time_limit_s is not None:
         h.setOptionValue("time_limit", float(time_limit_s))
     if start is not None:
@@ -161,6 +161,28 @@ def _solve_highs(m: MilpArrays, time_limit_s: float | None, rel_gap: float, log:
     if status == "optimal" and not np.isfinite(bound):
         bound = obj
     return MilpResult(status, x, obj, secs, relative_gap(obj, bound), bound)
+
+
+def is_feasible(m: MilpArrays, x: np.ndarray, tol: float = 1e-6) -> bool:
+    """Whether ``x`` satisfies the bounds, rows and integrality of ``m`` (absolute tolerance ``tol``)."""
+    if len(x) != m.num_cols or np.any(x < m.lower - tol) or np.any(x > m.upper + tol):
+        return False
+    if np.any(np.abs(x[m.integer] - np.rint(x[m.integer])) > tol):
+        return False
+    ax = np.bincount(m.a_row, m.a_val * x[m.a_col], minlength=m.num_rows)
+    return bool(np.all(ax >= m.row_lower - tol) and np.all(ax <= m.row_upper + tol))
+
+
+def solve_lp(m: MilpArrays) -> tuple[float, np.ndarray] | None:
+    """An LP (integrality ignored) by HiGHS: its optimum and row duals, or None without an optimum."""
+    import highspy
+
+    h = _highs_model(MilpArrays(m.cost, m.lower, m.upper, np.zeros(m.num_cols, bool), m.a_row, m.a_col,
+                                m.a_val, m.row_lower, m.row_upper, m.maximize))
+    h.run()
+    if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+        return None
+    return float(h.getInfo().objective_function_value), np.asarray(h.getSolution().row_dual)
 
 
 def _write_mps(m: MilpArrays, path: Path) -> None:

@@ -19,12 +19,15 @@ subject to sum_{c in m} x_c >= R_m for every model; G_t is then an upper bound o
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from planner import relaxed_dp
 from planner.candidates import Candidates
-from planner.milp_solvers import QUICK_PASS_S, MilpArrays, MilpResult, SolverOptions, relative_gap, solve_milp
+from planner.milp_passes import Tightener, solve_two_pass
+from planner.milp_solvers import MilpArrays, MilpResult, SolverOptions, relative_gap, solve_milp
+from planner.reduction import aggregated_lp, throughput_caps, throughput_duals
 
 
 @dataclass(frozen=True)
@@ -169,61 +172,46 @@ def _second_pass(milp: MilpArrays, layout: ColumnLayout, objective: Objective, z
                       milp.row_lower, milp.row_upper, True)
 
 
-def _better_bound(a: float | None, b: float | None, maximize: bool) -> float | None:
-    if a is None or b is None:
-        return b if a is None else a
-    return min(a, b) if maximize else max(a, b)
-
-
-def solve_two_pass(milp: MilpArrays, opts: SolverOptions, start: np.ndarray | None) -> MilpResult:
-    """HiGHS: a quick pass (root presolve only, at most QUICK_PASS_S) proves most models at the root; the
-    rest go on with HiGHS's defaults from the quick pass's incumbent. Other solvers: one pass."""
-    if opts.solver != "highs":
-        return solve_milp(milp, opts.solver, opts.time_limit_s, opts.rel_gap, opts.log, start)
-    limit = QUICK_PASS_S if opts.time_limit_s is None else min(QUICK_PASS_S, opts.time_limit_s)
-    first = solve_milp(milp, "highs", limit, opts.rel_gap, opts.log, start, quick=True)
-    left = opts.remaining(first.seconds)
-    if first.status in ("optimal", "infeasible") or (opts.time_limit_s is not None and left.time_limit_s <= 1e-3):
-        return first
-    res = solve_milp(milp, "highs", left.time_limit_s, opts.rel_gap, opts.log,
-                     first.x if first.x is not None else start)
-    bound = _better_bound(first.bound, res.bound, milp.maximize)
-    if res.x is None and first.x is not None:
-        res = first
-    return MilpResult(res.status, res.x, res.objective, first.seconds + res.seconds,
-                      relative_gap(res.objective, bound) if res.status != "optimal" else res.gap, bound)
-
-
 def relaxation_bound(cands: list[Candidates], gpu_counts: np.ndarray, objective: Objective) -> float | None:
-    """The LP relaxation's optimum from an aggregated LP (one row per GPU type and model): with vGPUs
-    and GPUs continuous, pipeline c uses sum_k 1 / (r_ck V_ck) GPUs of each type per req/s, so this
-    small LP has the full relaxation's value. A bound for solves stopped before their root LP."""
-    all_c = Candidates.concat(cands, cands[0].gpu.shape[1])
-    model_of = np.concatenate([np.full(len(c), i) for i, c in enumerate(cands)]).astype(int)
-    ci, pi = np.nonzero(all_c.gpu >= 0)
-    nt, nc, nm = len(gpu_counts), len(all_c), len(cands)
-    use = np.zeros((nt, nc))
-    np.add.at(use, (all_c.gpu[ci, pi], ci), 1.0 / (all_c.rate_rps[ci, pi] * all_c.v[ci, pi]))
-    rows = _Rows([], [], [], [], [])
-    tr, cc = np.nonzero(use)
-    rows.add(tr, cc, use[tr, cc], np.full(nt, -np.inf), gpu_counts.astype(float))
-    cost = np.zeros(nc + 1)
-    if objective.kind == "cost":
-        rows.add(model_of, np.arange(nc), np.ones(nc), np.asarray(objective.rates_rps, float), np.full(nm, np.inf))
-        cost[:nc] = np.asarray(objective.prices, float) @ use
-    elif objective.max_min:
-        w = np.asarray(objective.weights, float)
-        rows.add(np.r_[np.arange(nm), model_of], np.r_[np.full(nm, nc), np.arange(nc)],
-                 np.r_[np.ones(nm), -1.0 / w[model_of]], np.full(nm, -np.inf), np.zeros(nm))
-        cost[nc] = 1.0
-    else:
-        cost[:nc] = 1.0
-    upper = np.full(nc + 1, np.inf)
-    lp = MilpArrays(cost, np.zeros(nc + 1), upper, np.zeros(nc + 1, bool), np.concatenate(rows.rows),
-                    np.concatenate(rows.cols), np.concatenate(rows.vals), np.concatenate(rows.lo),
-                    np.concatenate(rows.hi), maximize=objective.kind != "cost")
-    res = solve_milp(lp)
-    return res.objective
+    """The LP relaxation's optimum from an aggregated LP (planner.reduction.aggregated_lp): with vGPUs
+    and GPUs continuous it has the full relaxation's value. A bound for solves stopped before their root LP."""
+    agg = aggregated_lp(cands, gpu_counts, objective.kind, objective.weights, objective.rates_rps, objective.prices)
+    return solve_milp(agg.lp).objective
+
+
+def capped(milp: MilpArrays, layout: ColumnLayout, rates: np.ndarray, caps: np.ndarray) -> MilpArrays:
+    """The MILP with x_c <= cap_c and n_ck <= ceil(cap_c / r_ck) (caps from planner.reduction)."""
+    upper = milp.upper.copy()
+    upper[layout.x_index] = np.minimum(upper[layout.x_index], caps)
+    ci, pi = np.nonzero(layout.n_index >= 0)
+    cols = layout.n_index[ci, pi]
+    upper[cols] = np.minimum(upper[cols], np.ceil(caps[ci] / rates[ci, pi] - 1e-9))
+    return replace(milp, upper=upper)
+
+
+def throughput_tightener(cands: list[Candidates], gpu_counts: np.ndarray, objective: Objective,
+                         layout: ColumnLayout) -> Tightener | None:
+    """For the throughput objective: a function giving the MILP without the columns that no plan better
+    than an incumbent can use (planner.reduction, then planner.relaxed_dp where it applies, with its
+    bound); None for cost or when the LP has no duals."""
+    if objective.kind != "throughput":
+        return None
+    duals = throughput_duals(cands, gpu_counts, objective.weights)
+    if duals is None:
+        return None
+    rates = Candidates.concat(cands, cands[0].gpu.shape[1]).rate_rps
+    rel: dict[float, relaxed_dp.Relaxation] = {}  # built at the first incumbent: valid for any better one
+
+    def tighten(milp: MilpArrays, incumbent: float) -> tuple[MilpArrays, float | None]:
+        caps = throughput_caps(cands, gpu_counts, duals, incumbent)
+        if not relaxed_dp.applicable(cands, gpu_counts):
+            return capped(milp, layout, rates, np.concatenate(caps)), None
+        if not rel or min(rel) > incumbent:
+            rel.clear()
+            rel[incumbent] = relaxed_dp.relax(cands[0], gpu_counts, caps[0])
+        r = next(iter(rel.values()))
+        return capped(milp, layout, rates, relaxed_dp.dp_caps(cands[0], gpu_counts, caps[0], incumbent, r)), r.bound
+    return tighten
 
 
 def solve_columns(cands: list[Candidates], gpu_counts: np.ndarray, objective: Objective, opts: SolverOptions,
@@ -234,7 +222,7 @@ def solve_columns(cands: list[Candidates], gpu_counts: np.ndarray, objective: Ob
     total throughput/weight) or frees it ("lean": use as few physical GPUs as possible). The result
     reports the first pass's incumbent, bound and gap (the objective the plan is judged by)."""
     milp, layout = build_column_milp(cands, gpu_counts, objective)
-    res = solve_two_pass(milp, opts, start)
+    res = solve_two_pass(milp, opts, start, throughput_tightener(cands, gpu_counts, objective, layout))
     if res.x is None:
         return res, []
     if res.status != "optimal":
