@@ -62,18 +62,20 @@ def plot(result: Any, out: Path) -> list[Path]:
 
     paths = []
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    styles = {"ppipe": "o-", "np": "^-", "triton-native": "s-", "sim-ppipe": "o--"}
+    styles = {"ppipe": ("o-", "tab:blue"), "np": ("^-", "tab:green"), "triton-native": ("s-", "tab:orange"),
+              "sim-ppipe": ("x--", "tab:purple")}
     for system, label in LABELS.items():
         rs = sorted((r for r in result.runs if r["system"] == system), key=lambda r: r["load_factor"])
         if rs:
-            ax.plot([r["load_factor"] for r in rs], [100 * r["attainment"] for r in rs], styles[system], label=label,
-                    color="tab:blue" if "ppipe" in system else None, alpha=0.6 if system == "sim-ppipe" else 1.0)
+            style, color = styles[system]
+            ax.plot([r["load_factor"] for r in rs], [100 * r["attainment"] for r in rs], style, label=label,
+                    color=color)
     ax.axhline(99, color="grey", lw=0.8, ls=":")
     p = result.paper
     ax.set_xlabel(f"load factor (x ppipe plan throughput, {p['ppipe_rps']:.1f} req/s)")
     ax.set_ylabel("SLO attainment (%)")
-    ax.set_title(f"{p['model']}, emulated {p['cluster']}, SLO {p['slo_ms']:.0f} ms (time x{p['time_scale']:g})",
-                 fontsize=9)
+    ax.set_title(f"{p['model']} on {p['cluster']}\nSLO {p['slo_ms']:.0f} ms (time x{p['time_scale']:g}); "
+                 ">= 99 % above the dotted line", fontsize=9)
     ax.legend(loc="lower left", fontsize=8)
     ax.set_ylim(min([90.0] + [100 * r["attainment"] - 2 for r in result.runs]), 100.5)
     fig.tight_layout()
