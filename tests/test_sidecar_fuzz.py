@@ -121,4 +121,8 @@ def test_concurrent_cancellations_leave_the_sidecar_serving(live: Live) -> None:
     results = live.run(storm())
     assert "unhandled" not in results and "hung" not in results, results
     assert results.count("cancelled") >= 30, results  # most were cancelled before their answer
+    # Batches the storm's requests were dispatched in keep their reserved GPU time although their callers
+    # left; on a busy machine a request sent into that backlog may be shed (explicitly). Once the storm's
+    # deadlines (1 s) have passed, the sidecar must serve as before.
+    live.run(asyncio.sleep(2.0))
     live.valid_requests_succeed()
