@@ -174,12 +174,10 @@ def time_dilated(spec: PlanningSpec, k: float) -> PlanningSpec:
     """The same planning problem in slow motion: every latency, SLO and margin x ``k``, NIC bandwidth / ``k``.
     Plans keep their structure and their load factors, at 1/``k`` of the request rate: how a small machine
     emulates a large cluster without its per-request CPU costs growing relative to the compute."""
-    if not k > 0:
-        raise ValueError(f"time scale {k} must be > 0")
-    cluster = replace(spec.cluster, bandwidth_gbps=spec.cluster.bandwidth_gbps / k)
-    models = tuple(replace(m, profile=m.profile.time_scaled(k), slo_us=m.slo_us * k,
+    models = tuple(replace(m, profile=m.profile.time_scaled(k), slo_us=m.slo_us * k,  # raises unless k > 0
                            slo_margin_us=m.slo_margin_us * k,
                            batch_wait_us_per_request=m.batch_wait_us_per_request * k) for m in spec.models)
+    cluster = replace(spec.cluster, bandwidth_gbps=spec.cluster.bandwidth_gbps / k)
     return replace(spec, cluster=cluster, models=models)
 
 

@@ -216,34 +216,40 @@ def _check_answers(opts: DemoOptions, plan: Any, onnx_path: Path, out: Path, con
     logs.mkdir(exist_ok=True)
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(opts.seed)
-    worst, hops = 0.0, len(plan.models[0].pipelines[0].partitions)
+    worst, stages = 0.0, len(plan.models[0].pipelines[0].partitions)
     max_batch = max(p.batch for p in manifest.models[0].pipelines)
     with Deployment(deploy, check_hardware=False, log_dir=logs) as dep:
         console.print(f"{len(dep.servers)} Triton servers ready: "
                       + ", ".join(f"{g.id} ({g.gpu_type})" for g in manifest.vgpus))
         with SidecarProcess(manifest=deploy / "manifest.json", log_path=logs / "sidecar.log",
                             extra_args=("--batch-log", str(out / "batches.jsonl"))) as sidecar:
+            clients = _clients(sidecar)
             for i in range(opts.requests):
                 x = rng.standard_normal((1 + i % max_batch, 3, opts.input_hw, opts.input_hw)).astype(np.float32)
-                got = _infer(sidecar, "http" if i % 3 == 2 else "grpc", opts.model, manifest, x)
+                got = _infer(*clients[i % 3 == 2], manifest.models[0], x)
                 want = session.run(None, {manifest.models[0].inputs[0].name: x})
                 worst = max(worst, max(float(np.abs(g - w).max()) for g, w in zip(got, want)))
     if worst > 1e-3:
         raise RuntimeError(f"answers through the sidecar differ from ONNX Runtime by {worst:g}")
-    console.print(f"{opts.requests} requests (batch 1..{max_batch}, gRPC and HTTP) through a {hops}-stage pooled "
+    console.print(f"{opts.requests} requests (batch 1..{max_batch}, gRPC and HTTP) through a {stages}-stage pooled "
                   f"pipeline: answers equal ONNX Runtime's (max abs difference {worst:.1e})")
-    return {"requests": opts.requests, "max_abs_diff": worst, "stages": hops}
+    return {"requests": opts.requests, "max_abs_diff": worst, "stages": stages}
 
 
-def _infer(sidecar: Any, protocol: str, model: str, manifest: Any, x: Any) -> list[Any]:
+def _clients(sidecar: Any) -> tuple[tuple[Any, Any], tuple[Any, Any]]:
+    """(module, client) for gRPC and for HTTP, each talking to the sidecar."""
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
 
-    mod, url = (grpcclient, sidecar.grpc_url) if protocol == "grpc" else (httpclient, sidecar.http_url)
-    info = manifest.models[0]
+    return ((grpcclient, grpcclient.InferenceServerClient(sidecar.grpc_url)),
+            (httpclient, httpclient.InferenceServerClient(sidecar.http_url)))
+
+
+def _infer(mod: Any, client: Any, info: Any, x: Any) -> list[Any]:
+    """The model's outputs for input ``x`` through one client."""
     inp = mod.InferInput(info.inputs[0].name, list(x.shape), info.inputs[0].datatype)
     inp.set_data_from_numpy(x)
-    res = mod.InferenceServerClient(url).infer(model, [inp])
+    res = client.infer(info.name, [inp])
     return [res.as_numpy(o.name) for o in info.outputs]
 
 

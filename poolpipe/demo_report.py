@@ -10,14 +10,11 @@ LABELS = {"ppipe": "poolpipe (ppipe plan, sidecar)", "np": "NP (np plan, sidecar
           "triton-native": "Triton-native (dynamic batcher)", "sim-ppipe": "simulator's prediction (poolpipe)"}
 
 
-def max_load_at(runs: list[dict[str, Any]], system: str, target: float = 0.99) -> float:
-    """Largest tested load factor reached with >= ``target`` attainment before the first one below it."""
-    best = 0.0
-    for r in sorted((r for r in runs if r["system"] == system), key=lambda r: r["load_factor"]):
-        if r["attainment"] < target:
-            break
-        best = r["load_factor"]
-    return best
+def max_load_at(runs: list[dict[str, Any]], system: str) -> float:
+    """Largest tested load factor with >= 99 % attainment before the first one below it."""
+    from poolpipe.live_paper import max_passing
+
+    return max_passing({r["load_factor"]: r["attainment"] for r in runs if r["system"] == system})
 
 
 def print_summary(result: Any, console: Any) -> None:

@@ -90,16 +90,21 @@ def cluster_doc(run: PaperRun) -> dict:
          "device": "emulated", "base_port": 0}]}
 
 
-def measure_grid(attainment_at: Callable[[float], float], grid: tuple[float, ...]
-                 ) -> tuple[float, dict[float, float]]:
-    """Attainment at every load factor of ``grid``; the largest passing one below the first failure."""
-    points = {lf: attainment_at(lf) for lf in sorted(grid)}
+def max_passing(points: dict[float, float], target: float = TARGET) -> float:
+    """The largest load factor with attainment >= ``target`` below the first one that fell short (0 if none)."""
     best = 0.0
-    for lf, att in points.items():
-        if att < TARGET:
+    for lf in sorted(points):
+        if points[lf] < target:
             break
         best = lf
-    return best, points
+    return best
+
+
+def measure_grid(attainment_at: Callable[[float], float], grid: tuple[float, ...]
+                 ) -> tuple[float, dict[float, float]]:
+    """Attainment at every load factor of ``grid``, and :func:`max_passing` of it."""
+    points = {lf: attainment_at(lf) for lf in sorted(grid)}
+    return max_passing(points), points
 
 
 def search_max_lf(attainment_at: Callable[[float], float], hi: float, step: float = STEP,

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from poolpipe_common.documents import as_int, check_fields, read_document
+from poolpipe_common.documents import as_int, check_fields, need, read_document
 from poolpipe_common.errors import InputError
 
 FORMAT = "poolpipe.profile/1"
@@ -133,14 +133,6 @@ class Profile:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
 
 
-def _need(obj: dict, key: str, where: str) -> Any:
-    if not isinstance(obj, dict):
-        raise InputError(f"{where}: expected an object, got {type(obj).__name__}")
-    if key not in obj:
-        raise InputError(f"{where}: missing field '{key}'")
-    return obj[key]
-
-
 def _positive_int_or_none(x: Any, where: str) -> int | None:
     if x is None:
         return None
@@ -158,13 +150,13 @@ def _names(x: Any, where: str) -> tuple[str, ...] | None:
 def profile_from_dict(d: Any, source: str = "profile") -> Profile:
     """Validate a profile document; every error names the offending field."""
     check_fields(d, PROFILE_FIELDS, source)
-    fmt = _need(d, "format", source)
+    fmt = need(d, "format", source)
     if fmt != FORMAT:
         raise InputError(f"{source}: field 'format' is {fmt!r}, expected {FORMAT!r}")
-    model = _need(d, "model", source)
+    model = need(d, "model", source)
     if not isinstance(model, str) or not model:
         raise InputError(f"{source}: field 'model' must be a non-empty string")
-    raw_blocks = _need(d, "blocks", source)
+    raw_blocks = need(d, "blocks", source)
     if not isinstance(raw_blocks, list) or not raw_blocks:
         raise InputError(f"{source}: field 'blocks' must be a non-empty list")
     blocks = []
@@ -174,9 +166,9 @@ def profile_from_dict(d: Any, source: str = "profile") -> Profile:
         name = b.get("name", f"block{i}") if isinstance(b, dict) else None
         if not isinstance(name, str):
             raise InputError(f"{w}.name: expected a string")
-        blocks.append(Block(name, _positive_int_or_none(_need(b, "output_bytes", w), f"{w}.output_bytes"),
+        blocks.append(Block(name, _positive_int_or_none(need(b, "output_bytes", w), f"{w}.output_bytes"),
                             _names(b.get("output_tensors"), f"{w}.output_tensors")))
-    devices = _need(d, "devices", source)
+    devices = need(d, "devices", source)
     if not isinstance(devices, dict) or not devices:
         raise InputError(f"{source}: field 'devices' must be a non-empty object (device type -> levels)")
     timings: dict[str, dict[int, DeviceTiming]] = {}
@@ -193,12 +185,12 @@ def profile_from_dict(d: Any, source: str = "profile") -> Profile:
             if not 1 <= v <= 8:
                 raise InputError(f"{w}: vGPU level must be 1..8")
             check_fields(t, ("batch_sizes", "latency_us"), w)
-            bs = _need(t, "batch_sizes", w)
+            bs = need(t, "batch_sizes", w)
             if (not isinstance(bs, list) or not bs
                     or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in bs)
                     or sorted(set(bs)) != bs):
                 raise InputError(f"{w}.batch_sizes: expected increasing positive integers, got {bs!r}")
-            lat = _need(t, "latency_us", w)
+            lat = need(t, "latency_us", w)
             try:
                 arr = np.asarray(lat, dtype=float)
             except (TypeError, ValueError):

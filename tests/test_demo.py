@@ -25,7 +25,9 @@ def test_short_demo_checks_answers_and_measures_every_system(tmp_path):
     for run in s["runs"]:
         assert 0.0 <= run["attainment"] <= 1.0
         if not run["system"].startswith("sim"):
-            assert run["offered"] > 0 and run["offered"] * run["attainment"] <= run["offered"] - run["late"]
+            assert run["offered"] > 0
+        if run["system"] in ("ppipe", "np"):  # the sidecar's errors are explicit sheds, never a client timeout
+            assert run["first_error"] is None or "shed to protect the SLO" in run["first_error"], run
     assert s["paper"]["ppipe_rps"] > 0 and s["paper"]["slo_ms"] > 0 and s["paper"]["time_scale"] == 8
     assert (out / "attainment.png").stat().st_size > 0 and (out / "timeline.png").stat().st_size > 0
     last = r.stdout.strip().splitlines()[-1]
