@@ -6,6 +6,7 @@ import pytest
 
 from scheduler.core import make_scheduler
 from scheduler.core.api import Request
+from scheduler.core.arrival_rate import ArrivalRate
 from scheduler.core.probe import ReservationState
 from scheduler.core.reservations import ResourceTable, earliest_common, owner_key
 from scheduler.core.topology import Pipeline, Stage, Topology, VGpu
@@ -168,6 +169,29 @@ def test_ppipe_holds_a_batch_only_when_the_arrival_rate_can_fill_it():
         t += 8.0
     assert batches == [1, 2, 2, 2]  # the first goes alone (no rate known yet), then in pairs
     assert not r.dispatches and r.wake_at_us is not None and r.wake_at_us > t - 8.0  # the 8th waits
+
+
+def test_ppipe_releases_a_held_request_when_its_stream_falls_silent():
+    """A closed-loop client sends its next request only once it has the answer: requests 12 µs apart look
+    like a stream worth holding for, but when the next one does not come within a few such gaps the held
+    request goes, instead of waiting out its whole SLO (and risking a late wake-up near its deadline)."""
+    s = make_scheduler("ppipe", one_stage({1: 10.0, 2: 15.0}, 2, 100_000.0))
+    s.enqueue(req(0, 0.0, 100_000.0))
+    assert [d.batch for d in s.step(0.0).dispatches] == [1]  # no rate known yet: at once
+    s.enqueue(req(1, 12.0, 100_000.0))
+    r = s.step(12.0)  # 1/12 per µs would fill the batch long before the deadline: held
+    assert not r.dispatches and r.wake_at_us == pytest.approx(12.0 + 5 * 12.0)
+    r = s.step(r.wake_at_us)
+    assert [d.batch for d in r.dispatches] == [1] and r.dispatches[0].stages[0].start_us == pytest.approx(72.0)
+
+
+def test_arrival_rate_is_zero_once_a_stream_is_silent_for_several_gaps():
+    rate = ArrivalRate(stale_after=5.0)
+    for t in range(0, 100, 10):
+        rate.arrived(float(t))
+    assert rate.per_us(90.0) == pytest.approx(0.1)
+    assert rate.per_us(130.0) == pytest.approx(0.1) and rate.stale_at_us(130.0) == pytest.approx(140.0)
+    assert rate.per_us(140.0) == 0.0 and rate.stale_at_us(140.0) == float("inf")
 
 
 def test_ppipe_shrinks_the_batch_to_meet_the_oldest_deadline_then_drops():

@@ -10,23 +10,39 @@ from collections import deque
 
 
 class ArrivalRate:
-    """Arrivals per µs over the last ``window`` arrivals that lie within ``horizon_us`` of the newest."""
+    """Arrivals per µs over the last ``window`` arrivals that lie within ``horizon_us`` of the newest.
 
-    def __init__(self, window: int = 32, horizon_us: float = 2_000_000.0) -> None:
+    A stream silent for ``stale_after`` of its own mean gaps has stopped (a Poisson stream stays that silent
+    with probability e^-stale_after): a closed-loop client that waits for its answer before sending the next
+    request shows a high rate that holding its request would never see, so the rate is then 0.
+    """
+
+    def __init__(self, window: int = 32, horizon_us: float = 2_000_000.0, stale_after: float = 5.0) -> None:
         self.window = window
         self.horizon_us = horizon_us
+        self.stale_after = stale_after
         self._times: deque[float] = deque(maxlen=window)
 
     def arrived(self, t_us: float) -> None:
         self._times.append(t_us)
 
     def per_us(self, now_us: float) -> float:
-        """0 when fewer than two arrivals are recent; else (arrivals - 1) over their time span (at least
-        the time since the newest, so a rate decays when arrivals stop)."""
+        """0 when fewer than two arrivals are recent or the stream is stale; else (arrivals - 1) over their
+        time span (at least the time since the newest, so a rate decays when arrivals stop)."""
         times = self._times
         while times and times[0] < now_us - self.horizon_us:
             times.popleft()
         if len(times) < 2:
             return 0.0
-        span = max(times[-1] - times[0], now_us - times[-1], 1.0)
-        return (len(times) - 1) / span
+        gap = max(times[-1] - times[0], 1.0) / (len(times) - 1)  # the mean gap while it was arriving
+        silence = now_us - times[-1]
+        if silence >= self.stale_after * gap:
+            return 0.0
+        return (len(times) - 1) / max(times[-1] - times[0], silence, 1.0)
+
+    def stale_at_us(self, now_us: float) -> float:
+        """When the stream counts as stopped if nothing arrives before (inf while no rate is known)."""
+        if self.per_us(now_us) == 0.0:
+            return float("inf")
+        times = self._times
+        return times[-1] + self.stale_after * max(times[-1] - times[0], 1.0) / (len(times) - 1)

@@ -7,7 +7,8 @@ requests than that batch, wait, but no later than the last moment they can still
 otherwise reserve the probed path and dispatch. Unlike the paper (``fill_aware`` off), waiting happens
 only when it pays: when the recent arrival rate fills the planned batch before that moment, or expects
 another request and is too high for the pools to serve at the batch size at hand (with ``FILL_HEADROOM``
-to spare); at low load a lone request goes at once instead of waiting for requests that will not come.
+to spare); at low load a lone request goes at once instead of waiting for requests that will not come,
+and a held batch goes as soon as its stream falls silent (a client that waits for its answers).
 Executors' measured timings correct the tables.
 """
 
@@ -169,8 +170,11 @@ class PPipePolicy(QueueingPolicy):
                     r = self.state.probe(cp, batches[k], now)
                 latest = max(r.start_us, now) + (oldest.deadline_us - r.completion_us)
                 if n < cp.batch and latest > now + EPS_US:
-                    if not self.fill_aware or self._worth_waiting(model, batches[k], cp.batch - n, now, latest):
+                    if not self.fill_aware:
                         return latest
+                    if self._worth_waiting(model, batches[k], cp.batch - n, now, latest):
+                        # decide again when the stream would count as stopped (a closed-loop client)
+                        return min(latest, self.rates[model].stale_at_us(now))
             self._dispatch(model, cp, r, now, result)
         return None
 
