@@ -12,9 +12,11 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from planner import highs_race
 from poolpipe_common.errors import InputError
 
 SOLVERS = ("highs", "cbc", "gurobi")
@@ -129,21 +131,43 @@ def _set_start(h, m: MilpArrays, start: np.ndarray) -> None:
 
 
 def _solve_highs(m: MilpArrays, time_limit_s: float | None, rel_gap: float, log: bool,
-                 start: np.ndarray | None = None, quick: bool = False) -> MilpResult:
+                 start: np.ndarray | None = None, quick: bool = False, race: bool | None = None) -> MilpResult:
+    """One HiGHS search; a full search on a MILP with integers races two (planner.highs_race) where a
+    second core is free (``race`` None) or when told to."""
+
+    def make(extra: dict) -> Any:
+        h = _highs_model(m)
+        if quick:  # see QUICK_PASS_S
+            h.setOptionValue("mip_root_presolve_only", True)
+        h.setOptionValue("output_flag", log and not extra)
+        h.setOptionValue("mip_rel_gap", rel_gap)
+        if time_limit_s is not None:
+            h.setOptionValue("time_limit", float(time_limit_s))
+        for k, v in extra.items():
+            h.setOptionValue(k, v)
+        if start is not None:
+            _set_start(h, m, start)
+        return h
+
+    t = time.perf_counter()
+    if race is None:
+        race = not quick and bool(m.integer.any()) and highs_race.worth_racing()
+    if not race:
+        h = make({})
+        h.run()
+        return _highs_result(h, m, time.perf_counter() - t)
+    first, both = highs_race.race(make)
+    secs = time.perf_counter() - t
+    res = _highs_result(first, m, secs)
+    if res.status in ("optimal", "infeasible"):
+        return res
+    return _better_of([_highs_result(h, m, secs) for h in both], m.maximize)
+
+
+def _highs_result(h: Any, m: MilpArrays, secs: float) -> MilpResult:
+    """What a finished (or interrupted) HiGHS instance holds."""
     import highspy
 
-    h = _highs_model(m)
-    if quick:  # see QUICK_PASS_S
-        h.setOptionValue("mip_root_presolve_only", True)
-    h.setOptionValue("output_flag", log)
-    h.setOptionValue("mip_rel_gap", rel_gap)
-    if time_limit_s is not None:
-        h.setOptionValue("time_limit", float(time_limit_s))
-    if start is not None:
-        _set_start(h, m, start)
-    t = time.perf_counter()
-    h.run()
-    secs = time.perf_counter() - t
     st = h.getModelStatus()
     info = h.getInfo()
     has_sol = info.primal_solution_status == 2  # kSolutionStatusFeasible
@@ -154,13 +178,29 @@ def _solve_highs(m: MilpArrays, time_limit_s: float | None, rel_gap: float, log:
     elif has_sol:
         status = "time_limit"
     else:
-        return MilpResult("no_solution", None, None, secs)
+        return MilpResult("no_solution", None, None, secs, bound=_finite(info.mip_dual_bound))
     x = np.asarray(h.getSolution().col_value)
     obj = float(info.objective_function_value)
     bound = float(info.mip_dual_bound) if m.integer.any() else obj
     if status == "optimal" and not np.isfinite(bound):
         bound = obj
     return MilpResult(status, x, obj, secs, relative_gap(obj, bound), bound)
+
+
+def _finite(v: float) -> float | None:
+    return float(v) if np.isfinite(v) else None
+
+
+def _better_of(results: list[MilpResult], maximize: bool) -> MilpResult:
+    """Two unfinished searches of one MILP: the better incumbent with the tighter of their (valid) bounds."""
+    sign = 1.0 if maximize else -1.0
+    with_x = [r for r in results if r.x is not None]
+    best = max(with_x, key=lambda r: sign * r.objective) if with_x else results[0]
+    bounds = [r.bound for r in results if r.bound is not None and np.isfinite(r.bound)]
+    bound = (min(bounds) if maximize else max(bounds)) if bounds else best.bound
+    if best.x is None:
+        return MilpResult(best.status, None, None, best.seconds, bound=bound)
+    return MilpResult(best.status, best.x, best.objective, best.seconds, relative_gap(best.objective, bound), bound)
 
 
 def is_feasible(m: MilpArrays, x: np.ndarray, tol: float = 1e-6) -> bool:
