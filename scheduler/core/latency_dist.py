@@ -107,7 +107,8 @@ def max_of(dists: Sequence[QuantileDist]) -> QuantileDist:
         raise ValueError("max_of needs at least one distribution")
     if len(dists) == 1:
         return dists[0]
-    xs = np.unique(np.concatenate([np.asarray(d.values) for d in dists]))
+    vs = np.concatenate([np.asarray(d.values) for d in dists])
+    xs = np.unique(np.concatenate((vs, np.nextafter(vs, -np.inf))))  # both sides of a point mass's jump
     if len(xs) == 1:
         return QuantileDist.point(float(xs[0]))
     cdf = np.prod([d.cdf(xs) for d in dists], axis=0)
