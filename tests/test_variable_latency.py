@@ -214,3 +214,20 @@ def test_emulated_device_draws_its_hold_from_the_distribution() -> None:
         with pytest.raises(ValueError, match="emulated_latency_quantiles_us"):
             parse_quantile_table(bad)
     assert parse_quantile_table("") is None
+
+
+def test_simulator_topology_carries_the_plan_profiles_distribution() -> None:
+    from scheduler.core.topology import with_stage_overhead
+    from scheduler.sim.placement import topology_from_plan
+    from tests.deploy_helpers import make_plan
+    from tests.test_emulated import PIPELINE
+
+    prof = with_two_mode_latency(import_ppipe_profile(REFERENCE_DIR, EMULATED_MODEL))
+    topo = topology_from_plan(make_plan(prof, [PIPELINE], batch=2))
+    st = topo.pipelines[EMULATED_MODEL][0].stages[1]
+    (first, end), gpu, v = PIPELINE[1][:3]
+    assert st.latency_dist[2].values == prof.latency_quantiles_us(gpu, v, 2, first, end)[1]
+    shifted = with_stage_overhead(topo, 500.0).pipelines[EMULATED_MODEL][0].stages[1]
+    assert shifted.dist(2).mean == pytest.approx(st.dist(2).mean + 500.0)
+    plain = topology_from_plan(make_plan(import_ppipe_profile(REFERENCE_DIR, EMULATED_MODEL), [PIPELINE], batch=2))
+    assert plain.pipelines[EMULATED_MODEL][0].stages[1].latency_dist is None  # the median path, unchanged
