@@ -72,12 +72,12 @@ def peak_rps() -> float:
     return max(b / (d.order_statistic(b).mean / 1e6) for b, d in batch_dists().items())
 
 
-def finish_rate(policy: str, slo_x: float, duration_s: float, seed: int, load: float) -> float:
+def finish_rate(policy: str, slo_x: float, duration_s: float, seed: int, load: float, **opts: float) -> float:
     estimate = {"clockwork-like": "p99", "nexus-like": "mean"}.get(policy, "median")
     topo = topology(slo_x, estimate)
     name = {"clockwork-like": "ppipe", "nexus-like": "ppipe"}.get(policy, policy)
     arrivals = mixed_arrivals("replay:azure-conv", {MODEL: load * peak_rps()}, duration_s, seed)
-    res = simulate(topo, make_scheduler(name, topo), arrivals, duration_s * 1e6, seed=seed,
+    res = simulate(topo, make_scheduler(name, topo, **opts), arrivals, duration_s * 1e6, seed=seed,
                    driver=DriverConfig.ideal())
     return res.models[MODEL].attainment
 
@@ -144,6 +144,9 @@ def main() -> None:
           f"{duration:.0f} s simulated per point")
     for load in args.load or LOADS:
         report_load(load, duration, args.seed)
+    sweep = [(b, finish_rate("orloj", 3.0, duration, args.seed, 0.85, b_per_ms=b)) for b in (1e-6, 1e-4, 1e-2, 1e-1)]
+    print("\norloj's anticipation factor b (per ms) at load 0.85, 3x P99 (the paper: insensitive, its Fig. 11): "
+          + ", ".join(f"b={b:g}: {r:.2f}" for b, r in sweep))
     print("\ncost of a decision as the queue grows (wall time on this machine)")
     print(f"  {'queued':>7}  {'orloj insert us':>15}  {'fifs insert us':>14}  {'orloj decide us':>15}  "
           f"{'fifs decide us':>14}  {'decide ratio':>12}")

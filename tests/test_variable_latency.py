@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hst
 
 from backends.partition.emulated import EmulatedDevice, parse_quantile_table
 from poolpipe_common.errors import InputError
@@ -231,3 +233,25 @@ def test_simulator_topology_carries_the_plan_profiles_distribution() -> None:
     assert shifted.dist(2).mean == pytest.approx(st.dist(2).mean + 500.0)
     plain = topology_from_plan(make_plan(import_ppipe_profile(REFERENCE_DIR, EMULATED_MODEL), [PIPELINE], batch=2))
     assert plain.pipelines[EMULATED_MODEL][0].stages[1].latency_dist is None  # the median path, unchanged
+
+
+@settings(max_examples=40, deadline=None)
+@given(hst.lists(hst.floats(0.0, 200_000.0), min_size=1, max_size=400), hst.sampled_from([1, 2, 4, 8]))
+def test_orloj_batch_pick_equals_scoring_every_queued_request(deadlines: list[float], batch: int) -> None:
+    """The chunked search (score only where the priority can still beat the k-th best) picks exactly what
+    scoring every request of the batch size's queue picks."""
+    from scheduler.core.policies.deadline_queue import DeadlineQueue
+    from scheduler.core.policies.orloj import _top_by_priority
+
+    pol = make_scheduler("orloj", _topology(60_000.0))
+    bm = next(b for b in pol.models["m"][0][1] if b.batch == batch)
+    q = DeadlineQueue()
+    for i, d in enumerate(deadlines):
+        q.add(Request(i, "m", 0.0, d))
+    lo = q.first_at_or_after(bm.mean_us)
+    if len(q) - lo < batch:
+        return
+    score = bm.score(np.asarray(q.deadlines[lo:]))
+    idx = np.arange(lo, len(q))
+    brute = idx[np.lexsort((idx, -score))[:batch]]
+    assert sorted(_top_by_priority(q, bm, lo, 0.0)) == sorted(int(i) for i in brute)
