@@ -157,7 +157,8 @@ class EmulatedDevice:
             levels, table = self.quantiles
             near = max((b for b in table if b <= batch), default=min(table))
             u = float(self.rng.random(batch).max())
-            us = float(np.interp(u, levels, table[near])) * us / latency_at(self.latency_us, near)
+            base = latency_at(self.latency_us, near)
+            us = float(np.interp(u, levels, table[near])) * (us / base if base > 0 else 1.0)
         if self.sigma > 0:
             us *= float(self.rng.lognormal(-self.sigma * self.sigma / 2, self.sigma))
         return us
