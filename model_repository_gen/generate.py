@@ -209,8 +209,12 @@ def _slot_settings(s: Slot, stage: int, p: PartitionPlan, m: ModelPlan, threads:
                    ) -> tuple[tc.BackendSettings, str, int | None]:
     """The partition backend's settings, instance kind and GPU index for one vGPU."""
     if s.host.emulated:
-        lat = tuple((b, m.profile.latency_us(p.gpu, p.v, b, *p.blocks)) for b in m.profile.batch_sizes(p.gpu, p.v))
-        return tc.BackendSettings(emulated=tc.EmulatedSettings(lat, stage, s.host.latency_cv)), "KIND_CPU", None
+        sizes = m.profile.batch_sizes(p.gpu, p.v)
+        lat = tuple((b, m.profile.latency_us(p.gpu, p.v, b, *p.blocks)) for b in sizes)
+        qs = [(b, m.profile.latency_quantiles_us(p.gpu, p.v, b, *p.blocks)) for b in sizes]
+        dist = (qs[0][1][0], tuple((b, q[1]) for b, q in qs if q is not None)) if qs[0][1] is not None else None
+        return (tc.BackendSettings(emulated=tc.EmulatedSettings(lat, stage, s.host.latency_cv, dist)), "KIND_CPU",
+                None)
     if s.host.on_cpu:
         return (tc.BackendSettings(engine="ort", intra_op_threads=threads, emulate_slowdown=s.host.emulate_slowdown),
                 "KIND_CPU", None)

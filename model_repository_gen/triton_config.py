@@ -43,11 +43,18 @@ class EmulatedSettings:
     latency_us: tuple[tuple[int, float], ...]  # (batch, µs)
     stage: int
     latency_cv: float = 0.0
+    # (levels, ((batch, latencies at the levels), ...)): the distribution of a variable-latency model, if profiled
+    quantiles_us: tuple[tuple[float, ...], tuple[tuple[int, tuple[float, ...]], ...]] | None = None
 
     def parameters(self) -> dict[str, str]:
-        return {"engine": "emulated",
-                "emulated_latency_us": json.dumps({str(b): round(us, 3) for b, us in sorted(self.latency_us)}),
-                "emulated_stage": str(self.stage), "emulated_latency_cv": f"{self.latency_cv:g}"}
+        out = {"engine": "emulated",
+               "emulated_latency_us": json.dumps({str(b): round(us, 3) for b, us in sorted(self.latency_us)}),
+               "emulated_stage": str(self.stage), "emulated_latency_cv": f"{self.latency_cv:g}"}
+        if self.quantiles_us is not None:
+            levels, table = self.quantiles_us
+            out["emulated_latency_quantiles_us"] = json.dumps(
+                {"levels": list(levels), "latency_us": {str(b): [round(x, 3) for x in q] for b, q in sorted(table)}})
+        return out
 
 
 @dataclass(frozen=True)

@@ -74,8 +74,8 @@ def random_feeds(specs: list[TensorSpec], batch: int, seed: int = 0) -> dict[str
     return feeds
 
 
-def time_runner_us(run, feeds: dict[str, np.ndarray], repeats: int, warmup: int) -> float:
-    """Median wall time of ``run(feeds)`` in µs after ``warmup`` untimed runs."""
+def time_runner_samples_us(run, feeds: dict[str, np.ndarray], repeats: int, warmup: int) -> list[float]:
+    """Wall time of each of ``repeats`` runs of ``run(feeds)`` in µs after ``warmup`` untimed runs."""
     for _ in range(warmup):
         run(feeds)
     times = []
@@ -83,7 +83,12 @@ def time_runner_us(run, feeds: dict[str, np.ndarray], repeats: int, warmup: int)
         t0 = time.perf_counter_ns()
         run(feeds)
         times.append((time.perf_counter_ns() - t0) / 1e3)
-    return float(statistics.median(times))
+    return times
+
+
+def time_runner_us(run, feeds: dict[str, np.ndarray], repeats: int, warmup: int) -> float:
+    """Median wall time of ``run(feeds)`` in µs after ``warmup`` untimed runs."""
+    return float(statistics.median(time_runner_samples_us(run, feeds, repeats, warmup)))
 
 
 def segment_models(model: onnx.ModelProto, segments: list[Segment]) -> list[onnx.ModelProto]:

@@ -19,7 +19,8 @@ Format (``format: poolpipe.profile/1``)::
       "provenance": {"source": "...", "method": "...", ...}
     }
 
-Latencies are per block, in microseconds, of one vGPU while all V vGPUs of the GPU run at once.
+Latencies are per block, in microseconds, of one vGPU while all V vGPUs of the GPU run at once. A timing
+entry may add ``latency_quantiles``, the distribution of a variable-latency model (latency_quantiles.py).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import numpy as np
 
 from poolpipe_common.documents import as_int, check_fields, need, read_document
 from poolpipe_common.errors import InputError
+from profiling.latency_quantiles import LatencyQuantiles, quantiles_from_dict
 
 FORMAT = "poolpipe.profile/1"
 PROFILE_FIELDS = ("format", "model", "input_bytes", "input_tensors", "blocks", "devices", "provenance")
@@ -51,7 +53,8 @@ class DeviceTiming:
     """Latencies of every block at the profiled batch sizes on one (device type, vGPU level)."""
 
     batch_sizes: tuple[int, ...]
-    latency_us: np.ndarray  # shape (num_blocks, len(batch_sizes))
+    latency_us: np.ndarray  # shape (num_blocks, len(batch_sizes)): the median
+    quantiles: LatencyQuantiles | None = None  # the distribution, where measured (variable-latency models)
 
     def column(self, batch: int) -> np.ndarray:
         """Per-block latency at ``batch`` (must be profiled)."""
@@ -87,6 +90,16 @@ class Profile:
         col = self.timings[device][v].column(batch)[first:end]
         return float(np.maximum(col, MIN_BLOCK_US).sum())
 
+    def latency_quantiles_us(self, device: str, v: int, batch: int, first: int = 0,
+                             end: int | None = None) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+        """(levels, latencies) of blocks [first, end) at ``batch``, or None where no distribution was profiled."""
+        t = self.timings[device][v]
+        if t.quantiles is None:
+            return None
+        end = self.num_blocks if end is None else end
+        q = t.quantiles.partition(t.batch_sizes.index(batch), first, end, MIN_BLOCK_US)
+        return t.quantiles.levels, tuple(float(x) for x in q)
+
     def boundary_bytes(self, cut: int) -> int:
         """Bytes per request of the tensor crossing cut ``cut`` (between block cut-1 and block cut)."""
         if not 0 < cut < self.num_blocks:
@@ -100,7 +113,8 @@ class Profile:
         """Every latency x ``k`` (an emulated cluster in slow motion, see planner.spec.time_dilated)."""
         if not k > 0:
             raise ValueError(f"time scale {k} must be > 0")
-        timings = {d: {v: DeviceTiming(t.batch_sizes, t.latency_us * k) for v, t in lv.items()}
+        timings = {d: {v: DeviceTiming(t.batch_sizes, t.latency_us * k, t.quantiles and t.quantiles.scaled(k))
+                       for v, t in lv.items()}
                    for d, lv in self.timings.items()}
         return replace(self, timings=timings, provenance={**self.provenance, "time_scale": k})
 
@@ -121,9 +135,7 @@ class Profile:
                 for b in self.blocks
             ],
             "devices": {
-                dev: {str(v): {"batch_sizes": list(t.batch_sizes),
-                               "latency_us": [[float(x) for x in row] for row in t.latency_us]}
-                      for v, t in sorted(levels.items())}
+                dev: {str(v): _timing_dict(t) for v, t in sorted(levels.items())}
                 for dev, levels in self.timings.items()
             },
             "provenance": self.provenance,
@@ -131,6 +143,14 @@ class Profile:
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+
+
+def _timing_dict(t: DeviceTiming) -> dict[str, Any]:
+    out: dict[str, Any] = {"batch_sizes": list(t.batch_sizes),
+                           "latency_us": [[float(x) for x in row] for row in t.latency_us]}
+    if t.quantiles is not None:
+        out["latency_quantiles"] = t.quantiles.to_dict()
+    return out
 
 
 def _positive_int_or_none(x: Any, where: str) -> int | None:
@@ -184,7 +204,7 @@ def profile_from_dict(d: Any, source: str = "profile") -> Profile:
                 raise InputError(f"{w}: vGPU level must be an integer 1..8, got {vk!r}") from None
             if not 1 <= v <= 8:
                 raise InputError(f"{w}: vGPU level must be 1..8")
-            check_fields(t, ("batch_sizes", "latency_us"), w)
+            check_fields(t, ("batch_sizes", "latency_us", "latency_quantiles"), w)
             bs = need(t, "batch_sizes", w)
             if (not isinstance(bs, list) or not bs
                     or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in bs)
@@ -200,7 +220,10 @@ def profile_from_dict(d: Any, source: str = "profile") -> Profile:
                                  f"{len(blocks)} blocks and {len(bs)} batch sizes")
             if not np.all(np.isfinite(arr)) or np.any(arr < 0):
                 raise InputError(f"{w}.latency_us: latencies must be finite and non-negative")
-            timings[dev][v] = DeviceTiming(tuple(bs), arr)
+            quantiles = t.get("latency_quantiles")
+            if quantiles is not None:
+                quantiles = quantiles_from_dict(quantiles, len(blocks), len(bs), f"{w}.latency_quantiles")
+            timings[dev][v] = DeviceTiming(tuple(bs), arr, quantiles)
     prov = d.get("provenance", {})
     if not isinstance(prov, dict):
         raise InputError(f"{source}: field 'provenance' must be an object")

@@ -44,6 +44,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(serve it with the cluster file's emulate_slowdown: K on a cpu host)")
     m.add_argument("--repeats", type=int, default=20, help="timed runs per block and batch size (median taken)")
     m.add_argument("--warmup", type=int, default=5, help="untimed runs before timing")
+    m.add_argument("--latency-quantiles", type=int, default=0, metavar="N",
+                   help="also record each block's latency distribution over its timed runs at N evenly spaced "
+                        "quantile levels (0 = the median only, the default); for models whose latency varies "
+                        "(the orloj policy schedules with it). Needs --repeats >= N")
     m.add_argument("--max-boundary-tensors", type=int, default=1,
                    help="most tensors allowed to cross a block boundary when pre-partitioning (default 1)")
     m.add_argument("--model-name", default=None,
@@ -104,6 +108,9 @@ def _measure(args: argparse.Namespace) -> int:
                           ("--warmup", args.warmup, 0), ("--max-boundary-tensors", args.max_boundary_tensors, 1)):
         if val is not None and val < lo:
             raise InputError(f"{flag} {val}: must be at least {lo}")
+    if args.latency_quantiles and not 2 <= args.latency_quantiles <= args.repeats:
+        raise InputError(f"--latency-quantiles {args.latency_quantiles}: must be 0 (off) or 2..--repeats "
+                         f"({args.repeats}); more levels than timed runs say nothing more")
     if not args.emulate_slowdown >= 1.0 or (args.emulate_slowdown != 1.0 and args.device != "cpu"):
         raise InputError(f"--emulate-slowdown {args.emulate_slowdown:g}: must be >= 1, and only with --device cpu")
     opts = MeasureOptions(
@@ -111,7 +118,8 @@ def _measure(args: argparse.Namespace) -> int:
         label=args.label or _default_label(args.device), threads=args.threads,
         batch_sizes=_int_list(args.batch_sizes, "--batch-sizes"),
         repeats=args.repeats, warmup=args.warmup, vgpu_levels=_int_list(args.vgpu_levels, "--vgpu-levels", 1, 8),
-        max_tensors=args.max_boundary_tensors, emulate_slowdown=args.emulate_slowdown)
+        max_tensors=args.max_boundary_tensors, emulate_slowdown=args.emulate_slowdown,
+        quantile_levels=args.latency_quantiles)
     like = load_profile(args.like) if args.like else None
     prof = measure_profile(args.model, opts, n_blocks=args.blocks, like=like, like_path=str(args.like or ""),
                            model_name=args.model_name)

@@ -28,6 +28,7 @@ import onnx.utils
 
 from poolpipe_common.errors import InputError
 from profiling.devices import check_engine, gpu_names, make_runner
+from profiling.latency_quantiles import LatencyQuantiles
 from profiling.onnx_graph import (
     TensorSpec,
     extract,
@@ -40,7 +41,7 @@ from profiling.prepartition import (
     model_input_specs,
     prepartition_model,
     random_feeds,
-    time_runner_us,
+    time_runner_samples_us,
 )
 from profiling.profile import Block, DeviceTiming, Profile
 
@@ -65,6 +66,14 @@ class MeasureOptions:
     # cpu only: the device class emulated is this many times slower; the partition backend stays busy
     # (sleeping) K x the engine time with the same setting, so profile and serving agree.
     emulate_slowdown: float = 1.0
+    # >= 2: also record each block's latency at this many evenly spaced quantile levels of its timed runs (all
+    # workers' runs together), the distribution of a variable-latency model; 0: the median only
+    quantile_levels: int = 0
+
+    @property
+    def levels(self) -> tuple[float, ...]:
+        n = self.quantile_levels
+        return tuple(i / (n - 1) for i in range(n)) if n >= 2 else ()
 
 
 @dataclass(frozen=True)
@@ -121,8 +130,8 @@ def block_models(model: onnx.ModelProto, plan: BlockPlan) -> list[onnx.ModelProt
 
 
 def _measure_blocks(models: list[bytes], input_specs: list[TensorSpec], opts: MeasureOptions, threads: int | None,
-                    sync: Callable[[], None], report: Callable[[int, float], None]) -> None:
-    """Time every block at every batch size, calling ``sync`` before and ``report(step, µs)`` after each."""
+                    sync: Callable[[], None], report: Callable[[int, list[float]], None]) -> None:
+    """Time every block at every batch size, calling ``sync`` before and ``report(step, runs in µs)`` after each."""
     subs = [onnx.load_from_string(m) for m in models]
     runners = [make_runner(s, opts.device, opts.engine, threads) for s in subs]
     ins = [[i.name for i in s.graph.input if i.name not in {t.name for t in s.graph.initializer}] for s in subs]
@@ -132,7 +141,7 @@ def _measure_blocks(models: list[bytes], input_specs: list[TensorSpec], opts: Me
         for k, runner in enumerate(runners):
             block_feeds = {n: feeds[n] for n in ins[k]}
             sync()
-            report(bi * len(runners) + k, time_runner_us(runner.run, block_feeds, opts.repeats, opts.warmup))
+            report(bi * len(runners) + k, time_runner_samples_us(runner.run, block_feeds, opts.repeats, opts.warmup))
             feeds.update(zip(outs[k], runner.run(block_feeds)))
 
 
@@ -159,24 +168,29 @@ def _level_threads(opts: MeasureOptions, v: int) -> int | None:
 
 
 def measure_level(models: list[bytes], input_specs: list[TensorSpec], opts: MeasureOptions, v: int,
-                  tick: Callable[[], None] = lambda: None) -> np.ndarray:
-    """Latency matrix (blocks x batch sizes, µs) of one vGPU while V of them run at once."""
+                  tick: Callable[[], None] = lambda: None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Latency matrix (blocks x batch sizes, µs) of one vGPU while V of them run at once (the median over the
+    workers' medians) and, with ``opts.quantile_levels``, the quantiles of all their runs (blocks x sizes x levels)."""
     n_blocks, n_bs = len(models), len(opts.batch_sizes)
     threads = _level_threads(opts, v)
     lat = np.zeros((n_blocks, n_bs))
+    quant = np.zeros((n_blocks, n_bs, len(opts.levels))) if opts.levels else None
 
-    def store(step: int, values: list[float]) -> None:
-        lat[step % n_blocks, step // n_blocks] = round(float(np.median(values)) * opts.emulate_slowdown, 2)
+    def store(step: int, runs: list[list[float]]) -> None:
+        b, k = step % n_blocks, step // n_blocks
+        lat[b, k] = round(float(np.median([np.median(r) for r in runs])) * opts.emulate_slowdown, 2)
+        if quant is not None:
+            quant[b, k] = np.round(np.quantile(np.concatenate(runs), opts.levels) * opts.emulate_slowdown, 2)
         tick()
 
     if v == 1:
         _measure_blocks(models, input_specs, opts, threads, lambda: None, lambda s, us: store(s, [us]))
-        return lat
+        return lat, quant
     ctx = mp.get_context("spawn")  # fresh interpreters: no CUDA context inherited, MPS share set first
     barrier, results = ctx.Barrier(v), ctx.Queue()
     procs = [ctx.Process(target=_worker, args=(models, input_specs, opts, v, threads, barrier, results, w),
                          daemon=True) for w in range(v)]
-    pending: dict[int, list[float]] = {}
+    pending: dict[int, list[list[float]]] = {}
     try:
         for p in procs:
             p.start()
@@ -201,7 +215,7 @@ def measure_level(models: list[bytes], input_specs: list[TensorSpec], opts: Meas
             if p.is_alive():
                 p.terminate()
                 p.join()
-    return lat
+    return lat, quant
 
 
 def _cpu_model() -> str:
@@ -223,6 +237,9 @@ def _provenance(model_path: Path, opts: MeasureOptions) -> dict[str, Any]:
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "repeats": opts.repeats, "warmup": opts.warmup, "batch_sizes": list(opts.batch_sizes),
         "vgpu_levels": list(opts.vgpu_levels), "method": METHOD}
+    if opts.levels:
+        p["latency_quantiles"] = len(opts.levels)
+        p["method"] += f"; latency_quantiles: {len(opts.levels)} levels over every timed run of every worker"
     if opts.emulate_slowdown != 1.0:
         p["emulate_slowdown"] = opts.emulate_slowdown
         p["method"] += (f"; emulated device class: engine time x {opts.emulate_slowdown:g} (the partition "
@@ -269,8 +286,9 @@ def measure_profile(model_path: str | Path, opts: MeasureOptions, n_blocks: int 
               disable=(None if progress is None else not progress)) as bar:
         for v in opts.vgpu_levels:
             bar.set_postfix_str(f"V={v}")
-            lat = measure_level(models, specs, opts, v, lambda: bar.update(1))
-            timings[v] = DeviceTiming(tuple(opts.batch_sizes), lat)
+            lat, quant = measure_level(models, specs, opts, v, lambda: bar.update(1))
+            timings[v] = DeviceTiming(tuple(opts.batch_sizes), lat,
+                                      None if quant is None else LatencyQuantiles(opts.levels, quant))
 
     blocks = tuple(Block(name, b, outs) for name, b, outs in zip(plan.names, out_bytes, plan.output_tensors))
     dev_prov = {**_provenance(model_path, opts), **plan.origin}

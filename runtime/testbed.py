@@ -79,18 +79,36 @@ def build_deployment(work: Path, model: str = "resnet", name: str = "resnet", sl
     return deploy, onnx_path, manifest
 
 
+def with_two_mode_latency(profile: Profile, levels: int = 21) -> Profile:
+    """``profile`` with a two-mode latency distribution around its medians on every device and level."""
+    from dataclasses import replace
+
+    from profiling.latency_quantiles import two_mode_multipliers, with_multipliers
+
+    lv = tuple(float(x) for x in np.linspace(0.0, 1.0, levels))
+    mult = two_mode_multipliers(lv)
+    timings = {d: {v: replace(t, quantiles=with_multipliers(t.latency_us, lv, mult)) for v, t in per.items()}
+               for d, per in profile.timings.items()}
+    return replace(profile, timings=timings)
+
+
 EMULATED_MODEL = "googlenet-v3-pytorch"  # PPipe's measured profile with the shortest latencies (5 ms on an L4)
 REFERENCE_DIR = Path(__file__).resolve().parents[1] / "data" / "ppipe"
 
 
-def build_emulated_deployment(work: Path, slo_us: float = 1_000_000.0, batch: int = 2, scale: float = 0.01) -> Path:
+def build_emulated_deployment(work: Path, slo_us: float = 1_000_000.0, batch: int = 2, scale: float = 0.01,
+                              two_mode: bool = False) -> Path:
     """A deployment that costs almost no CPU: PPipe's measured googlenet profile on two emulated servers (a T4 runs
     blocks 0-2, an L4 the rest, one gRPC hop between two loopback addresses), tensors at ``scale`` of their profiled
-    bytes. Returns the deploy directory (for the fuzzer, the health test and benchmarks)."""
+    bytes. ``two_mode``: a variable-latency model (half the inputs four times slower than the other half, the
+    profile's median unchanged; see profiling.latency_quantiles). Returns the deploy directory (for the fuzzer, the
+    health test and benchmarks)."""
     from planner.plan import ModelPlan, PartitionPlan, PipelinePlan, Plan
     from profiling.reference import import_ppipe_profile
 
     profile = import_ppipe_profile(REFERENCE_DIR, EMULATED_MODEL)
+    if two_mode:
+        profile = with_two_mode_latency(profile)
     parts = tuple(PartitionPlan(blocks, gpu, 1, batch, 1, profile.latency_us(gpu, 1, batch, *blocks))
                   for blocks, gpu in (((0, 2), "T4"), ((2, profile.num_blocks), "L4")))
     latency = sum(p.latency_us for p in parts)

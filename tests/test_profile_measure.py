@@ -19,7 +19,8 @@ MEASURE = ("--batch-sizes", "1,2", "--repeats", "3", "--warmup", "1")
 
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory) -> dict[str, Path]:
-    """mobilenet measured as two device labels (the second via --like, with V=1,2 workers) and merged."""
+    """mobilenet measured as two device labels (the second via --like, with V=1,2 workers and the latency
+    distribution over the runs) and merged."""
     d = tmp_path_factory.mktemp("measure")
     model = build_zoo_model("mobilenet", d / "mobilenet.onnx")
     a, b, merged = d / "a.json", d / "b.json", d / "merged.json"
@@ -28,7 +29,7 @@ def measured(tmp_path_factory) -> dict[str, Path]:
     assert r.returncode == 0, r.stderr
     assert "3 blocks on cpu-1t" in r.stdout
     r = run_cli("profile", "measure", model, "--like", a, "--threads", "2", "--label", "cpu-2t",
-                "--vgpu-levels", "1,2", *MEASURE, "--out", b)
+                "--vgpu-levels", "1,2", "--latency-quantiles", "3", *MEASURE, "--out", b)
     assert r.returncode == 0, r.stderr
     r = run_cli("profile", "merge", a, b, "--out", merged)
     assert r.returncode == 0, r.stderr
@@ -60,6 +61,20 @@ def test_like_keeps_blocks_and_vgpu_levels_are_measured(measured):
     assert np.all(b.timings["cpu-2t"][2].latency_us > 0)
     assert b.provenance["blocks_from"] == str(measured["a"])
     assert b.model == a.model == "mobilenet"
+
+
+def test_latency_quantiles_are_recorded_over_the_runs_and_kept_by_merge(measured):
+    a, b, m = (load_profile(measured[k]) for k in ("a", "b", "merged"))
+    assert a.timings["cpu-1t"][1].quantiles is None  # not asked for: the median only
+    for v in (1, 2):
+        t = b.timings["cpu-2t"][v]
+        q = t.quantiles.latency_us  # blocks x batch sizes x levels (min, median, max of the runs)
+        assert t.quantiles.levels == (0.0, 0.5, 1.0) and q.shape == (3, 2, 3)
+        assert np.all(np.diff(q, axis=2) >= 0) and np.all(q > 0)
+        assert np.all(q[:, :, 0] <= t.latency_us) and np.all(t.latency_us <= q[:, :, 2])
+    np.testing.assert_array_equal(b.timings["cpu-2t"][1].quantiles.latency_us[:, :, 1],
+                                  b.timings["cpu-2t"][1].latency_us)  # one worker: its median is the median
+    assert m.latency_quantiles_us("cpu-2t", 2, 2) == b.latency_quantiles_us("cpu-2t", 2, 2)
 
 
 def test_merge_joins_device_types_and_partitions_still_chain(measured):
@@ -103,6 +118,8 @@ def test_measure_and_merge_errors_exit_2_with_one_line(measured):
     _fails(run_cli("profile", "measure", model, "--batch-sizes", "1,x", "--blocks", "2", "--out", out),
            "--batch-sizes")
     _fails(run_cli("profile", "measure", model, "--blocks", "999", "--out", out), "cannot make 999 blocks")
+    _fails(run_cli("profile", "measure", model, "--blocks", "2", "--repeats", "3", "--latency-quantiles", "5",
+                   "--out", out), "--latency-quantiles 5", "2..--repeats")
     assert not out.exists()
     # merge: a profile with other blocks, and a device type present twice
     two = d / "two.json"

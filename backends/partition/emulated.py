@@ -46,6 +46,28 @@ def parse_latency_table(text: str) -> dict[int, float]:
     return table
 
 
+def parse_quantile_table(text: str) -> tuple[list[float], dict[int, list[float]]] | None:
+    """``{"levels": [0, 0.5, 1], "latency_us": {"1": [700, 830, 2400], ...}}`` (JSON; empty: none) -> (levels,
+    batch -> latencies at those levels): a variable-latency partition's distribution; ValueError naming the fault."""
+    if not text:
+        return None
+    try:
+        raw = json.loads(text)
+        levels = [float(x) for x in raw["levels"]]
+        table = {int(b): [float(x) for x in q] for b, q in raw["latency_us"].items()}
+    except (TypeError, ValueError, KeyError, AttributeError):
+        raise ValueError(f"emulated_latency_quantiles_us={text[:200]!r}: expected JSON "
+                         '{"levels": [...], "latency_us": {"<batch>": [one latency per level], ...}}') from None
+    if len(levels) < 2 or any(b <= a for a, b in zip(levels, levels[1:])) or levels[0] < 0 or levels[-1] > 1:
+        raise ValueError(f"emulated_latency_quantiles_us: levels {levels} must increase strictly within [0, 1]")
+    for b, q in table.items():
+        if (b < 1 or len(q) != len(levels) or any(y < x for x, y in zip(q, q[1:])) or q[0] < 0
+                or not math.isfinite(q[-1])):
+            raise ValueError(f"emulated_latency_quantiles_us: batch {b} needs {len(levels)} non-decreasing latencies "
+                             f">= 0, got {q}")
+    return (levels, table) if table else None
+
+
 def latency_at(table: Mapping[int, float], batch: int) -> float:
     """Latency (µs) at ``batch``: the profiled value, else linear between the neighbouring profiled batches;
     below the smallest, proportional to the batch; above the largest, the last segment's slope (or
@@ -100,11 +122,15 @@ def emulated_outputs(inputs: Sequence[np.ndarray], stage: int,
 
 class EmulatedDevice:
     """Stands in for an engine: ``run`` returns :func:`emulated_outputs` after holding the calling thread
-    (asleep) for the profiled latency at the batch size, times lognormal noise of mean 1 if ``cv`` > 0."""
+    (asleep) for the profiled latency at the batch size, times lognormal noise of mean 1 if ``cv`` > 0.
+
+    With ``quantiles`` (a variable-latency model) each request of a batch draws its level u uniformly and the
+    batch is held for the distribution's latency at the largest u (a batch is padded to its longest request), at
+    the nearest profiled batch size scaled to the batch by the median table."""
 
     def __init__(self, latency_us: Mapping[int, float], stage: int,
-                 outputs: Sequence[tuple[str, np.dtype, Sequence[int]]], cv: float = 0.0, seed: int | None = None
-                 ) -> None:
+                 outputs: Sequence[tuple[str, np.dtype, Sequence[int]]], cv: float = 0.0, seed: int | None = None,
+                 quantiles: tuple[Sequence[float], Mapping[int, Sequence[float]]] | None = None) -> None:
         if not latency_us:
             raise ValueError("emulated device: empty latency table")
         if stage < 0:
@@ -116,6 +142,7 @@ class EmulatedDevice:
             raise ValueError(f"emulated device: output(s) {variable} have variable dims; emulated outputs need "
                              "fixed shapes")
         self.latency_us = dict(latency_us)
+        self.quantiles = quantiles
         self.stage = stage
         self.outputs = [name for name, _, _ in outputs]
         self.specs = [(np.dtype(dt), tuple(int(d) for d in dims)) for _, dt, dims in outputs]
@@ -126,6 +153,12 @@ class EmulatedDevice:
     def hold_us(self, batch: int) -> float:
         """How long a batch of ``batch`` requests holds the device (µs)."""
         us = latency_at(self.latency_us, batch)
+        if self.quantiles is not None:
+            levels, table = self.quantiles
+            near = max((b for b in table if b <= batch), default=min(table))
+            u = float(self.rng.random(batch).max())
+            base = latency_at(self.latency_us, near)
+            us = float(np.interp(u, levels, table[near])) * (us / base if base > 0 else 1.0)
         if self.sigma > 0:
             us *= float(self.rng.lognormal(-self.sigma * self.sigma / 2, self.sigma))
         return us

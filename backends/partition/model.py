@@ -19,6 +19,10 @@ it. It reads its settings from the ``parameters`` of its config.pbtxt:
 ``emulated_latency_us``     engine ``emulated``: JSON batch -> µs of this partition on its (GPU type,
                             vGPU level), from the plan's profile; other batches interpolated
 ``emulated_stage``          engine ``emulated``: the stage index, mixed into the outputs' checksum
+``emulated_latency_quantiles_us``
+                            engine ``emulated``, optional: JSON {"levels": [...], "latency_us": {batch: [...]}},
+                            the partition's latency distribution (a variable-latency model): each batch is held
+                            for the latency at the largest of its requests' uniformly drawn levels
 ``emulated_latency_cv``     engine ``emulated``: coefficient of variation of lognormal latency noise (0 = none)
 ``emulated_seed``           engine ``emulated``: seed of that noise (empty = fresh each load)
 ==========================  =====================================================================
@@ -113,7 +117,8 @@ def _open_emulated(emulated, params, outputs):
     seed = params.get("emulated_seed", "")
     return emulated.EmulatedDevice(table, _number(params, "emulated_stage", 0),
                                    outputs, _number(params, "emulated_latency_cv", 0.0, float),
-                                   int(seed) if seed else None)
+                                   int(seed) if seed else None,
+                                   emulated.parse_quantile_table(params.get("emulated_latency_quantiles_us", "")))
 
 
 class TritonPythonModel:

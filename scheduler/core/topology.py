@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from scheduler.core.latency_dist import QuantileDist
+
 
 @dataclass(frozen=True)
 class VGpu:
@@ -25,9 +27,18 @@ class Stage:
     pool: tuple[str, ...]  # vGPU ids
     latency_us: dict[int, float]  # batch size -> latency on one vGPU of the pool
     in_bytes_per_request: int  # bytes of the boundary tensor arriving at this stage (0 for the first)
+    # batch size -> distribution of the batch's latency when all its requests are alike (profiled for a
+    # variable-latency model; None: the latency is latency_us, the median, every time)
+    latency_dist: dict[int, QuantileDist] | None = None
 
     def latency(self, batch: int) -> float:
         return self.latency_us[batch]
+
+    def dist(self, batch: int) -> QuantileDist:
+        """The latency distribution at ``batch`` (a point at the median where none was profiled)."""
+        if self.latency_dist is not None and batch in self.latency_dist:
+            return self.latency_dist[batch]
+        return QuantileDist.point(self.latency_us[batch])
 
 
 @dataclass(frozen=True)
@@ -66,7 +77,8 @@ def with_stage_overhead(topology: Topology, extra_us: float) -> Topology:
     if extra_us == 0:
         return topology
     def stage(s: Stage) -> Stage:
-        return replace(s, latency_us={b: t + extra_us for b, t in s.latency_us.items()})
+        dist = None if s.latency_dist is None else {b: d.shifted(extra_us) for b, d in s.latency_dist.items()}
+        return replace(s, latency_us={b: t + extra_us for b, t in s.latency_us.items()}, latency_dist=dist)
 
     pipelines = {m: tuple(replace(p, stages=tuple(stage(s) for s in p.stages)) for p in ps)
                  for m, ps in topology.pipelines.items()}

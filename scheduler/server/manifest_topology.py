@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from model_repository_gen.manifest import Manifest
+from model_repository_gen.manifest import Manifest, StageInfo
+from profiling.profile import Profile
+from scheduler.core.latency_dist import QuantileDist
 from scheduler.core.topology import Pipeline, Stage, Topology, VGpu
 
 
@@ -11,6 +13,7 @@ def topology_from_manifest(manifest: Manifest,
     """vGPUs sit behind their host's NIC; stage latency tables as profiled, up to the pipeline's batch, plus
     ``extra_us[pipeline id][stage][batch]`` where given (serving time the sidecar measured on top)."""
     extra_us = extra_us or {}
+    profiles = {m.name: m.profile for m in manifest.plan.models}
     vgpus = {g.id: VGpu(g.id, g.gpu_type, g.v, g.host) for g in manifest.vgpus}
     pipelines = {}
     for m in manifest.models:
@@ -20,7 +23,9 @@ def topology_from_manifest(manifest: Manifest,
             stages = tuple(Stage(s.blocks, s.vgpus,
                                  {b: t + (extra[k].get(b, 0.0) if k < len(extra) else 0.0)
                                   for b, t in s.latency_us.items() if b <= p.batch},
-                                 0 if k == 0 else sum(t.bytes_per_request() for t in s.inputs))
+                                 0 if k == 0 else sum(t.bytes_per_request() for t in s.inputs),
+                                 _distributions(profiles.get(m.name), s, p.batch,
+                                                extra[k] if k < len(extra) else {}))
                            for k, s in enumerate(p.stages))
             pipes.append(Pipeline(p.id, m.name, p.batch, stages, p.throughput_rps))
         pipelines[m.name] = tuple(pipes)
@@ -29,3 +34,17 @@ def topology_from_manifest(manifest: Manifest,
         gpu_counts[h.gpu_type] = gpu_counts.get(h.gpu_type, 0) + h.gpus
     bandwidth = min((h.bandwidth_gbps for h in manifest.hosts), default=10.0)
     return Topology(vgpus, pipelines, {m.name: m.slo_us for m in manifest.models}, bandwidth, gpu_counts)
+
+
+def _distributions(profile: Profile | None, s: StageInfo, batch: int,
+                   extra: dict[int, float]) -> dict[int, QuantileDist] | None:
+    """The stage's latency distribution per batch size where the profile has one (shifted like the medians)."""
+    if profile is None or s.gpu_type not in profile.timings or s.v not in profile.timings[s.gpu_type]:
+        return None
+    out = {}
+    for b in s.latency_us:
+        if b <= batch and b in profile.batch_sizes(s.gpu_type, s.v):
+            q = profile.latency_quantiles_us(s.gpu_type, s.v, b, *s.blocks)
+            if q is not None:
+                out[b] = QuantileDist(*q).shifted(extra.get(b, 0.0))
+    return out or None

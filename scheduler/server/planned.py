@@ -31,7 +31,7 @@ from scheduler.server.validate import check_request
 log = logging.getLogger("poolpipe.sidecar.planned")
 
 DEFAULT_POLICY = "ppipe"
-LIVE_POLICIES = ("ppipe", "fifs", "elsa", "reactive")
+LIVE_POLICIES = ("ppipe", "fifs", "elsa", "reactive", "orloj")
 
 
 class PlannedModels:

@@ -29,8 +29,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--metrics-port", type=int, default=8002, help="Prometheus /metrics port (default: %(default)s)")
     p.add_argument("--bind", default="127.0.0.1", help="address to listen on (default: loopback only)")
     p.add_argument("--policy", default="auto",
-                   help="scheduling policy: auto (= ppipe, reservation-based adaptive batching), ppipe, fifs, elsa "
-                        "or reactive (per-stage batching, no reservations) (default: auto)")
+                   help="scheduling policy: auto (= ppipe, reservation-based adaptive batching), ppipe, fifs, elsa, "
+                        "reactive (per-stage batching, no reservations) or orloj (distribution-aware batching for "
+                        "models whose profile has latency_quantiles) (default: auto)")
     p.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
                    help="seconds to let in-flight requests finish on SIGTERM")
     p.add_argument("--overheads-out", type=Path, metavar="FILE",

@@ -9,6 +9,7 @@ land on the same servers where they fit, as a real deployment would try to).
 from __future__ import annotations
 
 from planner.plan import Plan
+from scheduler.core.latency_dist import QuantileDist
 from scheduler.core.topology import Pipeline, Stage, Topology, VGpu
 
 
@@ -57,7 +58,9 @@ def topology_from_plan(plan: Plan) -> Topology:
                 lat = {b: prof.latency_us(part.gpu, part.v, b, first, end)
                        for b in prof.batch_sizes(part.gpu, part.v) if b <= pl.batch}
                 in_bytes = prof.boundary_bytes(first) if first > 0 else 0
-                stages.append(Stage((first, end), tuple(pool), lat, in_bytes))
+                qs = {b: prof.latency_quantiles_us(part.gpu, part.v, b, first, end) for b in lat}
+                dist = {b: QuantileDist(*q) for b, q in qs.items() if q is not None} or None
+                stages.append(Stage((first, end), tuple(pool), lat, in_bytes, dist))
             pipes.append(Pipeline(f"{m.name}/{j}", m.name, pl.batch, tuple(stages), pl.throughput_rps))
         pipelines[m.name] = tuple(pipes)
     return Topology(vgpus, pipelines, {m.name: m.slo_us for m in plan.models}, cluster.bandwidth_gbps,

@@ -3,7 +3,9 @@
 A vGPU runs one stage at a time in the order work becomes ready; a reserved stage
 (``Dispatch.reserved``) does not start computing before its reserved start. A transfer between servers
 holds the source server's uplink and the destination's downlink for bytes x batch / bandwidth. Stage
-latency comes from the topology's tables, times optional log-normal noise and a slowdown. What a live
+latency comes from the topology's tables, times optional log-normal noise and a slowdown; a stage with a latency
+distribution (a variable-latency model) instead draws each request's level u once (its input is as slow at every
+stage) and runs the batch for the distribution's latency at the largest u in it (padded to the longest). What a live
 executor adds on top (``Overheads``: a lead from send to compute, a tail from compute end to the
 response, late wake-ups of the driver) and failing servers (``Fault``) can be given, so that the shared
 driver's margin learning and retries act here as they do live.
@@ -103,6 +105,7 @@ class VirtualExecutor:
         self.heap: list = []
         self._seq = 0
         self._wakes: set[float] = set()
+        self._level: dict[Any, float] = {}  # request item -> its quantile level (variable-latency stages)
         for f in faults:
             self.push(f.at_us, DOWN, f.vgpu, 0)
             self.push(f.until_us, UP, f.vgpu, 0)
@@ -117,6 +120,7 @@ class VirtualExecutor:
         self._advance(fl, 0, self.now)
 
     def reject(self, item: Any, model: str, reason: str, *, failure: bool = False) -> None:
+        self._level.pop(item, None)
         self.on_reject(item, model, reason)
 
     # -- events ---------------------------------------------------------------------------------------------
@@ -207,7 +211,13 @@ class VirtualExecutor:
             return
         s0 = max(t, self.vfree[v])
         b = len(d.requests)
-        lat = stage_latency(fl.pipeline.stages[a.stage].latency_us, b) * self.ov.slowdown
+        st = fl.pipeline.stages[a.stage]
+        if st.latency_dist is not None and b in st.latency_dist:
+            level = self._level
+            u = max(level[x] if x in level else level.setdefault(x, float(self.rng.random())) for x in fl.items)
+            lat = float(st.latency_dist[b].quantile(u)) * self.ov.slowdown
+        else:
+            lat = stage_latency(st.latency_us, b) * self.ov.slowdown
         if self.sigma:
             lat *= math.exp(self.rng.normal(-0.5 * self.sigma * self.sigma, self.sigma))
         e = s0 + lat
@@ -228,6 +238,7 @@ class VirtualExecutor:
         drv.completed(d, t)
         if d.final:
             for item in fl.items:
+                self._level.pop(item, None)
                 self.on_done(item, t)
 
     def _fail(self, fl: _Flight, vgpu: str, t: float) -> None:

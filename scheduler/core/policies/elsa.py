@@ -1,9 +1,14 @@
 """`elsa`: slack-aware dispatch (after ELSA, heterogeneity-aware scheduling without reservations).
 
-Predict each path's finish time from the vGPUs' queues and the profile; send the batch to the
-smallest pipeline (slowest at batch 1, i.e. the least capable hardware) whose predicted slack for the
-oldest request stays positive, else to the one that finishes first. A batch is sent once its first
-vGPU will be free within one batch time, so batches grow while every first vGPU is busy.
+ELSA's slack (PARIS/ELSA Eq. 1-2): ``slack = SLA - alpha * (T_wait + beta * T_est)`` where T_est is the
+profiled latency of the batch on a path and T_wait the time until the path can run it: the queued work on
+its vGPUs plus the remaining time of the batch running there (its profiled latency less the time it has
+run; each vGPU's predicted free time, corrected by the executors' reports). SLA is what is left of the
+oldest request's deadline. The batch goes to the smallest pipeline (slowest at batch 1, i.e. the least
+capable hardware) with positive slack, else to the one that finishes first (least T_wait + T_est).
+``alpha`` scales the whole prediction (> 1: conservative, for servers slower than profiled), ``beta`` the
+new batch's own latency; 1 and 1 trust the profile. A batch is sent once its first vGPU will be free
+within one batch time, so batches grow while every first vGPU is busy.
 """
 
 from __future__ import annotations
@@ -18,8 +23,12 @@ from scheduler.core.topology import Topology
 class ElsaPolicy(QueueingPolicy):
     name = "elsa"
 
-    def __init__(self, topology: Topology) -> None:
+    def __init__(self, topology: Topology, alpha: float = 1.0, beta: float = 1.0) -> None:
         super().__init__(topology)
+        for name, x in (("alpha", alpha), ("beta", beta)):
+            if not 0 < x < float("inf"):
+                raise ValueError(f"elsa: {name}={x} must be a positive number (1 = trust the profile)")
+        self.alpha, self.beta = alpha, beta
         self.vq = VGpuQueues(topology)
         # smallest first: the pipeline with the longest batch-1 latency is the least capable
         self.order = {m: sorted(p, key=lambda cp: -cp.ideal_us[cp.batches[0]])
@@ -60,7 +69,9 @@ class ElsaPolicy(QueueingPolicy):
                     path = self._predict(cp, b, now_us)
                     if path is None:
                         continue
-                    if path[-1].end_us <= oldest.deadline_us:
+                    t_est = cp.ideal_us[b]
+                    t_wait = path[-1].end_us - now_us - t_est
+                    if oldest.deadline_us - now_us - self.alpha * (t_wait + self.beta * t_est) > 0:
                         chosen = (cp, b, path)
                         break
                     if fallback is None or path[-1].end_us < fallback[2][-1].end_us:

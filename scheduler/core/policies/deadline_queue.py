@@ -1,0 +1,45 @@
+"""Pending requests of one model ordered by deadline: O(log n) insertion, counts and prefix cuts by bisection."""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterable
+
+from scheduler.core.api import Request
+
+
+class DeadlineQueue:
+    """Requests sorted by deadline (ties in arrival order); ``deadlines`` is the sorted key list."""
+
+    __slots__ = ("deadlines", "requests")
+
+    def __init__(self) -> None:
+        self.deadlines: list[float] = []
+        self.requests: list[Request] = []
+
+    def __len__(self) -> int:
+        return len(self.deadlines)
+
+    def add(self, r: Request) -> None:
+        i = bisect_right(self.deadlines, r.deadline_us)
+        self.deadlines.insert(i, r.deadline_us)
+        self.requests.insert(i, r)
+
+    def first_at_or_after(self, t: float) -> int:
+        """Index of the first request whose deadline is >= t (len when none)."""
+        return bisect_left(self.deadlines, t)
+
+    def pop_before(self, t: float) -> list[Request]:
+        """Remove and return the requests whose deadline is < t."""
+        k = bisect_left(self.deadlines, t)
+        gone = self.requests[:k]
+        del self.deadlines[:k], self.requests[:k]
+        return gone
+
+    def take(self, indices: Iterable[int]) -> list[Request]:
+        """Remove the requests at ``indices``; returned in deadline order."""
+        picked = sorted(set(indices))
+        out = [self.requests[i] for i in picked]
+        for i in reversed(picked):
+            del self.deadlines[i], self.requests[i]
+        return out
