@@ -11,7 +11,7 @@ def topology_from_manifest(manifest: Manifest,
     """vGPUs sit behind their host's NIC; stage latency tables as profiled, up to the pipeline's batch, plus
     ``extra_us[pipeline id][stage][batch]`` where given (serving time the sidecar measured on top)."""
     extra_us = extra_us or {}
-    vgpus = {g.id: VGpu(g.id, g.gpu_type, g.v, g.host) for g in manifest.vgpus}
+    vgpus = {g.id: VGpu(g.id, g.gpu_type, g.v, g.host, f"{g.host}-gpu{g.gpu_index}") for g in manifest.vgpus}
     pipelines = {}
     for m in manifest.models:
         pipes = []
