@@ -3,8 +3,10 @@ planned throughput, so N sidecars each serve 1/N of the load with no shared stat
 
 A vGPU of stage k of pipeline p carries ``throughput(p) / |pool(p, k)|`` of that stage's planned
 throughput. Physical GPUs (all their vGPUs together) are dealt, largest first, to the share whose
-resulting load, relative to each touched stage's total, stays lowest. A share serves a pipeline at the
-throughput of its scarcest stage; pipelines it holds no vGPU of some stage of are dropped from it.
+resulting load, relative to each touched stage's total, stays lowest; then pairs of GPUs swap shares
+while that raises the least-served (share, model) and keeps every stage within one GPU of its 1/N.
+A share serves a pipeline at the throughput of its scarcest stage; pipelines it holds no vGPU of some
+stage of are dropped from it.
 """
 
 from __future__ import annotations
@@ -33,24 +35,129 @@ def gpu_weights(topology: Topology) -> tuple[dict[str, dict[Dim, float]], dict[D
     return units, totals
 
 
+def shard_units(topology: Topology, n: int) -> tuple[dict[str, tuple[str, ...]], dict[str, dict[Dim, float]],
+                                                       dict[Dim, float]]:
+    """What the split deals: physical GPUs, except that the GPUs of a pipeline too small to split (a stage on
+    fewer GPUs than shares) stay together. Returns unit -> its GPUs, unit -> weight per stage, stage totals."""
+    gpus, totals = gpu_weights(topology)
+    parent = {g: g for g in gpus}
+
+    def root(g: str) -> str:
+        while parent[g] != g:
+            parent[g] = parent[parent[g]]
+            g = parent[g]
+        return g
+
+    for pipes in topology.pipelines.values():
+        for p in pipes:
+            on = [sorted({topology.vgpus[v].gpu or v for v in s.pool}) for s in p.stages]
+            if min(len(x) for x in on) < n:
+                mine = [g for x in on for g in x]
+                for g in mine[1:]:
+                    parent[root(g)] = root(mine[0])
+    members: dict[str, list[str]] = defaultdict(list)
+    for g in sorted(gpus):
+        members[root(g)].append(g)
+    weights: dict[str, dict[Dim, float]] = {}
+    for u, gs in members.items():
+        weights[u] = defaultdict(float)
+        for g in gs:
+            for d, w in gpus[g].items():
+                weights[u][d] += w
+    return {u: tuple(gs) for u, gs in members.items()}, weights, totals
+
+
+class _Split:
+    """An assignment of physical GPUs to shares, with each share's load per stage."""
+
+    def __init__(self, topology: Topology, n: int) -> None:
+        self.n = n
+        self.members, self.units, self.totals = shard_units(topology, n)
+        self.biggest = {d: max(w[d] for w in self.units.values() if d in w) for d in self.totals}
+        self.pipes = [(m, p.id, p.throughput_rps, len(p.stages)) for m, ps in topology.pipelines.items() for p in ps]
+        self.model_total = {m: sum(p.throughput_rps for p in ps) for m, ps in topology.pipelines.items()}
+        self.loads: list[dict[Dim, float]] = [defaultdict(float) for _ in range(n)]
+        self.owner: dict[str, int] = {}
+
+    def put(self, gpu: str, share: int, sign: float = 1.0) -> None:
+        if sign > 0:
+            self.owner[gpu] = share
+        for d, w in self.units[gpu].items():
+            self.loads[share][d] += sign * w
+
+    def move(self, gpu: str, share: int) -> None:
+        self.put(gpu, self.owner[gpu], -1.0)
+        self.put(gpu, share)
+
+    def balanced(self, gpus: list[str]) -> bool:
+        """Every stage the units touch: each share within one unit's worth of its 1/N of the stage's throughput."""
+        dims = {d for g in gpus for d in self.units[g]}
+        return all(abs(self.loads[s][d] - self.totals[d] / self.n) <= self.biggest[d] * (1 + 1e-9) + 1e-9
+                   for d in dims for s in range(self.n))
+
+    def served(self) -> list[float]:
+        """Each (share, model)'s throughput as a fraction of its 1/N, ascending (to compare lexicographically)."""
+        out: dict[tuple[int, str], float] = defaultdict(float)
+        for s in range(self.n):
+            for m, pid, rps, stages in self.pipes:
+                frac = min(self.loads[s][(pid, k)] / self.totals[(pid, k)] for k in range(stages))
+                out[(s, m)] += rps * frac * self.n / self.model_total[m] if self.model_total[m] else 1.0
+        return sorted(out.values())
+
+    def greedy(self) -> None:
+        """Largest units first, each to the share whose load in the stages it serves stays lowest (ties: the
+        share with the least load overall)."""
+        def rel(g: str) -> float:
+            return sum(w / self.totals[d] for d, w in self.units[g].items())
+
+        def overall(s: int) -> float:
+            return sum(x / self.totals[d] for d, x in self.loads[s].items())
+
+        for g in sorted(self.units, key=lambda g: (-rel(g), g)):
+            def after(s: int, g: str = g) -> float:
+                return max(((self.loads[s][d] + w) / self.totals[d] for d, w in self.units[g].items()), default=0.0)
+            self.put(g, min(range(self.n), key=lambda s: (after(s), overall(s), s)))
+
+    def improve(self, max_tries: int = 40_000) -> None:
+        """Move single GPUs, and swap pairs, between shares while that raises the least-served (share, model)
+        and keeps every stage balanced: pipelines too small to split (a stage on fewer GPUs than shares) even
+        out elsewhere."""
+        gpus = sorted(self.units)
+        self.best, self.tries, better = self.served(), 0, True
+        while better and self.tries < max_tries:
+            better = False
+            for i, a in enumerate(gpus):
+                for s in range(self.n):
+                    better |= self._try([(a, s)])
+                for b in gpus[i + 1:]:
+                    better |= self._try([(a, self.owner[b]), (b, self.owner[a])])
+
+    def _try(self, moves: list[tuple[str, int]]) -> bool:
+        """Apply the moves; keep them if balanced and better, else undo."""
+        undo = [(g, self.owner[g]) for g, _ in moves]
+        if all(self.owner[g] == s for g, s in moves):
+            return False
+        self.tries += 1
+        for g, s in moves:
+            self.move(g, s)
+        got = self.served() if self.balanced([g for g, _ in moves]) else None
+        if got is not None and got > self.best:
+            self.best = got
+            return True
+        for g, s in reversed(undo):
+            self.move(g, s)
+        return False
+
+
 def split_vgpus(topology: Topology, n: int) -> list[frozenset[str]]:
     """N disjoint shares of the vGPUs that together cover every vGPU of the topology once."""
     if n < 1:
         raise InputError(f"shards: expected N >= 1, got {n}")
-    units, totals = gpu_weights(topology)
-    def rel(gpu: str) -> float:
-        return sum(w / totals[d] for d, w in units[gpu].items() if totals[d] > 0)
-
-    loads: list[dict[Dim, float]] = [defaultdict(float) for _ in range(n)]
-    owner: dict[str, int] = {}
-    for gpu in sorted(units, key=lambda g: (-rel(g), g)):
-        def after(s: int, gpu: str = gpu) -> tuple[float, float]:
-            fr = [(loads[s][d] + w) / totals[d] for d, w in units[gpu].items() if totals[d] > 0]
-            return (max(fr, default=0.0), sum(fr))
-        best = min(range(n), key=lambda s: (after(s), s))
-        owner[gpu] = best
-        for d, w in units[gpu].items():
-            loads[best][d] += w
+    split = _Split(topology, n)
+    split.greedy()
+    if n > 1:
+        split.improve()
+    owner = {g: split.owner[u] for u, gs in split.members.items() for g in gs}
     shares: list[set[str]] = [set() for _ in range(n)]
     for v in topology.vgpus.values():
         shares[owner.get(v.gpu or v.id, 0)].add(v.id)
