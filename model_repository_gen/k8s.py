@@ -243,6 +243,8 @@ def plugin_documents(manifest: Manifest, opts: K8sOptions) -> tuple[dict[str, An
 def k8s_documents(manifest: Manifest, opts: K8sOptions) -> dict[str, list[dict[str, Any]]]:
     """File name -> its documents, for every resource of the deployment."""
     opts.check()
+    if any(h.name == "k8s" for h in manifest.hosts):
+        raise InputError("a host named 'k8s' would share OUT/k8s with the Kubernetes manifests; rename it")
     files: dict[str, list[dict[str, Any]]] = {
         "namespace.yaml": [{"apiVersion": "v1", "kind": "Namespace", "metadata": _meta(opts.namespace, None,
                                                                                         "namespace")}]}

@@ -122,6 +122,13 @@ def test_emulated_hosts_give_cpu_only_pods_and_shards_a_statefulset(tmp_path):
     sidecar = by_kind(docs, "StatefulSet")["poolpipe-sidecar"]
     assert sidecar["spec"]["replicas"] == 2
     assert sidecar["spec"]["template"]["spec"]["containers"][0]["args"][-2:] == ["--shard", "$(SHARD_INDEX)/2"]
+    # generating again without --k8s leaves no stale manifests behind; a bad flag fails before writing anything
+    r = run_cli("generate", "--plan", tmp_path / "plan.json", "--cluster", tmp_path / "cluster.json",
+                "--out", tmp_path / "deploy", "--emulated-tensor-scale", "0.01")
+    assert r.returncode == 0 and not (tmp_path / "deploy" / "k8s").exists()
+    r = run_cli("generate", "--plan", tmp_path / "plan.json", "--cluster", tmp_path / "cluster.json",
+                "--out", tmp_path / "deploy2", "--k8s", "--k8s-gpu-product", "T4")
+    assert r.returncode == 2 and "TYPE=LABEL" in r.stderr and not (tmp_path / "deploy2").exists()
 
 
 def test_bad_k8s_input_is_one_clear_error(deployed):
