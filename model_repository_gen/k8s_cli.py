@@ -14,16 +14,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--k8s", action="store_true",
                    help="also write OUT/k8s/: kustomize-ready manifests for the plan (tritonserver per vGPU, the "
                         "sidecar, manifest ConfigMap, NVIDIA device-plugin MPS configs) and label-nodes.sh")
-    g.add_argument("--k8s-namespace", default=k8s.DEFAULT_NAMESPACE, help="namespace (default: %(default)s)")
-    g.add_argument("--k8s-triton-image", default=k8s.DEFAULT_TRITON_IMAGE,
+    g.add_argument("--k8s-namespace", default=k8s.DEFAULT_NAMESPACE, metavar="NAME",
+                   help="namespace of poolpipe's workloads (default: %(default)s)")
+    g.add_argument("--k8s-triton-image", default=k8s.DEFAULT_TRITON_IMAGE, metavar="IMAGE",
                    help="image with tritonserver and its Python backend (default: %(default)s); real-engine hosts "
                         "also need numpy and onnxruntime importable by the Python backend")
-    g.add_argument("--k8s-sidecar-image", default=k8s.DEFAULT_SIDECAR_IMAGE,
+    g.add_argument("--k8s-sidecar-image", default=k8s.DEFAULT_SIDECAR_IMAGE, metavar="IMAGE",
                    help="image with poolpipe installed, 'poolpipe' on its PATH (default: %(default)s)")
-    g.add_argument("--k8s-repository-pvc", default=k8s.DEFAULT_PVC,
+    g.add_argument("--k8s-repository-pvc", default=k8s.DEFAULT_PVC, metavar="CLAIM",
                    help="PersistentVolumeClaim holding a copy of OUT (mounted read-only at /models in every "
                         "tritonserver pod; default: %(default)s)")
-    g.add_argument("--k8s-device-plugin-namespace", default=k8s.DEFAULT_PLUGIN_NAMESPACE,
+    g.add_argument("--k8s-device-plugin-namespace", default=k8s.DEFAULT_PLUGIN_NAMESPACE, metavar="NAME",
                    help="namespace of the NVIDIA device plugin / GPU Operator (default: %(default)s)")
     g.add_argument("--k8s-gpu-product", action="append", default=[], metavar="TYPE=LABEL",
                    help="the nvidia.com/gpu.product node label of GPU type TYPE (repeat per type; defaults: "

@@ -30,7 +30,7 @@ def _wait_ready(client: grpcclient.InferenceServerClient) -> None:
 
 
 def test_two_shards_serve_the_plan_round_robin_and_lose_nothing(tmp_path: Path) -> None:
-    deploy = build_emulated_deployment(tmp_path, gpus=2)  # two T4s and two L4s: one of each per shard
+    deploy = build_emulated_deployment(tmp_path, slo_us=3_000_000.0, gpus=2)  # 2 T4s, 2 L4s: 1 of each per shard
     manifest = load_manifest(deploy)
     logs = [tmp_path / f"batches{i}.jsonl" for i in range(2)]
     shards = [SidecarProcess(manifest=deploy, log_path=tmp_path / f"sidecar{i}.log",
