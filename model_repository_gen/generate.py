@@ -179,8 +179,8 @@ def _prepare_out_dir(out: Path) -> None:
             raise InputError(f"--out {out}: directory is not empty and holds no earlier poolpipe output; "
                              f"choose a new or empty directory")
         for child in out.iterdir():
-            if child.is_dir() and (child / "launch.json").is_file():
-                shutil.rmtree(child)
+            if child.is_dir() and ((child / "launch.json").is_file() or (child / "kustomization.yaml").is_file()):
+                shutil.rmtree(child)  # a host's files, or an earlier --k8s output
         (out / "manifest.json").unlink()
     out.mkdir(parents=True, exist_ok=True)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from model_repository_gen import k8s_cli
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="write Triton repositories, launch files and manifest.json from a plan",
@@ -22,6 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--emulated-tensor-scale", type=float, default=1.0, metavar="F",
                    help="0 < F <= 1: scale the bytes of the invented inputs, boundary tensors and outputs of models "
                         "generated without --onnx (the plan's NIC times stay as profiled); default 1")
+    k8s_cli.add_arguments(p)
     p.set_defaults(func=_run)
 
 
@@ -46,6 +49,8 @@ def _run(args: argparse.Namespace) -> int:
     from planner.plan import load_plan
 
     onnx_paths = parse_onnx_args(args.onnx)
+    if args.k8s:
+        k8s_cli.options_from_args(args)  # bad flags fail before anything is written
     manifest = generate(load_plan(args.plan), onnx_paths, load_cluster(args.cluster), args.out,
                         args.fp16_boundaries, args.emulated_tensor_scale)
     per_host: dict[str, int] = {}
@@ -55,4 +60,6 @@ def _run(args: argparse.Namespace) -> int:
     stages = sum(len(p.stages) for m in manifest.models for p in m.pipelines)
     print(f"wrote {args.out}: {len(manifest.vgpus)} vGPU server(s) ({hosts}), {len(manifest.models)} model(s), "
           f"{stages} pipeline stage(s); start them with: poolpipe launch {args.out}")
+    if line := k8s_cli.write_from_args(manifest, args.out, args):
+        print(line)
     return 0

@@ -17,6 +17,7 @@ class VGpu:
     gpu_type: str
     v: int  # vGPU level of its GPU (1 = whole GPU)
     server: str  # the server whose NIC (one uplink, one downlink) this vGPU shares
+    gpu: str = ""  # the physical GPU it is a slice of ("" = its own id); sidecar shards split whole GPUs
 
 
 @dataclass(frozen=True)

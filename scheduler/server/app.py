@@ -30,6 +30,7 @@ class SidecarConfig:
     drain_timeout_s: float = 30.0
     batch_log: Path | None = None
     overheads_out: Path | None = None
+    shard: tuple[int, int] = (0, 1)  # (I, N): serve shard I of N (scheduler/core/shards.py)
 
 
 class Sidecar:
@@ -48,7 +49,7 @@ class Sidecar:
         if c.manifest is not None:
             from scheduler.server.planned import PlannedModels  # noqa: PLC0415
             self.planned = await PlannedModels.create(c.manifest, c.policy, self.metrics, c.batch_log,
-                                                      c.overheads_out)
+                                                      c.overheads_out, c.shard)
         self.router = Router(c.passthrough, self.planned, self.metrics)
         if self.planned is not None:
             self.planned.client_shm = self.router.shm

@@ -14,7 +14,7 @@ def topology_from_manifest(manifest: Manifest,
     ``extra_us[pipeline id][stage][batch]`` where given (serving time the sidecar measured on top)."""
     extra_us = extra_us or {}
     profiles = {m.name: m.profile for m in manifest.plan.models}
-    vgpus = {g.id: VGpu(g.id, g.gpu_type, g.v, g.host) for g in manifest.vgpus}
+    vgpus = {g.id: VGpu(g.id, g.gpu_type, g.v, g.host, f"{g.host}-gpu{g.gpu_index}") for g in manifest.vgpus}
     pipelines = {}
     for m in manifest.models:
         pipes = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -48,6 +49,16 @@ class SidecarMetrics:
         self.hops = Counter(_P + "hops", "Boundary tensors handed between stages, by how", ["kind"], registry=r)
         self._window: dict[str, deque[bool]] = {}
         self._met_in_window: dict[str, int] = {}
+        self._series: dict[tuple[str, str], RequestSeries] = {}
+
+    def series(self, model: str, route: str) -> RequestSeries:
+        """The per-request series of (model, route), looked up once (``labels()`` hashes and locks per call)."""
+        got = self._series.get((model, route))
+        if got is None:
+            got = self._series[(model, route)] = RequestSeries(
+                self.requests.labels(model, route), self.successes.labels(model), self.latency.labels(model, route),
+                self.slo_met.labels(model))
+        return got
 
     def declare(self, models: list[str], vgpus: list[str]) -> None:
         """Create every series whose labels are known at start (at zero; attainment NaN until a request finishes),
@@ -78,8 +89,18 @@ class SidecarMetrics:
         met += int(met_slo)
         self._met_in_window[model] = met
         if met_slo:
-            self.slo_met.labels(model).inc()
-        self.slo_attainment.labels(model).set(met / len(window))
+            self.series(model, "planned").slo_met.inc()
 
     def exposition(self) -> bytes:
+        for model, window in self._window.items():  # the attainment gauge is set when scraped, not per request
+            if window:
+                self.slo_attainment.labels(model).set(self._met_in_window[model] / len(window))
         return generate_latest(self.registry)
+
+
+@dataclass(frozen=True)
+class RequestSeries:
+    requests: Any
+    successes: Any
+    latency: Any
+    slo_met: Any

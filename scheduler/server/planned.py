@@ -23,6 +23,7 @@ from scheduler.server.calls import Answers, ClientCall, Sample, now_us, shutting
 from scheduler.server.client_shm import ClientShmRegistry
 from scheduler.server.executor import LiveExecutor, StageFault
 from scheduler.server.fleet import Fleet, VGpuServer
+from scheduler.server.manifest_shard import manifest_shard
 from scheduler.server.manifest_topology import topology_from_manifest
 from scheduler.server.metrics import SidecarMetrics
 from scheduler.server.shm_pool import remove_stale_regions
@@ -73,8 +74,9 @@ class PlannedModels:
     # --- life cycle ----------------------------------------------------------------------------------------
     @classmethod
     async def create(cls, manifest_path: Path, policy: str, metrics: SidecarMetrics,
-                     batch_log: Path | None = None, overheads_out: Path | None = None) -> "PlannedModels":
-        self = cls(load_manifest(manifest_path), policy, metrics, batch_log, overheads_out)
+                     batch_log: Path | None = None, overheads_out: Path | None = None,
+                     shard: tuple[int, int] = (0, 1)) -> "PlannedModels":
+        self = cls(manifest_shard(load_manifest(manifest_path), *shard), policy, metrics, batch_log, overheads_out)
         removed = remove_stale_regions()
         if removed:
             log.info("event=stale_shm_removed count=%d regions=%s", len(removed), ",".join(removed))

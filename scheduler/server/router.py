@@ -207,8 +207,8 @@ class Router:
         """One inference; ``deadline_s`` is the client's absolute deadline on time.monotonic() (None: none)."""
         model = request.model_name
         planned = self.is_planned(model)
-        route = "planned" if planned else "passthrough"
-        self.metrics.requests.labels(model, route).inc()
+        series = self.metrics.series(model, "planned" if planned else "passthrough")
+        series.requests.inc()
         t0 = time.monotonic()
         try:
             if planned:
@@ -219,6 +219,6 @@ class Router:
         except ServeError as e:
             self.metrics.failures.labels(model, e.code.name).inc()
             raise
-        self.metrics.successes.labels(model).inc()
-        self.metrics.latency.labels(model, route).observe(time.monotonic() - t0)
+        series.successes.inc()
+        series.latency.observe(time.monotonic() - t0)
         return resp

@@ -39,6 +39,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "lateness, slowdown) for 'poolpipe simulate --overheads FILE' to predict this sidecar")
     p.add_argument("--batch-log", type=Path, metavar="FILE",
                    help="append one JSON line per executed stage (dispatch, vGPU, batch, measured start/end)")
+    p.add_argument("--shard", metavar="I/N",
+                   help="serve shard I of N (0-based): a disjoint share of every pool's vGPUs (whole physical GPUs, "
+                        "balanced by planned throughput); N such sidecars behind one load balancer serve the whole "
+                        "plan with no shared state, each taking 1/N of the requests ('poolpipe simulate --shards N' "
+                        "shows what it costs)")
     p.set_defaults(func=run)
 
 
@@ -60,15 +65,21 @@ def config_from_args(args: argparse.Namespace):  # -> SidecarConfig
 
     if args.policy not in ("auto", *LIVE_POLICIES):
         raise InputError(f"--policy {args.policy}: choose one of auto, {', '.join(LIVE_POLICIES)}")
-    manifest = None
+    manifest, shard = None, (0, 1)
     if args.manifest is not None:
         from model_repository_gen.manifest import load_manifest  # noqa: PLC0415 (validates now: one-line errors)
-        load_manifest(args.manifest)
+        from scheduler.server.manifest_shard import manifest_shard, parse_shard  # noqa: PLC0415
+        loaded = load_manifest(args.manifest)
         manifest = args.manifest
+        if args.shard:
+            shard = parse_shard(args.shard)
+            manifest_shard(loaded, *shard)  # a shard without a complete pipeline fails now, in one line
+    elif args.shard:
+        raise InputError("--shard needs --manifest: it splits the manifest's vGPUs")
     return SidecarConfig(manifest=manifest, passthrough=args.passthrough, grpc_port=args.grpc_port,
                          http_port=args.http_port, metrics_port=args.metrics_port, bind=args.bind,
                          policy=args.policy, drain_timeout_s=args.drain_timeout,
-                         batch_log=args.batch_log, overheads_out=args.overheads_out)
+                         batch_log=args.batch_log, overheads_out=args.overheads_out, shard=shard)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -33,7 +33,7 @@ class _GpuAllocator:
             self.next_gpu += 1
         self.open[v] = (gpu, slot + 1)
         return VGpu(vgpu_id(self.gpu_type, gpu, slot), self.gpu_type, v,
-                    f"{self.gpu_type}-srv{gpu // self.per_server}")
+                    f"{self.gpu_type}-srv{gpu // self.per_server}", f"{self.gpu_type}-{gpu}")
 
 
 def topology_from_plan(plan: Plan) -> Topology:

@@ -44,6 +44,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--overheads", metavar="FILE",
                    help="what the live executor adds per stage (lead, tail, wake lateness, slowdown), as written "
                         "by 'poolpipe serve --overheads-out FILE': the simulation then predicts the sidecar")
+    p.add_argument("--shards", type=int, default=1, metavar="N",
+                   help="also simulate N sidecar shards ('poolpipe serve --shard I/N'), each with its share of every "
+                        "pool and 1/N of the load, and print the max load factor they sustain against one sidecar "
+                        "(what sharding costs); default 1 (no comparison)")
     p.add_argument("--out", required=True, help="result.json to write")
     p.add_argument("--plot", metavar="DIR", help="write attainment.png and gantt.png here")
     p.set_defaults(func=run)
@@ -91,6 +95,11 @@ def run(args: argparse.Namespace) -> int:
     reference_rates(plan, reference)  # fail early on a model missing from the reference
     overheads = load_overheads(args.overheads) if args.overheads else None
     driver = args.driver or ("live" if overheads else "ideal")
+    if args.shards != 1:
+        from scheduler.sim.shard_cost import check_shards
+        if args.shards < 1:
+            raise InputError(f"--shards {args.shards}: expected N >= 1")
+        check_shards(plan, args.shards)
 
     with tqdm(total=len(lfs), desc=f"simulate {args.policy}", unit="point", file=sys.stderr) as bar:
         def tick(s: dict) -> None:
@@ -100,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
         result = sweep(plan, reference, args.policy, trace, lfs, args.duration_s, args.seed,
                        jobs=args.jobs or None, noise_cv=args.noise_cv, on_point=tick, driver=driver,
                        overheads=overheads)
+    shard_lines = _shards(args, plan, reference, trace, lfs, driver, overheads, result)
     out.write_text(json.dumps(result, indent=1) + "\n")
 
     if args.plot:
@@ -125,4 +135,32 @@ def run(args: argparse.Namespace) -> int:
     print(f"mean max load factor {result['max_load_factor']:.3f}; dispatch decision p50 "
           f"{result['dispatch_us_p50'] or 0:.1f} us; {result['probes_per_dispatch']:.2f} probes per dispatch; "
           f"wrote {out}")
+    for line in shard_lines:
+        print(line)
     return 0
+
+
+def _shards(args: argparse.Namespace, plan, reference, trace, lfs: list[float], driver: str, overheads,
+            result: dict) -> list[str]:
+    """With --shards N > 1: sweep every shard, add result["shards"], return the comparison lines."""
+    if args.shards == 1:
+        return []
+    from tqdm import tqdm
+
+    from scheduler.sim.shard_cost import report, shard_sweeps
+
+    bars = []
+
+    def on_shard(i: int):
+        bars.append(tqdm(total=len(lfs), desc=f"shard {i}/{args.shards}", unit="point", file=sys.stderr))
+        return lambda _s: bars[-1].update(1)
+
+    try:
+        result["shards"] = shard_sweeps(plan, reference, args.shards, on_shard, policy=args.policy, trace=trace,
+                                        load_factors=lfs, duration_s=args.duration_s, seed=args.seed,
+                                        jobs=args.jobs or None, noise_cv=args.noise_cv, driver=driver,
+                                        overheads=overheads)
+    finally:
+        for b in bars:
+            b.close()
+    return report(result, result["shards"])

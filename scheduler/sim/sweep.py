@@ -61,6 +61,7 @@ class PointJob:
     noise_cv: float = 0.0
     driver: str = "ideal"  # "ideal" (the policy alone) or "live" (the sidecar's margins and learning)
     overheads: Overheads | None = None  # what the live executor adds (poolpipe serve --overheads-out)
+    shard: tuple[int, int] | None = None  # (I, N): only sidecar shard I of N, offered 1/N of the load
 
 
 def driver_config(driver: str, overheads: Overheads | None) -> DriverConfig:
@@ -77,9 +78,13 @@ def run_point(job: PointJob, record_timeline: bool = False) -> tuple[dict[str, A
     from scheduler.sim.placement import topology_from_plan
 
     topo = topology_from_plan(job.plan)
+    share = 1.0
+    if job.shard is not None:
+        from scheduler.core.shards import shard_topology
+        topo, share = shard_topology(topo, *job.shard), 1.0 / job.shard[1]
     if job.overheads is not None:
         topo = with_stage_overhead(topo, job.overheads.tail_us)
-    rates = {m: job.load_factor * r for m, r in job.rates_rps.items()}
+    rates = {m: job.load_factor * r * share for m, r in job.rates_rps.items()}
     arrivals = mixed_arrivals(job.trace, rates, job.duration_s, job.seed)
     res = simulate(topo, make_scheduler(job.policy, topo), arrivals, job.duration_s * 1e6,
                    noise_cv=job.noise_cv, seed=job.seed, record_timeline=record_timeline,
@@ -119,10 +124,11 @@ def max_load_factor(points: list[dict[str, Any]], target: float = TARGET_ATTAINM
 def sweep(plan: Plan, reference: Plan, policy: str, trace: TraceSpec, load_factors: list[float],
           duration_s: float, seed: int, jobs: int | None = None, noise_cv: float = 0.0,
           on_point: Callable[[dict[str, Any]], None] | None = None, driver: str = "ideal",
-          overheads: Overheads | None = None) -> dict[str, Any]:
-    """Run every load factor (in parallel processes when jobs > 1) and assemble result.json."""
+          overheads: Overheads | None = None, shard: tuple[int, int] | None = None) -> dict[str, Any]:
+    """Run every load factor (in parallel processes when jobs > 1) and assemble result.json; with ``shard``
+    (I, N) only sidecar shard I of N, offered 1/N of each load."""
     rates = reference_rates(plan, reference)
-    work = [PointJob(plan, rates, policy, trace, lf, duration_s, seed, noise_cv, driver, overheads)
+    work = [PointJob(plan, rates, policy, trace, lf, duration_s, seed, noise_cv, driver, overheads, shard)
             for lf in load_factors]
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(work)))
     driver_config(driver, overheads)  # fail early on a bad name

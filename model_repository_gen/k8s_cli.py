@@ -1,0 +1,54 @@
+"""``poolpipe generate --k8s``: the flags that choose images, volume, namespaces and GPU labels."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from model_repository_gen import k8s
+from poolpipe_common.errors import InputError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("Kubernetes (--k8s)")
+    g.add_argument("--k8s", action="store_true",
+                   help="also write OUT/k8s/: kustomize-ready manifests for the plan (tritonserver per vGPU, the "
+                        "sidecar, manifest ConfigMap, NVIDIA device-plugin MPS configs) and label-nodes.sh")
+    g.add_argument("--k8s-namespace", default=k8s.DEFAULT_NAMESPACE, metavar="NAME",
+                   help="namespace of poolpipe's workloads (default: %(default)s)")
+    g.add_argument("--k8s-triton-image", default=k8s.DEFAULT_TRITON_IMAGE, metavar="IMAGE",
+                   help="image with tritonserver and its Python backend (default: %(default)s); real-engine hosts "
+                        "also need numpy and onnxruntime importable by the Python backend")
+    g.add_argument("--k8s-sidecar-image", default=k8s.DEFAULT_SIDECAR_IMAGE, metavar="IMAGE",
+                   help="image with poolpipe installed, 'poolpipe' on its PATH (default: %(default)s)")
+    g.add_argument("--k8s-repository-pvc", default=k8s.DEFAULT_PVC, metavar="CLAIM",
+                   help="PersistentVolumeClaim holding a copy of OUT (mounted read-only at /models in every "
+                        "tritonserver pod; default: %(default)s)")
+    g.add_argument("--k8s-device-plugin-namespace", default=k8s.DEFAULT_PLUGIN_NAMESPACE, metavar="NAME",
+                   help="namespace of the NVIDIA device plugin / GPU Operator (default: %(default)s)")
+    g.add_argument("--k8s-gpu-product", action="append", default=[], metavar="TYPE=LABEL",
+                   help="the nvidia.com/gpu.product node label of GPU type TYPE (repeat per type; defaults: "
+                        + ", ".join(f"{t}={v}" for t, v in k8s.GPU_PRODUCTS.items()) + ")")
+    g.add_argument("--k8s-shards", type=int, default=1, metavar="N",
+                   help="run N sidecar shards (a StatefulSet, each serving 'poolpipe serve --shard I/N') behind "
+                        "one Service (default: 1, a Deployment)")
+
+
+def options_from_args(args: argparse.Namespace) -> k8s.K8sOptions:
+    products: dict[str, str] = {}
+    for v in args.k8s_gpu_product:
+        t, sep, label = v.partition("=")
+        if not sep or not t or not label:
+            raise InputError(f"--k8s-gpu-product {v!r}: expected TYPE=LABEL, e.g. T4=Tesla-T4")
+        products[t] = label
+    return k8s.K8sOptions(args.k8s_namespace, args.k8s_triton_image, args.k8s_sidecar_image, args.k8s_repository_pvc,
+                          args.k8s_device_plugin_namespace, products, args.k8s_shards).check()
+
+
+def write_from_args(manifest, out: Path, args: argparse.Namespace) -> str:
+    """Write OUT/k8s when --k8s was given; returns the line to print (empty without --k8s)."""
+    if not args.k8s:
+        return ""
+    d = k8s.write_k8s(manifest, out, options_from_args(args))
+    return (f"wrote {d}: {len(manifest.vgpus)} tritonserver workload(s) and the sidecar; label GPU nodes with "
+            f"{d}/label-nodes.sh, then: kubectl apply -k {d}")

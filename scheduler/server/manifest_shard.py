@@ -1,0 +1,36 @@
+"""``poolpipe serve --shard I/N``: the part of a manifest one sidecar shard serves (scheduler/core/shards.py
+decides the split; every shard computes the same split from the same manifest, so none shares state)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from model_repository_gen.manifest import Manifest
+from poolpipe_common.errors import InputError
+from scheduler.core.shards import shard_topology
+from scheduler.server.manifest_topology import topology_from_manifest
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``I/N`` -> (I, N) with 0 <= I < N."""
+    i, sep, n = text.partition("/")
+    if not sep or not i.isdigit() or not n.isdigit() or not 0 <= int(i) < int(n):
+        raise InputError(f"--shard {text!r}: expected I/N with 0 <= I < N, e.g. 0/2 and 1/2 for two shards")
+    return int(i), int(n)
+
+
+def manifest_shard(manifest: Manifest, index: int, n: int) -> Manifest:
+    """The manifest with only shard ``index``'s vGPUs, each pipeline's pools cut to them (pipelines left without
+    a stage dropped) at the shard's planned throughput."""
+    if n == 1:
+        return manifest
+    topo = shard_topology(topology_from_manifest(manifest), index, n)
+    kept = {p.id: p for pipes in topo.pipelines.values() for p in pipes}
+    models = []
+    for m in manifest.models:
+        pipes = tuple(replace(p, throughput_rps=kept[p.id].throughput_rps,
+                              stages=tuple(replace(s, vgpus=k.pool) for s, k in zip(p.stages, kept[p.id].stages)))
+                      for p in m.pipelines if p.id in kept)
+        models.append(replace(m, pipelines=pipes))
+    used = {v for m in models for p in m.pipelines for s in p.stages for v in s.vgpus}
+    return replace(manifest, vgpus=tuple(g for g in manifest.vgpus if g.id in used), models=tuple(models))
