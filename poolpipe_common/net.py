@@ -2,10 +2,29 @@
 
 from __future__ import annotations
 
+import random
 import socket
+from pathlib import Path
 
 
-def free_port(host: str = "127.0.0.1") -> int:
+def free_port(host: str = "127.0.0.1", low: int = 20_000) -> int:
+    """A port free now, below the kernel's ephemeral range: a port the kernel picked (bind to port 0) may be
+    handed to another socket (a later bind to port 0, an outgoing connection's source port) before the server
+    it was chosen for binds it; the kernel never hands out ports below that range by itself."""
+    top = 32_768
+    try:
+        top = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(low, max(low + 1, top))
+        if not port_in_use(port, host):
+            return port
+    return _kernel_port(host)
+
+
+def _kernel_port(host: str) -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]

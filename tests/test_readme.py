@@ -112,7 +112,10 @@ class Session:
         (work / "data").symlink_to(ROOT / "data")
         self.env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(ROOT),
                     "COLUMNS": "120", "NO_COLOR": "1"}
-        self.ports = {p: str(free_port()) for p in ("8000", "8001", "8002")}
+        ports: set[int] = set()
+        while len(ports) < 3:
+            ports.add(free_port())
+        self.ports = dict(zip(("8000", "8001", "8002"), map(str, sorted(ports))))
         self.jobs: list[tuple[subprocess.Popen, Path]] = []
 
     def run(self, cmd: Command) -> None:
