@@ -83,10 +83,12 @@ EMULATED_MODEL = "googlenet-v3-pytorch"  # PPipe's measured profile with the sho
 REFERENCE_DIR = Path(__file__).resolve().parents[1] / "data" / "ppipe"
 
 
-def build_emulated_deployment(work: Path, slo_us: float = 1_000_000.0, batch: int = 2, scale: float = 0.01) -> Path:
+def build_emulated_deployment(work: Path, slo_us: float = 1_000_000.0, batch: int = 2, scale: float = 0.01,
+                              addresses: tuple[str, str] = ("127.0.0.1", "127.0.0.2")) -> Path:
     """A deployment that costs almost no CPU: PPipe's measured googlenet profile on two emulated servers (a T4 runs
     blocks 0-2, an L4 the rest, one gRPC hop between two loopback addresses), tensors at ``scale`` of their profiled
-    bytes. Returns the deploy directory (for the fuzzer, the health test and benchmarks)."""
+    bytes. Returns the deploy directory (for the fuzzer, the health test and benchmarks). One ``addresses`` for both
+    hosts: one machine, whose hop goes through the sidecar's shared-memory pool."""
     from planner.plan import ModelPlan, PartitionPlan, PipelinePlan, Plan
     from profiling.reference import import_ppipe_profile
 
@@ -98,9 +100,9 @@ def build_emulated_deployment(work: Path, slo_us: float = 1_000_000.0, batch: in
     cluster = ClusterSpec({"T4": 1, "L4": 1}, {"T4": 1, "L4": 1}, 10.0, {"T4": 1, "L4": 1})
     plan = Plan("testbed", "manual", 0.0, cluster, (ModelPlan(EMULATED_MODEL, slo_us, pipe.throughput_rps, (pipe,),
                                                               profile),))
-    hosts = [{"name": "t4box", "address": "127.0.0.1", "gpu_type": "T4", "gpus": 1, "bandwidth_gbps": 10,
+    hosts = [{"name": "t4box", "address": addresses[0], "gpu_type": "T4", "gpus": 1, "bandwidth_gbps": 10,
               "device": "emulated", "base_port": 0},
-             {"name": "l4box", "address": "127.0.0.2", "gpu_type": "L4", "gpus": 1, "bandwidth_gbps": 10,
+             {"name": "l4box", "address": addresses[1], "gpu_type": "L4", "gpus": 1, "bandwidth_gbps": 10,
               "device": "emulated", "base_port": 0}]
     work.mkdir(parents=True, exist_ok=True)
     (work / "cluster.json").write_text(json.dumps({"hosts": hosts}))
