@@ -2,7 +2,8 @@
 B: one machine, the hop through the sidecar's shared-memory pool) swaps A -> B on SIGHUP (the manifest path it
 was started with now points at B) and B -> A on POST /v2/poolpipe/reload, while client threads keep sending.
 Every request is answered or gets an explicit error (none hangs), both plans serve, the pause is measured and
-printed, B's shared-memory regions are gone after the swap back, and B's servers can stop with nothing lost."""
+printed, B's shared-memory regions are gone after the swap back, a reload onto the same servers flushes their
+batches first, and B's servers can stop with nothing lost."""
 
 from __future__ import annotations
 
@@ -151,7 +152,16 @@ def test_plan_swaps_under_load_by_sighup_and_endpoint_lose_nothing(tmp_path: Pat
                 assert report["shm_regions_removed"] == len(pool_b)
                 assert [r for r in pool_b if (SHM_DIR / r).exists()] == [], "plan B's regions are gone"
                 load.wait_ok_since(t_post)
-                # 3. the old plan's servers can go: nothing depends on them any more
+                # 3. the same plan again (no body: the last manifest): every server is shared, so the switch waits
+                #    for the old plan's batches on them (the flush is inside the pause)
+                t_same = time.monotonic()
+                status, report = _post_reload(sc, {})
+                assert status == 200, report
+                print("endpoint reload, same servers (emulated):", json.dumps(report))
+                assert report["generation"] == 3 and report["servers_added"] == report["servers_removed"] == []
+                assert report["pause_ms"] >= 0 and report["manifest"] == str(dir_a)
+                load.wait_ok_since(t_same)
+                # 4. the old plan's servers can go: nothing depends on them any more
                 dep_b.stop()
                 t_stop = time.monotonic()
                 load.wait_ok_since(t_stop)
