@@ -5,7 +5,9 @@ times of its own clock. Rates are counted over fixed windows and smoothed (EWMA)
 re-plan. A re-plan is due when some model runs above ``high`` of its planned throughput (out of headroom)
 while the mix of rates has moved from the plan's mix by more than ``mix_tolerance`` (total-variation
 distance of the shares): a re-plan then moves capacity from the models that have it to those short of it.
-After a re-plan nothing is decided for ``cooldown_s`` (no flapping between two plans).
+It waits until the mix has settled (the last window's mix within half the tolerance of the smoothed one),
+so that it plans for where the mix went, not for a moment of the move. After a re-plan nothing is decided
+for ``cooldown_s`` (no flapping between two plans).
 """
 
 from __future__ import annotations
@@ -71,10 +73,11 @@ class ReplanTrigger:
     def check(self, now_us: float) -> ReplanDecision | None:
         """Close the windows that ended by ``now_us``; a decision when a re-plan is due."""
         closed = False
+        last: dict[str, float] = {}
         while now_us >= self._window_start + self.window_us:
             a = self.config.smoothing
             for m, n in self._counts.items():
-                r = n / self.config.window_s
+                r = last[m] = n / self.config.window_s
                 old = self.rates_rps[m]
                 self.rates_rps[m] = r if old is None else a * r + (1 - a) * old
                 self._counts[m] = 0
@@ -86,7 +89,7 @@ class ReplanTrigger:
         load = {m: rates[m] / c if c > 0 else float("inf") for m, c in self.capacity_rps.items()}
         hot = [m for m, x in load.items() if x > self.config.high]
         moved = mix_distance(rates, self.capacity_rps)
-        if not hot or moved <= self.config.mix_tolerance:
+        if not hot or moved <= self.config.mix_tolerance or mix_distance(last, rates) > self.config.mix_tolerance / 2:
             return None
         reason = (f"{','.join(hot)} at {', '.join(f'{100 * load[m]:.0f}%' for m in hot)} of planned throughput, "
                   f"mix moved {moved:.2f} from the plan's")
