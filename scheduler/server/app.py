@@ -31,6 +31,7 @@ class SidecarConfig:
     drain_timeout_s: float = 30.0
     batch_log: Path | None = None
     overheads_out: Path | None = None
+    replan: Path | None = None  # serve --replan FILE: automatic re-planning settings
 
 
 class Sidecar:
@@ -43,6 +44,7 @@ class Sidecar:
         self.router: Router | None = None
         self._grpc = None
         self._runners: list[web.AppRunner] = []
+        self.replanner = None
 
     async def start(self) -> None:
         c = self.config
@@ -53,6 +55,10 @@ class Sidecar:
             def open_plan(path: Path, generation: int = 0) -> Awaitable[PlannedModels]:
                 return PlannedModels.create(path, c.policy, self.metrics, c.batch_log, c.overheads_out, generation)
             self.planned = ReloadablePlanned(await open_plan(c.manifest), c.manifest, open_plan)
+            if c.replan is not None:
+                from scheduler.server.replanner import AutoReplanner, load_settings  # noqa: PLC0415
+                self.replanner = AutoReplanner(load_settings(c.replan), self.planned, self.metrics)
+                self.replanner.start()
         self.router = Router(c.passthrough, self.planned, self.metrics)
         if self.planned is not None:
             self.planned.client_shm = self.router.shm
@@ -84,6 +90,8 @@ class Sidecar:
         await asyncio.gather(*stops, return_exceptions=True)  # both front ends drain at once
         if self.planned is not None:
             await self.planned.close()
+        if self.replanner is not None:
+            await self.replanner.close()
         if self.router is not None:
             await self.router.close()
         log.info("event=stopped")

@@ -82,6 +82,7 @@ class ReloadablePlanned:
     def __init__(self, current: PlannedModels, manifest_path: Path,
                  open_plan: Callable[[Path, int], Awaitable[PlannedModels]]) -> None:
         self.current = current
+        self.on_arrival: Callable[[str], None] | None = None  # each planned request's model (serve --replan)
         self.manifest_path = manifest_path
         self.open_plan = open_plan
         self.generation = 0
@@ -113,6 +114,8 @@ class ReloadablePlanned:
 
     async def infer(self, request: service_pb2.ModelInferRequest, deadline_s: float | None
                     ) -> service_pb2.ModelInferResponse:
+        if self.on_arrival is not None:
+            self.on_arrival(request.model_name)
         return await self.current.infer(request, deadline_s)
 
     @property
@@ -140,13 +143,21 @@ class ReloadablePlanned:
                 raise ReloadError(f"cannot reload: {e}", 400) from None
             self.generation += 1
             log.info("event=reload_start manifest=%s generation=%d", path, self.generation)
-            new = await self.open_plan(path, self.generation)
+            metrics = self.current.metrics
+            try:
+                new = await self.open_plan(path, self.generation)
+            except (InputError, OSError) as e:
+                metrics.reloads.labels("failed").inc()
+                raise ReloadError(f"cannot reload: {e}") from None
             try:
                 await self._ready(new)
             except ReloadError:
+                metrics.reloads.labels("failed").inc()
                 await new.close()
                 raise
             report = await self._switch(self.current, new, path)
+            metrics.reloads.labels("ok").inc()
+            metrics.reload_pause.observe(report.pause_ms / 1e3)
             self.manifest_path = path
             self.reloads += 1
             return report

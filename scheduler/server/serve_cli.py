@@ -38,6 +38,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "lateness, slowdown) for 'poolpipe simulate --overheads FILE' to predict this sidecar")
     p.add_argument("--batch-log", type=Path, metavar="FILE",
                    help="append one JSON line per executed stage (dispatch, vGPU, batch, measured start/end)")
+    p.add_argument("--replan", type=Path, metavar="FILE",
+                   help="re-plan automatically when the measured mix of models leaves the plan's headroom: FILE "
+                        "names the planning spec, the cluster file and where to generate (see "
+                        "scheduler/server/replanner.py); the sidecar plans in a worker process, launches the new "
+                        "servers and reloads onto them (needs --manifest)")
     p.set_defaults(func=run)
 
 
@@ -60,6 +65,11 @@ def config_from_args(args: argparse.Namespace):  # -> SidecarConfig
     if args.policy not in ("auto", *LIVE_POLICIES):
         raise InputError(f"--policy {args.policy}: choose one of auto, {', '.join(LIVE_POLICIES)}")
     manifest = None
+    if args.replan is not None:
+        if args.manifest is None:
+            raise InputError("--replan needs --manifest (the plan it starts from)")
+        from scheduler.server.replanner import load_settings  # noqa: PLC0415 (validates now: one-line errors)
+        load_settings(args.replan)
     if args.manifest is not None:
         from model_repository_gen.manifest import load_manifest  # noqa: PLC0415 (validates now: one-line errors)
         load_manifest(args.manifest)
@@ -67,7 +77,7 @@ def config_from_args(args: argparse.Namespace):  # -> SidecarConfig
     return SidecarConfig(manifest=manifest, passthrough=args.passthrough, grpc_port=args.grpc_port,
                          http_port=args.http_port, metrics_port=args.metrics_port, bind=args.bind,
                          policy=args.policy, drain_timeout_s=args.drain_timeout,
-                         batch_log=args.batch_log, overheads_out=args.overheads_out)
+                         batch_log=args.batch_log, overheads_out=args.overheads_out, replan=args.replan)
 
 
 def run(args: argparse.Namespace) -> int:
