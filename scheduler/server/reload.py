@@ -128,7 +128,9 @@ class ReloadablePlanned:
         self.current.client_shm = registry
 
     async def close(self) -> None:
-        await self.current.close()
+        """Waits for a reload in progress (so that no plan it opened is left behind), then closes the plan."""
+        async with self._lock:
+            await self.current.close()
 
     # --- the swap ---------------------------------------------------------------------------------------
     async def reload(self, manifest_path: Path | None = None) -> ReloadReport:
