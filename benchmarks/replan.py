@@ -157,6 +157,8 @@ def main() -> None:
     ap.add_argument("--trace", default="poisson", help="arrival process per phase (scheduler.sim.workloads)")
     ap.add_argument("--window-s", type=float, default=5.0, help="attainment window (default 5 s)")
     ap.add_argument("--cooldown-s", type=float, default=20.0, help="no re-plan this soon after another (20 s)")
+    ap.add_argument("--rate-window-s", type=float, default=2.0, help="the trigger counts arrivals per window (2 s)")
+    ap.add_argument("--smoothing", type=float, default=0.5, help="the trigger's EWMA weight of the newest window")
     ap.add_argument("--slo-multiplier", type=float, default=5.0, help="SLO = this x the L4 batch-1 latency (5)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path("replan-out"), help="directory for replan.png and the live run")
@@ -175,11 +177,12 @@ def main() -> None:
           + "; ".join(f"from {p.start_s:g} s " + ", ".join(f"{m}={r:.0f}" for m, r in p.rates_rps.items())
                       for p in phases) + f" req/s ({args.trace}, {len(arrivals)} requests)")
     duration_us = args.duration_s * 1e6
+    trigger = ReplanConfig(args.rate_window_s, args.smoothing, cooldown_s=args.cooldown_s)
     t0 = time.perf_counter()
     static = simulate_shifting(first, arrivals, duration_us, seed=args.seed)
     t1 = time.perf_counter()
     replan = simulate_shifting(first, arrivals, duration_us, seed=args.seed, plan_for=spec_planner(spec),
-                               config=ReplanConfig(cooldown_s=args.cooldown_s), migration=Migration())
+                               config=trigger, migration=Migration())
     t2 = time.perf_counter()
     report(static, replan, args.window_s)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -148,9 +148,10 @@ class ReloadablePlanned:
             metrics = self.current.metrics
             try:
                 new = await self.open_plan(path, self.generation)
-            except (InputError, OSError) as e:
+            except Exception as e:  # noqa: BLE001 - whatever failed, the old plan serves on and the reason is told
                 metrics.reloads.labels("failed").inc()
-                raise ReloadError(f"cannot reload: {e}") from None
+                log.exception("event=reload_open_failed manifest=%s", path)
+                raise ReloadError(f"cannot reload: the new plan did not start: {e}") from None
             try:
                 await self._ready(new)
             except ReloadError:
