@@ -97,13 +97,15 @@ REFERENCE_DIR = Path(__file__).resolve().parents[1] / "data" / "ppipe"
 
 
 def build_emulated_deployment(work: Path, slo_us: float = 1_000_000.0, batch: int = 2, scale: float = 0.01,
-                              two_mode: bool = False, gpus: int = 1) -> Path:
+                              two_mode: bool = False, gpus: int = 1,
+                              addresses: tuple[str, str] = ("127.0.0.1", "127.0.0.2")) -> Path:
     """A deployment that costs almost no CPU: PPipe's measured googlenet profile on two emulated servers (a T4 runs
     blocks 0-2, an L4 the rest, one gRPC hop between two loopback addresses), tensors at ``scale`` of their profiled
     bytes; each server class has ``gpus`` GPUs (each pool that many vGPUs). ``two_mode``: a variable-latency model
     (half the inputs four times slower than the other half, the profile's median unchanged; see
-    profiling.latency_quantiles). Returns the deploy directory (for the fuzzer, the health and shard tests and
-    benchmarks)."""
+    profiling.latency_quantiles). One ``addresses`` for both hosts: one machine, whose hop goes through the
+    sidecar's shared-memory pool. Returns the deploy directory (for the fuzzer, the health, shard and reload
+    tests and benchmarks)."""
     from planner.plan import ModelPlan, PartitionPlan, PipelinePlan, Plan
     from profiling.reference import import_ppipe_profile
 
@@ -117,9 +119,9 @@ def build_emulated_deployment(work: Path, slo_us: float = 1_000_000.0, batch: in
     cluster = ClusterSpec({"T4": gpus, "L4": gpus}, {"T4": gpus, "L4": gpus}, 10.0, {"T4": 1, "L4": 1})
     plan = Plan("testbed", "manual", 0.0, cluster, (ModelPlan(EMULATED_MODEL, slo_us, pipe.throughput_rps, (pipe,),
                                                               profile),))
-    hosts = [{"name": "t4box", "address": "127.0.0.1", "gpu_type": "T4", "gpus": gpus, "bandwidth_gbps": 10,
+    hosts = [{"name": "t4box", "address": addresses[0], "gpu_type": "T4", "gpus": gpus, "bandwidth_gbps": 10,
               "device": "emulated", "base_port": 0},
-             {"name": "l4box", "address": "127.0.0.2", "gpu_type": "L4", "gpus": gpus, "bandwidth_gbps": 10,
+             {"name": "l4box", "address": addresses[1], "gpu_type": "L4", "gpus": gpus, "bandwidth_gbps": 10,
               "device": "emulated", "base_port": 0}]
     work.mkdir(parents=True, exist_ok=True)
     (work / "cluster.json").write_text(json.dumps({"hosts": hosts}))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,7 @@ class SidecarConfig:
     batch_log: Path | None = None
     overheads_out: Path | None = None
     shard: tuple[int, int] = (0, 1)  # (I, N): serve shard I of N (scheduler/core/shards.py)
+    replan: Path | None = None  # serve --replan FILE: automatic re-planning settings
 
 
 class Sidecar:
@@ -43,19 +45,32 @@ class Sidecar:
         self.router: Router | None = None
         self._grpc = None
         self._runners: list[web.AppRunner] = []
+        self.replanner = None
 
     async def start(self) -> None:
         c = self.config
         if c.manifest is not None:
             from scheduler.server.planned import PlannedModels  # noqa: PLC0415
-            self.planned = await PlannedModels.create(c.manifest, c.policy, self.metrics, c.batch_log,
-                                                      c.overheads_out, c.shard)
+            from scheduler.server.reload import ReloadablePlanned  # noqa: PLC0415
+
+            def open_plan(path: Path, generation: int = 0) -> Awaitable[PlannedModels]:
+                return PlannedModels.create(path, c.policy, self.metrics, c.batch_log, c.overheads_out, c.shard,
+                                            generation)
+            self.planned = ReloadablePlanned(await open_plan(c.manifest), c.manifest, open_plan)
+            if c.replan is not None:
+                from scheduler.server.replanner import AutoReplanner, load_settings  # noqa: PLC0415
+                self.replanner = AutoReplanner(load_settings(c.replan), self.planned, self.metrics)
+                self.replanner.start()
         self.router = Router(c.passthrough, self.planned, self.metrics)
         if self.planned is not None:
             self.planned.client_shm = self.router.shm
         await self.router.start()
         self._grpc = await start_grpc(self.router, c.bind, c.grpc_port)
-        self._runners.append(await start_http(HttpFront(self.router).app(), c.bind, c.http_port, c.drain_timeout_s))
+        http_app = HttpFront(self.router).app()
+        if self.planned is not None:
+            from scheduler.server.reload import reload_handler  # noqa: PLC0415
+            http_app.router.add_post("/v2/poolpipe/reload", reload_handler(self.planned, c.bind))
+        self._runners.append(await start_http(http_app, c.bind, c.http_port, c.drain_timeout_s))
         metrics_app = web.Application()
         metrics_app.router.add_get("/metrics", self._metrics)
         self._runners.append(await start_http(metrics_app, c.bind, c.metrics_port))
@@ -77,6 +92,8 @@ class Sidecar:
         await asyncio.gather(*stops, return_exceptions=True)  # both front ends drain at once
         if self.planned is not None:
             await self.planned.close()
+        if self.replanner is not None:
+            await self.replanner.close()
         if self.router is not None:
             await self.router.close()
         log.info("event=stopped")
@@ -87,6 +104,10 @@ class Sidecar:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await self.start()
+        reloads: list[asyncio.Task] = []
+        if self.planned is not None:
+            from scheduler.server.reload import reload_on_signal  # noqa: PLC0415
+            loop.add_signal_handler(signal.SIGHUP, lambda: reloads.append(reload_on_signal(self.planned)))
         try:
             await stop.wait()
         finally:

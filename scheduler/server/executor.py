@@ -29,7 +29,7 @@ from poolpipe_common.tensors import TensorSpec
 from scheduler.core.api import Dispatch
 from scheduler.core.driver import Driver
 from scheduler.server.batch_log import BatchLog
-from scheduler.server.calls import Answers, Sample, now_us
+from scheduler.server.calls import Answers, Sample, now_us, shutting_down
 from scheduler.server.errors import ServeError, shed
 from scheduler.server.fleet import Fleet
 from scheduler.server.metrics import SidecarMetrics
@@ -185,8 +185,10 @@ class LiveExecutor:
             self.release(hops)
             self._on_fault(drv, d, f, live)
             return
-        except asyncio.CancelledError:
+        except asyncio.CancelledError:  # close(): its calls get an explicit error, never silence
             self.release(hops)
+            for s in live:
+                self.answers.fail(s.call, shutting_down())
             raise
         except Exception as e:  # noqa: BLE001 - never leave a client waiting on a bug: answer, log, go on
             log.exception("event=dispatch_failed dispatch=%d", d.id)

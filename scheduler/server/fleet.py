@@ -58,8 +58,10 @@ class VGpuServer:
 class Fleet:
     """Connections, health and shm pools; tells ``on_change(vgpu, up, why)`` when a server leaves or rejoins."""
 
-    def __init__(self, manifest: Manifest, on_change: Callable[[VGpuServer, bool, str], None]) -> None:
+    def __init__(self, manifest: Manifest, on_change: Callable[[VGpuServer, bool, str], None],
+                 generation: int = 0) -> None:
         self.manifest = manifest
+        self.generation = generation  # > 0: loaded by a reload (its shm regions are named apart)
         self.machine = machines(manifest)
         self.on_change = on_change
         self.servers: dict[str, VGpuServer] = {}
@@ -101,7 +103,7 @@ class Fleet:
                 for h in hosts:
                     need[h] = max(need.get(h, 0), size)
         for h, size in need.items():
-            pool = HostPool(h, size)
+            pool = HostPool(h, size, self.generation)
             for _ in range(2 * sum(1 for srv in self.servers.values() if srv.host == h)):
                 pool.give(pool.create())
             self.pools[h] = pool

@@ -47,6 +47,15 @@ class SidecarMetrics:
         self.retries = Counter(_P + "retries", "Batches retried on another path after a server fault", ["model"],
                                registry=r)
         self.hops = Counter(_P + "hops", "Boundary tensors handed between stages, by how", ["kind"], registry=r)
+        self.reloads = Counter(_P + "reloads", "Plan reloads (SIGHUP, the endpoint, --replan)", ["outcome"],
+                               registry=r)
+        self.reload_pause = Histogram(_P + "reload_pause_seconds", "Time no batch could be dispatched in a reload",
+                                      registry=r, buckets=(1e-4, 1e-3, 1e-2, .1, .25, .5, 1, 2.5))
+        self.replans = Counter(_P + "replans", "Automatic re-plans (serve --replan)", ["outcome"], registry=r)
+        for outcome in ("ok", "failed"):
+            self.reloads.labels(outcome)
+        for outcome in ("replanned", "failed"):
+            self.replans.labels(outcome)
         self._window: dict[str, deque[bool]] = {}
         self._met_in_window: dict[str, int] = {}
         self._series: dict[tuple[str, str], RequestSeries] = {}

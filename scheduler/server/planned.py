@@ -39,7 +39,7 @@ class PlannedModels:
     """The PlannedService of the Router for every model of one manifest."""
 
     def __init__(self, manifest: Manifest, policy: str, metrics: SidecarMetrics,
-                 batch_log: Path | None = None, overheads_out: Path | None = None) -> None:
+                 batch_log: Path | None = None, overheads_out: Path | None = None, generation: int = 0) -> None:
         self.manifest = manifest
         self.policy = DEFAULT_POLICY if policy == "auto" else policy
         if self.policy not in LIVE_POLICIES:
@@ -49,7 +49,7 @@ class PlannedModels:
         self.models = {m.name: m for m in manifest.models}
         self.pipelines = {p.id: p for m in manifest.models for p in m.pipelines}
         self.answers = Answers(metrics, list(self.models))
-        self.fleet = Fleet(manifest, self._vgpu_changed)
+        self.fleet = Fleet(manifest, self._vgpu_changed, generation)
         self.executor = LiveExecutor(self.fleet, self.models, self.pipelines, self.answers, metrics,
                                      BatchLog(batch_log) if batch_log else None)
         self.executor.kick = self._kick_loop
@@ -62,6 +62,7 @@ class PlannedModels:
         self._loop_task: asyncio.Task | None = None
         self._calibrating: asyncio.Task | None = None
         self._closing = False
+        self._step_waiters: list[asyncio.Future] = []
 
     @property
     def client_shm(self) -> ClientShmRegistry | None:
@@ -75,8 +76,9 @@ class PlannedModels:
     @classmethod
     async def create(cls, manifest_path: Path, policy: str, metrics: SidecarMetrics,
                      batch_log: Path | None = None, overheads_out: Path | None = None,
-                     shard: tuple[int, int] = (0, 1)) -> "PlannedModels":
-        self = cls(manifest_shard(load_manifest(manifest_path), *shard), policy, metrics, batch_log, overheads_out)
+                     shard: tuple[int, int] = (0, 1), generation: int = 0) -> "PlannedModels":
+        self = cls(manifest_shard(load_manifest(manifest_path), *shard), policy, metrics, batch_log, overheads_out,
+                   generation)
         removed = remove_stale_regions()
         if removed:
             log.info("event=stale_shm_removed count=%d regions=%s", len(removed), ",".join(removed))
@@ -152,7 +154,24 @@ class PlannedModels:
 
         self._calibrating = asyncio.ensure_future(run())
 
-    async def close(self) -> None:
+    async def stop_dispatching(self) -> None:
+        """A reload hands this plan's queue to the next: the driver is no longer stepped (nothing new is
+        dispatched), no calibration starts; in-flight batches run on and answer their calls."""
+        for t in (self._loop_task, self._calibrating):
+            if t is not None:
+                t.cancel()
+                await asyncio.gather(t, return_exceptions=True)
+        self._loop_task = self._calibrating = None
+
+    async def next_step_us(self) -> float:
+        """Kick the scheduler loop and wait for its next step of the driver; returns when it stepped (µs)."""
+        fut = asyncio.get_running_loop().create_future()
+        self._step_waiters.append(fut)
+        self._kick_loop()
+        return await fut
+
+    async def close(self) -> int:
+        """Answer what is still queued with an error, drop connections and shm regions; returns regions removed."""
         self._closing = True
         for t in (self._loop_task, self._calibrating):
             if t is not None:
@@ -168,6 +187,7 @@ class PlannedModels:
         if self.overheads_out is not None:
             self.meter.write(self.overheads_out)
         log.info("event=planned_closed shm_regions_removed=%d", removed)
+        return removed
 
     # --- the scheduler loop --------------------------------------------------------------------------------
     def _kick_loop(self) -> None:
@@ -189,6 +209,12 @@ class PlannedModels:
                 log.exception("event=step_failed")
                 self._wake_us = None
             self.metrics.decision.observe(time.perf_counter() - t0)
+            if self._step_waiters:
+                t = now_us()
+                for f in self._step_waiters:
+                    if not f.done():
+                        f.set_result(t)
+                self._step_waiters.clear()
 
     # --- the Router's PlannedService -----------------------------------------------------------------------
     def has(self, model: str) -> bool:

@@ -44,6 +44,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "balanced by planned throughput); N such sidecars behind one load balancer serve the whole "
                         "plan with no shared state, each taking 1/N of the requests ('poolpipe simulate --shards N' "
                         "shows what it costs)")
+    p.add_argument("--replan", type=Path, metavar="FILE",
+                   help="re-plan automatically when the measured mix of models leaves the plan's headroom: FILE "
+                        "names the planning spec, the cluster file and where to generate (see "
+                        "scheduler/server/replanner.py); the sidecar plans in a worker process, launches the new "
+                        "servers and reloads onto them (needs --manifest)")
     p.set_defaults(func=run)
 
 
@@ -66,6 +71,14 @@ def config_from_args(args: argparse.Namespace):  # -> SidecarConfig
     if args.policy not in ("auto", *LIVE_POLICIES):
         raise InputError(f"--policy {args.policy}: choose one of auto, {', '.join(LIVE_POLICIES)}")
     manifest, shard = None, (0, 1)
+    if args.replan is not None:
+        if args.manifest is None:
+            raise InputError("--replan needs --manifest (the plan it starts from)")
+        if args.shard:
+            raise InputError("--replan and --shard do not combine: a shard re-planning alone would re-plan the "
+                             "whole cluster for its share of the load")
+        from scheduler.server.replanner import load_settings  # noqa: PLC0415 (validates now: one-line errors)
+        load_settings(args.replan)
     if args.manifest is not None:
         from model_repository_gen.manifest import load_manifest  # noqa: PLC0415 (validates now: one-line errors)
         from scheduler.server.manifest_shard import manifest_shard, parse_shard  # noqa: PLC0415
@@ -79,7 +92,7 @@ def config_from_args(args: argparse.Namespace):  # -> SidecarConfig
     return SidecarConfig(manifest=manifest, passthrough=args.passthrough, grpc_port=args.grpc_port,
                          http_port=args.http_port, metrics_port=args.metrics_port, bind=args.bind,
                          policy=args.policy, drain_timeout_s=args.drain_timeout,
-                         batch_log=args.batch_log, overheads_out=args.overheads_out, shard=shard)
+                         batch_log=args.batch_log, overheads_out=args.overheads_out, shard=shard, replan=args.replan)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -21,9 +21,11 @@ SHM_DIR = Path("/dev/shm")
 ALIGN = 64
 
 
-def region_name(host: str, index: int, pid: int | None = None) -> str:
+def region_name(host: str, index: int, pid: int | None = None, generation: int = 0) -> str:
+    """``generation`` > 0: a plan loaded by a reload, whose pool lives beside the previous plan's."""
     safe = "".join(c if c.isalnum() else "-" for c in host)
-    return f"{PREFIX}{pid or os.getpid()}_{safe}_{index}"
+    gen = f"g{generation}_" if generation else ""
+    return f"{PREFIX}{pid or os.getpid()}_{safe}_{gen}{index}"
 
 
 def owner_pid(name: str) -> int | None:
@@ -72,14 +74,15 @@ class Region:
 class HostPool:
     """Free regions of one host, each ``slot_bytes`` large; grows on demand."""
 
-    def __init__(self, host: str, slot_bytes: int) -> None:
+    def __init__(self, host: str, slot_bytes: int, generation: int = 0) -> None:
         self.host = host
         self.slot_bytes = slot_bytes
+        self.generation = generation
         self.regions: list[Region] = []
         self.free: list[Region] = []
 
     def create(self) -> Region:
-        name = region_name(self.host, len(self.regions))
+        name = region_name(self.host, len(self.regions), generation=self.generation)
         # The sidecar never maps these: the servers write and read them. Plain files, no resource tracker.
         fd = os.open(SHM_DIR / name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:

@@ -1,0 +1,269 @@
+"""Reloading the plan while serving: the Router's planned service, swapped from one manifest's plan to the next.
+
+A reload (SIGHUP, or ``POST /v2/poolpipe/reload``) loads the manifest and brings the new plan up beside
+the old one (its own connections, shared-memory pool and calibration; the old plan keeps serving
+meanwhile). When the new plan is ready, dispatching switches at a batch boundary: the old driver stops
+(nothing new is dispatched), its queued tickets move to the new driver with their deadlines, and new
+requests go to the new plan. When the new plan uses a server the old one has batches on, the switch waits
+for those batches first (the new driver's reservations cannot see them); otherwise the old batches finish
+beside the new plan. Then the old plan's connections and shared-memory regions are dropped. Every request
+is answered or gets an explicit error; a failed reload leaves the old plan serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from aiohttp import web
+from tritonclient.grpc import service_pb2
+
+from model_repository_gen.manifest import load_manifest
+from poolpipe_common.errors import InputError
+from scheduler.core.driver import Driver, Ticket
+from scheduler.server.calls import now_us
+from scheduler.server.client_shm import ClientShmRegistry
+from scheduler.server.errors import ServeError
+from scheduler.server.planned import PlannedModels
+
+log = logging.getLogger("poolpipe.sidecar.reload")
+
+READY_TIMEOUT_S = 60.0  # the new plan must be calibrated and in service within this, else the reload fails
+FLUSH_TIMEOUT_S = 30.0  # old batches still running after this are left to the old plan's close
+
+
+class ReloadError(Exception):
+    """The reload did not happen (the old plan keeps serving); the message says why, ``status`` as HTTP."""
+
+    def __init__(self, message: str, status: int = 503) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class ReloadReport:
+    manifest: str
+    generation: int
+    pause_ms: float  # no dispatch from the old driver's stop to the new driver's first step
+    flush_ms: float  # until the old plan's last in-flight batch finished
+    handed_over: int  # queued tickets the new driver adopted
+    failed: list[str] = field(default_factory=list)  # why tickets could not be handed over (answered with errors)
+    servers_added: list[str] = field(default_factory=list)
+    servers_removed: list[str] = field(default_factory=list)
+    shm_regions_removed: int = 0
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _take_queued(driver: Driver) -> list[Ticket]:
+    """The driver's queued tickets, removed from it (it will not be stepped again)."""
+    queued = driver.queued()
+    moved = {id(t) for t in queued}
+    driver.tickets = {rid: t for rid, t in driver.tickets.items() if id(t) not in moved}
+    return queued
+
+
+def incompatible(old: PlannedModels, new: PlannedModels) -> list[str]:
+    """Models in both plans whose tensors differ: their clients would break, so the reload is refused."""
+    return [m for m, info in new.models.items() if m in old.models
+            and (old.models[m].inputs, old.models[m].outputs) != (info.inputs, info.outputs)]
+
+
+class ReloadablePlanned:
+    """The Router's PlannedService: delegates to the current plan; ``reload()`` swaps in the next."""
+
+    def __init__(self, current: PlannedModels, manifest_path: Path,
+                 open_plan: Callable[[Path, int], Awaitable[PlannedModels]]) -> None:
+        self.current = current
+        self.on_arrival: Callable[[str], None] | None = None  # each planned request's model (serve --replan)
+        self.manifest_path = manifest_path
+        self.open_plan = open_plan
+        self.generation = 0
+        self.reloads = 0
+        self._lock = asyncio.Lock()
+        self._registry: ClientShmRegistry | None = None
+
+    # --- the PlannedService, delegated ------------------------------------------------------------------
+    def has(self, model: str) -> bool:
+        return self.current.has(model)
+
+    def names(self) -> list[str]:
+        return self.current.names()
+
+    def ready(self, model: str) -> bool:
+        return self.current.ready(model)
+
+    def metadata(self, model: str) -> service_pb2.ModelMetadataResponse:
+        return self.current.metadata(model)
+
+    def config(self, model: str) -> service_pb2.ModelConfigResponse:
+        return self.current.config(model)
+
+    def statistics(self, model: str) -> service_pb2.ModelStatistics:
+        return self.current.statistics(model)
+
+    def refresh_gauges(self) -> None:
+        self.current.refresh_gauges()
+
+    async def infer(self, request: service_pb2.ModelInferRequest, deadline_s: float | None
+                    ) -> service_pb2.ModelInferResponse:
+        if self.on_arrival is not None:
+            self.on_arrival(request.model_name)
+        return await self.current.infer(request, deadline_s)
+
+    @property
+    def client_shm(self) -> ClientShmRegistry | None:
+        return self._registry
+
+    @client_shm.setter
+    def client_shm(self, registry: ClientShmRegistry | None) -> None:
+        self._registry = registry
+        self.current.client_shm = registry
+
+    async def close(self) -> None:
+        """Waits for a reload in progress (so that no plan it opened is left behind), then closes the plan."""
+        async with self._lock:
+            await self.current.close()
+
+    # --- the swap ---------------------------------------------------------------------------------------
+    async def reload(self, manifest_path: Path | None = None) -> ReloadReport:
+        """Load ``manifest_path`` (default: the one the sidecar was started with) and switch to it."""
+        if self._lock.locked():
+            raise ReloadError("a reload is already in progress; wait for it to finish", 409)
+        async with self._lock:
+            path = manifest_path or self.manifest_path
+            try:
+                load_manifest(path)  # bad input: a one-line error before anything starts
+            except InputError as e:
+                raise ReloadError(f"cannot reload: {e}", 400) from None
+            self.generation += 1
+            log.info("event=reload_start manifest=%s generation=%d", path, self.generation)
+            metrics = self.current.metrics
+            try:
+                new = await self.open_plan(path, self.generation)
+            except Exception as e:  # noqa: BLE001 - whatever failed, the old plan serves on and the reason is told
+                metrics.reloads.labels("failed").inc()
+                log.exception("event=reload_open_failed manifest=%s", path)
+                raise ReloadError(f"cannot reload: the new plan did not start: {e}") from None
+            try:
+                await self._ready(new)
+            except ReloadError:
+                metrics.reloads.labels("failed").inc()
+                await new.close()
+                raise
+            report = await self._switch(self.current, new, path)
+            metrics.reloads.labels("ok").inc()
+            metrics.reload_pause.observe(report.pause_ms / 1e3)
+            self.manifest_path = path
+            self.reloads += 1
+            return report
+
+    async def _ready(self, new: PlannedModels) -> None:
+        bad = incompatible(self.current, new)
+        if bad:
+            raise ReloadError(f"cannot reload: model(s) {', '.join(bad)} change their input or output tensors; "
+                              "clients would break (serve them under another name, or restart the sidecar)", 409)
+        new.client_shm = self._registry
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not all(new.ready(m) for m in new.names()):
+            if time.monotonic() > deadline:
+                down = [m for m in new.names() if not new.ready(m)]
+                raise ReloadError(f"cannot reload: the new plan's model(s) {', '.join(down)} are not in service "
+                                  f"after {READY_TIMEOUT_S:.0f} s (are their Triton servers launched?)")
+            await asyncio.sleep(0.05)
+
+    async def _switch(self, old: PlannedModels, new: PlannedModels, path: Path) -> ReloadReport:
+        old_urls = {s.grpc_url for s in old.fleet.servers.values()}
+        new_urls = {s.grpc_url for s in new.fleet.servers.values()}
+        for m, counters in old.answers.counters.items():  # statistics carry on across the reload
+            if m in new.answers.counters:
+                new.answers.counters[m] = counters
+        t_stop = now_us()
+        await old.stop_dispatching()
+        flushed = False
+        if old_urls & new_urls:  # shared servers: their batches must finish before new reservations start
+            await self._flush(old)
+            flushed = True
+        handed, failed = self._hand_over(old, new)
+        self.current = new
+        pause_ms = (await new.next_step_us() - t_stop) / 1e3
+        if not flushed:
+            await self._flush(old)
+        flush_ms = (now_us() - t_stop) / 1e3
+        more, failed_late = self._hand_over(old, new)  # retries of old batches that failed meanwhile
+        removed = await old.close()
+        report = ReloadReport(str(path), self.generation, pause_ms, flush_ms, handed + more, failed + failed_late,
+                              sorted(new_urls - old_urls), sorted(old_urls - new_urls), removed)
+        log.info("event=reloaded manifest=%s generation=%d pause_ms=%.1f flush_ms=%.1f handed_over=%d failed=%d "
+                 "servers_added=%s servers_removed=%s shm_regions_removed=%d", path, self.generation, pause_ms,
+                 flush_ms, report.handed_over, len(report.failed), ",".join(report.servers_added) or "-",
+                 ",".join(report.servers_removed) or "-", removed)
+        return report
+
+    @staticmethod
+    async def _flush(old: PlannedModels) -> None:
+        tasks = list(old.executor.tasks)
+        if tasks:
+            await asyncio.wait(tasks, timeout=FLUSH_TIMEOUT_S)
+
+    @staticmethod
+    def _hand_over(old: PlannedModels, new: PlannedModels) -> tuple[int, list[str]]:
+        """Move the old driver's queued tickets to the new one; those of models the new plan lacks fail."""
+        now = now_us()
+        keep, failed = [], []
+        for tk in _take_queued(old.driver):
+            if new.has(tk.model):
+                keep.append(tk)
+            else:
+                why = f"model '{tk.model}' is not in the reloaded plan"
+                old.answers.fail(tk.item.call, ServeError(grpc.StatusCode.UNAVAILABLE, why))
+                failed.append(why)
+        new.driver.adopt(keep, now)
+        return len(keep), failed
+
+
+def is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address.split("%")[0]).is_loopback
+    except ValueError:
+        return address == "localhost"
+
+
+def reload_handler(planned: ReloadablePlanned, bind: str) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """``POST /v2/poolpipe/reload`` (optional JSON body ``{"manifest": PATH}``): the report, or an error.
+
+    Only loopback clients may reload while the sidecar listens on loopback (the default ``--bind``); a sidecar
+    bound elsewhere accepts it from wherever it is reachable."""
+    async def handle(request: web.Request) -> web.Response:
+        if not is_loopback(request.remote or "") and is_loopback(bind):
+            return web.json_response({"error": "reload is accepted from loopback only"}, status=403)
+        try:
+            body = await request.json() if await request.read() else {}
+        except ValueError as e:
+            return web.json_response({"error": f"the body must be JSON like {{\"manifest\": PATH}}: {e}"}, status=400)
+        if not isinstance(body, dict) or set(body) - {"manifest"} or not isinstance(body.get("manifest", ""), str):
+            return web.json_response({"error": "the body may hold only {\"manifest\": PATH} (a string)"}, status=400)
+        try:
+            report = await planned.reload(Path(body["manifest"]) if body.get("manifest") else None)
+        except ReloadError as e:
+            log.warning("event=reload_failed reason=%s", e)
+            return web.json_response({"error": str(e)}, status=e.status)
+        return web.json_response(report.to_dict())
+    return handle
+
+
+def reload_on_signal(planned: ReloadablePlanned) -> asyncio.Task:
+    """SIGHUP: reload from the manifest path the sidecar was started with (errors are logged; it serves on)."""
+    async def run() -> None:
+        try:
+            await planned.reload()
+        except ReloadError as e:
+            log.warning("event=reload_failed reason=%s", e)
+    return asyncio.ensure_future(run())

@@ -1,0 +1,186 @@
+"""``serve --replan FILE``: automatic re-planning. The sidecar counts each planned model's arrivals; the core's
+``ReplanTrigger`` decides when the smoothed mix has left the plan's headroom. Then a worker process (never
+the event loop) solves the spec for the measured mix and generates a deployment into ``out_dir/gen-N``; the
+sidecar launches its servers (in a thread), reloads onto it (scheduler.server.reload) and stops the servers
+it launched for the generation before. Servers it did not launch (the first plan's) are left to the operator,
+and the log names them. Metrics and logs say when and why it re-planned and what the migration cost.
+
+The settings file (YAML or JSON; paths relative to it)::
+
+    spec: spec.yaml          # the planning spec; its models' weights become the measured rates
+    cluster: cluster.yaml    # hosts for 'generate'
+    out_dir: replans         # each re-plan generates into out_dir/gen-N
+    onnx: {resnet: resnet.onnx}   # models to cut (emulated hosts need none)
+    emulated_tensor_scale: 1.0
+    planner: ppipe
+    solver: highs
+    time_limit_s: 60
+    window_s: 5              # the trigger: see scheduler.core.replan_trigger.ReplanConfig
+    smoothing: 0.5
+    high: 0.9
+    mix_tolerance: 0.1
+    cooldown_s: 120
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from poolpipe_common.documents import as_float, check_fields, read_document
+from poolpipe_common.errors import InputError
+from runtime.launch import Deployment
+from scheduler.core.replan_trigger import ReplanConfig, ReplanDecision, ReplanTrigger
+from scheduler.server.calls import now_us
+from scheduler.server.metrics import SidecarMetrics
+from scheduler.server.reload import ReloadablePlanned
+
+log = logging.getLogger("poolpipe.sidecar.replan")
+
+FIELDS = ("spec", "cluster", "out_dir", "onnx", "emulated_tensor_scale", "planner", "solver", "time_limit_s",
+          "window_s", "smoothing", "high", "mix_tolerance", "cooldown_s")
+
+
+@dataclass(frozen=True)
+class ReplanJob:
+    """What the worker process plans and generates (picklable)."""
+
+    spec: Path
+    cluster: Path
+    out: Path
+    rates_rps: dict[str, float]
+    onnx: dict[str, Path] = field(default_factory=dict)
+    emulated_tensor_scale: float = 1.0
+    planner: str = "ppipe"
+    solver: str = "highs"
+    time_limit_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class ReplanSettings:
+    job: ReplanJob  # rates_rps and out filled in per re-plan
+    out_dir: Path
+    trigger: ReplanConfig
+
+
+def load_settings(path: Path) -> ReplanSettings:
+    """The --replan file, checked now (one-line InputErrors that name the field)."""
+    where = f"--replan {path}"
+    d = check_fields(read_document(path, "replan settings", yaml_ok=True), FIELDS, where)
+    base = Path(path).resolve().parent
+    missing = [k for k in ("spec", "cluster", "out_dir") if k not in d]
+    if missing:
+        raise InputError(f"{where}: missing field(s) {', '.join(missing)}")
+    onnx = d.get("onnx") or {}
+    if not isinstance(onnx, dict):
+        raise InputError(f"{where}: onnx must map model names to ONNX files")
+    nums = {k: as_float(d[k], f"{where}: {k}") for k in ("window_s", "smoothing", "high", "mix_tolerance",
+                                                          "cooldown_s") if k in d}
+    try:
+        trigger = ReplanConfig(**{"cooldown_s": 120.0, "window_s": 5.0, **nums})
+    except ValueError as e:
+        raise InputError(f"{where}: {e}") from None
+    job = ReplanJob(base / str(d["spec"]), base / str(d["cluster"]), Path(), {},
+                    {str(k): base / str(v) for k, v in onnx.items()},
+                    as_float(d.get("emulated_tensor_scale", 1.0), f"{where}: emulated_tensor_scale"),
+                    str(d.get("planner", "ppipe")), str(d.get("solver", "highs")),
+                    as_float(d.get("time_limit_s", 60.0), f"{where}: time_limit_s"))
+    from planner.spec import load_spec  # noqa: PLC0415
+
+    load_spec(job.spec)
+    for p in (job.cluster, *job.onnx.values()):
+        if not p.is_file():
+            raise InputError(f"{where}: no such file {p}")
+    return ReplanSettings(job, base / str(d["out_dir"]), trigger)
+
+
+def plan_and_generate(job: ReplanJob) -> tuple[str, float, dict[str, float]]:
+    """In the worker: the spec with weights = measured rates, solved and generated; (manifest, solve s, rates)."""
+    from model_repository_gen.generate import generate  # noqa: PLC0415
+    from planner.solve import solve_spec  # noqa: PLC0415
+    from planner.spec import load_spec  # noqa: PLC0415
+
+    spec = load_spec(job.spec)
+    top = max(job.rates_rps.values(), default=1.0) or 1.0
+    models = tuple(replace(m, weight=max(job.rates_rps.get(m.name, 0.0), 0.01 * top)) for m in spec.models)
+    plan = solve_spec(replace(spec, models=models), job.planner, job.solver, job.time_limit_s)
+    generate(plan, job.onnx, job.cluster, job.out, emulated_tensor_scale=job.emulated_tensor_scale)
+    plan.save(job.out / "plan.json")
+    return str(job.out / "manifest.json"), plan.solve_seconds, {m.name: m.throughput_rps for m in plan.models}
+
+
+def planned_capacity(planned: ReloadablePlanned) -> dict[str, float]:
+    return {m: sum(p.throughput_rps for p in info.pipelines) for m, info in planned.current.models.items()}
+
+
+class AutoReplanner:
+    """Watches the arrivals of the planned models and re-plans, generates, launches and reloads (module doc)."""
+
+    def __init__(self, settings: ReplanSettings, planned: ReloadablePlanned, metrics: SidecarMetrics) -> None:
+        self.settings = settings
+        self.planned = planned
+        self.metrics = metrics
+        self.trigger = ReplanTrigger(settings.trigger, planned_capacity(planned), now_us())
+        self.generation = 0
+        self.launched: Deployment | None = None
+        self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+        self._task: asyncio.Task | None = None
+        planned.on_arrival = lambda model: self.trigger.arrived(model, now_us())
+
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self._watch())
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(max(0.0, (self.trigger.next_check_us() - now_us()) / 1e6) + 0.001)
+            decision = self.trigger.check(now_us())
+            if decision is not None:
+                await self._replan(decision)
+
+    async def _replan(self, d: ReplanDecision) -> None:
+        self.generation += 1
+        out = self.settings.out_dir / f"gen-{self.generation}"
+        log.info("event=replan_decided generation=%d reason=%s rates=%s", self.generation, d.reason,
+                 ",".join(f"{m}={r:.1f}" for m, r in d.rates_rps.items()))
+        t0 = time.monotonic()
+        launched = None
+        try:
+            job = replace(self.settings.job, out=out, rates_rps=d.rates_rps)
+            manifest, solve_s, rates = await asyncio.get_running_loop().run_in_executor(self._pool,
+                                                                                        plan_and_generate, job)
+            log.info("event=replan_planned generation=%d solve_s=%.2f throughputs=%s", self.generation, solve_s,
+                     ",".join(f"{m}={r:.1f}" for m, r in rates.items()))
+            launched = Deployment(out, log_dir=out / "logs")
+            await asyncio.to_thread(launched.start)
+            before = {s.grpc_url for s in self.planned.current.fleet.servers.values()}
+            report = await self.planned.reload(Path(manifest))
+        except Exception as e:  # noqa: BLE001 - whatever failed, the old plan serves on: log it, cool down
+            self.metrics.replans.labels("failed").inc()
+            log.warning("event=replan_failed generation=%d reason=%s", self.generation, e)
+            if launched is not None:
+                await asyncio.to_thread(launched.stop)
+            self.trigger.replanned(planned_capacity(self.planned), now_us())  # cool down before trying again
+            return
+        previous, self.launched = self.launched, launched
+        if previous is not None:
+            await asyncio.to_thread(previous.stop)
+        elif before - {s.grpc_url for s in self.planned.current.fleet.servers.values()}:
+            log.info("event=replan_unused_servers servers=%s (launched before the sidecar; stop them when you like)",
+                     ",".join(sorted(report.servers_removed)))
+        self.trigger.replanned(planned_capacity(self.planned), now_us())
+        self.metrics.replans.labels("replanned").inc()
+        log.info("event=replanned generation=%d manifest=%s took_s=%.1f pause_ms=%.1f", self.generation, manifest,
+                 time.monotonic() - t0, report.pause_ms)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        self._pool.shutdown(cancel_futures=True)
+        if self.launched is not None:
+            await asyncio.to_thread(self.launched.stop)
