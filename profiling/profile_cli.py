@@ -48,6 +48,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="also record each block's latency distribution over its timed runs at N evenly spaced "
                         "quantile levels (0 = the median only, the default); for models whose latency varies "
                         "(the orloj policy schedules with it). Needs --repeats >= N")
+    m.add_argument("--inputs", type=Path, metavar="FILE.npz",
+                   help="time every block over these real inputs instead of random ones: a NumPy .npz with one "
+                        "array per model input, named as the input, samples along the first axis (no batch "
+                        "dimension), e.g. numpy.savez('inputs.npz', images=frames); each batch size takes batches "
+                        "of the samples in turn, so --latency-quantiles spans the inputs as well as the repeats "
+                        "(variable-latency models: early exit, content-dependent work)")
     m.add_argument("--max-boundary-tensors", type=int, default=1,
                    help="most tensors allowed to cross a block boundary when pre-partitioning (default 1)")
     m.add_argument("--model-name", default=None,
@@ -122,7 +128,7 @@ def _measure(args: argparse.Namespace) -> int:
         quantile_levels=args.latency_quantiles)
     like = load_profile(args.like) if args.like else None
     prof = measure_profile(args.model, opts, n_blocks=args.blocks, like=like, like_path=str(args.like or ""),
-                           model_name=args.model_name)
+                           model_name=args.model_name, inputs_path=args.inputs)
     prof.save(args.out)
     total = {v: prof.latency_us(opts.label, v, opts.batch_sizes[0]) for v in opts.vgpu_levels}
     per_level = ", ".join(f"V={v}: {us / 1000:.2f} ms" for v, us in total.items())

@@ -18,7 +18,7 @@ import os
 import platform
 import queue as queue_mod
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -28,6 +28,7 @@ import onnx.utils
 
 from poolpipe_common.errors import InputError
 from profiling.devices import check_engine, gpu_names, make_runner
+from profiling.input_sets import input_batches, load_input_set
 from profiling.latency_quantiles import LatencyQuantiles
 from profiling.onnx_graph import (
     TensorSpec,
@@ -69,6 +70,9 @@ class MeasureOptions:
     # >= 2: also record each block's latency at this many evenly spaced quantile levels of its timed runs (all
     # workers' runs together), the distribution of a variable-latency model; 0: the median only
     quantile_levels: int = 0
+    # profile measure --inputs: real samples per model input (profiling.input_sets), timed in turn instead of
+    # one random batch, so the quantiles span the inputs; None: random inputs
+    inputs: dict[str, np.ndarray] | None = field(default=None, compare=False)
 
     @property
     def levels(self) -> tuple[float, ...]:
@@ -137,12 +141,18 @@ def _measure_blocks(models: list[bytes], input_specs: list[TensorSpec], opts: Me
     ins = [[i.name for i in s.graph.input if i.name not in {t.name for t in s.graph.initializer}] for s in subs]
     outs = [[o.name for o in s.graph.output] for s in subs]
     for bi, batch in enumerate(opts.batch_sizes):
-        feeds = random_feeds(input_specs, batch)
+        feed_sets = ([random_feeds(input_specs, batch)] if opts.inputs is None
+                     else input_batches(opts.inputs, batch))
+        repeats = max(1, -(-opts.repeats // len(feed_sets)))  # about opts.repeats runs over all the inputs
         for k, runner in enumerate(runners):
-            block_feeds = {n: feeds[n] for n in ins[k]}
             sync()
-            report(bi * len(runners) + k, time_runner_samples_us(runner.run, block_feeds, opts.repeats, opts.warmup))
-            feeds.update(zip(outs[k], runner.run(block_feeds)))
+            runs: list[float] = []
+            for j, feeds in enumerate(feed_sets):
+                block_feeds = {n: feeds[n] for n in ins[k]}
+                runs += time_runner_samples_us(runner.run, block_feeds, repeats,
+                                               opts.warmup if j == 0 else min(1, opts.warmup))
+                feeds.update(zip(outs[k], runner.run(block_feeds)))
+            report(bi * len(runners) + k, runs)
 
 
 def _worker(models: list[bytes], input_specs: list[TensorSpec], opts: MeasureOptions, v: int, threads: int | None,
@@ -240,6 +250,9 @@ def _provenance(model_path: Path, opts: MeasureOptions) -> dict[str, Any]:
     if opts.levels:
         p["latency_quantiles"] = len(opts.levels)
         p["method"] += f"; latency_quantiles: {len(opts.levels)} levels over every timed run of every worker"
+    if opts.inputs is not None:
+        p["input_samples"] = len(next(iter(opts.inputs.values())))
+        p["method"] += f"; timed over {p['input_samples']} given input samples in turn (--inputs)"
     if opts.emulate_slowdown != 1.0:
         p["emulate_slowdown"] = opts.emulate_slowdown
         p["method"] += (f"; emulated device class: engine time x {opts.emulate_slowdown:g} (the partition "
@@ -251,8 +264,9 @@ def _provenance(model_path: Path, opts: MeasureOptions) -> dict[str, Any]:
 
 def measure_profile(model_path: str | Path, opts: MeasureOptions, n_blocks: int | None = None,
                     like: Profile | None = None, like_path: str = "", model_name: str | None = None,
-                    progress: bool | None = None) -> Profile:
-    """Measure a profile of ``model_path`` on one device type (``opts.label``), all levels and batch sizes."""
+                    progress: bool | None = None, inputs_path: Path | None = None) -> Profile:
+    """Measure a profile of ``model_path`` on one device type (``opts.label``), all levels and batch sizes;
+    timed over the samples of ``inputs_path`` (profiling.input_sets) where given, else over random inputs."""
     from tqdm import tqdm
 
     check_engine(opts.device, opts.engine, opts.vgpu_levels)
@@ -261,6 +275,8 @@ def measure_profile(model_path: str | Path, opts: MeasureOptions, n_blocks: int 
     model_path = Path(model_path)
     model = with_shapes(load_onnx(model_path))
     specs = model_input_specs(model)
+    if inputs_path is not None:
+        opts = replace(opts, inputs=load_input_set(Path(inputs_path), specs))
     if like is not None:
         plan = blocks_like(model, like, like_path)
     elif n_blocks is not None:
