@@ -30,7 +30,7 @@ demo: $(STAMP)
 	$(VENV)/bin/poolpipe demo --out demo-out
 
 bench: $(STAMP)
-	$(PY) benchmarks/planner_bench.py
+	$(PY) -m benchmarks.planner_bench
 
 # Only this tree's own .venv: an environment named on the command line (VENV=...) is never removed.
 clean:
