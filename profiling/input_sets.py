@@ -26,7 +26,7 @@ def load_input_set(path: Path, specs: list[TensorSpec]) -> dict[str, np.ndarray]
     except (OSError, ValueError, zipfile.BadZipFile) as e:
         raise InputError(f"--inputs {path}: not a NumPy .npz file ({e}); write one with "
                          f"numpy.savez(path, **{{input_name: samples}})") from None
-    if not isinstance(arrays, dict) or not arrays:
+    if not arrays:
         raise InputError(f"--inputs {path}: no arrays; it needs one per model input "
                          f"({', '.join(s.name for s in specs)})")
     names = {s.name for s in specs}

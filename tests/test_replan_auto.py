@@ -152,20 +152,17 @@ def _ready(sc: SidecarProcess) -> bool:
         return False
 
 
-def test_replan_settings_are_checked(tmp_path: Path) -> None:
+@pytest.mark.parametrize("extra, message", [
+    ("", "missing field.*out_dir"),
+    ("out_dir: x\nsmoothing: 2\n", "smoothing"),
+    ("out_dir: x\ncooldwn_s: 2\n", "cooldown_s"),  # a typo: did you mean
+    ("out_dir: x\n", "spec.json"),  # the spec it names does not exist
+])
+def test_replan_settings_are_checked(tmp_path: Path, extra: str, message: str) -> None:
     from poolpipe_common.errors import InputError
     from scheduler.server.replanner import load_settings
 
     f = tmp_path / "r.yaml"
-    f.write_text("spec: spec.json\ncluster: c.json\n")
-    with pytest.raises(InputError, match="missing field.*out_dir"):
-        load_settings(f)
-    f.write_text("spec: spec.json\ncluster: c.json\nout_dir: x\nsmoothing: 2\n")
-    with pytest.raises(InputError, match="smoothing"):
-        load_settings(f)
-    f.write_text("spec: spec.json\ncluster: c.json\nout_dir: x\ncooldwn_s: 2\n")
-    with pytest.raises(InputError, match="cooldown_s"):
-        load_settings(f)
-    f.write_text("spec: spec.json\ncluster: c.json\nout_dir: x\n")
-    with pytest.raises(InputError, match="spec.json"):
+    f.write_text("spec: spec.json\ncluster: c.json\n" + extra)
+    with pytest.raises(InputError, match=message):
         load_settings(f)

@@ -247,7 +247,7 @@ def test_orloj_batch_pick_equals_scoring_every_queued_request(deadlines: list[fl
     bm = next(b for b in pol.models["m"][0][1] if b.batch == batch)
     q = DeadlineQueue()
     for i, d in enumerate(deadlines):
-        q.add(Request(i, "m", 0.0, d))
+        q.append(Request(i, "m", 0.0, d))
     lo = q.first_at_or_after(bm.mean_us)
     if len(q) - lo < batch:
         return

@@ -29,20 +29,23 @@ class ArrivalRate:
     def per_us(self, now_us: float) -> float:
         """0 when fewer than two arrivals are recent or the stream is stale; else (arrivals - 1) over their
         time span (at least the time since the newest, so a rate decays when arrivals stop)."""
+        gap = self._mean_gap(now_us)
+        if gap is None:
+            return 0.0
+        times = self._times
+        return (len(times) - 1) / max(times[-1] - times[0], now_us - times[-1], 1.0)
+
+    def stale_at_us(self, now_us: float) -> float:
+        """When the stream counts as stopped if nothing arrives before (inf while no rate is known)."""
+        gap = self._mean_gap(now_us)
+        return float("inf") if gap is None else self._times[-1] + self.stale_after * gap
+
+    def _mean_gap(self, now_us: float) -> float | None:
+        """The mean gap between the recent arrivals; None with fewer than two or once the stream is stale."""
         times = self._times
         while times and times[0] < now_us - self.horizon_us:
             times.popleft()
         if len(times) < 2:
-            return 0.0
-        gap = max(times[-1] - times[0], 1.0) / (len(times) - 1)  # the mean gap while it was arriving
-        silence = now_us - times[-1]
-        if silence >= self.stale_after * gap:
-            return 0.0
-        return (len(times) - 1) / max(times[-1] - times[0], silence, 1.0)
-
-    def stale_at_us(self, now_us: float) -> float:
-        """When the stream counts as stopped if nothing arrives before (inf while no rate is known)."""
-        if self.per_us(now_us) == 0.0:
-            return float("inf")
-        times = self._times
-        return times[-1] + self.stale_after * max(times[-1] - times[0], 1.0) / (len(times) - 1)
+            return None
+        gap = max(times[-1] - times[0], 1.0) / (len(times) - 1)
+        return None if now_us - times[-1] >= self.stale_after * gap else gap

@@ -191,6 +191,14 @@ class Driver:
         busy = {id(tk) for tks in self._in_flight.values() for tk in tks}
         return [tk for tk in self.tickets.values() if id(tk) not in busy]
 
+    def take_queued(self) -> list[Ticket]:
+        """The queued tickets, removed from this driver (a plan swap hands them to the next driver; this one is
+        not stepped again, and a later take finds only what its failing batches re-enqueued since)."""
+        queued = self.queued()
+        moved = {id(t) for t in queued}
+        self.tickets = {rid: t for rid, t in self.tickets.items() if id(t) not in moved}
+        return queued
+
     def adopt(self, tickets: list[Ticket], now_us: float) -> None:
         """Take over another driver's queued tickets (same deadlines; this is not a retry)."""
         for tk in tickets:

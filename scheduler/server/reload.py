@@ -26,7 +26,6 @@ from tritonclient.grpc import service_pb2
 
 from model_repository_gen.manifest import load_manifest
 from poolpipe_common.errors import InputError
-from scheduler.core.driver import Driver, Ticket
 from scheduler.server.calls import now_us
 from scheduler.server.client_shm import ClientShmRegistry
 from scheduler.server.errors import ServeError
@@ -60,14 +59,6 @@ class ReloadReport:
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
-
-
-def _take_queued(driver: Driver) -> list[Ticket]:
-    """The driver's queued tickets, removed from it (it will not be stepped again)."""
-    queued = driver.queued()
-    moved = {id(t) for t in queued}
-    driver.tickets = {rid: t for rid, t in driver.tickets.items() if id(t) not in moved}
-    return queued
 
 
 def incompatible(old: PlannedModels, new: PlannedModels) -> list[str]:
@@ -218,7 +209,7 @@ class ReloadablePlanned:
         """Move the old driver's queued tickets to the new one; those of models the new plan lacks fail."""
         now = now_us()
         keep, failed = [], []
-        for tk in _take_queued(old.driver):
+        for tk in old.driver.take_queued():
             if new.has(tk.model):
                 keep.append(tk)
             else:

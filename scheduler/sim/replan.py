@@ -5,7 +5,7 @@ smoothed per-model rates. When it decides, the planner solves for the measured m
 plan keeps serving for ``solve_delay_s``, then ingest pauses: arrivals are held, the old driver dispatches
 nothing more and its in-flight batches finish (the flush). When both the flush is done and ``pause_us``
 has passed (about one SLO), a driver for the new plan adopts the old one's queued tickets
-(``Driver.queued``/``adopt``) and the held arrivals, with their original deadlines. Without ``plan_for``
+(``Driver.take_queued``/``adopt``) and the held arrivals, with their original deadlines. Without ``plan_for``
 the same loop serves the one static plan.
 """
 
@@ -132,7 +132,7 @@ def simulate_shifting(plan: Plan, arrivals: Sequence[tuple[float, str]], duratio
         if old is not None:
             old.ex.run_due(t)
             if t >= pause_end and not old.in_flight():  # flushed: the new plan takes over
-                cur.driver.adopt(old.driver.queued(), t)
+                cur.driver.adopt(old.driver.take_queued(), t)
                 for i in held:
                     at, model = arrivals[i]
                     cur.driver.submit(i, model, at, at + slo[model])

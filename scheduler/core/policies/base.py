@@ -17,9 +17,14 @@ class QueueingPolicy:
 
     def __init__(self, topology: Topology) -> None:
         self.topology = topology
-        self.queues: dict[str, deque[Request]] = {m: deque() for m in topology.pipelines}
+        self.queues: dict[str, deque[Request]] = {m: self.new_queue() for m in topology.pipelines}
         self._next_dispatch = 1
         self._unknown: list[Request] = []
+
+    @staticmethod
+    def new_queue() -> deque[Request]:
+        """One model's queue (FIFO here; a policy may keep another order behind ``append`` and ``len``)."""
+        return deque()
 
     @property
     def probe_calls(self) -> int:

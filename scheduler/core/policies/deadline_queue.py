@@ -20,7 +20,8 @@ class DeadlineQueue:
     def __len__(self) -> int:
         return len(self.deadlines)
 
-    def add(self, r: Request) -> None:
+    def append(self, r: Request) -> None:
+        """Insert ``r`` at its deadline's place (the name of a queue's insertion in QueueingPolicy)."""
         i = bisect_right(self.deadlines, r.deadline_us)
         self.deadlines.insert(i, r.deadline_us)
         self.requests.insert(i, r)

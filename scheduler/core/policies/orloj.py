@@ -87,7 +87,6 @@ class OrlojPolicy(QueueingPolicy):
         if not b_per_ms > 0:
             raise ValueError(f"orloj: anticipation factor b={b_per_ms} per ms must be > 0")
         self.vq = VGpuQueues(topology)
-        self.pending = {m: DeadlineQueue() for m in topology.pipelines}
         b_per_us = b_per_ms / 1000.0
         self.models: dict[str, list[tuple[CompiledPipeline, list[_BatchModel]]]] = {}
         self.min_latency_us: dict[str, float] = {}  # expected latency of the smallest batch on the fastest pipeline
@@ -97,20 +96,14 @@ class OrlojPolicy(QueueingPolicy):
             self.models[m] = per
             self.min_latency_us[m] = min((bms[-1].mean_us for _, bms in per), default=float("inf"))
 
-    def enqueue(self, request: Request) -> None:
-        q = self.pending.get(request.model)
-        if q is None:
-            self._unknown.append(request)
-        else:
-            q.add(request)
-
-    def queue_lengths(self) -> dict[str, int]:
-        return {m: len(q) for m, q in self.pending.items()}
+    @staticmethod
+    def new_queue() -> DeadlineQueue:  # type: ignore[override]
+        return DeadlineQueue()
 
     def step(self, now_us: float) -> StepResult:
         result = StepResult()
         self.take_unknown(result)
-        for model, q in self.pending.items():
+        for model, q in self.queues.items():
             if not q:
                 continue
             for r in q.pop_before(now_us + self.min_latency_us[model]):
