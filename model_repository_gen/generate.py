@@ -39,6 +39,7 @@ from model_repository_gen.cluster_file import (
     load_cluster,
 )
 from model_repository_gen.emulated_io import EmulatedTensors, check_scale, emulated_tensors
+from model_repository_gen.generations import generation_suffix, kept_ports
 from model_repository_gen.manifest import (
     HostInfo,
     Manifest,
@@ -147,6 +148,7 @@ def _launch_sh(host: ClusterHost, servers: list[dict[str, Any]]) -> str:
         f"# The tritonservers of host {host.name} ({host.gpus} x {host.gpu_type}, device {host.device}), "
         "written by 'poolpipe generate'.",
         "# 'poolpipe launch DIR --host NAME' does the same and also checks GPUs/MPS and waits for readiness.",
+        "# Explicit model control: 'poolpipe launch' loads the next generation's partitions into a kept server.",
         "# TRITONSERVER / TRITON_BACKEND_DIR: the binary and its backends directory (with the python backend);",
         "# PYTHONPATH must name the site-packages with numpy and onnxruntime (the partition backend adds it).",
         "set -euo pipefail",
@@ -163,7 +165,8 @@ def _launch_sh(host: ClusterHost, servers: list[dict[str, Any]]) -> str:
             f'{env} "$TRITONSERVER" --model-repository={shlex.quote(s["repository"])} '
             f'--backend-directory="$TRITON_BACKEND_DIR" --http-address={shlex.quote(host.address)} '
             f"--http-port={s['http_port']} --grpc-address={shlex.quote(host.address)} --grpc-port={s['grpc_port']} "
-            f"--metrics-address={shlex.quote(host.address)} --metrics-port={s['metrics_port']} &",
+            f"--metrics-address={shlex.quote(host.address)} --metrics-port={s['metrics_port']} "
+            "--model-control-mode=explicit --load-model='*' &",
             "pids+=($!)",
         ]
     lines.append("wait")
@@ -226,8 +229,9 @@ class _Writer:
 
     def __init__(self, out: Path, work: Path, onnx_paths: Mapping[str, Path], fp16_boundaries: bool,
                  invented: dict[str, EmulatedTensors], ports: dict[str, tuple[int, int, int]],
-                 vgpus_per_host: dict[str, int]) -> None:
+                 vgpus_per_host: dict[str, int], generation: int = 0) -> None:
         self.out, self.work, self.onnx_paths, self.fp16 = out, work, onnx_paths, fp16_boundaries
+        self.suffix = generation_suffix(generation)
         self.invented, self.ports, self.vgpus_per_host = invented, ports, vgpus_per_host
         self.cut_cache: dict[tuple[str, int, int], tuple[Path | None, list[TensorSpec], list[TensorSpec]]] = {}
         self.servers: dict[str, dict[str, Any]] = {}
@@ -250,7 +254,7 @@ class _Writer:
     def stage(self, m: ModelPlan, batch: int, k: int, p: PartitionPlan, pool: list[Slot]) -> StageInfo:
         """Write stage ``k``'s partition model into each vGPU of its pool."""
         f, ins, outs = self.partition(m, *p.blocks)
-        name = partition_model_name(m.name, *p.blocks)
+        name = partition_model_name(m.name, *p.blocks) + self.suffix
         for s in pool:
             threads = max(1, cpu_cores(s.host) // self.vgpus_per_host[s.host.name]) if s.host.on_cpu else 0
             settings, kind, gpu = _slot_settings(s, k, p, m, threads)
@@ -300,11 +304,13 @@ def _write_launch_files(out: Path, cluster: Cluster, servers: dict[str, dict[str
 
 
 def generate(plan: Plan, onnx_paths: Mapping[str, Path], cluster: Cluster | str | Path, out_dir: str | Path,
-             fp16_boundaries: bool = False, emulated_tensor_scale: float = 1.0) -> Manifest:
+             fp16_boundaries: bool = False, emulated_tensor_scale: float = 1.0,
+             previous: Manifest | None = None) -> Manifest:
     """Write repositories, launch files and manifest.json for ``plan`` under ``out_dir``; returns the manifest.
 
     ``onnx_paths`` may leave out models that only emulated hosts serve; their tensors are invented from the
-    profile, their bytes scaled by ``emulated_tensor_scale`` (0 < scale <= 1)."""
+    profile, their bytes scaled by ``emulated_tensor_scale`` (0 < scale <= 1). ``previous``: the deployment that
+    runs now; the new one is generated to migrate from it (model_repository_gen.generations)."""
     from model_repository_gen.cut import partition_io  # onnx graph work only when generating
 
     if not isinstance(cluster, Cluster):
@@ -325,19 +331,21 @@ def generate(plan: Plan, onnx_paths: Mapping[str, Path], cluster: Cluster | str 
         io[name] = (list(t.inputs), list(t.outputs))
     slots = sorted({s.id: s for pool in assignment.values() for s in pool}.values(),
                    key=lambda s: (s.host.name, s.gpu_index, s.slot))
-    ports = assign_ports(cluster, [(s.id, s.host) for s in slots])
     vgpus_per_host = {h.name: sum(1 for s in slots if s.host.name == h.name) for h in cluster.hosts}
+    generation = previous.generation + 1 if previous else 0
+    keep, busy = kept_ports(previous, [(s.id, s.host.address, _env(s, 0)) for s in slots]) if previous else ({}, {})
+    ports = assign_ports(cluster, [(s.id, s.host) for s in slots], keep, busy)
 
     out = Path(out_dir)
     _prepare_out_dir(out)
     work = Path(tempfile.mkdtemp(prefix=".partitions-", dir=out))
     try:
-        writer = _Writer(out, work, onnx_paths, fp16_boundaries, invented, ports, vgpus_per_host)
+        writer = _Writer(out, work, onnx_paths, fp16_boundaries, invented, ports, vgpus_per_host, generation)
         models = [writer.model(m, io[m.name], assignment) for m in plan.models]
     finally:
         shutil.rmtree(work, ignore_errors=True)
     vgpus = _write_launch_files(out, cluster, writer.servers)
     hosts = tuple(HostInfo(h.name, h.address, h.gpu_type, h.gpus, h.bandwidth_gbps) for h in cluster.hosts)
-    manifest = Manifest(hosts, tuple(vgpus), tuple(models), plan, out.resolve())
+    manifest = Manifest(hosts, tuple(vgpus), tuple(models), plan, out.resolve(), generation)
     manifest.save(out / "manifest.json")
     return manifest

@@ -24,6 +24,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--emulated-tensor-scale", type=float, default=1.0, metavar="F",
                    help="0 < F <= 1: scale the bytes of the invented inputs, boundary tensors and outputs of models "
                         "generated without --onnx (the plan's NIC times stay as profiled); default 1")
+    p.add_argument("--previous", type=Path, metavar="DIR",
+                   help="the running deployment's directory: generate this one to migrate from it ('poolpipe "
+                        "launch' on SIGHUP): vGPUs both have on the same device keep their servers and ports, the "
+                        "others get ports it does not use, and partition models get a generation suffix (_gN)")
     k8s_cli.add_arguments(p)
     p.set_defaults(func=_run)
 
@@ -46,13 +50,19 @@ def parse_onnx_args(values: list[str]) -> dict[str, Path]:
 def _run(args: argparse.Namespace) -> int:
     from model_repository_gen.cluster_file import load_cluster
     from model_repository_gen.generate import generate
+    from model_repository_gen.manifest import load_manifest
     from planner.plan import load_plan
+    from poolpipe_common.errors import InputError
 
     onnx_paths = parse_onnx_args(args.onnx)
     if args.k8s:
         k8s_cli.options_from_args(args)  # bad flags fail before anything is written
+    previous = load_manifest(args.previous) if args.previous else None
+    if previous is not None and args.out.resolve() == previous.root:
+        raise InputError(f"--out {args.out} is the --previous deployment; generate the next one beside it "
+                         "(e.g. DIR-2) and point a symlink or 'poolpipe launch' at it")
     manifest = generate(load_plan(args.plan), onnx_paths, load_cluster(args.cluster), args.out,
-                        args.fp16_boundaries, args.emulated_tensor_scale)
+                        args.fp16_boundaries, args.emulated_tensor_scale, previous)
     per_host: dict[str, int] = {}
     for g in manifest.vgpus:
         per_host[g.host] = per_host.get(g.host, 0) + 1
@@ -60,6 +70,10 @@ def _run(args: argparse.Namespace) -> int:
     stages = sum(len(p.stages) for m in manifest.models for p in m.pipelines)
     print(f"wrote {args.out}: {len(manifest.vgpus)} vGPU server(s) ({hosts}), {len(manifest.models)} model(s), "
           f"{stages} pipeline stage(s); start them with: poolpipe launch {args.out}")
+    if previous is not None:
+        kept = {g.grpc_url for g in previous.vgpus} & {g.grpc_url for g in manifest.vgpus}
+        print(f"generation {manifest.generation}: {len(kept)} server(s) of {args.previous} kept; migrate a running "
+              f"'poolpipe launch' by pointing its DIR at {args.out} and sending it SIGHUP, then reload the sidecar")
     if line := k8s_cli.write_from_args(manifest, args.out, args):
         print(line)
     return 0

@@ -82,6 +82,7 @@ class Manifest:
     models: tuple[ModelInfo, ...]
     plan: Plan
     root: Path = Path(".")  # directory the manifest was loaded from
+    generation: int = 0  # 0, or N when generated beside generation N-1 (generate --previous)
 
     def vgpu(self, vgpu_id: str) -> VGpuInfo:
         for g in self.vgpus:
@@ -120,13 +121,14 @@ class Manifest:
                                 "latency_us": {str(b): x for b, x in sorted(s.latency_us.items())}}
                                for s in p.stages]} for p in m.pipelines]} for m in self.models],
             "plan": self.plan.to_dict(),
+            "generation": self.generation,
         }
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
 
 
-MANIFEST_FIELDS = ("format", "hosts", "vgpus", "models", "plan")
+MANIFEST_FIELDS = ("format", "hosts", "vgpus", "models", "plan", "generation")
 MODEL_FIELDS = ("name", "slo_us", "max_batch_size", "inputs", "outputs", "pipelines")
 PIPELINE_FIELDS = ("id", "batch", "throughput_rps", "latency_us", "stages")
 STAGE_FIELDS = ("triton_model", "blocks", "gpu_type", "v", "vgpus", "inputs", "outputs", "latency_us")
@@ -233,7 +235,8 @@ def manifest_from_dict(d: Any, root: Path = Path("."), source: str = "manifest")
     models = [_model(m, vgpu_ids, f"{source}: models[{i}]")
               for i, m in enumerate(_list(need(d, "models", source), f"{source}: models"))]
     plan = plan_from_dict(need(d, "plan", source), f"{source}: plan")
-    return Manifest(hosts, tuple(vgpus), tuple(models), plan, root)
+    generation = as_int(d.get("generation", 0), f"{source}: generation", 0)
+    return Manifest(hosts, tuple(vgpus), tuple(models), plan, root, generation)
 
 
 def load_manifest(path: str | Path) -> Manifest:

@@ -14,38 +14,19 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from model_repository_gen.generate import LAUNCH_FORMAT
+if TYPE_CHECKING:
+    from runtime.migration import Migration
+
 from model_repository_gen.manifest import Manifest, load_manifest
-from poolpipe_common.documents import read_document
 from poolpipe_common.errors import InputError
 from poolpipe_common.net import port_in_use
 from profiling.devices import mps_running
+from runtime.launch_files import HostLaunch, ServerLaunch, load_host_launch
 from runtime.tritonserver import TritonProcess
 
-
-@dataclass(frozen=True)
-class ServerLaunch:
-    vgpu: str
-    host: str
-    address: str
-    repository: Path
-    http_port: int
-    grpc_port: int
-    metrics_port: int
-    env: dict[str, str]
-
-
-@dataclass(frozen=True)
-class HostLaunch:
-    host: str
-    address: str
-    gpu_type: str
-    device: str
-    gpus: int
-    needs_mps: bool
-    servers: tuple[ServerLaunch, ...]
+__all__ = ["Deployment", "GpuInfo", "HostLaunch", "ServerLaunch", "load_host_launch"]
 
 
 @dataclass(frozen=True)
@@ -53,24 +34,6 @@ class GpuInfo:
     index: int
     name: str
     memory_bytes: int
-
-
-def load_host_launch(directory: Path, host: str) -> HostLaunch:
-    """``DIR/<host>/launch.json``, validated."""
-    p = directory / host / "launch.json"
-    if not p.is_file():
-        raise InputError(f"cannot read launch file {p}: no such file (run 'poolpipe generate' first)")
-    d: Any = read_document(p, "launch file")
-    if not isinstance(d, dict) or d.get("format") != LAUNCH_FORMAT:
-        raise InputError(f"{p}: not a poolpipe launch file (format {LAUNCH_FORMAT!r})")
-    try:
-        servers = tuple(ServerLaunch(s["vgpu"], host, d["address"], (p.parent / s["repository"]).resolve(),
-                                     int(s["http_port"]), int(s["grpc_port"]), int(s["metrics_port"]),
-                                     {str(k): str(v) for k, v in s["env"].items()}) for s in d["servers"])
-        return HostLaunch(host, d["address"], d["gpu_type"], d["device"], int(d["gpus"]), bool(d["needs_mps"]),
-                          servers)
-    except (KeyError, TypeError, ValueError) as e:
-        raise InputError(f"{p}: malformed launch file ({type(e).__name__}: {e})") from None
 
 
 def discover_gpus() -> list[GpuInfo]:
@@ -130,20 +93,32 @@ class Deployment:
     def __init__(self, directory: str | Path, hosts: Sequence[str] | None = None, *, check_hardware: bool = True,
                  timeout_s: float = 180.0, log_dir: str | Path | None = None,
                  on_ready: Callable[[str, int, int], None] | None = None) -> None:
-        self.directory = Path(directory).resolve()
-        self.manifest: Manifest = load_manifest(self.directory)
-        deployed = [h.name for h in self.manifest.hosts if (self.directory / h.name / "launch.json").is_file()]
-        unknown = [h for h in hosts or () if h not in deployed]
-        if unknown:
-            raise InputError(f"--host {', '.join(unknown)}: not a host with servers in {self.directory} "
-                             f"(hosts: {', '.join(deployed) or 'none'})")
-        self.launches = tuple(load_host_launch(self.directory, h) for h in (hosts or deployed))
+        self.hosts = tuple(hosts or ())
+        self.directory, self.manifest, self.launches = self.read(directory)
         self.check_hardware = check_hardware
         self.timeout_s = timeout_s
         self.log_dir = Path(log_dir) if log_dir else None
         self.on_ready = on_ready
         self.servers: dict[str, TritonProcess] = {}
         self.gpus: list[GpuInfo] = []  # the local GPUs found by preflight (GPU hosts only)
+
+    def read(self, directory: str | Path) -> tuple[Path, Manifest, tuple[HostLaunch, ...]]:
+        """(resolved directory, manifest, launch files of this deployment's hosts) of a generated directory."""
+        resolved = Path(directory).resolve()
+        manifest = load_manifest(resolved)
+        deployed = [h.name for h in manifest.hosts if (resolved / h.name / "launch.json").is_file()]
+        unknown = [h for h in self.hosts if h not in deployed]
+        if unknown:
+            raise InputError(f"--host {', '.join(unknown)}: not a host with servers in {resolved} "
+                             f"(hosts: {', '.join(deployed) or 'none'})")
+        return resolved, manifest, tuple(load_host_launch(resolved, h) for h in (self.hosts or deployed))
+
+    def begin_migration(self, directory: str | Path) -> "Migration":
+        """Start migrating to another generated deployment (runtime.migration): servers only it has are started
+        and its new models loaded into the kept servers; call ``finish()`` once the sidecar has switched."""
+        from runtime.migration import Migration  # noqa: PLC0415 - migration builds on this module
+
+        return Migration(self, directory).begin()
 
     @property
     def server_launches(self) -> list[ServerLaunch]:
@@ -172,21 +147,27 @@ class Deployment:
         if preflight:
             self.preflight()
         try:
-            for s in self.server_launches:
-                log = (self.log_dir / f"{s.vgpu}.tritonserver.log" if self.log_dir
-                       else s.repository.parent / "tritonserver.log")
-                log.parent.mkdir(parents=True, exist_ok=True)
-                self.servers[s.vgpu] = TritonProcess(s.repository, s.http_port, s.grpc_port, s.metrics_port,
-                                                     host=s.address, env=s.env, log_path=log,
-                                                     name=f"vGPU {s.vgpu}").spawn()
-            self._wait_all_ready()
+            self.spawn(self.server_launches)
         except BaseException:
             self.stop()
             raise
         return self
 
-    def _wait_all_ready(self) -> None:
-        pending = dict(self.servers)
+    def spawn(self, launches: Sequence[ServerLaunch]) -> dict[str, TritonProcess]:
+        """Start these servers in parallel and wait until all are ready (the caller stops them on failure)."""
+        started = {}
+        for s in launches:
+            log = (self.log_dir / f"{s.vgpu}.tritonserver.log" if self.log_dir
+                   else s.repository.parent / "tritonserver.log")
+            log.parent.mkdir(parents=True, exist_ok=True)
+            started[s.vgpu] = self.servers[s.vgpu] = TritonProcess(
+                s.repository, s.http_port, s.grpc_port, s.metrics_port, host=s.address, env=s.env, log_path=log,
+                name=f"vGPU {s.vgpu}").spawn()
+        self._wait_all_ready(started)
+        return started
+
+    def _wait_all_ready(self, servers: dict[str, TritonProcess]) -> None:
+        pending = dict(servers)
         total = len(pending)
         deadline = time.monotonic() + self.timeout_s
         while pending:
@@ -207,17 +188,19 @@ class Deployment:
         """Servers that have exited since they started: vGPU id -> exit status."""
         return {vid: rc for vid, srv in self.servers.items() if (rc := srv.exited()) is not None}
 
-    def stop(self) -> None:
-        """Stop every server (all SIGTERMed at once, then each awaited) and remove their shm regions."""
-        for srv in self.servers.values():
+    def stop(self, vgpus: Sequence[str] | None = None) -> None:
+        """Stop every server, or those of ``vgpus`` (all SIGTERMed at once, then each awaited), and remove
+        their shm regions."""
+        chosen = [v for v in (self.servers if vgpus is None else vgpus) if v in self.servers]
+        for v in chosen:
+            srv = self.servers[v]
             if srv.proc is not None and srv.proc.poll() is None:
                 try:
                     os.killpg(srv.proc.pid, signal.SIGTERM)
                 except ProcessLookupError:
                     pass
-        for srv in self.servers.values():
-            srv.stop()
-        self.servers.clear()
+        for v in chosen:
+            self.servers.pop(v).stop()
 
     def __enter__(self) -> "Deployment":
         return self.start()

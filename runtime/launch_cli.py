@@ -1,9 +1,11 @@
-"""``poolpipe launch DIR [--host NAME]``: run a generated deployment's tritonservers in the foreground."""
+"""``poolpipe launch DIR [--host NAME]``: run a generated deployment's tritonservers in the foreground; on SIGHUP,
+migrate them to what DIR names now (runtime.migration)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 
@@ -11,18 +13,79 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("launch", help="start the tritonservers of a generated deployment",
                        description="Start the tritonservers of one host (or all hosts) of DIR (from 'poolpipe "
                                    "generate') in parallel, wait until all are ready, print their endpoints, and "
-                                   "stop them all on Ctrl-C / SIGTERM.")
-    p.add_argument("dir", type=Path, help="output directory of 'poolpipe generate'")
+                                   "stop them all on Ctrl-C / SIGTERM. On SIGHUP, migrate to the deployment DIR "
+                                   "names now (e.g. a symlink re-pointed at a directory generated with 'generate "
+                                   "--previous'): start the servers only it has and load its models into the "
+                                   "servers both have, then, once the sidecar has reloaded, unload the old models "
+                                   "and stop the servers only the old deployment had.")
+    p.add_argument("dir", type=Path, help="output directory of 'poolpipe generate' (a symlink to one, to migrate)")
     p.add_argument("--host", action="append", help="start only this host's servers (repeatable; default: all)")
     p.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for readiness (default 180)")
     p.add_argument("--no-hardware-check", action="store_true",
                    help="skip the pynvml check of GPU names/count and of the MPS daemon")
+    p.add_argument("--sidecar", metavar="HOST:PORT",
+                   help="the sidecar's HTTP address: after a migration, the old deployment's servers stop once the "
+                        "sidecar dispatches to the new one (GET /v2/poolpipe/plan)")
+    p.add_argument("--retire-after", type=float, default=60.0, metavar="S",
+                   help="without --sidecar: seconds from a migration's new servers being ready until the old "
+                        "deployment's servers stop; reload the sidecar within them (default 60)")
     p.set_defaults(func=_run)
+
+
+def sidecar_serves(sidecar: str, directory: Path) -> bool:
+    """Whether the sidecar at ``sidecar`` dispatches to ``directory`` and no reload is under way."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://{sidecar}/v2/poolpipe/plan", timeout=2) as r:
+            state = json.loads(r.read())
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+    return Path(state.get("directory", "")) == directory and not state.get("reloading")
+
+
+class Migrator:
+    """The SIGHUP side of ``launch``: one migration at a time, retired when the sidecar (or the clock) says."""
+
+    def __init__(self, dep: object, args: argparse.Namespace, err: object) -> None:
+        self.dep, self.args, self.err = dep, args, err
+        self.migration = None
+        self.retire_at = 0.0
+
+    def begin(self) -> None:
+        from poolpipe_common.errors import InputError
+
+        if self.migration is not None:
+            self.err.print("poolpipe launch: a migration is under way; SIGHUP ignored until it finishes")
+            return
+        try:
+            self.migration = self.dep.begin_migration(self.args.dir)
+        except (InputError, RuntimeError, TimeoutError) as e:
+            self.err.print(f"poolpipe launch: migration refused, the running servers serve on: {e}")
+            return
+        m = self.migration
+        self.retire_at = time.monotonic() + self.args.retire_after
+        wait = (f"waiting for the sidecar {self.args.sidecar} to serve it" if self.args.sidecar
+                else f"the old servers stop in {self.args.retire_after:.0f} s")
+        print(f"migrating to {m.directory}: {m.steps.summary()}; new servers ready; reload the sidecar ({wait})",
+              flush=True)
+
+    def poll(self) -> None:
+        m = self.migration
+        if m is None:
+            return
+        done = (sidecar_serves(self.args.sidecar, m.directory) if self.args.sidecar
+                else time.monotonic() >= self.retire_at)
+        if done:
+            report = m.finish()
+            self.migration = None
+            print(f"migrated to {m.directory}: {report.line()}", flush=True)
 
 
 def _run(args: argparse.Namespace) -> int:
     import signal
-    import time
 
     from rich.console import Console
     from rich.progress import (
@@ -41,8 +104,10 @@ def _run(args: argparse.Namespace) -> int:
     def terminate(signum: int, _frame: object) -> None:
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
+    hups: list[int] = []
     signal.signal(signal.SIGTERM, terminate)
     signal.signal(signal.SIGINT, terminate)
+    signal.signal(signal.SIGHUP, lambda signum, _frame: hups.append(signum))
     total = len(dep.server_launches)
     dep.preflight()  # hardware and port problems: one-line errors before anything starts
     for g in dep.gpus:
@@ -57,11 +122,14 @@ def _run(args: argparse.Namespace) -> int:
             except (RuntimeError, TimeoutError) as e:
                 err.print(f"poolpipe launch: error: {e}")
                 return 1
+        dep.on_ready = None
         for s in dep.server_launches:
             models = ", ".join(sorted(p.name for p in s.repository.iterdir() if p.is_dir()))
             print(f"{s.vgpu}: grpc {s.address}:{s.grpc_port}  http {s.address}:{s.http_port}  "
                   f"metrics {s.address}:{s.metrics_port}  models {models}")
-        print(f"ready: {total} tritonserver(s); Ctrl-C to stop", flush=True)
+        print(f"ready: {total} tritonserver(s); Ctrl-C to stop, SIGHUP to migrate to what {args.dir} names now",
+              flush=True)
+        migrator = Migrator(dep, args, err)
         while True:
             failed = dep.failed()
             if failed:
@@ -69,12 +137,16 @@ def _run(args: argparse.Namespace) -> int:
                 err.print(f"poolpipe launch: error: tritonserver of vGPU {vid} exited with status {rc} "
                           f"(log: {dep.servers[vid].log_path}); stopping all")
                 return 1
-            time.sleep(0.5)
+            if hups:
+                hups.clear()
+                migrator.begin()
+            migrator.poll()
+            time.sleep(0.2)
     except KeyboardInterrupt:
         return 0
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # let the shutdown finish
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)  # let the shutdown finish
         n = len(dep.servers)
         dep.stop()
         if n:

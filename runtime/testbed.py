@@ -98,14 +98,15 @@ REFERENCE_DIR = Path(__file__).resolve().parents[1] / "data" / "ppipe"
 
 def build_emulated_deployment(work: Path, slo_us: float = 1_000_000.0, batch: int = 2, scale: float = 0.01,
                               two_mode: bool = False, gpus: int = 1,
-                              addresses: tuple[str, str] = ("127.0.0.1", "127.0.0.2")) -> Path:
+                              addresses: tuple[str, str] = ("127.0.0.1", "127.0.0.2"),
+                              previous: Path | None = None) -> Path:
     """A deployment that costs almost no CPU: PPipe's measured googlenet profile on two emulated servers (a T4 runs
     blocks 0-2, an L4 the rest, one gRPC hop between two loopback addresses), tensors at ``scale`` of their profiled
     bytes; each server class has ``gpus`` GPUs (each pool that many vGPUs). ``two_mode``: a variable-latency model
     (half the inputs four times slower than the other half, the profile's median unchanged; see
     profiling.latency_quantiles). One ``addresses`` for both hosts: one machine, whose hop goes through the
-    sidecar's shared-memory pool. Returns the deploy directory (for the fuzzer, the health, shard and reload
-    tests and benchmarks)."""
+    sidecar's shared-memory pool. ``previous``: a running deployment to migrate from (generate --previous).
+    Returns the deploy directory (for the fuzzer, the health, shard, reload and migration tests and benchmarks)."""
     from planner.plan import ModelPlan, PartitionPlan, PipelinePlan, Plan
     from profiling.reference import import_ppipe_profile
 
@@ -125,5 +126,8 @@ def build_emulated_deployment(work: Path, slo_us: float = 1_000_000.0, batch: in
               "device": "emulated", "base_port": 0}]
     work.mkdir(parents=True, exist_ok=True)
     (work / "cluster.json").write_text(json.dumps({"hosts": hosts}))
-    generate(plan, {}, work / "cluster.json", work / "deploy", emulated_tensor_scale=scale)
+    from model_repository_gen.manifest import load_manifest
+
+    generate(plan, {}, work / "cluster.json", work / "deploy", emulated_tensor_scale=scale,
+             previous=load_manifest(previous) if previous else None)
     return work / "deploy"

@@ -128,7 +128,15 @@ class TritonProcess:
                 f"--grpc-address={self.host}", f"--http-port={self.http_port}", f"--grpc-port={self.grpc_port}",
                 f"--metrics-address={self.host}", f"--metrics-port={self.metrics_port}",
                 f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
-                "--exit-timeout-secs=10", "--log-verbose=0", *self.extra_args]
+                "--exit-timeout-secs=10", "--log-verbose=0", *self.control_args, *self.extra_args]
+
+    @property
+    def control_args(self) -> tuple[str, ...]:
+        """Every model of the repository loaded at start, and the model-control API open (runtime.migration
+        loads the next generation's partitions into a running server); unless ``extra_args`` choose a mode."""
+        if any(a.startswith("--model-control-mode") for a in self.extra_args):
+            return ()
+        return ("--model-control-mode=explicit", "--load-model=*")
 
     def spawn(self) -> "TritonProcess":
         """Start the process without waiting for readiness (start many, then :meth:`wait_ready` on each)."""

@@ -132,15 +132,19 @@ def test_serve_replan_notices_the_shift_plans_launches_and_reloads(tmp_path: Pat
                 metrics = r.read().decode()
             assert 'poolpipe_sidecar_replans_total{outcome="replanned"} 1.0' in metrics
             assert "poolpipe_sidecar_reload_pause_seconds_count 1.0" in metrics
-            gen1 = tmp_path / "replans" / "gen-1"
-            ports = [(s.address, s.grpc_port) for h in ("l4", "t4") if (gen1 / h / "launch.json").is_file()
-                     for s in load_host_launch(gen1, h).servers]
-            assert ports and all(port_in_use(p, a) for a, p in ports), "the sidecar launched the new servers"
+            def ports(gen: Path) -> set[tuple[str, int]]:
+                return {(s.address, s.grpc_port) for h in ("l4", "t4") if (gen / h / "launch.json").is_file()
+                        for s in load_host_launch(gen, h).servers}
+            now, before = ports(tmp_path / "replans" / "gen-1"), ports(tmp_path / "gen-0")
+            started = now - before
+            assert now and all(port_in_use(p, a) for a, p in now), "gen-1's servers run (kept or started)"
+            migrated = t_replanned.split("migration=")[-1]
+            assert f"started {len(started)}, kept {len(now & before)}" in migrated, migrated
             pid = sc.proc.pid
         finally:
             code = sc.stop()
         assert code == 0
-        assert not any(port_in_use(p, a) for a, p in ports), "the servers it launched stopped with it"
+        assert not any(port_in_use(p, a) for a, p in started), "the servers it started stopped with it"
         assert not list(SHM_DIR.glob(f"{PREFIX}{pid}_*"))
 
 

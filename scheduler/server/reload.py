@@ -75,6 +75,7 @@ class ReloadablePlanned:
         self.current = current
         self.on_arrival: Callable[[str], None] | None = None  # each planned request's model (serve --replan)
         self.manifest_path = manifest_path
+        self.serving = manifest_directory(manifest_path)  # what the current plan was loaded from, resolved
         self.open_plan = open_plan
         self.generation = 0
         self.reloads = 0
@@ -118,6 +119,10 @@ class ReloadablePlanned:
         self._registry = registry
         self.current.client_shm = registry
 
+    @property
+    def reloading(self) -> bool:
+        return self._lock.locked()
+
     async def close(self) -> None:
         """Waits for a reload in progress (so that no plan it opened is left behind), then closes the plan."""
         async with self._lock:
@@ -130,6 +135,7 @@ class ReloadablePlanned:
             raise ReloadError("a reload is already in progress; wait for it to finish", 409)
         async with self._lock:
             path = manifest_path or self.manifest_path
+            directory = manifest_directory(path)  # now: a symlink may be re-pointed while the new plan starts
             try:
                 load_manifest(path)  # bad input: a one-line error before anything starts
             except InputError as e:
@@ -153,6 +159,7 @@ class ReloadablePlanned:
             metrics.reloads.labels("ok").inc()
             metrics.reload_pause.observe(report.pause_ms / 1e3)
             self.manifest_path = path
+            self.serving = directory
             self.reloads += 1
             return report
 
@@ -218,6 +225,22 @@ class ReloadablePlanned:
                 failed.append(why)
         new.driver.adopt(keep, now)
         return len(keep), failed
+
+
+def manifest_directory(path: Path) -> Path:
+    """The generated directory a manifest path names (the directory itself, or the manifest file in it)."""
+    p = Path(path).resolve()
+    return p if p.is_dir() or not p.suffix else p.parent
+
+
+def plan_handler(planned: ReloadablePlanned) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """``GET /v2/poolpipe/plan``: the deployment the sidecar dispatches to now (``poolpipe launch --sidecar``
+    waits for it before stopping the servers of the previous one)."""
+    async def handle(_request: web.Request) -> web.Response:
+        return web.json_response({"directory": str(planned.serving), "manifest": str(planned.manifest_path),
+                                  "generation": planned.generation, "reloads": planned.reloads,
+                                  "reloading": planned.reloading})
+    return handle
 
 
 def is_loopback(address: str) -> bool:

@@ -1,9 +1,11 @@
 """``serve --replan FILE``: automatic re-planning. The sidecar counts each planned model's arrivals; the core's
 ``ReplanTrigger`` decides when the smoothed mix has left the plan's headroom. Then a worker process (never
-the event loop) solves the spec for the measured mix and generates a deployment into ``out_dir/gen-N``; the
-sidecar launches its servers (in a thread), reloads onto it (scheduler.server.reload) and stops the servers
-it launched for the generation before. Servers it did not launch (the first plan's) are left to the operator,
-and the log names them. Metrics and logs say when and why it re-planned and what the migration cost.
+the event loop) solves the spec for the measured mix and generates a deployment into ``out_dir/gen-N`` beside the
+running one (generate's ``previous``); the sidecar migrates the servers (runtime.migration, in a thread: the servers
+both plans have stay and get the new partitions loaded, the others are started), reloads onto it
+(scheduler.server.reload), then unloads the old partitions and stops the servers only the old plan had. Servers it
+did not start (the first plan's) are never stopped: their partitions are unloaded and the log names them for the
+operator. Metrics and logs say when and why it re-planned and what the migration cost.
 
 The settings file (YAML or JSON; paths relative to it)::
 
@@ -59,6 +61,7 @@ class ReplanJob:
     planner: str = "ppipe"
     solver: str = "highs"
     time_limit_s: float = 60.0
+    previous: Path | None = None  # the deployment serving now
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,7 @@ def load_settings(path: Path) -> ReplanSettings:
 def plan_and_generate(job: ReplanJob) -> tuple[str, float, dict[str, float]]:
     """In the worker: the spec with weights = measured rates, solved and generated; (manifest, solve s, rates)."""
     from model_repository_gen.generate import generate  # noqa: PLC0415
+    from model_repository_gen.manifest import load_manifest  # noqa: PLC0415
     from planner.solve import solve_spec  # noqa: PLC0415
     from planner.spec import load_spec  # noqa: PLC0415
 
@@ -109,7 +113,8 @@ def plan_and_generate(job: ReplanJob) -> tuple[str, float, dict[str, float]]:
     top = max(job.rates_rps.values(), default=1.0) or 1.0
     models = tuple(replace(m, weight=max(job.rates_rps.get(m.name, 0.0), 0.01 * top)) for m in spec.models)
     plan = solve_spec(replace(spec, models=models), job.planner, job.solver, job.time_limit_s)
-    generate(plan, job.onnx, job.cluster, job.out, emulated_tensor_scale=job.emulated_tensor_scale)
+    generate(plan, job.onnx, job.cluster, job.out, emulated_tensor_scale=job.emulated_tensor_scale,
+             previous=load_manifest(job.previous) if job.previous else None)
     plan.save(job.out / "plan.json")
     return str(job.out / "manifest.json"), plan.solve_seconds, {m.name: m.throughput_rps for m in plan.models}
 
@@ -127,7 +132,8 @@ class AutoReplanner:
         self.metrics = metrics
         self.trigger = ReplanTrigger(settings.trigger, planned_capacity(planned), now_us())
         self.generation = 0
-        self.launched: Deployment | None = None
+        # the servers serving now; the first plan's were started by someone else, so this deployment owns none
+        self.deployment = Deployment(planned.serving, check_hardware=False)
         self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
         self._task: asyncio.Task | None = None
         planned.on_arrival = lambda model: self.trigger.arrived(model, now_us())
@@ -148,39 +154,34 @@ class AutoReplanner:
         log.info("event=replan_decided generation=%d reason=%s rates=%s", self.generation, d.reason,
                  ",".join(f"{m}={r:.1f}" for m, r in d.rates_rps.items()))
         t0 = time.monotonic()
-        launched = None
+        migration = None
         try:
-            job = replace(self.settings.job, out=out, rates_rps=d.rates_rps)
+            job = replace(self.settings.job, out=out, rates_rps=d.rates_rps, previous=self.deployment.directory)
             manifest, solve_s, rates = await asyncio.get_running_loop().run_in_executor(self._pool,
                                                                                         plan_and_generate, job)
             log.info("event=replan_planned generation=%d solve_s=%.2f throughputs=%s", self.generation, solve_s,
                      ",".join(f"{m}={r:.1f}" for m, r in rates.items()))
-            launched = Deployment(out, log_dir=out / "logs")
-            await asyncio.to_thread(launched.start)
-            before = {s.grpc_url for s in self.planned.current.fleet.servers.values()}
+            migration = await asyncio.to_thread(self.deployment.begin_migration, out)
             report = await self.planned.reload(Path(manifest))
         except Exception as e:  # noqa: BLE001 - whatever failed, the old plan serves on: log it, cool down
             self.metrics.replans.labels("failed").inc()
             log.warning("event=replan_failed generation=%d reason=%s", self.generation, e)
-            if launched is not None:
-                await asyncio.to_thread(launched.stop)
+            if migration is not None:
+                await asyncio.to_thread(migration.abort)
             self.trigger.replanned(planned_capacity(self.planned), now_us())  # cool down before trying again
             return
-        previous, self.launched = self.launched, launched
-        if previous is not None:
-            await asyncio.to_thread(previous.stop)
-        elif before - {s.grpc_url for s in self.planned.current.fleet.servers.values()}:
-            log.info("event=replan_unused_servers servers=%s (launched before the sidecar; stop them when you like)",
-                     ",".join(sorted(report.servers_removed)))
+        moved = await asyncio.to_thread(migration.finish)
+        if moved.left_running:
+            log.info("event=replan_unused_servers vgpus=%s (started before the sidecar; their partitions are "
+                     "unloaded, stop them when you like)", ",".join(moved.left_running))
         self.trigger.replanned(planned_capacity(self.planned), now_us())
         self.metrics.replans.labels("replanned").inc()
-        log.info("event=replanned generation=%d manifest=%s took_s=%.1f pause_ms=%.1f", self.generation, manifest,
-                 time.monotonic() - t0, report.pause_ms)
+        log.info("event=replanned generation=%d manifest=%s took_s=%.1f pause_ms=%.1f migration=%r", self.generation,
+                 manifest, time.monotonic() - t0, report.pause_ms, moved.line())
 
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         self._pool.shutdown(cancel_futures=True)
-        if self.launched is not None:
-            await asyncio.to_thread(self.launched.stop)
+        await asyncio.to_thread(self.deployment.stop)  # the servers it started
