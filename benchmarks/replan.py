@@ -7,7 +7,9 @@ watches the smoothed rates (scheduler.core.replan_trigger), solves for the new m
 ingest paused for about one SLO while the old plan's in-flight batches flush. Prints SLO attainment per
 window and overall for both, the re-planning events, and draws ``--out``/replan.png. Then, live (emulated
 devices): the same open-loop load through a sidecar without reloads and with a reload between two deployments
-every ``--reload-every-s``; prints attainment of both and the measured dispatch pause per reload.
+every ``--reload-every-s``; prints attainment of both and the measured dispatch pause per reload. Then the servers
+themselves migrate under the same load (``Deployment.begin_migration``: grow to two GPUs per class and back twice),
+each step timed.
 
     python -P benchmarks/replan.py                 # ~1-2 min on 2 cores (--no-live: the simulation only)
     python -P benchmarks/replan.py --duration-s 40 --step-s 15
@@ -148,6 +150,60 @@ def live(work: Path, rate: float, duration_s: float, every_s: float) -> None:
               f"{swapped.attainment / base.attainment if base.attainment else float('nan'):.3f}")
 
 
+def live_migration(work: Path, rate: float, duration_s: float) -> None:
+    """The same load through the sidecar while ``Deployment.begin_migration`` grows the emulated googlenet
+    deployment from one GPU per class to two (generated with ``previous``: the GPU-0 servers are kept and get the
+    new partitions) and back; each migration's steps are timed (start + load, the sidecar's pause, unload + stop)."""
+    import threading  # noqa: PLC0415
+
+    import numpy as np  # noqa: PLC0415
+
+    from loadtest.open_loop import open_loop  # noqa: PLC0415
+    from runtime.launch import Deployment  # noqa: PLC0415
+    from runtime.sidecar_process import SidecarProcess  # noqa: PLC0415
+    from runtime.testbed import EMULATED_MODEL, build_emulated_deployment  # noqa: PLC0415
+
+    slo_ms = 1000.0
+    dir_a = build_emulated_deployment(work / "a")
+    rows: list[str] = []
+    with Deployment(dir_a, check_hardware=False, log_dir=work / "logs") as dep, \
+            SidecarProcess(manifest=dir_a, log_path=work / "sidecar.log") as sc:
+        while True:  # ready once calibrated
+            try:
+                with urllib.request.urlopen(f"http://{sc.http_url}/v2/health/ready", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.1)
+
+        def migrate() -> None:
+            prev = dir_a
+            for k, gpus in enumerate((2, 1, 2, 1), start=1):
+                time.sleep(duration_s / 5)
+                nxt = build_emulated_deployment(work / f"gen-{k}", gpus=gpus, previous=prev)
+                t0 = time.perf_counter()
+                m = dep.begin_migration(nxt)
+                t1 = time.perf_counter()
+                report = _post_reload(sc.http_url, nxt)
+                t2 = time.perf_counter()
+                done = m.finish()
+                t3 = time.perf_counter()
+                rows.append(f"  gen {k} ({gpus} GPU(s) per class): {m.steps.summary()}; start + load "
+                            f"{t1 - t0:.2f} s, reload {t2 - t1:.2f} s (dispatch pause {report['pause_ms']:.1f} ms), "
+                            f"unload + stop {t3 - t2:.2f} s; {done.line()}")
+                prev = nxt
+        arrivals = np.sort(np.random.default_rng(2).uniform(0, duration_s, int(rate * duration_s)))
+        t = threading.Thread(target=migrate)
+        t.start()
+        r = open_loop([sc.grpc_url], EMULATED_MODEL, arrivals, slo_ms)
+        t.join()
+    why = f" (first error: {r.first_error})" if r.errors else ""
+    print(f"live migrations (emulated googlenet, {rate:g} req/s open loop for {duration_s:g} s, SLO {slo_ms:.0f} ms): "
+          f"offered {r.offered}, met {r.met}, late {r.late}, errors {r.errors}, attainment {100 * r.attainment:.2f}%, "
+          f"p99 {r.latency_ms(99) or 0:.1f} ms{why}")
+    print("\n".join(rows))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--duration-s", type=float, default=90.0, help="simulated seconds (default 90)")
@@ -191,6 +247,7 @@ def main() -> None:
           f"wrote {args.out / 'replan.png'}")
     if not args.no_live:
         live(args.out / "live", args.live_rate, args.live_duration_s, args.reload_every_s)
+        live_migration(args.out / "migration", args.live_rate, 2 * args.live_duration_s)
 
 
 if __name__ == "__main__":
