@@ -25,7 +25,7 @@ FAN_OUT = 2  # feature rows per detector image
 FEATURES = 16
 CLASSES = 10
 IMAGE = (3, 16, 16)
-BATCHES = (1, 2, 4, 8)
+BATCHES = (1, 2, 3, 4, 5, 6, 7, 8)  # every size: a partial batch held for more rows is never split
 DET, CLS = "det", "cls"
 
 

@@ -115,7 +115,8 @@ class Applications:
         try:
             outputs = await self._run_dag(app, checked.inputs, deadline, request.id)
         except ServeError as e:
-            self.answers.fail(call, e)
+            self.answers.fail(call, e)  # counted; the error goes to the client from here, not from the future
+            call.future.exception()
             raise
         result = app_outputs(app, outputs, checked.batch)
         call.rows = [{n: a[i:i + 1] for n, a in result.items()} for i in range(checked.batch)]
