@@ -32,6 +32,7 @@ from typing import Any
 import onnx
 
 from model_repository_gen import triton_config as tc
+from model_repository_gen.app_manifest import applications_from_list
 from model_repository_gen.cluster_file import (
     Cluster,
     ClusterHost,
@@ -329,6 +330,9 @@ def generate(plan: Plan, onnx_paths: Mapping[str, Path], cluster: Cluster | str 
                 if m.name not in onnx_paths}
     for name, t in invented.items():
         io[name] = (list(t.inputs), list(t.outputs))
+    apps = applications_from_list(plan.applications, {  # checked against the real tensors before writing
+        m.name: ModelInfo(m.name, m.slo_us, max(pl.batch for pl in m.pipelines), tuple(io[m.name][0]),
+                          tuple(io[m.name][1]), ()) for m in plan.models}, "plan")
     slots = sorted({s.id: s for pool in assignment.values() for s in pool}.values(),
                    key=lambda s: (s.host.name, s.gpu_index, s.slot))
     vgpus_per_host = {h.name: sum(1 for s in slots if s.host.name == h.name) for h in cluster.hosts}
@@ -346,6 +350,6 @@ def generate(plan: Plan, onnx_paths: Mapping[str, Path], cluster: Cluster | str 
         shutil.rmtree(work, ignore_errors=True)
     vgpus = _write_launch_files(out, cluster, writer.servers)
     hosts = tuple(HostInfo(h.name, h.address, h.gpu_type, h.gpus, h.bandwidth_gbps) for h in cluster.hosts)
-    manifest = Manifest(hosts, tuple(vgpus), tuple(models), plan, out.resolve(), generation)
+    manifest = Manifest(hosts, tuple(vgpus), tuple(models), plan, out.resolve(), generation, apps)
     manifest.save(out / "manifest.json")
     return manifest

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from model_repository_gen.app_manifest import ApplicationInfo, applications_from_list
 from planner.plan import Plan, plan_from_dict
 from poolpipe_common.documents import as_float, as_int, as_str, check_fields, need, read_document
 from poolpipe_common.errors import InputError
@@ -83,6 +84,7 @@ class Manifest:
     plan: Plan
     root: Path = Path(".")  # directory the manifest was loaded from
     generation: int = 0  # 0, or N when generated beside generation N-1 (generate --previous)
+    applications: tuple[ApplicationInfo, ...] = ()  # application DAGs served as one model each (app_manifest.py)
 
     def vgpu(self, vgpu_id: str) -> VGpuInfo:
         for g in self.vgpus:
@@ -122,13 +124,13 @@ class Manifest:
                                for s in p.stages]} for p in m.pipelines]} for m in self.models],
             "plan": self.plan.to_dict(),
             "generation": self.generation,
-        }
+        } | ({"applications": [a.to_dict() for a in self.applications]} if self.applications else {})
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
 
 
-MANIFEST_FIELDS = ("format", "hosts", "vgpus", "models", "plan", "generation")
+MANIFEST_FIELDS = ("format", "hosts", "vgpus", "models", "plan", "generation", "applications")
 MODEL_FIELDS = ("name", "slo_us", "max_batch_size", "inputs", "outputs", "pipelines")
 PIPELINE_FIELDS = ("id", "batch", "throughput_rps", "latency_us", "stages")
 STAGE_FIELDS = ("triton_model", "blocks", "gpu_type", "v", "vgpus", "inputs", "outputs", "latency_us")
@@ -236,7 +238,11 @@ def manifest_from_dict(d: Any, root: Path = Path("."), source: str = "manifest")
               for i, m in enumerate(_list(need(d, "models", source), f"{source}: models"))]
     plan = plan_from_dict(need(d, "plan", source), f"{source}: plan")
     generation = as_int(d.get("generation", 0), f"{source}: generation", 0)
-    return Manifest(hosts, tuple(vgpus), tuple(models), plan, root, generation)
+    apps = d.get("applications") or []
+    if not isinstance(apps, list):
+        raise InputError(f"{source}: applications: expected a list, got {apps!r:.80}")
+    return Manifest(hosts, tuple(vgpus), tuple(models), plan, root, generation,
+                    applications_from_list(apps, {m.name: m for m in models}, source))
 
 
 def load_manifest(path: str | Path) -> Manifest:

@@ -98,6 +98,8 @@ class Plan:
     gap: float | None = None  # relative gap between objective and bound
     objective_kind: str = "throughput"  # throughput | cost
     cost: dict[str, Any] | None = None  # cost plans: rates, prices, GPUs used, cost per hour and per 1M requests
+    # application DAGs as plan.json holds them (plain objects; `generate` checks them against the models' tensors)
+    applications: tuple[dict[str, Any], ...] = ()
 
     def model(self, name: str) -> ModelPlan:
         for m in self.models:
@@ -122,6 +124,8 @@ class Plan:
              "models": [m.to_dict() for m in self.models]}
         if self.cost is not None:
             d["cost"] = self.cost
+        if self.applications:
+            d["applications"] = [dict(a) for a in self.applications]
         return d
 
     def save(self, path: str | Path) -> None:
@@ -129,7 +133,7 @@ class Plan:
 
 
 PLAN_FIELDS = ("format", "planner", "solver", "solve_seconds", "status", "objective_kind", "objective", "bound",
-               "gap", "cluster", "spec", "physical_gpus_used", "models", "cost")
+               "gap", "cluster", "spec", "physical_gpus_used", "models", "cost", "applications")
 MODEL_FIELDS = ("name", "slo_us", "slo_margin_us", "batch_wait_us_per_request", "weight", "throughput_rps",
                 "pipelines", "profile")
 PIPELINE_FIELDS = ("throughput_rps", "latency_us", "batch", "partitions")
@@ -201,6 +205,15 @@ def _optional_float(d: dict, key: str, where: str) -> float | None:
     return None if x is None else float(x)
 
 
+def _applications(raw: Any, source: str) -> tuple[dict[str, Any], ...]:
+    """The ``applications`` list as plain objects (their fields are checked where they are used)."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or not all(isinstance(a, dict) for a in raw):
+        raise InputError(f"{source}: applications: expected a list of objects, got {raw!r:.80}")
+    return tuple(raw)
+
+
 def plan_from_dict(d: Any, source: str = "plan") -> Plan:
     """Validate plan.json; every error names the offending field."""
     check_fields(d, PLAN_FIELDS, source)
@@ -219,7 +232,8 @@ def plan_from_dict(d: Any, source: str = "plan") -> Plan:
                 d.get("spec") or {}, as_str(d.get("status", "optimal"), f"{source}: status"),
                 _optional_float(d, "objective", source), _optional_float(d, "bound", source),
                 _optional_float(d, "gap", source), as_str(d.get("objective_kind", "throughput"),
-                                                          f"{source}: objective_kind"), d.get("cost"))
+                                                          f"{source}: objective_kind"), d.get("cost"),
+                _applications(d.get("applications"), source))
 
 
 def load_plan(path: str | Path) -> Plan:

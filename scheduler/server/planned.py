@@ -8,7 +8,9 @@ import asyncio
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2
 
@@ -17,6 +19,7 @@ from poolpipe_common.errors import InputError
 from poolpipe_common.tensors import TensorSpec
 from scheduler.core import make_scheduler
 from scheduler.core.driver import Driver, DriverConfig
+from scheduler.server.applications import Applications
 from scheduler.server.batch_log import BatchLog
 from scheduler.server.calibration import NotCalibratable, StageOverheads, calibrate_pipeline
 from scheduler.server.calls import Answers, ClientCall, Sample, now_us, shutting_down
@@ -27,7 +30,7 @@ from scheduler.server.manifest_shard import manifest_shard
 from scheduler.server.manifest_topology import topology_from_manifest
 from scheduler.server.metrics import SidecarMetrics
 from scheduler.server.shm_pool import remove_stale_regions
-from scheduler.server.validate import check_request
+from scheduler.server.validate import CheckedRequest, OutputTarget, check_request
 
 log = logging.getLogger("poolpipe.sidecar.planned")
 
@@ -45,10 +48,12 @@ class PlannedModels:
         if self.policy not in LIVE_POLICIES:
             raise InputError(f"--policy {policy}: choose one of {', '.join(('auto',) + LIVE_POLICIES)}")
         self.metrics = metrics
-        metrics.declare([m.name for m in manifest.models], [v.id for v in manifest.vgpus])
+        apps = [a.name for a in manifest.applications]
+        metrics.declare([m.name for m in manifest.models] + apps, [v.id for v in manifest.vgpus])
         self.models = {m.name: m for m in manifest.models}
         self.pipelines = {p.id: p for m in manifest.models for p in m.pipelines}
-        self.answers = Answers(metrics, list(self.models))
+        self.answers = Answers(metrics, list(self.models) + apps)
+        self.apps = Applications(manifest.applications, self.answers, self.run_module)
         self.fleet = Fleet(manifest, self._vgpu_changed, generation)
         self.executor = LiveExecutor(self.fleet, self.models, self.pipelines, self.answers, metrics,
                                      BatchLog(batch_log) if batch_log else None)
@@ -218,18 +223,22 @@ class PlannedModels:
 
     # --- the Router's PlannedService -----------------------------------------------------------------------
     def has(self, model: str) -> bool:
-        return model in self.models
+        return model in self.models or self.apps.has(model)
 
     def names(self) -> list[str]:
-        return list(self.models)
+        return list(self.models) + self.apps.names()
 
     def ready(self, model: str) -> bool:
-        """Ready while some calibrated pipeline has a vGPU in service at every stage."""
+        """Ready while some calibrated pipeline has a vGPU in service at every stage (an app: every module's)."""
+        if self.apps.has(model):
+            return all(self.ready(m) for m in self.apps.models_of(model))
         servers = self.fleet.servers
         return any(p.id in self.overheads and all(any(servers[v].up for v in s.vgpus) for s in p.stages)
                    for p in self.models[model].pipelines)
 
     def metadata(self, model: str) -> service_pb2.ModelMetadataResponse:
+        if self.apps.has(model):
+            return self.apps.metadata(model)
         m = self.models[model]
 
         def tensors(ts: tuple[TensorSpec, ...]) -> list:
@@ -239,6 +248,8 @@ class PlannedModels:
                                                  inputs=tensors(m.inputs), outputs=tensors(m.outputs))
 
     def config(self, model: str) -> service_pb2.ModelConfigResponse:
+        if self.apps.has(model):
+            return self.apps.config(model)
         m = self.models[model]
         cfg = mc.ModelConfig(name=m.name, platform="poolpipe_pipeline", max_batch_size=m.max_batch_size)
         for t in m.inputs:
@@ -261,8 +272,10 @@ class PlannedModels:
                     ) -> service_pb2.ModelInferResponse:
         if self._closing:
             raise shutting_down()
-        model = self.models[request.model_name]
         assert self.answers.client_shm is not None
+        if self.apps.has(request.model_name):
+            return await self.apps.infer(request, deadline_s, self.answers.client_shm)
+        model = self.models[request.model_name]
         t = now_us()  # before decoding the input: that time counts against the deadline too
         checked = check_request(request, model, self.answers.client_shm)
         deadline = t + model.slo_us
@@ -272,8 +285,25 @@ class PlannedModels:
             deadline = min(deadline, deadline_s * 1e6)
         call = ClientCall(model, request, checked, asyncio.get_running_loop().create_future(), t, deadline,
                           [None] * checked.batch, checked.batch)
-        for row in range(checked.batch):
-            self.driver.submit(Sample(call, row), model.name, now_us(), deadline)
+        return await self._submit(call)
+
+    async def run_module(self, model_name: str, inputs: dict[str, np.ndarray], deadline_us: float,
+                         request_id: str) -> dict[str, np.ndarray]:
+        """An application module's request (inputs [rows, ...], already checked by the app): each row a sample
+        of ``model_name`` like a client's, whatever the model's max batch size; returns its outputs in order."""
+        if self._closing:
+            raise shutting_down()
+        model = self.models[model_name]
+        rows = next(iter(inputs.values())).shape[0]
+        checked = CheckedRequest(rows, inputs, tuple(OutputTarget(t) for t in model.outputs), None)
+        call = ClientCall(model, service_pb2.ModelInferRequest(model_name=model_name, id=request_id), checked,
+                          asyncio.get_running_loop().create_future(), now_us(), deadline_us, [None] * rows, rows,
+                          internal=True)
+        return await self._submit(call)
+
+    async def _submit(self, call: ClientCall) -> Any:
+        for row in range(call.checked.batch):
+            self.driver.submit(Sample(call, row), call.model.name, now_us(), call.deadline_us)
         self._kick_loop()
         try:
             return await call.future
