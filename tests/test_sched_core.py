@@ -185,6 +185,20 @@ def test_ppipe_releases_a_held_request_when_its_stream_falls_silent():
     assert [d.batch for d in r.dispatches] == [1] and r.dispatches[0].stages[0].start_us == pytest.approx(72.0)
 
 
+def test_ppipe_times_a_held_batch_for_every_queued_request_between_profiled_sizes():
+    """Three requests queued with batches 1, 2 and 4 profiled: the wait is timed for a batch that holds all three
+    (batch 4's latency), and at the wake-up all three go in one batch. Timing it for batch 2 left the third
+    request behind, by then unable to make its deadline."""
+    s = make_scheduler("ppipe", one_stage({1: 10.0, 2: 15.0, 4: 40.0}, 4, 100.0), fill_aware=False)
+    for i in range(3):
+        s.enqueue(req(i, 0.0, 100.0))
+    r = s.step(0.0)
+    assert not r.dispatches and r.wake_at_us == pytest.approx(60.0)  # batch 4 takes 40: start by 60
+    r = s.step(60.0)
+    assert [len(d.requests) for d in r.dispatches] == [3] and not r.drops
+    assert r.dispatches[0].completion_us == pytest.approx(100.0)
+
+
 def test_arrival_rate_is_zero_once_a_stream_is_silent_for_several_gaps():
     rate = ArrivalRate(stale_after=5.0)
     for t in range(0, 100, 10):

@@ -164,7 +164,10 @@ class PPipePolicy(QueueingPolicy):
             batches = cp.batches
             n = len(q)
             if n < r.batch:
-                while k > 0 and batches[k] > n:
+                # the smallest profiled batch that holds all n (timed as that batch): with the largest below n
+                # instead, the wait would be timed for fewer requests than are queued, and at the wake-up the
+                # rest could no longer make their deadline
+                while k > 0 and batches[k - 1] >= n:
                     k -= 1
                 if batches[k] != r.batch:
                     r = self.state.probe(cp, batches[k], now)
@@ -206,6 +209,7 @@ class PPipePolicy(QueueingPolicy):
     def _dispatch(self, model: str, cp: CompiledPipeline, r: ProbeResult, now: float, result: StepResult) -> None:
         did = self.new_dispatch_id()
         stages = self.state.commit(r, did)
-        requests = self.take(self.queues[model], r.batch)
+        q = self.queues[model]
+        requests = self.take(q, min(len(q), r.batch))  # fewer than the probed batch: reserved as that batch
         self.live[did] = (r.completion_us, stages)
         result.dispatches.append(Dispatch(did, model, cp.id, requests, stages, r.completion_us))
