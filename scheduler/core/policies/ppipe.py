@@ -5,10 +5,11 @@ the one that waits least; then the largest batch <= planned whose completion mee
 request's deadline; if not even batch 1 can, drop the oldest and start over. With fewer pending
 requests than that batch, wait, but no later than the last moment they can still make the deadline;
 otherwise reserve the probed path and dispatch. Unlike the paper (``fill_aware`` off), waiting happens
-only when it pays: when the recent arrival rate fills the planned batch before that moment, or expects
-another request and is too high for the pools to serve at the batch size at hand (with ``FILL_HEADROOM``
-to spare); at low load a lone request goes at once instead of waiting for requests that will not come,
-and a held batch goes as soon as its stream falls silent (a client that waits for its answers).
+only when it pays: when the recent arrival rate expects another request by then and is too high for the
+pools to serve at the batch size at hand (with ``FILL_HEADROOM`` to spare). Below that rate a partial batch
+goes at once even if the stream would fill it: the vGPUs have the time, and holding only spends slack that a
+later stage (or the next module of an application) may need. A held batch goes as soon as its stream falls
+silent (a client that waits for its answers).
 Executors' measured timings correct the tables.
 """
 
@@ -175,23 +176,22 @@ class PPipePolicy(QueueingPolicy):
                 if n < cp.batch and latest > now + EPS_US:
                     if not self.fill_aware:
                         return latest
-                    if self._worth_waiting(model, batches[k], cp.batch - n, now, latest):
+                    if self._worth_waiting(model, batches[k], now, latest):
                         # decide again when the stream would count as stopped (a closed-loop client)
                         return min(latest, self.rates[model].stale_at_us(now))
             self._dispatch(model, cp, r, now, result)
         return None
 
-    def _worth_waiting(self, model: str, batch: int, missing: int, now: float, latest: float) -> bool:
-        """Whether holding a batch of ``batch`` (``missing`` short of the planned one) until ``latest`` pays:
-        the recent rate fills it by then (full batches: fewest dispatches, as the paper), or another request
-        is expected and the pools could not keep up with the rate at this batch size (at the speed the
-        servers really run, which may be slower than profiled). Otherwise nothing is gained by waiting."""
+    def _worth_waiting(self, model: str, batch: int, now: float, latest: float) -> bool:
+        """Whether holding a partial batch of ``batch`` until ``latest`` pays:
+        another request is expected by then and the pools could not keep up with the rate at this batch size
+        (at the speed the servers really run, which may be slower than profiled). Otherwise nothing is gained
+        by waiting; filling the batch for its own sake (the paper) cost an application's later module its
+        slack (benchmarks/beyond_ppipe_appserve.py: 6 of 476 shed) and gained nothing in the simulator."""
         rate = self.rates[model].per_us(now)
         expected = rate * (latest - now)
         if expected < 1.0:
             return False
-        if expected >= missing:
-            return True
         return rate * max(1.0, self.slowness) > FILL_HEADROOM * self._capacity_per_us(model, batch)
 
     def _capacity_per_us(self, model: str, batch: int) -> float:
