@@ -20,7 +20,7 @@ from poolpipe_common.errors import InputError
 from poolpipe_common.tensors import TensorSpec
 
 APP_FIELDS = ("name", "slo_us", "rate_rps", "modules", "edges", "inputs", "outputs", "max_batch_size")
-MODULE_FIELDS = ("name", "model", "slo_us", "rate_rps", "rows")
+MODULE_FIELDS = ("name", "model", "slo_us", "rate_rps", "rows", "dummy_requests")
 EDGE_FIELDS = ("from", "to", "fan_out", "tensors", "rows")
 
 
@@ -41,6 +41,9 @@ class AppModule:
     slo_us: float  # this module's share of the app's SLO
     rate_rps: float
     rows: int  # rows this module runs per row of an app request (product of the fan-outs on its way)
+    # the plan assumes full batches here (Harpagon's dummy requests): the sidecar pads every batch of this module's
+    # model to its pipeline's planned batch with zero rows, whose outputs are dropped
+    dummy_requests: bool = False
 
 
 @dataclass(frozen=True)
@@ -91,7 +94,7 @@ class ApplicationInfo:
         return {"name": self.name, "slo_us": self.slo_us, "rate_rps": self.rate_rps,
                 "max_batch_size": self.max_batch_size,
                 "modules": [{"name": m.name, "model": m.model, "slo_us": m.slo_us, "rate_rps": m.rate_rps,
-                             "rows": m.rows} for m in self.modules],
+                             "rows": m.rows, "dummy_requests": m.dummy_requests} for m in self.modules],
                 "edges": [{"from": e.src, "to": e.dst, "fan_out": e.fan_out, "rows": e.rows,
                            "tensors": dict(e.tensors)} for e in self.edges],
                 "inputs": tensors(self.inputs), "outputs": tensors(self.outputs)}
@@ -218,11 +221,23 @@ def application_from_dict(a: Any, models: Mapping[str, ModelTensors], w: str) ->
     for n in order:
         m, wm = raw_by_name[n], f"{w}.modules[{list(modules).index(n)}]"
         mods.append(AppModule(n, modules[n], as_float(m.get("slo_us", models[modules[n]].slo_us), f"{wm}.slo_us", 0),
-                              as_float(m.get("rate_rps", rate * rows[n]), f"{wm}.rate_rps", 0), rows[n]))
+                              as_float(m.get("rate_rps", rate * rows[n]), f"{wm}.rate_rps", 0), rows[n],
+                              _flag(m.get("dummy_requests", False), f"{wm}.dummy_requests")))
     source = models[modules[order[0]]]
     inputs = tuple(AppTensor(t, order[0], t.name) for t in source.inputs)
     return ApplicationInfo(name, slo, rate, source.max_batch_size, tuple(mods), tuple(edges), inputs,
                            _outputs(order, modules, edges, rows, models))
+
+
+def _flag(x: Any, where: str) -> bool:
+    if not isinstance(x, bool):
+        raise InputError(f"{where}: expected true or false, got {x!r}")
+    return x
+
+
+def padded_models(apps: Sequence[ApplicationInfo]) -> frozenset[str]:
+    """Models whose batches the sidecar pads to the planned batch: some app's plan assumes dummy requests there."""
+    return frozenset(m.model for a in apps for m in a.modules if m.dummy_requests)
 
 
 def applications_from_list(raw: Sequence[Any], models: Mapping[str, ModelTensors], where: str

@@ -78,12 +78,15 @@ def _model_plan(onnx_path: Path, name: str, slo_us: float, batch: int, stage_us:
     return ModelPlan(name, slo_us, pipe.throughput_rps, (pipe,), profile)
 
 
-def application(slo_us: float, rate_rps: float, det_share: float = 0.5) -> dict[str, Any]:
-    """The app in plan.json's ``applications`` format: det -> cls, fan-out FAN_OUT, each module's SLO share."""
+def application(slo_us: float, rate_rps: float, det_share: float = 0.5, dummy: tuple[str, ...] = ()
+                ) -> dict[str, Any]:
+    """The app in plan.json's ``applications`` format: det -> cls, fan-out FAN_OUT, each module's SLO share;
+    the modules in ``dummy`` have their batches padded with dummy requests."""
     return {"name": "traffic", "slo_us": slo_us, "rate_rps": rate_rps,
-            "modules": [{"name": DET, "model": DET, "slo_us": slo_us * det_share, "rate_rps": rate_rps},
+            "modules": [{"name": DET, "model": DET, "slo_us": slo_us * det_share, "rate_rps": rate_rps,
+                         "dummy_requests": DET in dummy},
                         {"name": CLS, "model": CLS, "slo_us": slo_us * (1 - det_share),
-                         "rate_rps": rate_rps * FAN_OUT}],
+                         "rate_rps": rate_rps * FAN_OUT, "dummy_requests": CLS in dummy}],
             "edges": [{"from": DET, "to": CLS, "fan_out": float(FAN_OUT), "tensors": {"crops": "feat"}}]}
 
 

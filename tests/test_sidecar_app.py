@@ -184,3 +184,41 @@ def test_a_failed_module_server_is_named(app_testbed: dict) -> None:
     os.killpg(dep.servers[cls_vgpu].proc.pid, signal.SIGKILL)
     with pytest.raises(InferenceServerException, match="application 'traffic': module 'cls' \\(model 'cls'\\)"):
         grpcclient.InferenceServerClient(sc.grpc_url).infer(APP, [_grpc_input(_x(2, 0))], client_timeout=30)
+
+
+def _executed_batch_sizes(http_url: str, model: str) -> dict[int, int]:
+    c = httpclient.InferenceServerClient(http_url)
+    try:
+        stats = c.get_inference_statistics(model)["model_stats"][0]
+    finally:
+        c.close()
+    return {int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in stats.get("batch_stats", [])}
+
+
+def test_dummy_requests_pad_the_planned_modules_batches(tmp_path: Path) -> None:
+    """Where the plan assumes dummy requests (cls), a lone app request's two crops run as a batch of the planned
+    4 (two zero rows added, their outputs dropped); det, without, runs its one image alone. Answers unchanged."""
+    from runtime.app_testbed import application
+
+    deploy, paths, manifest = build_app_deployment(tmp_path, slo_us=SLO_US,
+                                                   app=application(SLO_US, 50.0, dummy=(CLS,)))
+    sessions = {n: ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for n, p in paths.items()}
+    with Deployment(deploy, check_hardware=False, log_dir=tmp_path / "logs"), \
+            SidecarProcess(manifest=deploy, log_path=tmp_path / "sidecar.log") as sc:
+        stage = {m.name: m.pipelines[0].stages[0] for m in manifest.models}
+        url = {v.id: v.http_url for v in manifest.vgpus}
+
+        def sizes() -> dict[str, dict[int, int]]:
+            return {n: _executed_batch_sizes(url[stage[n].vgpus[0]], stage[n].triton_model) for n in (DET, CLS)}
+        before = sizes()  # calibration's batches
+        g = grpcclient.InferenceServerClient(sc.grpc_url)
+        for seed in range(3):
+            x = _x(1, seed)
+            got = g.infer(APP, [_grpc_input(x)]).as_numpy("probs")
+            np.testing.assert_allclose(got, _ref({"ort": sessions}, x), rtol=1e-5, atol=1e-5)
+        g.close()
+        after = sizes()
+    ran = {n: {b: c - before[n].get(b, 0) for b, c in after[n].items() if c != before[n].get(b, 0)}
+           for n in (DET, CLS)}
+    assert ran[CLS] == {4: 3}, ran  # each request's 2 crops + 2 dummy rows
+    assert ran[DET] == {1: 3}, ran

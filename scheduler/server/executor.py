@@ -87,8 +87,10 @@ class LiveExecutor:
     """The Executor of the shared driver on the event loop (``driver`` is set by the planned service)."""
 
     def __init__(self, fleet: Fleet, models: dict[str, ModelInfo], pipelines: dict[str, PipelineInfo],
-                 answers: Answers, metrics: SidecarMetrics, batch_log: BatchLog | None = None) -> None:
+                 answers: Answers, metrics: SidecarMetrics, batch_log: BatchLog | None = None,
+                 padded: frozenset[str] = frozenset()) -> None:
         self.fleet = fleet
+        self.padded = padded  # models whose first-stage batches are padded to the planned batch (dummy requests)
         self.models = models
         self.pipelines = pipelines
         self.answers = answers
@@ -147,10 +149,10 @@ class LiveExecutor:
         first = d.stages[0].stage
         pipe = self.pipelines[d.pipeline_id]
         if first == 0:
-            specs = self.models[d.model].inputs
-            return [HopTensor(t, [len(live), *t.shape],
-                              array=np.concatenate([s.call.checked.inputs[t.name][s.row:s.row + 1] for s in live]))
-                    for t in specs]
+            pad = max(0, pipe.batch - len(live)) if d.model in self.padded else 0
+            return [HopTensor(t, [len(live) + pad, *t.shape], array=_padded(
+                np.concatenate([s.call.checked.inputs[t.name][s.row:s.row + 1] for s in live]), pad))
+                    for t in self.models[d.model].inputs]
         return [HopTensor(t, [len(live), *t.shape], array=np.concatenate([s.carry[t.name] for s in live]))  # type: ignore[index]
                 for t in pipe.stages[first].inputs]
 
@@ -300,6 +302,14 @@ class LiveExecutor:
         for t in list(self.tasks):
             t.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+def _padded(rows: np.ndarray, pad: int) -> np.ndarray:
+    """``rows`` and ``pad`` zero rows after them (the dummy requests; every stage carries them, the answers skip
+    them: only the first len(live) rows of an output are given out)."""
+    if not pad:
+        return rows
+    return np.concatenate([rows, np.zeros((pad, *rows.shape[1:]), rows.dtype)])
 
 
 def _infer_request(stage: StageInfo, inputs: list[HopTensor], out_region: Region | None, batch: int,

@@ -14,6 +14,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2
 
+from model_repository_gen.app_manifest import padded_models
 from model_repository_gen.manifest import Manifest, load_manifest
 from poolpipe_common.errors import InputError
 from poolpipe_common.tensors import TensorSpec
@@ -56,7 +57,7 @@ class PlannedModels:
         self.apps = Applications(manifest.applications, self.answers, self.run_module)
         self.fleet = Fleet(manifest, self._vgpu_changed, generation)
         self.executor = LiveExecutor(self.fleet, self.models, self.pipelines, self.answers, metrics,
-                                     BatchLog(batch_log) if batch_log else None)
+                                     BatchLog(batch_log) if batch_log else None, padded_models(manifest.applications))
         self.executor.kick = self._kick_loop
         self.meter = self.executor.meter
         self.overheads_out = overheads_out
