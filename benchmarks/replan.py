@@ -8,8 +8,8 @@ ingest paused for about one SLO while the old plan's in-flight batches flush. Pr
 window and overall for both, the re-planning events, and draws ``--out``/replan.png. Then, live (emulated
 devices): the same open-loop load through a sidecar without reloads and with a reload between two deployments
 every ``--reload-every-s``; prints attainment of both and the measured dispatch pause per reload. Then the servers
-themselves migrate under the same load (``Deployment.begin_migration``: grow to two GPUs per class and back twice),
-each step timed.
+themselves migrate under the same load (``runtime.migration.begin_migration``: grow to two GPUs per class and back
+twice), each step timed.
 
     python -P benchmarks/replan.py                 # ~1-2 min on 2 cores (--no-live: the simulation only)
     python -P benchmarks/replan.py --duration-s 40 --step-s 15
@@ -151,7 +151,7 @@ def live(work: Path, rate: float, duration_s: float, every_s: float) -> None:
 
 
 def live_migration(work: Path, rate: float, duration_s: float) -> None:
-    """The same load through the sidecar while ``Deployment.begin_migration`` grows the emulated googlenet
+    """The same load through the sidecar while ``runtime.migration.begin_migration`` grows the emulated googlenet
     deployment from one GPU per class to two (generated with ``previous``: the GPU-0 servers are kept and get the
     new partitions) and back; each migration's steps are timed (start + load, the sidecar's pause, unload + stop)."""
     import threading  # noqa: PLC0415
@@ -160,6 +160,7 @@ def live_migration(work: Path, rate: float, duration_s: float) -> None:
 
     from loadtest.open_loop import open_loop  # noqa: PLC0415
     from runtime.launch import Deployment  # noqa: PLC0415
+    from runtime.migration import begin_migration  # noqa: PLC0415
     from runtime.sidecar_process import SidecarProcess  # noqa: PLC0415
     from runtime.testbed import EMULATED_MODEL, build_emulated_deployment  # noqa: PLC0415
 
@@ -182,7 +183,7 @@ def live_migration(work: Path, rate: float, duration_s: float) -> None:
                 time.sleep(duration_s / 5)
                 nxt = build_emulated_deployment(work / f"gen-{k}", gpus=gpus, previous=prev)
                 t0 = time.perf_counter()
-                m = dep.begin_migration(nxt)
+                m = begin_migration(dep, nxt)
                 t1 = time.perf_counter()
                 report = _post_reload(sc.http_url, nxt)
                 t2 = time.perf_counter()

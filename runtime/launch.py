@@ -14,10 +14,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from runtime.migration import Migration
 
 from model_repository_gen.manifest import Manifest, load_manifest
 from poolpipe_common.errors import InputError
@@ -112,13 +108,6 @@ class Deployment:
             raise InputError(f"--host {', '.join(unknown)}: not a host with servers in {resolved} "
                              f"(hosts: {', '.join(deployed) or 'none'})")
         return resolved, manifest, tuple(load_host_launch(resolved, h) for h in (self.hosts or deployed))
-
-    def begin_migration(self, directory: str | Path) -> "Migration":
-        """Start migrating to another generated deployment (runtime.migration): servers only it has are started
-        and its new models loaded into the kept servers; call ``finish()`` once the sidecar has switched."""
-        from runtime.migration import Migration  # noqa: PLC0415 - migration builds on this module
-
-        return Migration(self, directory).begin()
 
     @property
     def server_launches(self) -> list[ServerLaunch]:

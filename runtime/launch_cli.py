@@ -56,12 +56,13 @@ class Migrator:
 
     def begin(self) -> None:
         from poolpipe_common.errors import InputError
+        from runtime.migration import begin_migration
 
         if self.migration is not None:
             self.err.print("poolpipe launch: a migration is under way; SIGHUP ignored until it finishes")
             return
         try:
-            self.migration = self.dep.begin_migration(self.args.dir)
+            self.migration = begin_migration(self.dep, self.args.dir)
         except (InputError, RuntimeError, TimeoutError) as e:
             self.err.print(f"poolpipe launch: migration refused, the running servers serve on: {e}")
             return

@@ -1,8 +1,8 @@
 """Adding and removing servers of a running deployment: the migration from one generated deployment to the next.
 
 ``poolpipe generate --previous OLD --out NEW`` keeps the ports of the vGPUs both plans have on the same device
-(model_repository_gen.generations). Migrating a running :class:`~runtime.launch.Deployment` to NEW then happens in
-two steps around the sidecar's reload:
+(model_repository_gen.generations). Migrating a running :class:`~runtime.launch.Deployment` to NEW
+(:func:`begin_migration`) then happens in two steps around the sidecar's reload:
 
 1. :meth:`Migration.begin` starts the servers only NEW has and loads NEW's partition models into the kept servers
    (Triton's model-control API; their old models keep serving the old plan);
@@ -19,15 +19,12 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from model_repository_gen.generations import device_env
 from poolpipe_common.errors import InputError
+from runtime.launch import Deployment
 from runtime.launch_files import ServerLaunch
 from runtime.model_control import load_model_dir, same_model, unload_model
-
-if TYPE_CHECKING:
-    from runtime.launch import Deployment
 
 
 @dataclass(frozen=True)
@@ -174,3 +171,9 @@ class Migration:
                 dep.servers[s.vgpu] = dep.servers.pop(o.vgpu)
         dep.directory, dep.manifest, dep.launches = self.directory, self.manifest, self.launches
         return self.report
+
+
+def begin_migration(deployment: Deployment, directory: str | Path) -> Migration:
+    """Start migrating ``deployment`` to another generated directory: the servers only it has are started and its
+    new partitions loaded into the kept servers; call ``finish()`` once the sidecar has switched."""
+    return Migration(deployment, directory).begin()

@@ -37,6 +37,7 @@ from pathlib import Path
 from poolpipe_common.documents import as_float, check_fields, read_document
 from poolpipe_common.errors import InputError
 from runtime.launch import Deployment
+from runtime.migration import begin_migration
 from scheduler.core.replan_trigger import ReplanConfig, ReplanDecision, ReplanTrigger
 from scheduler.server.calls import now_us
 from scheduler.server.metrics import SidecarMetrics
@@ -161,7 +162,7 @@ class AutoReplanner:
                                                                                         plan_and_generate, job)
             log.info("event=replan_planned generation=%d solve_s=%.2f throughputs=%s", self.generation, solve_s,
                      ",".join(f"{m}={r:.1f}" for m, r in rates.items()))
-            migration = await asyncio.to_thread(self.deployment.begin_migration, out)
+            migration = await asyncio.to_thread(begin_migration, self.deployment, out)
             report = await self.planned.reload(Path(manifest))
         except Exception as e:  # noqa: BLE001 - whatever failed, the old plan serves on: log it, cool down
             self.metrics.replans.labels("failed").inc()
