@@ -24,8 +24,15 @@ import numpy as np
 
 from planner.candidates import Candidates, enumerate_candidates
 from planner.colocate_milp import solve_colocated
-from planner.colocation import check_gpu_memory, need_colocation_facts, partition_memory, partition_pressure, \
-    plan_slots, slot_slowdowns, with_placement
+from planner.colocation import (
+    check_gpu_memory,
+    need_colocation_facts,
+    partition_memory,
+    partition_pressure,
+    plan_slots,
+    slot_slowdowns,
+    with_placement,
+)
 from planner.milp_solvers import SolverOptions
 from planner.plan import PipelinePlan, Plan
 from planner.pooled import InfeasibleError, ModelPipelines, assemble_plan, infeasible_reason, pipeline_plan
@@ -143,7 +150,8 @@ def plan_colocated(spec: PlanningSpec, opts: SolverOptions, aware: bool = True) 
         per = [[] for _ in spec.models]
         for ch in chosen:
             per[ch.model].append(pipeline_plan(cands[ch.model], ch.candidate, ch.num_vgpus, spec.cluster.gpu_types))
-        models = [ModelPipelines(m, tuple(sorted(p, key=lambda x: -x.throughput_rps))) for m, p in zip(spec.models, per)]
+        models = [ModelPipelines(m, tuple(sorted(p, key=lambda x: -x.throughput_rps)))
+                  for m, p in zip(spec.models, per)]
         starved = [mp.model.name for mp in models if mp.throughput_rps <= 0]
         if starved:
             raise InfeasibleError(f"model {starved[0]} gets no pipeline co-located with the others; add GPUs")
