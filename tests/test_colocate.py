@@ -103,3 +103,24 @@ def test_spec_fields_gpu_memory_and_colocate(tmp_path, ref_dir):
         spec_from_dict({**d, "cluster": {**d["cluster"], "gpu_memory_gb": {"V100": 0}}})
     with pytest.raises(InputError, match="colocate must be true or false"):
         spec_from_dict({**d, "colocate": "yes"})
+
+
+def test_plan_cli_colocate_flag(tmp_path, spec):
+    import json
+
+    from tests.conftest import run_cli
+    paths = []
+    for m in spec.models:
+        p = tmp_path / f"{m.name}.json"
+        m.profile.save(p)
+        paths.append(p)
+    doc = {"cluster": {"gpus": {"L4": 1}, "bandwidth_gbps": 10, "vgpu_levels": {"L4": 4}}, "max_partitions": 2,
+           "models": [{"profile": str(p), "slo_us": m.slo_us, "weight": m.weight} for p, m in zip(paths, spec.models)]}
+    (tmp_path / "spec.json").write_text(json.dumps(doc))
+    out = tmp_path / "plan.json"
+    r = run_cli("plan", "--spec", tmp_path / "spec.json", "--colocate", "--out", out)
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(out.read_text())
+    assert plan["planner"] == "ppipe-colocate" and plan["colocation"]["interference_aware"]
+    assert all(p["placement"] == ["L4-0"] * p["num_vgpus"] for m in plan["models"] for pl in m["pipelines"]
+               for p in pl["partitions"])
