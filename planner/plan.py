@@ -36,6 +36,8 @@ class PartitionPlan:
     num_vgpus: int
     latency_us: float
     transfer_us: float = 0.0  # transfer of one batch to the next partition (0 for the last)
+    placement: tuple[str, ...] | None = None  # co-located plans: the physical GPU of each vGPU, e.g. "L4-0"
+    slowdown: float = 1.0  # co-located plans: interference factor the planner applied to latency_us
 
     @property
     def vgpu_fraction(self) -> str:
@@ -46,9 +48,12 @@ class PartitionPlan:
         return self.num_vgpus / self.v
 
     def to_dict(self) -> dict[str, Any]:
-        return {"blocks": list(self.blocks), "gpu": self.gpu, "vgpu_fraction": self.vgpu_fraction,
-                "batch": self.batch, "num_vgpus": self.num_vgpus, "physical_gpus": self.physical_gpus,
-                "latency_us": self.latency_us, "transfer_us": self.transfer_us}
+        d = {"blocks": list(self.blocks), "gpu": self.gpu, "vgpu_fraction": self.vgpu_fraction,
+             "batch": self.batch, "num_vgpus": self.num_vgpus, "physical_gpus": self.physical_gpus,
+             "latency_us": self.latency_us, "transfer_us": self.transfer_us}
+        if self.placement is not None:
+            d.update(placement=list(self.placement), slowdown=self.slowdown)
+        return d
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,7 @@ class Plan:
     cost: dict[str, Any] | None = None  # cost plans: rates, prices, GPUs used, cost per hour and per 1M requests
     # application DAGs as plan.json holds them (plain objects; `generate` checks them against the models' tensors)
     applications: tuple[dict[str, Any], ...] = ()
+    colocation: dict[str, Any] | None = None  # co-located plans: how they were planned (planner.colocate)
 
     def model(self, name: str) -> ModelPlan:
         for m in self.models:
@@ -126,6 +132,8 @@ class Plan:
             d["cost"] = self.cost
         if self.applications:
             d["applications"] = [dict(a) for a in self.applications]
+        if self.colocation is not None:
+            d["colocation"] = self.colocation
         return d
 
     def save(self, path: str | Path) -> None:
@@ -133,12 +141,12 @@ class Plan:
 
 
 PLAN_FIELDS = ("format", "planner", "solver", "solve_seconds", "status", "objective_kind", "objective", "bound",
-               "gap", "cluster", "spec", "physical_gpus_used", "models", "cost", "applications")
+               "gap", "cluster", "spec", "physical_gpus_used", "models", "cost", "applications", "colocation")
 MODEL_FIELDS = ("name", "slo_us", "slo_margin_us", "batch_wait_us_per_request", "weight", "throughput_rps",
                 "pipelines", "profile")
 PIPELINE_FIELDS = ("throughput_rps", "latency_us", "batch", "partitions")
 PARTITION_FIELDS = ("blocks", "gpu", "vgpu_fraction", "batch", "num_vgpus", "physical_gpus", "latency_us",
-                    "transfer_us")
+                    "transfer_us", "placement", "slowdown")
 
 
 def _fraction_level(s: Any, where: str) -> int:
@@ -169,9 +177,15 @@ def _partition(p: Any, prof: Profile, prev_end: int, wk: str) -> PartitionPlan:
     batch = as_int(need(p, "batch", wk), f"{wk}.batch", 1)
     if batch not in prof.batch_sizes(gpu, v):
         raise InputError(f"{wk}.batch: {batch} is not profiled for {gpu} at V={v}")
-    return PartitionPlan((first, end), gpu, v, batch, as_int(need(p, "num_vgpus", wk), f"{wk}.num_vgpus", 1),
-                         as_float(need(p, "latency_us", wk), f"{wk}.latency_us", 0),
-                         as_float(p.get("transfer_us", 0.0), f"{wk}.transfer_us", 0))
+    n = as_int(need(p, "num_vgpus", wk), f"{wk}.num_vgpus", 1)
+    placement = p.get("placement")
+    if placement is not None and (not isinstance(placement, list) or len(placement) != n
+                                  or not all(isinstance(g, str) and g.startswith(f"{gpu}-") for g in placement)):
+        raise InputError(f"{wk}.placement: expected {n} physical GPU names like '{gpu}-0' (one per vGPU)")
+    return PartitionPlan((first, end), gpu, v, batch, n, as_float(need(p, "latency_us", wk), f"{wk}.latency_us", 0),
+                         as_float(p.get("transfer_us", 0.0), f"{wk}.transfer_us", 0),
+                         None if placement is None else tuple(placement),
+                         as_float(p.get("slowdown", 1.0), f"{wk}.slowdown", 1))
 
 
 def _pipeline(pl: Any, prof: Profile, wp: str) -> PipelinePlan:
@@ -222,7 +236,7 @@ def plan_from_dict(d: Any, source: str = "plan") -> Plan:
     cluster = cluster_from_dict(need(d, "cluster", source), f"{source}: cluster")
     models = [_model(m, f"{source}: models[{i}]") for i, m in enumerate(_list(need(d, "models", source),
                                                                               f"{source}: models"))]
-    for key in ("spec", "cost"):
+    for key in ("spec", "cost", "colocation"):
         if d.get(key) is not None and not isinstance(d[key], dict):
             raise InputError(f"{source}: {key}: expected an object, got {d[key]!r}")
     return Plan(as_str(need(d, "planner", source), f"{source}: planner"),
@@ -233,7 +247,8 @@ def plan_from_dict(d: Any, source: str = "plan") -> Plan:
                 _optional_float(d, "objective", source), _optional_float(d, "bound", source),
                 _optional_float(d, "gap", source), as_str(d.get("objective_kind", "throughput"),
                                                           f"{source}: objective_kind"), d.get("cost"),
-                _applications(d.get("applications"), source))
+                _applications(d.get("applications"), source),
+                d.get("colocation"))
 
 
 def load_plan(path: str | Path) -> Plan:

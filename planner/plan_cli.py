@@ -23,6 +23,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--planner", default="ppipe", choices=("ppipe", "np", "dart-r"),
                    help="ppipe: pooled pipelines (default); np: whole models; dart-r: GPU pairs cut once")
     add_solver_flags(p)
+    p.add_argument("--colocate", action="store_true",
+                   help="let vGPUs of different (model, partition) pairs share a physical GPU (InSS-style), with "
+                        "latencies inflated by the profiles' interference models and GPU memory as a hard limit "
+                        "(the spec's colocate: true); default: dedicated GPUs")
     p.add_argument("--out", type=Path, help="plan.json to write (required)")
     p.add_argument("--progress", action="store_true", help="show the solver's log")
     c = p.add_argument_group("capacity and cost planning")
@@ -67,6 +71,9 @@ def _plan(args: argparse.Namespace) -> int:
         raise InputError(f"--out {args.out} is a directory; give a file name such as plan.json")
     req = _cost_request(args)
     spec = load_cli_spec(args)
+    if args.colocate:
+        from dataclasses import replace
+        spec = replace(spec, colocate=True)
     if req is not None:
         opts = check_limits(args.solver, time_limit(args), args.gap)
         plan = solve_cost(spec, req, args.planner, type(opts)(opts.solver, opts.time_limit_s, opts.rel_gap,

@@ -46,6 +46,9 @@ def solve_spec(spec: PlanningSpec, planner: str = "ppipe", solver: str = "highs"
     opts = check_limits(solver, time_limit_s, rel_gap)
     opts = SolverOptions(opts.solver, opts.time_limit_s, opts.rel_gap, progress)
     t0 = time.perf_counter()
+    if planner == "ppipe" and spec.colocate:  # GPUs shared across (model, partition) pairs: planner.colocate
+        from planner.colocate import plan_colocated
+        return plan_colocated(spec, opts)
     if planner == "ppipe":
         models, res = solve_pooled(spec, spec.cluster, spec.max_partitions, opts)
     elif planner == "np":

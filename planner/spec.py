@@ -7,7 +7,9 @@ YAML or JSON::
       gpus_per_server: {L4: 4, T4: 2}   # GPUs that share one server's NIC (default 1)
       bandwidth_gbps: 10                # effective NIC bandwidth per server
       vgpu_levels: {L4: 4, T4: 4}       # V may be 1..this (default 1)
+      gpu_memory_gb: {V100: 32}         # device memory per GPU type (default: L4 24, T4 16, P4 8, V100 16, H100 80)
     max_partitions: 3
+    colocate: false                     # true: vGPUs of different (model, partition) may share a GPU (planner.colocate)
     batch_unification: true
     models:
       - profile: path/to/profile.json   # relative to the spec file
@@ -19,12 +21,13 @@ YAML or JSON::
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from poolpipe_common.documents import as_float, as_int, check_fields, read_document
 from poolpipe_common.errors import InputError
+from profiling.block_memory import DEVICE_MEMORY_GB
 from profiling.profile import Profile, load_profile, profile_from_dict
 
 
@@ -34,14 +37,23 @@ class ClusterSpec:
     gpus_per_server: dict[str, int]
     bandwidth_gbps: float
     vgpu_levels: dict[str, int]
+    gpu_memory_gb: dict[str, float] = field(default_factory=dict)  # overrides of DEVICE_MEMORY_GB
 
     @property
     def gpu_types(self) -> list[str]:
         return list(self.gpus)
 
+    def memory_bytes(self, gpu_type: str) -> float | None:
+        """Device memory of one GPU of ``gpu_type`` (None: unknown type, no limit)."""
+        gb = self.gpu_memory_gb.get(gpu_type, DEVICE_MEMORY_GB.get(gpu_type))
+        return None if gb is None else gb * 1e9
+
     def to_dict(self) -> dict[str, Any]:
-        return {"gpus": dict(self.gpus), "gpus_per_server": dict(self.gpus_per_server),
-                "bandwidth_gbps": self.bandwidth_gbps, "vgpu_levels": dict(self.vgpu_levels)}
+        d = {"gpus": dict(self.gpus), "gpus_per_server": dict(self.gpus_per_server),
+             "bandwidth_gbps": self.bandwidth_gbps, "vgpu_levels": dict(self.vgpu_levels)}
+        if self.gpu_memory_gb:
+            d["gpu_memory_gb"] = dict(self.gpu_memory_gb)
+        return d
 
 
 @dataclass(frozen=True)
@@ -74,11 +86,12 @@ class PlanningSpec:
     models: tuple[ModelSpec, ...]
     max_partitions: int = 3
     batch_unification: bool = True
+    colocate: bool = False  # plan with planner.colocate: GPUs shared across (model, partition) pairs
 
     def to_dict(self) -> dict[str, Any]:
         """Serialisable form; profiles are referenced by path (plan.json embeds them separately)."""
         return {"cluster": self.cluster.to_dict(), "max_partitions": self.max_partitions,
-                "batch_unification": self.batch_unification,
+                "batch_unification": self.batch_unification, **({"colocate": True} if self.colocate else {}),
                 "models": [m.to_dict() for m in self.models]}
 
 
@@ -105,10 +118,10 @@ def _type_map(x: Any, where: str, *, default: int | None = None, types: list[str
     return out
 
 
-CLUSTER_FIELDS = ("gpus", "gpus_per_server", "bandwidth_gbps", "vgpu_levels")
+CLUSTER_FIELDS = ("gpus", "gpus_per_server", "bandwidth_gbps", "vgpu_levels", "gpu_memory_gb")
 MODEL_FIELDS = ("profile", "model", "slo_us", "slo_multiplier", "slo_margin_us", "slo_margin",
                 "batch_wait_us_per_request", "weight")
-SPEC_FIELDS = ("cluster", "max_partitions", "batch_unification", "models")
+SPEC_FIELDS = ("cluster", "max_partitions", "batch_unification", "colocate", "models")
 
 
 def cluster_from_dict(d: Any, where: str = "cluster") -> ClusterSpec:
@@ -129,7 +142,11 @@ def cluster_from_dict(d: Any, where: str = "cluster") -> ClusterSpec:
     if "bandwidth_gbps" not in d:
         raise InputError(f"{where}: missing field 'bandwidth_gbps' (effective NIC bandwidth per server)")
     bw = _num(d["bandwidth_gbps"], f"{where}.bandwidth_gbps", positive=True)
-    return ClusterSpec(gpus, per_server, bw, levels)
+    mem = d.get("gpu_memory_gb") or {}
+    if not isinstance(mem, dict):
+        raise InputError(f"{where}.gpu_memory_gb: expected a map of GPU type -> GB, e.g. {{V100: 32}}")
+    memory = {str(t): _num(x, f"{where}.gpu_memory_gb.{t}", positive=True) for t, x in mem.items()}
+    return ClusterSpec(gpus, per_server, bw, levels, memory)
 
 
 def model_spec_from_dict(d: Any, where: str, base_dir: Path | None = None,
@@ -218,10 +235,11 @@ def spec_from_dict(d: Any, base_dir: Path | None = None, source: str = "spec") -
         raise InputError(f"{source}: field 'models' must be a non-empty list")
     models = tuple(model_spec_from_dict(m, f"{source}: models[{i}]", base_dir) for i, m in enumerate(raw_models))
     maxp = _num(d.get("max_partitions", 3), f"{source}: max_partitions", positive=True, integer=True)
-    bu = d.get("batch_unification", True)
-    if not isinstance(bu, bool):
-        raise InputError(f"{source}: batch_unification must be true or false")
-    return check_spec(PlanningSpec(cluster, models, int(maxp), bu))
+    bu, co = d.get("batch_unification", True), d.get("colocate", False)
+    if not isinstance(bu, bool) or not isinstance(co, bool):
+        raise InputError(f"{source}: {'batch_unification' if not isinstance(bu, bool) else 'colocate'} "
+                         "must be true or false")
+    return check_spec(PlanningSpec(cluster, models, int(maxp), bu, co))
 
 
 def load_spec(path: str | Path) -> PlanningSpec:

@@ -55,4 +55,6 @@ def merge_profiles(named: list[tuple[str, Profile]]) -> Profile:
             "model_sha256": sorted({str(q.provenance["model_sha256"]) for _, q in named
                                     if "model_sha256" in q.provenance}),
             "devices": dev_prov}
-    return Profile(base.model, blocks, timings, input_bytes, input_tensors, prov)
+    memory = next((q.memory for _, q in named if q.memory is not None), None)
+    interference = {d: m for _, q in named for d, m in q.interference.items()}
+    return Profile(base.model, blocks, timings, input_bytes, input_tensors, prov, memory, interference)

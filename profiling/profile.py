@@ -16,7 +16,9 @@ Format (``format: poolpipe.profile/1``)::
         "L4": {"1": {"batch_sizes": [1, 2, 4, 8],
                      "latency_us": [[...per batch size...], ...one row per block...]}}
       },
-      "provenance": {"source": "...", "method": "...", ...}
+      "provenance": {"source": "...", "method": "...", ...},
+      "memory": {"weight_bytes": [...], "activation_bytes": [...]},   # optional, profiling.block_memory
+      "interference": {"cpu": {"per_corunner": ..., ...}}            # optional, profiling.interference
     }
 
 Latencies are per block, in microseconds, of one vGPU while all V vGPUs of the GPU run at once. A timing
@@ -34,10 +36,13 @@ import numpy as np
 
 from poolpipe_common.documents import as_int, check_fields, need, read_document
 from poolpipe_common.errors import InputError
+from profiling.block_memory import BlockMemory, memory_from_dict
+from profiling.interference import InterferenceModel, interference_map_from_dict
 from profiling.latency_quantiles import LatencyQuantiles, quantiles_from_dict
 
 FORMAT = "poolpipe.profile/1"
-PROFILE_FIELDS = ("format", "model", "input_bytes", "input_tensors", "blocks", "devices", "provenance")
+PROFILE_FIELDS = ("format", "model", "input_bytes", "input_tensors", "blocks", "devices", "provenance", "memory",
+                  "interference")
 MIN_BLOCK_US = 1.0  # every block counts as at least 1 µs (the reference planner's rule)
 
 
@@ -69,6 +74,8 @@ class Profile:
     input_bytes: int | None = None
     input_tensors: tuple[str, ...] | None = None
     provenance: dict[str, Any] = field(default_factory=dict)
+    memory: BlockMemory | None = None  # weights and activations per block (profiling.block_memory)
+    interference: dict[str, InterferenceModel] = field(default_factory=dict)  # device type -> fitted model
 
     @property
     def num_blocks(self) -> int:
@@ -124,6 +131,11 @@ class Profile:
                    and batch in self.timings[d][1].batch_sizes)
 
     def to_dict(self) -> dict[str, Any]:
+        extra: dict[str, Any] = {}
+        if self.memory is not None:
+            extra["memory"] = self.memory.to_dict()
+        if self.interference:
+            extra["interference"] = {d: m.to_dict() for d, m in self.interference.items()}
         return {
             "format": FORMAT,
             "model": self.model,
@@ -139,6 +151,7 @@ class Profile:
                 for dev, levels in self.timings.items()
             },
             "provenance": self.provenance,
+            **extra,
         }
 
     def save(self, path: str | Path) -> None:
@@ -227,9 +240,12 @@ def profile_from_dict(d: Any, source: str = "profile") -> Profile:
     prov = d.get("provenance", {})
     if not isinstance(prov, dict):
         raise InputError(f"{source}: field 'provenance' must be an object")
+    memory = None if d.get("memory") is None else memory_from_dict(d["memory"], len(blocks), f"{source}: memory")
+    interference = ({} if d.get("interference") is None
+                    else interference_map_from_dict(d["interference"], f"{source}: interference"))
     return Profile(model, tuple(blocks), timings,
                    _positive_int_or_none(d.get("input_bytes"), f"{source}: input_bytes"),
-                   _names(d.get("input_tensors"), f"{source}: input_tensors"), prov)
+                   _names(d.get("input_tensors"), f"{source}: input_tensors"), prov, memory, interference)
 
 
 def load_profile(path: str | Path) -> Profile:

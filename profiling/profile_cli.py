@@ -56,6 +56,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(variable-latency models: early exit, content-dependent work)")
     m.add_argument("--max-boundary-tensors", type=int, default=1,
                    help="most tensors allowed to cross a block boundary when pre-partitioning (default 1)")
+    m.add_argument("--co-run", nargs="+", action="extend", type=Path, metavar="OTHER.onnx", default=[],
+                   help="also fit the interference model (InSS-style, for co-located planning): time each block "
+                        "while these models run beside it in other processes at duty cycles 1 and 0.5, and record "
+                        "the fitted coefficients in the profile's 'interference' field (on cpu: real CPU "
+                        "interference; each process gets --threads/2 threads)")
+    m.add_argument("--co-run-repeats", type=int, default=10, help="timed runs per block and co-run setting")
     m.add_argument("--model-name", default=None,
                    help="model name in the profile (default: the --like profile's model, else the file name stem)")
     m.add_argument("--out", required=True, type=Path, help="profile JSON to write")
@@ -111,7 +117,8 @@ def _measure(args: argparse.Namespace) -> int:
     from profiling.profiler import MeasureOptions, measure_profile
 
     for flag, val, lo in (("--threads", args.threads, 1), ("--blocks", args.blocks, 1), ("--repeats", args.repeats, 1),
-                          ("--warmup", args.warmup, 0), ("--max-boundary-tensors", args.max_boundary_tensors, 1)):
+                          ("--warmup", args.warmup, 0), ("--max-boundary-tensors", args.max_boundary_tensors, 1),
+                          ("--co-run-repeats", args.co_run_repeats, 1)):
         if val is not None and val < lo:
             raise InputError(f"{flag} {val}: must be at least {lo}")
     if args.latency_quantiles and not 2 <= args.latency_quantiles <= args.repeats:
@@ -128,12 +135,16 @@ def _measure(args: argparse.Namespace) -> int:
         quantile_levels=args.latency_quantiles)
     like = load_profile(args.like) if args.like else None
     prof = measure_profile(args.model, opts, n_blocks=args.blocks, like=like, like_path=str(args.like or ""),
-                           model_name=args.model_name, inputs_path=args.inputs)
+                           model_name=args.model_name, inputs_path=args.inputs, co_run=tuple(args.co_run),
+                           co_run_repeats=args.co_run_repeats)
     prof.save(args.out)
     total = {v: prof.latency_us(opts.label, v, opts.batch_sizes[0]) for v in opts.vgpu_levels}
     per_level = ", ".join(f"V={v}: {us / 1000:.2f} ms" for v, us in total.items())
     print(f"wrote {args.out}: {prof.model}, {prof.num_blocks} blocks on {opts.label} ({opts.engine}), "
           f"batch {opts.batch_sizes[0]} {per_level}")
+    for dev, im in prof.interference.items():
+        print(f"interference on {dev} (measured): per_corunner {im.per_corunner:.4f}, per_pressure "
+              f"{im.per_pressure:.4f}, sensitivity {im.sensitivity:.4f} (rmse {im.rmse:.4f} over {im.points} points)")
     return 0
 
 

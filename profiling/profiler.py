@@ -27,6 +27,8 @@ import onnx
 import onnx.utils
 
 from poolpipe_common.errors import InputError
+from profiling.block_memory import memory_of_blocks
+from profiling.corun import CoRunOptions, measure_interference
 from profiling.devices import check_engine, gpu_names, make_runner
 from profiling.input_sets import input_batches, load_input_set
 from profiling.latency_quantiles import LatencyQuantiles
@@ -264,9 +266,12 @@ def _provenance(model_path: Path, opts: MeasureOptions) -> dict[str, Any]:
 
 def measure_profile(model_path: str | Path, opts: MeasureOptions, n_blocks: int | None = None,
                     like: Profile | None = None, like_path: str = "", model_name: str | None = None,
-                    progress: bool | None = None, inputs_path: Path | None = None) -> Profile:
+                    progress: bool | None = None, inputs_path: Path | None = None,
+                    co_run: tuple[Path, ...] = (), co_run_repeats: int = 10) -> Profile:
     """Measure a profile of ``model_path`` on one device type (``opts.label``), all levels and batch sizes;
-    timed over the samples of ``inputs_path`` (profiling.input_sets) where given, else over random inputs."""
+    timed over the samples of ``inputs_path`` (profiling.input_sets) where given, else over random inputs.
+    Each block's weights and peak activations are recorded; with ``co_run`` models, the interference model
+    fitted from block timings next to them (profiling.corun)."""
     from tqdm import tqdm
 
     check_engine(opts.device, opts.engine, opts.vgpu_levels)
@@ -313,5 +318,11 @@ def measure_profile(model_path: str | Path, opts: MeasureOptions, n_blocks: int 
             **dev_prov, "devices": {opts.label: dev_prov}}
     input_bytes = int(sum(int(np.prod(s.shape)) * s.dtype.itemsize for s in specs if s.name in plan.input_tensors))
     name = model_name or (like.model if like is not None else model_path.stem)  # --like: mergeable by default
+    memory = memory_of_blocks(subs, "ONNX initializers (weights) and inferred tensor shapes (peak activations)")
+    interference = {}
+    if co_run:
+        copts = CoRunOptions(opts.device, opts.engine, opts.label, max(1, (opts.threads or 2) // 2),
+                             co_run_repeats, max(1, opts.warmup))
+        interference[opts.label] = measure_interference(subs, specs, list(co_run), copts)
     return Profile(name, blocks, {opts.label: timings}, input_bytes,
-                   plan.input_tensors, prov)
+                   plan.input_tensors, prov, memory, interference)

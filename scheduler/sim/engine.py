@@ -7,6 +7,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -96,14 +97,16 @@ class _Outcomes:
 def simulate(topology: Topology, scheduler: Scheduler, arrivals: Sequence[tuple[float, str]],
              duration_us: float, *, noise_cv: float = 0.0, seed: int = 0, record_timeline: bool = False,
              on_progress: Callable[[float], None] | None = None, driver: DriverConfig | None = None,
-             overheads: Overheads | None = None, faults: Sequence[Fault] = ()) -> SimResult:
+             overheads: Overheads | None = None, faults: Sequence[Fault] = (), interference: Any = None) -> SimResult:
     """Run ``scheduler`` over ``arrivals`` ((time_us, model) sorted by time) until every request ended.
 
     ``driver`` is the loop's setting (default: ``DriverConfig.ideal()``, the policy alone; give
-    ``DriverConfig.live()`` and the live ``overheads`` to predict what the sidecar does)."""
+    ``DriverConfig.live()`` and the live ``overheads`` to predict what the sidecar does). ``interference``
+    (scheduler.sim.interference) slows each batch of a co-located plan by what runs beside it."""
     out = _Outcomes(list(topology.pipelines), arrivals, topology.slo_us)
     ex = VirtualExecutor(topology, duration_us, noise_cv=noise_cv, seed=seed, overheads=overheads, faults=faults,
-                         record_timeline=record_timeline, on_done=out.done, on_reject=out.dropped)
+                         record_timeline=record_timeline, on_done=out.done, on_reject=out.dropped,
+                         interference=interference)
     drv = Driver(scheduler, topology, ex, driver or DriverConfig.ideal())
     ex.driver = drv
     dispatch_us: list[float] = []

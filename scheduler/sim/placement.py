@@ -3,7 +3,10 @@
 The simulator uses this (the live sidecar builds its Topology from manifest.json instead). Each GPU
 type fills servers of ``cluster.gpus_per_server[type]`` GPUs; a GPU split at level V hosts V vGPUs
 of one level, and partitions are packed onto GPUs in plan order (consecutive partitions of one type
-land on the same servers where they fit, as a real deployment would try to).
+land on the same servers where they fit, as a real deployment would try to). A co-located plan
+(planner.colocate) names each vGPU's physical GPU itself; its vGPUs go exactly there, and each stage's
+latency table is the profile's times the slowdown the planner allowed for (scheduler.sim.interference
+applies the actual one per batch).
 """
 
 from __future__ import annotations
@@ -36,26 +39,48 @@ class _GpuAllocator:
                     f"{self.gpu_type}-srv{gpu // self.per_server}", f"{self.gpu_type}-{gpu}")
 
 
+def placed_vgpus(plan: Plan) -> dict[tuple[str, int, int], list[VGpu]]:
+    """The vGPUs of every partition of a co-located plan, (model, pipeline, partition) -> its pool, on the
+    physical GPUs the plan names (slots numbered per GPU in plan order); {} for other plans."""
+    out: dict[tuple[str, int, int], list[VGpu]] = {}
+    slots: dict[str, int] = {}
+    for m in plan.models:
+        for j, pl in enumerate(m.pipelines):
+            for k, part in enumerate(pl.partitions):
+                if part.placement is None:
+                    continue
+                per = plan.cluster.gpus_per_server.get(part.gpu, 1)
+                pool = []
+                for g in part.placement:
+                    slot = slots.get(g, 0)
+                    slots[g] = slot + 1
+                    idx = int(g.rsplit("-", 1)[1])
+                    pool.append(VGpu(f"{g}:{slot}", part.gpu, part.v, f"{part.gpu}-srv{idx // per}", g))
+                out[(m.name, j, k)] = pool
+    return out
+
+
 def topology_from_plan(plan: Plan) -> Topology:
     """Place every partition's vGPUs and build each model's pooled pipelines with latency tables."""
     cluster = plan.cluster
     allocs = {t: _GpuAllocator(t, cluster.gpus_per_server.get(t, 1)) for t in cluster.gpus}
     vgpus: dict[str, VGpu] = {}
     pipelines: dict[str, tuple[Pipeline, ...]] = {}
+    placed = placed_vgpus(plan)
     for m in plan.models:
         prof = m.profile
         pipes = []
         for j, pl in enumerate(m.pipelines):
             stages = []
-            for part in pl.partitions:
+            for k, part in enumerate(pl.partitions):
                 alloc = allocs.setdefault(part.gpu, _GpuAllocator(part.gpu, cluster.gpus_per_server.get(part.gpu, 1)))
                 pool = []
-                for _ in range(part.num_vgpus):
-                    vg = alloc.take(part.v)
+                for n in range(part.num_vgpus):
+                    vg = placed[(m.name, j, k)][n] if (m.name, j, k) in placed else alloc.take(part.v)
                     vgpus[vg.id] = vg
                     pool.append(vg.id)
                 first, end = part.blocks
-                lat = {b: prof.latency_us(part.gpu, part.v, b, first, end)
+                lat = {b: prof.latency_us(part.gpu, part.v, b, first, end) * part.slowdown
                        for b in prof.batch_sizes(part.gpu, part.v) if b <= pl.batch}
                 in_bytes = prof.boundary_bytes(first) if first > 0 else 0
                 qs = {b: prof.latency_quantiles_us(part.gpu, part.v, b, first, end) for b in lat}

@@ -75,6 +75,7 @@ def run_point(job: PointJob, record_timeline: bool = False) -> tuple[dict[str, A
     """Simulate one load factor; returns the per-point summary and the raw SimResult."""
     from scheduler.core import make_scheduler
     from scheduler.sim.engine import simulate
+    from scheduler.sim.interference import interference_of
     from scheduler.sim.placement import topology_from_plan
 
     topo = topology_from_plan(job.plan)
@@ -88,7 +89,8 @@ def run_point(job: PointJob, record_timeline: bool = False) -> tuple[dict[str, A
     arrivals = mixed_arrivals(job.trace, rates, job.duration_s, job.seed)
     res = simulate(topo, make_scheduler(job.policy, topo), arrivals, job.duration_s * 1e6,
                    noise_cv=job.noise_cv, seed=job.seed, record_timeline=record_timeline,
-                   driver=driver_config(job.driver, job.overheads), overheads=job.overheads)
+                   driver=driver_config(job.driver, job.overheads), overheads=job.overheads,
+                   interference=interference_of(job.plan))
     models = {}
     for m in job.rates_rps:
         st = res.models.get(m)

@@ -80,7 +80,8 @@ class VirtualExecutor:
 
     def __init__(self, topology: Topology, duration_us: float, *, noise_cv: float = 0.0, seed: int = 0,
                  overheads: Overheads | None = None, faults: Sequence[Fault] = (), record_timeline: bool = False,
-                 on_done: Callable[[Any, float], None], on_reject: Callable[[Any, str, str], None]) -> None:
+                 on_done: Callable[[Any, float], None], on_reject: Callable[[Any, str, str], None],
+                 interference: Any = None) -> None:
         self.topology = topology
         self.duration_us = duration_us
         self.rng = np.random.default_rng(seed + 7919)
@@ -98,6 +99,7 @@ class VirtualExecutor:
         self.paths: dict[int, list[str]] = {}
         self.on_done = on_done
         self.on_reject = on_reject
+        self.interference = interference  # co-located plans: scheduler.sim.interference.CoRunInterference
         self.driver: Driver | None = None
         self.batch_sizes: Counter = Counter()
         self.dispatches = 0
@@ -218,6 +220,8 @@ class VirtualExecutor:
             lat = float(st.latency_dist[b].quantile(u)) * self.ov.slowdown
         else:
             lat = stage_latency(st.latency_us, b) * self.ov.slowdown
+        if self.interference is not None:
+            lat *= self.interference.factor(v, s0, self.vfree, self.busy)
         if self.sigma:
             lat *= math.exp(self.rng.normal(-0.5 * self.sigma * self.sigma, self.sigma))
         e = s0 + lat
