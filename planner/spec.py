@@ -7,6 +7,7 @@ YAML or JSON::
       gpus_per_server: {L4: 4, T4: 2}   # GPUs that share one server's NIC (default 1)
       bandwidth_gbps: 10                # effective NIC bandwidth per server
       vgpu_levels: {L4: 4, T4: 4}       # V may be 1..this (default 1)
+      vgpu_sizes: {L4: {mps_percent: [25, 25, 50]}}   # optional unequal shares (planner/vgpu_sizes.py)
     max_partitions: 3
     batch_unification: true
     models:
@@ -23,6 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from planner.vgpu_sizes import VGpuSizes, parse_vgpu_sizes, vgpu_sizes_to_dict
 from poolpipe_common.documents import as_float, as_int, check_fields, read_document
 from poolpipe_common.errors import InputError
 from profiling.profile import Profile, load_profile, profile_from_dict
@@ -34,14 +36,18 @@ class ClusterSpec:
     gpus_per_server: dict[str, int]
     bandwidth_gbps: float
     vgpu_levels: dict[str, int]
+    vgpu_sizes: VGpuSizes | None = None  # unequal shares per GPU type (None: only the equal levels)
 
     @property
     def gpu_types(self) -> list[str]:
         return list(self.gpus)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"gpus": dict(self.gpus), "gpus_per_server": dict(self.gpus_per_server),
-                "bandwidth_gbps": self.bandwidth_gbps, "vgpu_levels": dict(self.vgpu_levels)}
+        d = {"gpus": dict(self.gpus), "gpus_per_server": dict(self.gpus_per_server),
+             "bandwidth_gbps": self.bandwidth_gbps, "vgpu_levels": dict(self.vgpu_levels)}
+        if self.vgpu_sizes is not None:
+            d["vgpu_sizes"] = vgpu_sizes_to_dict(self.vgpu_sizes)
+        return d
 
 
 @dataclass(frozen=True)
@@ -105,7 +111,7 @@ def _type_map(x: Any, where: str, *, default: int | None = None, types: list[str
     return out
 
 
-CLUSTER_FIELDS = ("gpus", "gpus_per_server", "bandwidth_gbps", "vgpu_levels")
+CLUSTER_FIELDS = ("gpus", "gpus_per_server", "bandwidth_gbps", "vgpu_levels", "vgpu_sizes")
 MODEL_FIELDS = ("profile", "model", "slo_us", "slo_multiplier", "slo_margin_us", "slo_margin",
                 "batch_wait_us_per_request", "weight")
 SPEC_FIELDS = ("cluster", "max_partitions", "batch_unification", "models")
@@ -129,7 +135,8 @@ def cluster_from_dict(d: Any, where: str = "cluster") -> ClusterSpec:
     if "bandwidth_gbps" not in d:
         raise InputError(f"{where}: missing field 'bandwidth_gbps' (effective NIC bandwidth per server)")
     bw = _num(d["bandwidth_gbps"], f"{where}.bandwidth_gbps", positive=True)
-    return ClusterSpec(gpus, per_server, bw, levels)
+    return ClusterSpec(gpus, per_server, bw, levels, parse_vgpu_sizes(d.get("vgpu_sizes"), types,
+                                                                      f"{where}.vgpu_sizes"))
 
 
 def model_spec_from_dict(d: Any, where: str, base_dir: Path | None = None,
