@@ -147,9 +147,10 @@ def pack_splits(r: list[float], labels: list[str], splits: GpuSplits, gpus: int,
     n = 1 + npat
     upper = np.r_[np.inf, np.full(npat, float(gpus))]
     integer = np.r_[False, np.ones(npat, bool)]
-    args = (np.zeros(n), upper, integer, np.array(rows), np.array(cols), np.array(vals, float),
+    args = (upper, integer, np.array(rows), np.array(cols), np.array(vals, float),
             np.full(len(hi), -np.inf), np.array(hi))
-    first = solve_milp(MilpArrays(np.r_[1.0, np.zeros(npat)], *args), opts.solver, opts.time_limit_s, opts.rel_gap)
+    first = solve_milp(MilpArrays(np.r_[1.0, np.zeros(npat)], np.zeros(n), *args), opts.solver, opts.time_limit_s,
+                       opts.rel_gap)
     if first.x is None or not first.objective:
         raise InputError(f"PARIS: no split of {gpus} {splits.gpu} GPU(s) gives every needed size an instance")
     lam = float(first.objective)
@@ -253,3 +254,33 @@ def single_size_plan(spec: PlanningSpec, label: str) -> Plan:
     rate = pat.count(label) * n * c.max_batch * c.rate_bps(c.max_batch)
     return plan_from_counts(spec, gpu, [c], [c.max_batch], [pat.count(label) * n], [rate], {pat: n},
                             f"single-{label}", 0.0)
+
+
+def batch_pdf_arg(text: str) -> dict[int, float]:
+    """--batch-pdf: 'B=P,...' (e.g. 1=0.5,2=0.3,4=0.2), or a JSON file with ``batch_sizes`` (batch -> count) or
+    a ``poolpipe simulate`` result.json (the batch log of its point at max_load_factor, else its last point)."""
+    import json
+    from pathlib import Path
+
+    path = Path(text)
+    if path.is_file():
+        try:
+            d = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise InputError(f"--batch-pdf {text}: not a readable JSON file ({e})") from None
+        if isinstance(d, dict) and isinstance(d.get("points"), list) and d["points"]:
+            pts = d["points"]
+            at = [p for p in pts if p.get("load_factor") == d.get("max_load_factor")]
+            d = (at or pts)[-1]
+        raw = d.get("batch_sizes") if isinstance(d, dict) else None
+        if not isinstance(raw, dict) or not raw:
+            raise InputError(f"--batch-pdf {text}: expected a JSON object with batch_sizes {{batch: count}} or a "
+                             "poolpipe simulate result.json")
+        items = list(raw.items())
+    else:
+        items = [tuple(x.split("=", 1)) if "=" in x else (x, "") for x in text.split(",")]
+    try:
+        return check_pdf({int(b): float(p) for b, p in items})
+    except ValueError:
+        raise InputError(f"--batch-pdf {text!r}: expected BATCH=WEIGHT[,...] (e.g. 1=0.5,2=0.3,4=0.2) or a JSON "
+                         "file") from None
