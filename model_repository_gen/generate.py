@@ -14,6 +14,10 @@ vGPUs of a host share its cores: each gets ``cores // vGPUs on the host`` engine
 devices the partition backend holds each batch for the profiled latency of its (GPU type, V, batch)
 (``1/model.py`` with no ONNX file); a model served only by emulated hosts needs no ONNX file, its
 tensors are invented from the profile (``emulated_io.py``, scaled by ``emulated_tensor_scale``).
+Unequal vGPU sizes (plan ``gpu_splits``, planner/split_slots.py) take the first GPUs of their type: an MPS
+share's server gets ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` = its percentage; a MIG instance's server gets
+``POOLPIPE_MIG_PROFILE`` / ``POOLPIPE_MIG_PLACEMENT`` and a ``CUDA_VISIBLE_DEVICES`` placeholder that the
+operator (the instance's UUID from ``nvidia-smi -L``) or the Kubernetes device plugin fills in.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from model_repository_gen.manifest import (
 from model_repository_gen.onnx_check import check_onnx_matches_profile
 from model_repository_gen.ports import assign_ports
 from planner.plan import ModelPlan, PartitionPlan, Plan
+from planner.split_slots import SizedSlot, sized_slots, split_gpu_counts
 from poolpipe_common.errors import InputError
 from poolpipe_common.tensors import TensorSpec
 
@@ -66,6 +71,8 @@ class Slot:
     gpu_index: int
     slot: int
     v: int
+    size: SizedSlot | None = None  # an unequal share (MPS percentage or MIG instance); None: 1/v
+    mig: bool = False
 
     @property
     def id(self) -> str:
@@ -81,8 +88,9 @@ def gpus_needed(plan: Plan) -> dict[str, int]:
     for m in plan.models:
         for pl in m.pipelines:
             for p in pl.partitions:
-                per_level[(p.gpu, p.v)] = per_level.get((p.gpu, p.v), 0) + p.num_vgpus
-    out: dict[str, int] = {}
+                if p.size is None:
+                    per_level[(p.gpu, p.v)] = per_level.get((p.gpu, p.v), 0) + p.num_vgpus
+    out: dict[str, int] = dict(split_gpu_counts(plan))
     for (gpu, v), n in per_level.items():
         out[gpu] = out.get(gpu, 0) + math.ceil(n / v)
     return out
@@ -98,13 +106,19 @@ def assign_vgpus(plan: Plan, cluster: Cluster) -> dict[StageKey, list[Slot]]:
             raise InputError(f"{cluster.source}: the plan needs {need} {gpu} GPU(s) but the cluster file has {have} "
                              f"(hosts offer {hosts}); add hosts with gpu_type {gpu} or re-plan for this cluster")
     physical = {gpu: [(h, i) for h in cluster.hosts_of_type(gpu) for i in range(h.gpus)] for gpu in available}
-    next_gpu = {gpu: 0 for gpu in available}
+    split = split_gpu_counts(plan)
+    next_gpu = {gpu: split.get(gpu, 0) for gpu in available}  # unequally split GPUs come first
+    sizes = plan.cluster.vgpu_sizes or {}
+    out: dict[StageKey, list[Slot]] = {}
+    for key, pool in sized_slots(plan).items():
+        gpu = plan.model(key[0]).pipelines[key[1]].partitions[key[2]].gpu
+        out[key] = [Slot(*physical[gpu][s.gpu], s.slot, 1, s, sizes[gpu].kind == "mig") for s in pool]
     demands: dict[tuple[str, int], list[tuple[StageKey, int]]] = {}
     for m in plan.models:
         for j, pl in enumerate(plan.model(m.name).pipelines):
             for k, p in enumerate(pl.partitions):
-                demands.setdefault((p.gpu, p.v), []).append(((m.name, j, k), p.num_vgpus))
-    out: dict[StageKey, list[Slot]] = {}
+                if p.size is None:
+                    demands.setdefault((p.gpu, p.v), []).append(((m.name, j, k), p.num_vgpus))
     for (gpu, v), items in sorted(demands.items()):
         slot, current = v, None  # start on a fresh GPU for each level
         for key, n in items:
@@ -140,7 +154,18 @@ def _load_onnx(path: Path, model: str) -> onnx.ModelProto:
 def _env(slot: Slot, threads: int) -> dict[str, str]:
     if not slot.host.on_gpu:
         return {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": str(max(threads, 1))}
-    return {"CUDA_VISIBLE_DEVICES": str(slot.gpu_index), "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(100 // slot.v)}
+    if slot.size is not None and slot.mig:
+        where = f"GPU {slot.gpu_index} memory slice {slot.size.mig_start}"
+        return {"CUDA_VISIBLE_DEVICES": f"<MIG UUID of the {slot.size.label} instance at {where}>",
+                "POOLPIPE_MIG_PROFILE": slot.size.label, "POOLPIPE_MIG_PLACEMENT": where}
+    return {"CUDA_VISIBLE_DEVICES": str(slot.gpu_index), "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(mps_percent(slot))}
+
+
+def mps_percent(slot: Slot) -> int:
+    """The MPS thread percentage of a vGPU: its share's, or 100/V (100 on a MIG instance of its own)."""
+    if slot.size is not None:
+        return 100 if slot.mig else slot.size.mps_percent
+    return 100 // slot.v
 
 
 def _launch_sh(host: ClusterHost, servers: list[dict[str, Any]]) -> str:
@@ -212,17 +237,18 @@ def _check_onnx_args(plan: Plan, onnx_paths: Mapping[str, Path], assignment: dic
 def _slot_settings(s: Slot, stage: int, p: PartitionPlan, m: ModelPlan, threads: int
                    ) -> tuple[tc.BackendSettings, str, int | None]:
     """The partition backend's settings, instance kind and GPU index for one vGPU."""
+    dev = p.timing_device
     if s.host.emulated:
-        sizes = m.profile.batch_sizes(p.gpu, p.v)
-        lat = tuple((b, m.profile.latency_us(p.gpu, p.v, b, *p.blocks)) for b in sizes)
-        qs = [(b, m.profile.latency_quantiles_us(p.gpu, p.v, b, *p.blocks)) for b in sizes]
+        sizes = m.profile.batch_sizes(dev, p.v)
+        lat = tuple((b, m.profile.latency_us(dev, p.v, b, *p.blocks)) for b in sizes)
+        qs = [(b, m.profile.latency_quantiles_us(dev, p.v, b, *p.blocks)) for b in sizes]
         dist = (qs[0][1][0], tuple((b, q[1]) for b, q in qs if q is not None)) if qs[0][1] is not None else None
         return (tc.BackendSettings(emulated=tc.EmulatedSettings(lat, stage, s.host.latency_cv, dist)), "KIND_CPU",
                 None)
     if s.host.on_cpu:
         return (tc.BackendSettings(engine="ort", intra_op_threads=threads, emulate_slowdown=s.host.emulate_slowdown),
                 "KIND_CPU", None)
-    return tc.BackendSettings(mps_thread_percentage=100 // s.v), "KIND_GPU", 0
+    return tc.BackendSettings(mps_thread_percentage=mps_percent(s)), "KIND_GPU", 0
 
 
 class _Writer:
@@ -268,8 +294,9 @@ class _Writer:
                 "repository": f"{s.id}/model_repository", "http_port": http, "grpc_port": grpc,
                 "metrics_port": metrics, "env": _env(s, threads), "models": []})
             srv["models"].append(name)
-        lat = {b: m.profile.latency_us(p.gpu, p.v, b, *p.blocks) for b in m.profile.batch_sizes(p.gpu, p.v)}
-        return StageInfo(name, p.blocks, p.gpu, p.v, tuple(s.id for s in pool), tuple(ins), tuple(outs), lat)
+        dev = p.timing_device  # 'GPU@size' for an unequal share, so the sidecar finds its timings
+        lat = {b: m.profile.latency_us(dev, p.v, b, *p.blocks) for b in m.profile.batch_sizes(dev, p.v)}
+        return StageInfo(name, p.blocks, dev, p.v, tuple(s.id for s in pool), tuple(ins), tuple(outs), lat)
 
     def model(self, m: ModelPlan, io: tuple[list[TensorSpec], list[TensorSpec]],
               assignment: dict[StageKey, list[Slot]]) -> ModelInfo:
@@ -296,7 +323,8 @@ def _write_launch_files(out: Path, cluster: Cluster, servers: dict[str, dict[str
             continue
         launch = {"format": LAUNCH_FORMAT, "host": h.name, "address": h.address, "gpu_type": h.gpu_type,
                   "device": h.device, "gpus": h.gpus,
-                  "needs_mps": h.on_gpu and any(s["v"] > 1 for s in mine), "servers": mine}
+                  "needs_mps": h.on_gpu and any(s["v"] > 1 or s["env"].get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "100")
+                                                != "100" for s in mine), "servers": mine}
         (out / h.name / "launch.json").write_text(json.dumps(launch, indent=1) + "\n")
         sh = out / h.name / "launch.sh"
         sh.write_text(_launch_sh(h, mine))

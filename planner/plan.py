@@ -31,26 +31,35 @@ FORMAT = "poolpipe.plan/1"
 class PartitionPlan:
     blocks: tuple[int, int]  # [first, end)
     gpu: str
-    v: int  # vGPU level: the GPU is split into v vGPUs
+    v: int  # vGPU level: the GPU is split into v vGPUs (1 for an unequal size)
     batch: int
     num_vgpus: int
     latency_us: float
     transfer_us: float = 0.0  # transfer of one batch to the next partition (0 for the last)
     placement: tuple[str, ...] | None = None  # co-located plans: the physical GPU of each vGPU, e.g. "L4-0"
     slowdown: float = 1.0  # co-located plans: interference factor the planner applied to latency_us
+    size: str | None = None  # an unequal vGPU size ("50%", "3g.20gb"; planner/vgpu_sizes.py), None: 1/v
+    share: float | None = None  # its compute share of the GPU
 
     @property
     def vgpu_fraction(self) -> str:
-        return f"1/{self.v}"
+        return self.size if self.size is not None else f"1/{self.v}"
+
+    @property
+    def timing_device(self) -> str:
+        """The profile device that times this partition (an unequal size is a device 'GPU@size' at level 1)."""
+        return f"{self.gpu}@{self.size}" if self.size is not None else self.gpu
 
     @property
     def physical_gpus(self) -> float:
-        return self.num_vgpus / self.v
+        return self.num_vgpus * self.share if self.share is not None else self.num_vgpus / self.v
 
     def to_dict(self) -> dict[str, Any]:
-        d = {"blocks": list(self.blocks), "gpu": self.gpu, "vgpu_fraction": self.vgpu_fraction,
-             "batch": self.batch, "num_vgpus": self.num_vgpus, "physical_gpus": self.physical_gpus,
-             "latency_us": self.latency_us, "transfer_us": self.transfer_us}
+        d: dict[str, Any] = {"blocks": list(self.blocks), "gpu": self.gpu}
+        d.update({"vgpu_size": self.size, "vgpu_share": self.share} if self.size is not None
+                 else {"vgpu_fraction": self.vgpu_fraction})
+        d.update({"batch": self.batch, "num_vgpus": self.num_vgpus, "physical_gpus": self.physical_gpus,
+                  "latency_us": self.latency_us, "transfer_us": self.transfer_us})
         if self.placement is not None:
             d.update(placement=list(self.placement), slowdown=self.slowdown)
         return d
@@ -106,6 +115,8 @@ class Plan:
     # application DAGs as plan.json holds them (plain objects; `generate` checks them against the models' tensors)
     applications: tuple[dict[str, Any], ...] = ()
     colocation: dict[str, Any] | None = None  # co-located plans: how they were planned (planner.colocate)
+    # unequal vGPU sizes: GPU type -> [{"vgpus": [size labels of one GPU], "gpus": how many GPUs split so}]
+    gpu_splits: dict[str, list[dict[str, Any]]] | None = None
 
     def model(self, name: str) -> ModelPlan:
         for m in self.models:
@@ -134,6 +145,8 @@ class Plan:
             d["applications"] = [dict(a) for a in self.applications]
         if self.colocation is not None:
             d["colocation"] = self.colocation
+        if self.gpu_splits is not None:
+            d["gpu_splits"] = self.gpu_splits
         return d
 
     def save(self, path: str | Path) -> None:
@@ -141,12 +154,13 @@ class Plan:
 
 
 PLAN_FIELDS = ("format", "planner", "solver", "solve_seconds", "status", "objective_kind", "objective", "bound",
-               "gap", "cluster", "spec", "physical_gpus_used", "models", "cost", "applications", "colocation")
+               "gap", "cluster", "spec", "physical_gpus_used", "models", "cost", "applications", "colocation",
+               "gpu_splits")
 MODEL_FIELDS = ("name", "slo_us", "slo_margin_us", "batch_wait_us_per_request", "weight", "throughput_rps",
                 "pipelines", "profile")
 PIPELINE_FIELDS = ("throughput_rps", "latency_us", "batch", "partitions")
-PARTITION_FIELDS = ("blocks", "gpu", "vgpu_fraction", "batch", "num_vgpus", "physical_gpus", "latency_us",
-                    "transfer_us", "placement", "slowdown")
+PARTITION_FIELDS = ("blocks", "gpu", "vgpu_fraction", "vgpu_size", "vgpu_share", "batch", "num_vgpus",
+                    "physical_gpus", "latency_us", "transfer_us", "placement", "slowdown")
 
 
 def _fraction_level(s: Any, where: str) -> int:
@@ -171,12 +185,20 @@ def _partition(p: Any, prof: Profile, prev_end: int, wk: str) -> PartitionPlan:
         raise InputError(f"{wk}.blocks: [{first}, {end}) does not continue the pipeline at block "
                          f"{prev_end} within the model's {prof.num_blocks} blocks")
     gpu = as_str(need(p, "gpu", wk), f"{wk}.gpu")
-    v = _fraction_level(need(p, "vgpu_fraction", wk), f"{wk}.vgpu_fraction")
-    if gpu not in prof.timings or v not in prof.timings[gpu]:
-        raise InputError(f"{wk}: {gpu} at V={v} is not in the profile of {prof.model}")
+    size, share = None, None
+    if p.get("vgpu_size") is not None:
+        size, v = as_str(p["vgpu_size"], f"{wk}.vgpu_size"), 1
+        share = as_float(need(p, "vgpu_share", wk), f"{wk}.vgpu_share", 0)
+        if not 0 < share <= 1:
+            raise InputError(f"{wk}.vgpu_share: must be in (0, 1], got {share}")
+        dev = f"{gpu}@{size}"
+    else:
+        v, dev = _fraction_level(need(p, "vgpu_fraction", wk), f"{wk}.vgpu_fraction"), gpu
+    if dev not in prof.timings or v not in prof.timings[dev]:
+        raise InputError(f"{wk}: {dev} at V={v} is not in the profile of {prof.model}")
     batch = as_int(need(p, "batch", wk), f"{wk}.batch", 1)
-    if batch not in prof.batch_sizes(gpu, v):
-        raise InputError(f"{wk}.batch: {batch} is not profiled for {gpu} at V={v}")
+    if batch not in prof.batch_sizes(dev, v):
+        raise InputError(f"{wk}.batch: {batch} is not profiled for {dev} at V={v}")
     n = as_int(need(p, "num_vgpus", wk), f"{wk}.num_vgpus", 1)
     placement = p.get("placement")
     if placement is not None and (not isinstance(placement, list) or len(placement) != n
@@ -185,7 +207,7 @@ def _partition(p: Any, prof: Profile, prev_end: int, wk: str) -> PartitionPlan:
     return PartitionPlan((first, end), gpu, v, batch, n, as_float(need(p, "latency_us", wk), f"{wk}.latency_us", 0),
                          as_float(p.get("transfer_us", 0.0), f"{wk}.transfer_us", 0),
                          None if placement is None else tuple(placement),
-                         as_float(p.get("slowdown", 1.0), f"{wk}.slowdown", 1))
+                         as_float(p.get("slowdown", 1.0), f"{wk}.slowdown", 1), size=size, share=share)
 
 
 def _pipeline(pl: Any, prof: Profile, wp: str) -> PipelinePlan:
@@ -248,7 +270,20 @@ def plan_from_dict(d: Any, source: str = "plan") -> Plan:
                 _optional_float(d, "gap", source), as_str(d.get("objective_kind", "throughput"),
                                                           f"{source}: objective_kind"), d.get("cost"),
                 _applications(d.get("applications"), source),
-                d.get("colocation"))
+                d.get("colocation"), _gpu_splits(d.get("gpu_splits"), f"{source}: gpu_splits"))
+
+
+def _gpu_splits(x: Any, where: str) -> dict[str, list[dict[str, Any]]] | None:
+    """The plan's unequal GPU splits: type -> [{"vgpus": [labels], "gpus": count}] (None when absent)."""
+    if x is None:
+        return None
+    ok = isinstance(x, dict) and all(
+        isinstance(v, list) and all(isinstance(e, dict) and set(e) == {"vgpus", "gpus"} and isinstance(e["vgpus"], list)
+                                    and all(isinstance(lb, str) for lb in e["vgpus"]) and isinstance(e["gpus"], int)
+                                    and e["gpus"] >= 0 for e in v) for v in x.values())
+    if not ok:
+        raise InputError(f"{where}: expected GPU type -> list of {{vgpus: [size labels], gpus: count}}")
+    return x
 
 
 def load_plan(path: str | Path) -> Plan:

@@ -38,6 +38,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "convnext_large=2000")
     c.add_argument("--price", metavar="TYPE=P,...",
                    help="with --objective cost: price of one GPU-hour per GPU type, e.g. L4=0.8,T4=0.35")
+    pr = p.add_argument_group("PARIS instance sizing (needs cluster.vgpu_sizes for one GPU type, one model)")
+    pr.add_argument("--paris", action="store_true",
+                    help="size vGPU instances as PARIS does: each size's knee batch (80%% of its peak throughput), "
+                         "ranges of the batch-size PDF mapped to sizes, instance counts from the throughput they "
+                         "need, GPUs split into the allowed splits (planner/paris.py)")
+    pr.add_argument("--batch-pdf", metavar="B=P,...|FILE",
+                    help="with --paris: the batch-size distribution, e.g. 1=0.5,2=0.3,4=0.2, or a JSON file with "
+                         "batch_sizes, such as a 'poolpipe simulate' result.json (its batch log)")
     p.set_defaults(func=_plan)
     plan_sub = p.add_subparsers(dest="plan_command", title="subcommand", metavar="sweep")
     from planner.sweep_cli import register_sweep
@@ -74,7 +82,15 @@ def _plan(args: argparse.Namespace) -> int:
     if args.colocate:
         from dataclasses import replace
         spec = replace(spec, colocate=True)
-    if req is not None:
+    sizing = None
+    if args.paris or args.batch_pdf:
+        from planner.paris import batch_pdf_arg, paris_plan
+
+        if not (args.paris and args.batch_pdf) or req is not None or args.planner != "ppipe":
+            raise InputError("--paris needs --batch-pdf (and goes with the default planner and objective)")
+        opts = check_limits(args.solver, time_limit(args), args.gap)
+        plan, sizing = paris_plan(spec, batch_pdf_arg(args.batch_pdf), opts)
+    elif req is not None:
         opts = check_limits(args.solver, time_limit(args), args.gap)
         plan = solve_cost(spec, req, args.planner, type(opts)(opts.solver, opts.time_limit_s, opts.rel_gap,
                                                                 args.progress))
@@ -86,6 +102,8 @@ def _plan(args: argparse.Namespace) -> int:
     except OSError as e:
         raise InputError(f"cannot write {args.out}: {e.strerror or e}") from None
     print_plan(plan, spec)
+    for line in sizing.lines() if sizing else []:
+        print(line)
     print(f"wrote {args.out} ({plan.planner}, {plan.solver}, {plan.status}, {plan.solve_seconds:.2f} s)")
     return 0
 

@@ -19,8 +19,14 @@ def _model_table(m: ModelPlan, ms: ModelSpec, spec: PlanningSpec) -> Table:
         t.add_column(col, justify="left" if col in ("blocks", "GPU") else "right")
     for i, pl in enumerate(m.pipelines):
         for k, p in enumerate(pl.partitions):
-            rate = p.num_vgpus * partition_rate_rps(ms, spec.cluster, p.gpu, p.v, p.batch, *p.blocks)
-            t.add_row(str(i) if k == 0 else "", f"[{p.blocks[0]}, {p.blocks[1]})", p.gpu, p.vgpu_fraction,
+            if p.size is None:
+                rate = p.num_vgpus * partition_rate_rps(ms, spec.cluster, p.gpu, p.v, p.batch, *p.blocks)
+                vgpu = p.vgpu_fraction
+            else:  # an unequal size (compute only; its timings measured or derived, planner/size_profiles.py)
+                rate = p.num_vgpus * p.batch * 1e6 / max(p.latency_us, 1e-9)
+                how = str(m.profile.provenance.get("vgpu_sizes", {}).get(p.timing_device, ""))
+                vgpu = f"{p.size} (derived)" if how.startswith("derived") else p.size
+            t.add_row(str(i) if k == 0 else "", f"[{p.blocks[0]}, {p.blocks[1]})", p.gpu, vgpu,
                       str(p.batch), str(p.num_vgpus), f"{p.latency_us:,.0f}", f"{p.transfer_us:,.0f}",
                       f"{rate:,.1f}")
         t.add_row("", "", "", "", "", "", f"[b]{pl.latency_us:,.0f}[/b]", "", f"[b]{pl.throughput_rps:,.1f}[/b]",
@@ -67,6 +73,9 @@ def print_plan(plan: Plan, spec: PlanningSpec) -> None:
     for m in plan.models:
         console.print(_model_table(m, specs[m.name], spec))
     console.print(_gpu_table(plan))
+    for gpu, entries in (plan.gpu_splits or {}).items():
+        console.print(f"{gpu} split unequally: " + ", ".join(f"{e['gpus']} x [{' + '.join(e['vgpus'])}]"
+                                                           for e in entries))
     console.print(outcome_line(plan))
     if plan.status != "optimal":
         console.print("[yellow]stopped at --time-limit: the plan is the best found so far (feasible, not proven "

@@ -46,9 +46,19 @@ def solve_spec(spec: PlanningSpec, planner: str = "ppipe", solver: str = "highs"
     opts = check_limits(solver, time_limit_s, rel_gap)
     opts = SolverOptions(opts.solver, opts.time_limit_s, opts.rel_gap, progress)
     t0 = time.perf_counter()
+    if spec.colocate and spec.cluster.vgpu_sizes:
+        raise InputError("colocate and cluster.vgpu_sizes cannot be combined yet: co-location packs equal vGPU "
+                         "levels; drop one of them")
     if planner == "ppipe" and spec.colocate:  # GPUs shared across (model, partition) pairs: planner.colocate
         from planner.colocate import plan_colocated
         return plan_colocated(spec, opts)
+    if planner == "ppipe" and spec.cluster.vgpu_sizes:
+        from dataclasses import replace
+
+        from planner.unequal_milp import solve_unequal
+
+        models, res, splits = solve_unequal(spec, opts)
+        return replace(assemble_plan(spec, planner, solver, time.perf_counter() - t0, models, res), gpu_splits=splits)
     if planner == "ppipe":
         models, res = solve_pooled(spec, spec.cluster, spec.max_partitions, opts)
     elif planner == "np":

@@ -8,6 +8,7 @@ YAML or JSON::
       bandwidth_gbps: 10                # effective NIC bandwidth per server
       vgpu_levels: {L4: 4, T4: 4}       # V may be 1..this (default 1)
       gpu_memory_gb: {V100: 32}         # device memory per GPU type (default: L4 24, T4 16, P4 8, V100 16, H100 80)
+      vgpu_sizes: {L4: {mps_percent: [25, 25, 50]}}   # optional unequal shares (planner/vgpu_sizes.py)
     max_partitions: 3
     colocate: false                     # true: vGPUs of different (model, partition) may share a GPU (planner.colocate)
     batch_unification: true
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from planner.vgpu_sizes import VGpuSizes, parse_vgpu_sizes, vgpu_sizes_to_dict
 from poolpipe_common.documents import as_float, as_int, check_fields, read_document
 from poolpipe_common.errors import InputError
 from profiling.block_memory import DEVICE_MEMORY_GB
@@ -38,6 +40,7 @@ class ClusterSpec:
     bandwidth_gbps: float
     vgpu_levels: dict[str, int]
     gpu_memory_gb: dict[str, float] = field(default_factory=dict)  # overrides of DEVICE_MEMORY_GB
+    vgpu_sizes: VGpuSizes | None = None  # unequal shares per GPU type (None: only the equal levels)
 
     @property
     def gpu_types(self) -> list[str]:
@@ -53,6 +56,8 @@ class ClusterSpec:
              "bandwidth_gbps": self.bandwidth_gbps, "vgpu_levels": dict(self.vgpu_levels)}
         if self.gpu_memory_gb:
             d["gpu_memory_gb"] = dict(self.gpu_memory_gb)
+        if self.vgpu_sizes is not None:
+            d["vgpu_sizes"] = vgpu_sizes_to_dict(self.vgpu_sizes)
         return d
 
 
@@ -118,7 +123,7 @@ def _type_map(x: Any, where: str, *, default: int | None = None, types: list[str
     return out
 
 
-CLUSTER_FIELDS = ("gpus", "gpus_per_server", "bandwidth_gbps", "vgpu_levels", "gpu_memory_gb")
+CLUSTER_FIELDS = ("gpus", "gpus_per_server", "bandwidth_gbps", "vgpu_levels", "gpu_memory_gb", "vgpu_sizes")
 MODEL_FIELDS = ("profile", "model", "slo_us", "slo_multiplier", "slo_margin_us", "slo_margin",
                 "batch_wait_us_per_request", "weight")
 SPEC_FIELDS = ("cluster", "max_partitions", "batch_unification", "colocate", "models")
@@ -146,7 +151,8 @@ def cluster_from_dict(d: Any, where: str = "cluster") -> ClusterSpec:
     if not isinstance(mem, dict):
         raise InputError(f"{where}.gpu_memory_gb: expected a map of GPU type -> GB, e.g. {{V100: 32}}")
     memory = {str(t): _num(x, f"{where}.gpu_memory_gb.{t}", positive=True) for t, x in mem.items()}
-    return ClusterSpec(gpus, per_server, bw, levels, memory)
+    return ClusterSpec(gpus, per_server, bw, levels, memory,
+                       parse_vgpu_sizes(d.get("vgpu_sizes"), types, f"{where}.vgpu_sizes"))
 
 
 def model_spec_from_dict(d: Any, where: str, base_dir: Path | None = None,

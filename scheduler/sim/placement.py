@@ -12,6 +12,7 @@ applies the actual one per batch).
 from __future__ import annotations
 
 from planner.plan import Plan
+from planner.split_slots import sized_slots, split_gpu_counts
 from scheduler.core.latency_dist import QuantileDist
 from scheduler.core.topology import Pipeline, Stage, Topology, VGpu
 
@@ -23,10 +24,10 @@ def vgpu_id(gpu_type: str, gpu_index: int, slot: int) -> str:
 class _GpuAllocator:
     """Hands out vGPU slots of one GPU type, opening a new physical GPU when the level changes or it is full."""
 
-    def __init__(self, gpu_type: str, per_server: int) -> None:
+    def __init__(self, gpu_type: str, per_server: int, first_gpu: int = 0) -> None:
         self.gpu_type = gpu_type
         self.per_server = per_server
-        self.next_gpu = 0
+        self.next_gpu = first_gpu
         self.open: dict[int, tuple[int, int]] = {}  # level V -> (gpu index, next free slot)
 
     def take(self, v: int) -> VGpu:
@@ -63,7 +64,9 @@ def placed_vgpus(plan: Plan) -> dict[tuple[str, int, int], list[VGpu]]:
 def topology_from_plan(plan: Plan) -> Topology:
     """Place every partition's vGPUs and build each model's pooled pipelines with latency tables."""
     cluster = plan.cluster
-    allocs = {t: _GpuAllocator(t, cluster.gpus_per_server.get(t, 1)) for t in cluster.gpus}
+    split = split_gpu_counts(plan)  # unequally split GPUs (planner.split_slots) come first
+    sized = sized_slots(plan)
+    allocs = {t: _GpuAllocator(t, cluster.gpus_per_server.get(t, 1), split.get(t, 0)) for t in cluster.gpus}
     vgpus: dict[str, VGpu] = {}
     pipelines: dict[str, tuple[Pipeline, ...]] = {}
     placed = placed_vgpus(plan)
@@ -75,15 +78,23 @@ def topology_from_plan(plan: Plan) -> Topology:
             for k, part in enumerate(pl.partitions):
                 alloc = allocs.setdefault(part.gpu, _GpuAllocator(part.gpu, cluster.gpus_per_server.get(part.gpu, 1)))
                 pool = []
-                for n in range(part.num_vgpus):
-                    vg = placed[(m.name, j, k)][n] if (m.name, j, k) in placed else alloc.take(part.v)
+                for i in range(part.num_vgpus):
+                    if (m.name, j, k) in placed:  # co-located: where the plan put it
+                        vg = placed[(m.name, j, k)][i]
+                    elif part.size is not None:  # an unequal share: its slot of an unequally split GPU
+                        s = sized[(m.name, j, k)][i]
+                        vg = VGpu(vgpu_id(part.gpu, s.gpu, s.slot), part.gpu, max(1, round(1 / s.share)),
+                                  f"{part.gpu}-srv{s.gpu // alloc.per_server}", f"{part.gpu}-{s.gpu}")
+                    else:
+                        vg = alloc.take(part.v)
                     vgpus[vg.id] = vg
                     pool.append(vg.id)
                 first, end = part.blocks
-                lat = {b: prof.latency_us(part.gpu, part.v, b, first, end) * part.slowdown
-                       for b in prof.batch_sizes(part.gpu, part.v) if b <= pl.batch}
+                dev, v = part.timing_device, part.v
+                lat = {b: prof.latency_us(dev, v, b, first, end) * part.slowdown
+                       for b in prof.batch_sizes(dev, v) if b <= pl.batch}
                 in_bytes = prof.boundary_bytes(first) if first > 0 else 0
-                qs = {b: prof.latency_quantiles_us(part.gpu, part.v, b, first, end) for b in lat}
+                qs = {b: prof.latency_quantiles_us(dev, v, b, first, end) for b in lat}
                 dist = {b: QuantileDist(*q) for b, q in qs.items() if q is not None} or None
                 stages.append(Stage((first, end), tuple(pool), lat, in_bytes, dist))
             pipes.append(Pipeline(f"{m.name}/{j}", m.name, pl.batch, tuple(stages), pl.throughput_rps))
