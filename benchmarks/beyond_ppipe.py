@@ -32,6 +32,7 @@ def main(argv: list[str]) -> int:
     for name in chosen:
         script = here / f"beyond_ppipe_{name}.py"
         if not script.is_file():
+            print(f"\n=== {name}: {SECTIONS[name]} === not built yet ({script.name} is missing)", flush=True)
             continue
         print(f"\n=== {name}: {SECTIONS[name]} ===", flush=True)
         t0 = time.perf_counter()
