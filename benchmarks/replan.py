@@ -114,13 +114,7 @@ def live(work: Path, rate: float, duration_s: float, every_s: float) -> None:
         dir_b = build_emulated_deployment(work / "b", addresses=("127.0.0.1", "127.0.0.1"))
         with Deployment(dir_b, check_hardware=False, log_dir=work / "logs-b"), \
                 SidecarProcess(manifest=dir_a, log_path=work / "sidecar.log") as sc:
-            while True:  # ready once calibrated
-                try:
-                    with urllib.request.urlopen(f"http://{sc.http_url}/v2/health/ready", timeout=2) as r:
-                        if r.status == 200:
-                            break
-                except OSError:
-                    time.sleep(0.1)
+            sc.wait_ready()  # calibrated
             arrivals = np.sort(np.random.default_rng(1).uniform(0, duration_s, int(rate * duration_s)))
             base = open_loop([sc.grpc_url], EMULATED_MODEL, arrivals, slo_ms)
             reports: list[dict] = []
@@ -169,13 +163,7 @@ def live_migration(work: Path, rate: float, duration_s: float) -> None:
     rows: list[str] = []
     with Deployment(dir_a, check_hardware=False, log_dir=work / "logs") as dep, \
             SidecarProcess(manifest=dir_a, log_path=work / "sidecar.log") as sc:
-        while True:  # ready once calibrated
-            try:
-                with urllib.request.urlopen(f"http://{sc.http_url}/v2/health/ready", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.1)
+        sc.wait_ready()  # calibrated
 
         def migrate() -> None:
             prev = dir_a

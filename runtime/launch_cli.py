@@ -7,6 +7,13 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from runtime.launch import Deployment
+    from runtime.migration import Migration
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -49,9 +56,9 @@ def sidecar_serves(sidecar: str, directory: Path) -> bool:
 class Migrator:
     """The SIGHUP side of ``launch``: one migration at a time, retired when the sidecar (or the clock) says."""
 
-    def __init__(self, dep: object, args: argparse.Namespace, err: object) -> None:
+    def __init__(self, dep: "Deployment", args: argparse.Namespace, err: "Console") -> None:
         self.dep, self.args, self.err = dep, args, err
-        self.migration = None
+        self.migration: Migration | None = None
         self.retire_at = 0.0
 
     def begin(self) -> None:

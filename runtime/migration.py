@@ -25,6 +25,7 @@ from poolpipe_common.errors import InputError
 from runtime.launch import Deployment
 from runtime.launch_files import ServerLaunch
 from runtime.model_control import load_model_dir, same_model, unload_model
+from runtime.tritonserver import TritonProcess
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,7 @@ class Migration:
         new = [s for h in self.launches for s in h.servers]
         self.steps = migration_steps(deployment.server_launches, new)
         self.report = MigrationReport(kept=[s.vgpu for _, s in self.steps.keep])
-        self._started: dict[str, object] = {}
+        self._started: dict[str, TritonProcess] = {}
 
     def begin(self) -> "Migration":
         """Start the added servers and load the new models into the kept ones; undone on failure."""

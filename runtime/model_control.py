@@ -63,12 +63,3 @@ def unload_model(http_url: str, name: str) -> None:
     finally:
         client.close()
 
-
-def is_model_ready(http_url: str, name: str) -> bool:
-    client = _client(http_url)
-    try:
-        return bool(client.is_model_ready(name))
-    except InferenceServerException:
-        return False
-    finally:
-        client.close()

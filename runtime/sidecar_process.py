@@ -67,6 +67,19 @@ class SidecarProcess:
         self.stop()
         raise TimeoutError(f"sidecar not live after {timeout_s:.0f} s")
 
+    def wait_ready(self, timeout_s: float = 120.0) -> "SidecarProcess":
+        """Until the sidecar reports ready (its plan calibrated), after :meth:`start` found it live."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as r:
+                    if r.status == 200:
+                        return self
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"sidecar not ready after {timeout_s:.0f} s")
+
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 40.0) -> int | None:
         if self.proc is None:
             return None

@@ -92,13 +92,12 @@ def test_migration_steps_refuse_what_cannot_run_side_by_side(tmp_path: Path) -> 
     c = build_emulated_deployment(tmp_path / "c", gpus=1, addresses=("127.0.0.1", "127.0.0.1"), previous=b)
     steps = migration_steps(_launch(b), _launch(c))
     assert (len(steps.keep), len(steps.add), len(steps.remove)) == (2, 0, 2)
-    # the same plan generated again without --previous: same model names, other contents (other ports inside the
-    # generated files do not matter; the config is the same) -> kept, nothing to load
+    # a deployment generated without --previous whose servers land on the running ones' ports but on another
+    # device: they cannot start beside the old ones
     again = build_emulated_deployment(tmp_path / "again", gpus=1, addresses=("127.0.0.1", "127.0.0.1"))
-    moved = [s for s in _launch(again)]
     same_ports = [ServerLaunch(s.vgpu, s.host, s.address, s.repository, o.http_port, o.grpc_port, o.metrics_port,
                                {"CUDA_VISIBLE_DEVICES": "1"}, s.models)
-                  for s, o in zip(moved, _launch(a), strict=True)]
+                  for s, o in zip(_launch(again), _launch(a), strict=True)]
     with pytest.raises(InputError, match="--previous"):
         migration_steps(_launch(a), same_ports)  # same ports, another device: cannot start beside the old
 

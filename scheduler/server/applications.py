@@ -22,7 +22,7 @@ from tritonclient.grpc import service_pb2
 
 from model_repository_gen.app_manifest import ApplicationInfo
 from model_repository_gen.manifest import ModelInfo
-from scheduler.server.calls import Answers, ClientCall, now_us
+from scheduler.server.calls import Answers, ClientCall, now_us, request_deadline_us
 from scheduler.server.client_shm import ClientShmRegistry
 from scheduler.server.errors import ServeError
 from scheduler.server.validate import check_request
@@ -105,11 +105,7 @@ class Applications:
         app, info = self.apps[request.model_name], self.infos[request.model_name]
         t = now_us()
         checked = check_request(request, info, client_shm)
-        deadline = t + app.slo_us
-        if checked.timeout_us is not None:
-            deadline = min(deadline, t + checked.timeout_us)
-        if deadline_s is not None:
-            deadline = min(deadline, deadline_s * 1e6)
+        deadline = request_deadline_us(t, app.slo_us, checked.timeout_us, deadline_s)
         call = ClientCall(info, request, checked, asyncio.get_running_loop().create_future(), t, deadline,
                           [None] * checked.batch, checked.batch)
         try:

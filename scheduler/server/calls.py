@@ -22,6 +22,17 @@ def now_us() -> float:
     return time.monotonic() * 1e6
 
 
+def request_deadline_us(arrival_us: float, slo_us: float, timeout_us: float | None,
+                        deadline_s: float | None) -> float:
+    """A request's deadline: its SLO from arrival, or sooner when the client's timeout or its RPC deadline says."""
+    deadline = arrival_us + slo_us
+    if timeout_us is not None:
+        deadline = min(deadline, arrival_us + timeout_us)
+    if deadline_s is not None:
+        deadline = min(deadline, deadline_s * 1e6)
+    return deadline
+
+
 @dataclass
 class ClientCall:
     """One client request; its samples may ride different batches."""

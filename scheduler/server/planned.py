@@ -23,7 +23,7 @@ from scheduler.core.driver import Driver, DriverConfig
 from scheduler.server.applications import Applications
 from scheduler.server.batch_log import BatchLog
 from scheduler.server.calibration import NotCalibratable, StageOverheads, calibrate_pipeline
-from scheduler.server.calls import Answers, ClientCall, Sample, now_us, shutting_down
+from scheduler.server.calls import Answers, ClientCall, Sample, now_us, request_deadline_us, shutting_down
 from scheduler.server.client_shm import ClientShmRegistry
 from scheduler.server.executor import LiveExecutor, StageFault
 from scheduler.server.fleet import Fleet, VGpuServer
@@ -279,11 +279,7 @@ class PlannedModels:
         model = self.models[request.model_name]
         t = now_us()  # before decoding the input: that time counts against the deadline too
         checked = check_request(request, model, self.answers.client_shm)
-        deadline = t + model.slo_us
-        if checked.timeout_us is not None:
-            deadline = min(deadline, t + checked.timeout_us)
-        if deadline_s is not None:
-            deadline = min(deadline, deadline_s * 1e6)
+        deadline = request_deadline_us(t, model.slo_us, checked.timeout_us, deadline_s)
         call = ClientCall(model, request, checked, asyncio.get_running_loop().create_future(), t, deadline,
                           [None] * checked.batch, checked.batch)
         return await self._submit(call)

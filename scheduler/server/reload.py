@@ -230,7 +230,7 @@ class ReloadablePlanned:
 def manifest_directory(path: Path) -> Path:
     """The generated directory a manifest path names (the directory itself, or the manifest file in it)."""
     p = Path(path).resolve()
-    return p if p.is_dir() or not p.suffix else p.parent
+    return p if p.is_dir() else p.parent
 
 
 def plan_handler(planned: ReloadablePlanned) -> Callable[[web.Request], Awaitable[web.Response]]:
