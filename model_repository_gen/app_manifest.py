@@ -15,11 +15,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from planner.app_spec import topological_order
 from poolpipe_common.documents import as_float, as_str, check_fields, need
 from poolpipe_common.errors import InputError
 from poolpipe_common.tensors import TensorSpec
 
-APP_FIELDS = ("name", "slo_us", "rate_rps", "modules", "edges", "inputs", "outputs", "max_batch_size")
+APP_FIELDS = ("name", "slo_us", "rate_rps", "modules", "edges", "inputs", "outputs", "max_batch_size",
+              "split")  # split: how the planner split the SLO (planner.app_plan), for the reader; not used here
 MODULE_FIELDS = ("name", "model", "slo_us", "rate_rps", "rows", "dummy_requests")
 EDGE_FIELDS = ("from", "to", "fan_out", "tensors", "rows")
 
@@ -137,22 +139,6 @@ def _edge(e: Any, modules: Mapping[str, Any], models: Mapping[str, ModelTensors]
     return AppEdge(src, dst, fan_out, rows.pop(), tuple((o, i) for o, i in raw.items()))
 
 
-def _order(names: list[str], edges: list[AppEdge], w: str) -> list[str]:
-    """Modules in a topological order from the one source; errors for several sources or a cycle."""
-    sources = [n for n in names if not any(e.dst == n for e in edges)]
-    if len(sources) != 1:
-        raise InputError(f"{w}: the application needs exactly one source module (one without incoming edges) to "
-                         f"take its inputs; it has {len(sources)}: {', '.join(sources) or 'none (a cycle)'}")
-    order, left = [], list(names)
-    while left:
-        ready = [n for n in left if all(e.src in order for e in edges if e.dst == n)]
-        if not ready:
-            raise InputError(f"{w}: the edges between modules {', '.join(left)} form a cycle")
-        order += ready
-        left = [n for n in left if n not in ready]
-    return order
-
-
 def _module_rows(order: list[str], edges: list[AppEdge], w: str) -> dict[str, int]:
     rows = {order[0]: 1}
     for n in order[1:]:
@@ -214,7 +200,7 @@ def application_from_dict(a: Any, models: Mapping[str, ModelTensors], w: str) ->
     if not isinstance(raw_edges, list):
         raise InputError(f"{w}.edges: expected a list of {{from, to, fan_out, tensors}}")
     edges = [_edge(e, modules, models, f"{w}.edges[{k}]") for k, e in enumerate(raw_edges)]
-    order = _order(list(modules), edges, w)
+    order = topological_order(list(modules), [(e.src, e.dst) for e in edges], w)
     rows = _module_rows(order, edges, w)
     _check_fed(order, modules, edges, models, w)
     mods = []

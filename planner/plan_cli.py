@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
 from planner.cli_flags import add_solver_flags, add_spec_flags, load_cli_spec, time_limit, type_map
@@ -38,6 +39,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "convnext_large=2000")
     c.add_argument("--price", metavar="TYPE=P,...",
                    help="with --objective cost: price of one GPU-hour per GPU type, e.g. L4=0.8,T4=0.35")
+    a = p.add_argument_group("applications (the spec's applications: DAGs of its models with one SLO each)")
+    a.add_argument("--app-split", default="harpagon", choices=("harpagon", "optimal", "uniform"),
+                   help="how each application's SLO is split into its modules' budgets before the models are "
+                        "planned under them: harpagon: latency-cost efficiency greedy (default); optimal: the "
+                        "least-cost split by MILP (small DAGs); uniform: SLO / modules on the longest path. "
+                        "Costs use --price per GPU type (default 1 per GPU)")
     pr = p.add_argument_group("PARIS instance sizing (needs cluster.vgpu_sizes for one GPU type, one model)")
     pr.add_argument("--paris", action="store_true",
                     help="size vGPU instances as PARIS does: each size's knee batch (80%% of its peak throughput), "
@@ -53,13 +60,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     register_sweep(plan_sub)
 
 
-def _cost_request(args: argparse.Namespace):
+def _cost_request(args: argparse.Namespace, has_apps: bool = False):
     from planner.cost import CostRequest
     from poolpipe_common.errors import InputError
 
     if args.objective != "cost":
-        if args.rate or args.price:
-            raise InputError("--rate and --price go with --objective cost")
+        if args.rate or (args.price and not has_apps):
+            raise InputError("--rate and --price go with --objective cost (--price also with a spec's applications)")
         return None
     if not args.rate or not args.price:
         raise InputError("--objective cost needs --rate NAME=REQ_PER_S,... and --price TYPE=PER_GPU_HOUR,...")
@@ -77,10 +84,16 @@ def _plan(args: argparse.Namespace) -> int:
         raise InputError("--out FILE is needed: the plan.json to write")
     if args.out.is_dir():
         raise InputError(f"--out {args.out} is a directory; give a file name such as plan.json")
-    req = _cost_request(args)
     spec = load_cli_spec(args)
+    req = _cost_request(args, bool(spec.applications))
+    apps = ()
+    if spec.applications:
+        from planner.app_plan import plan_applications, spec_under_budgets
+
+        prices = {k: float(v) for k, v in type_map(args.price, "--price").items()} if args.price else {}
+        apps = plan_applications(spec, args.app_split, prices)
+        spec = spec_under_budgets(spec, apps)
     if args.colocate:
-        from dataclasses import replace
         spec = replace(spec, colocate=True)
     sizing = None
     if args.paris or args.batch_pdf:
@@ -96,13 +109,15 @@ def _plan(args: argparse.Namespace) -> int:
                                                                 args.progress))
     else:
         plan = solve_spec(spec, args.planner, args.solver, time_limit(args), args.progress, args.gap)
+    if apps:
+        plan = replace(plan, applications=tuple(a.to_plan_dict() for a in apps))
     try:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         plan.save(args.out)
     except OSError as e:
         raise InputError(f"cannot write {args.out}: {e.strerror or e}") from None
     print_plan(plan, spec)
-    for line in sizing.lines() if sizing else []:
+    for line in [*(sizing.lines() if sizing else []), *(x for a in apps for x in a.lines())]:
         print(line)
     print(f"wrote {args.out} ({plan.planner}, {plan.solver}, {plan.status}, {plan.solve_seconds:.2f} s)")
     return 0

@@ -12,6 +12,7 @@ YAML or JSON::
     max_partitions: 3
     colocate: false                     # true: vGPUs of different (model, partition) may share a GPU (planner.colocate)
     batch_unification: true
+    applications: [...]                 # optional DAGs of these models with one SLO each (planner/app_spec.py)
     models:
       - profile: path/to/profile.json   # relative to the spec file
         slo_us: 33278                   # or slo_multiplier: 5
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from planner.app_spec import AppSpec, apps_from_list
 from planner.vgpu_sizes import VGpuSizes, parse_vgpu_sizes, vgpu_sizes_to_dict
 from poolpipe_common.documents import as_float, as_int, check_fields, read_document
 from poolpipe_common.errors import InputError
@@ -92,12 +94,14 @@ class PlanningSpec:
     max_partitions: int = 3
     batch_unification: bool = True
     colocate: bool = False  # plan with planner.colocate: GPUs shared across (model, partition) pairs
+    applications: tuple[AppSpec, ...] = ()  # DAGs of the models with end-to-end SLOs (planner.app_spec)
 
     def to_dict(self) -> dict[str, Any]:
         """Serialisable form; profiles are referenced by path (plan.json embeds them separately)."""
         return {"cluster": self.cluster.to_dict(), "max_partitions": self.max_partitions,
                 "batch_unification": self.batch_unification, **({"colocate": True} if self.colocate else {}),
-                "models": [m.to_dict() for m in self.models]}
+                "models": [m.to_dict() for m in self.models],
+                **({"applications": [a.to_dict() for a in self.applications]} if self.applications else {})}
 
 
 def _num(x: Any, where: str, *, positive: bool = False, integer: bool = False) -> float:
@@ -126,7 +130,7 @@ def _type_map(x: Any, where: str, *, default: int | None = None, types: list[str
 CLUSTER_FIELDS = ("gpus", "gpus_per_server", "bandwidth_gbps", "vgpu_levels", "gpu_memory_gb", "vgpu_sizes")
 MODEL_FIELDS = ("profile", "model", "slo_us", "slo_multiplier", "slo_margin_us", "slo_margin",
                 "batch_wait_us_per_request", "weight")
-SPEC_FIELDS = ("cluster", "max_partitions", "batch_unification", "colocate", "models")
+SPEC_FIELDS = ("cluster", "max_partitions", "batch_unification", "colocate", "models", "applications")
 
 
 def cluster_from_dict(d: Any, where: str = "cluster") -> ClusterSpec:
@@ -245,7 +249,8 @@ def spec_from_dict(d: Any, base_dir: Path | None = None, source: str = "spec") -
     if not isinstance(bu, bool) or not isinstance(co, bool):
         raise InputError(f"{source}: {'batch_unification' if not isinstance(bu, bool) else 'colocate'} "
                          "must be true or false")
-    return check_spec(PlanningSpec(cluster, models, int(maxp), bu, co))
+    apps = apps_from_list(d.get("applications"), [m.name for m in models], source)
+    return check_spec(PlanningSpec(cluster, models, int(maxp), bu, co, apps))
 
 
 def load_spec(path: str | Path) -> PlanningSpec:
