@@ -173,6 +173,8 @@ class ParisSizing:
     counts: tuple[int, ...]
     splits: dict[tuple[str, ...], int]
     batch_rate: float
+    # (size, batch rate) where one size alone, on every GPU, carries more than the mix: the plan uses it
+    fallback: tuple[str, float] | None = None
 
     def lines(self) -> list[str]:
         out = [f"PARIS on {self.gpu}: knee = smallest batch at >= {KNEE_UTILISATION:.0%} of the size's peak "
@@ -181,6 +183,10 @@ class ParisSizing:
             rng = f"batches {lo + 1}..{hi}" if hi > lo else "no batches"
             out.append(f"  {c.label:>8}: knee batch {kb}, {rng}, R = {r * 1e3:.3f} ms/batch, {n} instance(s)")
         out.append("  splits: " + ", ".join(f"{n} x [{' + '.join(p)}]" for p, n in self.splits.items()))
+        if self.fallback:
+            label, rate = self.fallback
+            out.append(f"  the mix carries {self.batch_rate:,.1f} batches/s, {label} instances alone on every GPU "
+                       f"{rate:,.1f}: the plan uses {label} alone (the mix is kept only where it carries more)")
         return out
 
 
@@ -227,14 +233,35 @@ def plan_from_counts(spec: PlanningSpec, gpu: str, curves: list[SizeCurve], batc
     return Plan(planner, "highs", seconds, spec.cluster, (mp,), spec.to_dict(), "optimal", thr, gpu_splits=gsplits)
 
 
-def paris_plan(spec: PlanningSpec, pdf: Mapping[int, float], opts: SolverOptions) -> tuple[Plan, ParisSizing]:
-    """The PARIS plan of the spec's one model on its GPU type with vgpu_sizes (other GPU types are not used)."""
+def single_size_rates(z: ParisSizing, splits: GpuSplits, gpus: int, pdf: Mapping[int, float]) -> dict[str, float]:
+    """The batch rate each size carries alone with every GPU split for the most instances of it (the same model
+    as the mix: lambda x R <= instances), for the sizes that run every batch of the PDF within the SLO."""
+    out = {}
+    for c in z.curves:
+        if max(pdf) <= c.max_batch:
+            r = sum(p / c.rate_bps(b) for b, p in pdf.items())
+            out[c.label] = gpus * max(pat.count(c.label) for pat in splits.patterns) / r
+    return out
+
+
+def paris_plan(spec: PlanningSpec, pdf: Mapping[int, float], opts: SolverOptions, mix_only: bool = False
+               ) -> tuple[Plan, ParisSizing]:
+    """The PARIS plan of the spec's one model on its GPU type with vgpu_sizes (other GPU types are not used).
+    Where one size alone carries a higher batch rate than PARIS's mix in PARIS's own model (the knees do not
+    weigh that a small size's instances only take small batches), the plan is that size alone, unless
+    ``mix_only`` (the paper's algorithm as it is)."""
     import time
+    from dataclasses import replace
 
     t0 = time.perf_counter()
     gpu, splits = paris_type(spec)
     z = paris_sizing(spec.models[0], gpu, splits, spec.cluster.gpus[gpu], pdf, opts)
     p = check_pdf(pdf)
+    alone = {} if mix_only else single_size_rates(z, splits, spec.cluster.gpus[gpu], p)
+    best = max(alone, key=alone.__getitem__, default=None)
+    if best is not None and alone[best] > z.batch_rate * (1 + 1e-6):
+        plan = replace(single_size_plan(spec, best), planner="paris", solve_seconds=time.perf_counter() - t0)
+        return plan, replace(z, fallback=(best, alone[best]))
     rates = [z.batch_rate * sum(q * b for b, q in p.items() if lo < b <= hi) for lo, hi in z.ranges]
     plan = plan_from_counts(spec, gpu, list(z.curves), [hi for _, hi in z.ranges], list(z.counts), rates, z.splits,
                             "paris", time.perf_counter() - t0)

@@ -176,7 +176,7 @@ def test_instance_counts_carry_the_required_rate(raw, batch_rate):
 def test_paris_plan_splits_gpus_and_the_simulator_runs_it():
     prof = toy_profile({"L4": {1: [2000.0, 2200.0], 2: [1500.0, 4000.0], 4: [2600.0, 9000.0]}})
     spec = spec_with({"L4": {"mps_percent": [[25, 25, 25, 25], [50, 50], [100]]}}, gpus=4, profile=prof)
-    plan, sizing = paris_plan(spec, {1: 0.7, 2: 0.3}, SolverOptions("highs", 30.0))
+    plan, sizing = paris_plan(spec, {1: 0.7, 2: 0.3}, SolverOptions("highs", 30.0), mix_only=True)
     assert sizing.knees[0] == 1 and sizing.ranges[-1][1] == 2
     assert sum(e["gpus"] for e in plan.gpu_splits["L4"]) <= 4
     assert all(n >= 0 for n in sizing.counts) and sizing.batch_rate > 0
@@ -185,6 +185,24 @@ def test_paris_plan_splits_gpus_and_the_simulator_runs_it():
     assert len(topo.vgpus) == sum(sizing.counts)
     single = single_size_plan(spec, "25%")
     assert single.models[0].pipelines[0].partitions[0].num_vgpus == 16
+
+
+def test_paris_plan_keeps_the_mix_only_where_it_carries_more():
+    """Same PDF; where 25 % shares run batch 2 nearly as well as the whole GPU, 25 % alone carries more than
+    PARIS's mix (its 25 % instances take batch 1 only), so the plan is 25 % alone and says why; where 25 % cannot
+    run batch 2 within the SLO, the mix carries more than the whole GPU alone and is kept."""
+    splits = {"L4": {"mps_percent": [[25, 25, 25, 25], [50, 50], [100]]}}
+    pdf, opts = {1: 0.7, 2: 0.3}, SolverOptions("highs", 30.0)
+    fast_small = spec_with(splits, gpus=4, profile=toy_profile({"L4": {1: [2000.0, 2200.0], 4: [2600.0, 9000.0]}}))
+    plan, sizing = paris_plan(fast_small, pdf, opts)
+    mix, mix_sizing = paris_plan(fast_small, pdf, opts, mix_only=True)
+    assert sizing.fallback is not None and sizing.fallback[0] == "25%"
+    assert sizing.fallback[1] > mix_sizing.batch_rate and mix_sizing.fallback is None
+    assert {p.partitions[0].size for p in plan.models[0].pipelines} == {"25%"} and plan.planner == "paris"
+    assert any("the plan uses 25% alone" in line for line in sizing.lines())
+    slow_small = spec_with(splits, gpus=4, profile=toy_profile({"L4": {1: [2000.0, 2200.0], 4: [2600.0, 30000.0]}}))
+    plan, sizing = paris_plan(slow_small, pdf, opts)
+    assert sizing.fallback is None and len(plan.models[0].pipelines) == 2
 
 
 def test_batch_pdf_from_flag_or_simulate_result(tmp_path):
