@@ -162,3 +162,33 @@ def test_cli_plan_splits_the_applications_slo(tmp_path) -> None:
     assert raw["applications"][0]["split"]["cost"] <= raw["applications"][0]["split"]["uniform_cost"] + 1e-9
     r = run_cli("plan", "--spec", tmp_path / "spec.yaml", "--out", tmp_path / "p2.json", "--app-split", "fastest")
     assert r.returncode == 2 and "invalid choice: 'fastest'" in r.stderr
+
+
+def test_spec_application_through_plan_and_generate(tmp_path) -> None:
+    """The testbed's det -> cls (real ONNX models): spec with the app -> ``poolpipe plan`` -> ``poolpipe generate``;
+    manifest.json serves the app with the planned module budgets and rates."""
+    from model_repository_gen.manifest import load_manifest
+    from runtime.app_testbed import CLS, DET, FAN_OUT, build_app_plan
+
+    plan0, paths = build_app_plan(tmp_path / "testbed")
+    app = {"name": "traffic", "slo_us": 60_000, "rate_rps": 50,
+           "modules": [{"name": DET, "model": DET}, {"name": CLS, "model": CLS}],
+           "edges": [{"from": DET, "to": CLS, "fan_out": FAN_OUT, "tensors": {"crops": "feat"}}]}
+    spec = {"cluster": {"gpus": {"A": 2}, "bandwidth_gbps": 10},
+            "models": [{"profile": m.profile.to_dict(), "slo_us": 60_000} for m in plan0.models],
+            "applications": [app]}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    hosts = [{"name": "hostA", "address": "127.0.0.1", "gpu_type": "A", "gpus": 2, "bandwidth_gbps": 10,
+              "device": "cpu", "cpu_cores": 1, "base_port": 0}]
+    (tmp_path / "cluster.json").write_text(json.dumps({"hosts": hosts}))
+    r = run_cli("plan", "--spec", tmp_path / "spec.json", "--out", tmp_path / "plan.json", "--time-limit", "20")
+    assert r.returncode == 0, r.stderr
+    r = run_cli("generate", "--plan", tmp_path / "plan.json", "--onnx", f"{DET}={paths[DET]}",
+                "--onnx", f"{CLS}={paths[CLS]}", "--cluster", tmp_path / "cluster.json", "--out", tmp_path / "deploy")
+    assert r.returncode == 0, r.stderr
+    planned = {m["name"]: m for m in load_plan(tmp_path / "plan.json").applications[0]["modules"]}
+    (served,) = load_manifest(tmp_path / "deploy").applications
+    assert {m.name: (m.slo_us, m.rate_rps) for m in served.modules} == {
+        n: (pytest.approx(m["slo_us"]), pytest.approx(m["rate_rps"])) for n, m in planned.items()}
+    assert served.module(CLS).rate_rps == 50 * FAN_OUT and served.module(CLS).rows == FAN_OUT
+    assert served.module(DET).slo_us + served.module(CLS).slo_us == pytest.approx(60_000, abs=1)
