@@ -67,6 +67,7 @@ class PlannedModels:
         self._wake_us: float | None = None
         self._loop_task: asyncio.Task | None = None
         self._calibrating: asyncio.Task | None = None
+        self._stopped = False  # set once the driver is no longer stepped (stop_dispatching, close)
         self._closing = False
         self._step_waiters: list[asyncio.Future] = []
 
@@ -163,6 +164,7 @@ class PlannedModels:
     async def stop_dispatching(self) -> None:
         """A reload hands this plan's queue to the next: the driver is no longer stepped (nothing new is
         dispatched), no calibration starts; in-flight batches run on and answer their calls."""
+        self._stopped = True
         for t in (self._loop_task, self._calibrating):
             if t is not None:
                 t.cancel()
@@ -178,7 +180,7 @@ class PlannedModels:
 
     async def close(self) -> int:
         """Answer what is still queued with an error, drop connections and shm regions; returns regions removed."""
-        self._closing = True
+        self._closing = self._stopped = True
         for t in (self._loop_task, self._calibrating):
             if t is not None:
                 t.cancel()
@@ -200,11 +202,14 @@ class PlannedModels:
         self._kick.set()
 
     async def _scheduler_loop(self) -> None:
-        while True:
+        while not self._stopped:
             timeout = None if self._wake_us is None else max(0.0, (self._wake_us - now_us()) / 1e6)
             try:
-                await asyncio.wait_for(self._kick.wait(), timeout)
-            except asyncio.TimeoutError:
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancel that arrives with the
+                # kick, and the loop outlived stop_dispatching (a reload hung on it, found under CPU load)
+                async with asyncio.timeout(timeout):
+                    await self._kick.wait()
+            except TimeoutError:
                 if self._wake_us is not None:
                     self.meter.woke(now_us() - self._wake_us)
             self._kick.clear()
