@@ -22,7 +22,7 @@ import time
 
 from planner.app_plan import app_graph
 from planner.harpagon_module import Config, latency_cost_efficiency, schedule_module
-from planner.harpagon_split import split
+from planner.harpagon_split import Split, split
 from planner.spec import spec_from_dict
 from poolpipe_common.errors import InputError
 from profiling.reference import REFERENCE_DIR, import_ppipe_profile
@@ -89,16 +89,9 @@ def main() -> int:
         for k in SLO_MULTIPLIERS:
             spec, slo = app_spec(name, rate, modules, edges, k)
             g = app_graph(spec.applications[0], spec, PRICES)
-            costs, split_h = {}, None
-            for method in ("uniform", "harpagon", "optimal"):
-                try:
-                    s = split(g, method)
-                except InputError:
-                    costs[method] = None
-                    continue
-                costs[method] = s.cost
-                split_h = s if method == "harpagon" else split_h
-            u, h, o = costs["uniform"], costs["harpagon"], costs["optimal"]
+            splits = {method: _split_or_none(g, method) for method in ("uniform", "harpagon", "optimal")}
+            u, h, o = (None if s is None else s.cost for s in splits.values())
+            split_h = splits["harpagon"]
             ratio = f"{h / u:.3f}" if u and h else "uniform infeasible" if h else "-"
             if u and h:
                 saved.append(h / u)
@@ -111,6 +104,14 @@ def main() -> int:
               f"over {len(saved)} cases where both are feasible; {only_split} case(s) only the harpagon and optimal "
               f"splits can serve at all")
     return 1 if bad else 0
+
+
+def _split_or_none(g, method: str) -> Split | None:
+    """The split, or None where it cannot meet the SLO."""
+    try:
+        return split(g, method)
+    except InputError:
+        return None
 
 
 def _c(x: float | None) -> str:

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from planner.app_spec import topological_order
+from planner.app_spec import refuse_twice, topological_order
 from poolpipe_common.documents import as_float, as_str, check_fields, need
 from poolpipe_common.errors import InputError
 from poolpipe_common.tensors import TensorSpec
@@ -229,8 +229,5 @@ def padded_models(apps: Sequence[ApplicationInfo]) -> frozenset[str]:
 def applications_from_list(raw: Sequence[Any], models: Mapping[str, ModelTensors], where: str
                            ) -> tuple[ApplicationInfo, ...]:
     apps = tuple(application_from_dict(a, models, f"{where}: applications[{k}]") for k, a in enumerate(raw))
-    names = [a.name for a in apps]
-    dup = next((n for n in names if names.count(n) > 1), None)
-    if dup is not None:
-        raise InputError(f"{where}: applications: {dup!r} is declared twice")
+    refuse_twice([a.name for a in apps], where)
     return apps

@@ -17,6 +17,7 @@ from planner.app_spec import AppSpec
 from planner.harpagon_module import Config
 from planner.harpagon_split import AppGraph, AppModule, Split, split
 from planner.spec import ClusterSpec, PlanningSpec
+from poolpipe_common.errors import InputError
 from profiling.profile import Profile
 
 
@@ -64,9 +65,10 @@ class AppPlan:
         uni = "uniform split infeasible" if self.uniform_cost is None else f"uniform split {self.uniform_cost:.3g}"
         out = [f"application {self.app.name}: SLO {self.app.slo_us / 1e3:.1f} ms split by {self.split.method}, "
                f"cost {self.split.cost:.3g} ({uni})"]
+        rates = self.app.rates()
         for n, model in self.app.modules:
             out.append(f"  {n} ({model}): {self.split.budgets[n] * 1e3:.1f} ms at "
-                       f"{self.app.rates()[n]:.4g} req/s: {self.split.schedules[n].describe()}")
+                       f"{rates[n]:.4g} req/s: {self.split.schedules[n].describe()}")
         return out
 
 
@@ -77,7 +79,7 @@ def plan_applications(spec: PlanningSpec, method: str = "harpagon", prices: Mapp
         g = app_graph(app, spec, prices or {})
         try:
             uniform: float | None = split(g, "uniform").cost
-        except ValueError:
+        except InputError:  # the uniform split cannot meet the SLO; the report says so
             uniform = None
         out.append(AppPlan(app, split(g, method), uniform))
     return tuple(out)

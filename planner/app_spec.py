@@ -57,9 +57,6 @@ class AppSpec:
             out[name] = max(ins) if ins else self.rate_rps
         return out
 
-    def model_of(self, module: str) -> str:
-        return dict(self.modules)[module]
-
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "slo_us": self.slo_us, "rate_rps": self.rate_rps,
                 "modules": [{"name": n, "model": m} for n, m in self.modules],
@@ -80,6 +77,8 @@ def _edge(e: Any, names: set[str], w: str) -> AppEdgeSpec:
     for end, n in (("from", src), ("to", dst)):
         if n not in names:
             raise InputError(f"{w}.{end}: {n!r} is not a module of the application ({', '.join(sorted(names))})")
+    if src == dst:
+        raise InputError(f"{w}: an edge from module {src!r} to itself")
     fan_out = _positive(e, "fan_out", w) if "fan_out" in e else 1.0
     tensors = e.get("tensors")
     if tensors is not None and (not isinstance(tensors, dict) or not tensors
@@ -127,8 +126,6 @@ def app_from_dict(d: Any, models: Sequence[str], w: str) -> AppSpec:
     if not isinstance(raw_edges, list):
         raise InputError(f"{w}.edges: expected a list of {{from, to, fan_out, tensors}}")
     edges = tuple(_edge(e, set(names), f"{w}.edges[{k}]") for k, e in enumerate(raw_edges))
-    if any(e.src == e.dst for e in edges):
-        raise InputError(f"{w}.edges: an edge from a module to itself")
     order = topological_order(names, [(e.src, e.dst) for e in edges], w)
     return AppSpec(name, _positive(d, "slo_us", w), _positive(d, "rate_rps", w),
                    tuple((n, dict(mods)[n]) for n in order), edges)
@@ -140,8 +137,12 @@ def apps_from_list(raw: Any, models: Sequence[str], where: str = "spec") -> tupl
     if not isinstance(raw, list):
         raise InputError(f"{where}: applications: expected a list of applications")
     apps = tuple(app_from_dict(a, models, f"{where}: applications[{k}]") for k, a in enumerate(raw))
-    names = [a.name for a in apps]
-    dup = next((n for n in names if names.count(n) > 1), None)
-    if dup:
-        raise InputError(f"{where}: applications: {dup!r} is declared twice")
+    refuse_twice([a.name for a in apps], where)
     return apps
+
+
+def refuse_twice(app_names: Sequence[str], where: str) -> None:
+    """An application name declared twice is an error (the spec's and the plan's lists alike)."""
+    dup = next((n for n in app_names if list(app_names).count(n) > 1), None)
+    if dup is not None:
+        raise InputError(f"{where}: applications: {dup!r} is declared twice")

@@ -135,12 +135,12 @@ def generate_config(rate: float, budget: float, configs: Sequence[Config], dispa
         if seen is not None:
             seen.add(left)
         n = left / c.throughput
-        own = c.throughput if _whole(n) >= 1 else left
-        lat = worst_latency(c, own, left, dispatch)
+        whole = _whole(n)
+        lat = worst_latency(c, c.throughput if whole >= 1 else left, left, dispatch)
         if lat <= budget + _EPS:
-            if _whole(n) >= 1:
-                rows.append(Machines(c, _whole(n), _whole(n) * c.throughput, lat))
-                left -= _whole(n) * c.throughput
+            if whole >= 1:
+                rows.append(Machines(c, whole, whole * c.throughput, lat))
+                left -= whole * c.throughput
             else:
                 rows.append(Machines(c, n, left, lat))
                 left = 0.0
@@ -181,9 +181,11 @@ def schedule_module(rate: float, budget: float, configs: Sequence[Config], dispa
     rate given to configurations ranked after it) and keeps the cheapest. None when nothing meets the budget."""
     if dispatch not in DISPATCHES:
         raise ValueError(f"dispatch {dispatch!r}: expected one of {DISPATCHES}")
+
     def plan(r: float) -> list[Machines] | None:
-        return generate_config(r, budget, configs, dispatch, seen) if multi else two_tuple(r, budget, configs,
-                                                                                             dispatch)
+        if multi:
+            return generate_config(r, budget, configs, dispatch, seen)
+        return two_tuple(r, budget, configs, dispatch)
     rows = plan(rate)
     if rows is None:
         return None
@@ -196,16 +198,10 @@ def schedule_module(rate: float, budget: float, configs: Sequence[Config], dispa
         if not 0 < leftover < r.config.throughput or extra <= _EPS:
             continue
         padded = plan(rate + extra)
-        if padded is not None and sum(x.config.price * x.count for x in padded) < best.cost - _EPS:
-            best = ModuleSchedule(tuple(padded), rate, extra)
+        candidate = None if padded is None else ModuleSchedule(tuple(padded), rate, extra)
+        if candidate is not None and candidate.cost < best.cost - _EPS:
+            best = candidate
     return best
-
-
-def module_cost(rate: float, budget: float, configs: Sequence[Config]) -> float:
-    """Harpagon's full module scheduler (throughput-cost dispatch, any number of configurations, dummy
-    requests): its cost, or infinity where nothing meets the budget."""
-    s = schedule_module(rate, budget, configs)
-    return math.inf if s is None else s.cost
 
 
 def latency_cost_efficiency(rate: float, prev: Config, new: Config) -> float:

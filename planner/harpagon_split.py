@@ -49,11 +49,9 @@ class AppGraph:
     edges: tuple[tuple[str, str], ...]
     slo: float
 
-    def module(self, name: str) -> AppModule:
-        return next(m for m in self.modules if m.name == name)
-
+    @functools.cached_property
     def paths(self) -> list[tuple[str, ...]]:
-        """Every source-to-sink path, as module names."""
+        """Every source-to-sink path, as module names (found once: the splits ask for them in their loops)."""
         nxt: dict[str, list[str]] = {m.name: [] for m in self.modules}
         for a, b in self.edges:
             nxt[a].append(b)
@@ -65,7 +63,7 @@ class AppGraph:
 
     def latency(self, budgets: Mapping[str, float]) -> float:
         """The end-to-end latency: the longest path's sum of budgets."""
-        return max(sum(budgets[n] for n in p) for p in self.paths())
+        return max(sum(budgets[n] for n in p) for p in self.paths)
 
 
 @dataclass(frozen=True)
@@ -89,11 +87,6 @@ def _schedule(m: AppModule, budget: float) -> ModuleSchedule | None:
     return schedule_module(m.rate, within[-1], m.configs) if within else None
 
 
-def _cost(m: AppModule, budget: float) -> float:
-    s = _schedule(m, budget)
-    return math.inf if s is None else s.cost
-
-
 def _least_budget(m: AppModule) -> float:
     steps = cost_steps(m)
     return steps[0][0] if steps else math.inf
@@ -113,17 +106,17 @@ def finish(app: AppGraph, method: str, budgets: Mapping[str, float]) -> Split:
 
 
 def split_uniform(app: AppGraph) -> Split:
-    depth = max(len(p) for p in app.paths())
+    depth = max(len(p) for p in app.paths)
     return finish(app, "uniform", {m.name: app.slo / depth for m in app.modules})
 
 
 def split_harpagon(app: AppGraph) -> Split:
     """Algorithm 2 over each module's configuration sets (the module scheduler's schedules at its cost steps),
     from the costliest, fastest one: repeatedly move the module whose next set saves the most cost per unit of
-    latency it adds (LC) while every path stays within the SLO; then the latency reassigner."""
+    latency it adds (LC) while every path stays within the SLO."""
     steps = {m.name: cost_steps(m) for m in app.modules}
-    if any(not s for s in steps.values()) or app.latency({n: s[0][0] for n, s in steps.items()}) > app.slo + _EPS:
-        need = {n: (s[0][0] if s else math.inf) for n, s in steps.items()}
+    need = {n: (s[0][0] if s else math.inf) for n, s in steps.items()}
+    if app.latency(need) > app.slo + _EPS:
         raise InputError(f"application {app.name}: even each module's fastest schedule needs "
                          f"{app.latency(need) * 1e3:.1f} ms end to end, over its SLO of {app.slo * 1e3:.1f} ms")
     cur = {n: 0 for n in steps}
@@ -144,7 +137,7 @@ def split_harpagon(app: AppGraph) -> Split:
 def spread_slack(app: AppGraph, budgets: Mapping[str, float]) -> dict[str, float]:
     """Harpagon's latency reassigner: slack that no path needs goes to the modules (in topological order, each
     taking what every path through it leaves), so the budgets handed on fill the SLO on every critical path."""
-    out, paths = dict(budgets), app.paths()
+    out, paths = dict(budgets), app.paths
     for m in app.modules:
         out[m.name] += max(0.0, app.slo - max(sum(out[n] for n in p) for p in paths if m.name in p))
     return out
@@ -189,7 +182,7 @@ def split_optimal(app: AppGraph, time_limit_s: float | None = 60.0) -> Split:
             if n == m.name:
                 a_row.append(k), a_col.append(j), a_val.append(1.0)
         rows_lo.append(1.0), rows_hi.append(1.0)
-    for p in app.paths():  # every path within the SLO
+    for p in app.paths:  # every path within the SLO
         r = len(rows_lo)
         for j, (n, b, _) in enumerate(cols):
             if n in p:

@@ -15,8 +15,9 @@ lambda, then spends what is left (``pack_splits``).
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -250,9 +251,6 @@ def paris_plan(spec: PlanningSpec, pdf: Mapping[int, float], opts: SolverOptions
     Where one size alone carries a higher batch rate than PARIS's mix in PARIS's own model (the knees do not
     weigh that a small size's instances only take small batches), the plan is that size alone, unless
     ``mix_only`` (the paper's algorithm as it is)."""
-    import time
-    from dataclasses import replace
-
     t0 = time.perf_counter()
     gpu, splits = paris_type(spec)
     z = paris_sizing(spec.models[0], gpu, splits, spec.cluster.gpus[gpu], pdf, opts)

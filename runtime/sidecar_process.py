@@ -52,33 +52,33 @@ class SidecarProcess:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         self.proc = subprocess.Popen(self.command(), env=env, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                tail = Path(self.log_path).read_text()[-2000:] if self.log_path else ""
-                raise RuntimeError(f"sidecar exited with status {self.proc.returncode}: {tail}")
-            try:
-                with urllib.request.urlopen(f"http://{self.http_url}/v2/health/live", timeout=1) as r:
-                    if r.status == 200:
-                        return self
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.1)
+        if self._health_ok("live", timeout_s, 1.0):
+            return self
         self.stop()
         raise TimeoutError(f"sidecar not live after {timeout_s:.0f} s")
 
     def wait_ready(self, timeout_s: float = 120.0) -> "SidecarProcess":
         """Until the sidecar reports ready (its plan calibrated), after :meth:`start` found it live."""
+        if self._health_ok("ready", timeout_s, 2.0):
+            return self
+        raise TimeoutError(f"sidecar not ready after {timeout_s:.0f} s")
+
+    def _health_ok(self, what: str, timeout_s: float, call_timeout_s: float) -> bool:
+        """Poll ``/v2/health/<what>`` until it answers 200 (True) or ``timeout_s`` passes (False); a sidecar that
+        exits meanwhile is an error with its log's tail."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                tail = Path(self.log_path).read_text()[-2000:] if self.log_path else ""
+                raise RuntimeError(f"sidecar exited with status {self.proc.returncode}: {tail}")
             try:
-                with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as r:
+                with urllib.request.urlopen(f"http://{self.http_url}/v2/health/{what}", timeout=call_timeout_s) as r:
                     if r.status == 200:
-                        return self
+                        return True
             except (urllib.error.URLError, OSError):
                 pass
             time.sleep(0.1)
-        raise TimeoutError(f"sidecar not ready after {timeout_s:.0f} s")
+        return False
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 40.0) -> int | None:
         if self.proc is None:
