@@ -1,5 +1,6 @@
 """Harpagon's applications: its toy cases reproduced exactly, then application-level serving cost on our profiles
-with the SLO split three ways (analytic, Harpagon's cost model: planner.harpagon_module / planner.harpagon_split).
+with the SLO split three ways (analytic, Harpagon's cost model:
+planner.apps.harpagon_module / planner.apps.harpagon_split).
 
 Toy cases (Harpagon §II, Table I and II): module M1 at 100 req/s within 0.4 s needs 5 machines with round-robin
 dispatch and 4 with batch dispatch; M3 at 198 req/s within 1.0 s costs 6.3 / 5.9 / 5.3 / 5.0 machines with
@@ -20,10 +21,10 @@ from __future__ import annotations
 import sys
 import time
 
-from planner.app_plan import app_graph
-from planner.harpagon_module import Config, latency_cost_efficiency, schedule_module
-from planner.harpagon_split import Split, split
-from planner.spec import spec_from_dict
+from planner.apps.app_plan import app_graph
+from planner.apps.harpagon_module import Config, latency_cost_efficiency, schedule_module
+from planner.apps.harpagon_split import Split, split
+from planner.spec.planning_spec import spec_from_dict
 from poolpipe_common.errors import InputError
 from profiling.reference import REFERENCE_DIR, import_ppipe_profile
 

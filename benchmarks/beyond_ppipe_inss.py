@@ -2,7 +2,7 @@
 
 For small clusters serving three models (InSS's setting: a few GPUs, several models), three plans of the
 same spec: dedicated (the default pooled-pipeline MILP: every GPU serves one (model, partition)), co-located
-and interference-aware (planner.colocate), and co-located but blind to interference (gpulet/InSS-ni style).
+and interference-aware (planner.colocation.colocate), and co-located but blind to interference (gpulet/InSS-ni style).
 Each is simulated with the interference model applied per batch, at the spec's workload mix; the sustained
 throughput is the largest total rate with every model's SLO attainment >= 99% (bisection on a 0.02 grid).
 
@@ -18,13 +18,13 @@ import sys
 import time
 from dataclasses import replace
 
-from planner.colocate import plan_colocated
-from planner.colocation import plan_slots, slot_slowdowns
-from planner.milp_solvers import SolverOptions
-from planner.plan import Plan
-from planner.pooled import assemble_plan, solve_pooled
-from planner.reference_plans import load_reference_plans, spec_from_reference
-from planner.spec import PlanningSpec
+from planner.colocation.colocate import plan_colocated
+from planner.colocation.slots import plan_slots, slot_slowdowns
+from planner.plan_json import Plan
+from planner.ppipe.pooled import assemble_plan, solve_pooled
+from planner.ppipe.reference_plans import load_reference_plans, spec_from_reference
+from planner.solvers.milp_solvers import SolverOptions
+from planner.spec.planning_spec import PlanningSpec
 from profiling.interference import InterferenceModel
 from profiling.reference_memory import with_estimated_memory
 from scheduler.sim.sweep import TARGET_ATTAINMENT, PointJob, run_point

@@ -2,7 +2,7 @@
 
 PARIS/ELSA's setting (Sec. V) on the PPipe reference profiles: one model on L4 GPUs that MPS may split as
 [25, 25, 25, 25], [50, 50], [25, 25, 50] or [100] percent (timings of each share derived from the measured
-MPS levels, planner.size_profiles). Queries arrive as a Poisson process, each with a log-normal number of
+MPS levels, planner.sizing.size_profiles). Queries arrive as a Poisson process, each with a log-normal number of
 inputs (1..8, the largest batch profiled), every input a request of its own arriving with its query; the
 SLO is 1.5x the latency of the largest batch on the whole GPU, as the paper's default. "PARIS" sizes from that
 query-size distribution as the batch-size PDF (as in the paper); "PARIS-log" from the simulator's batch log
@@ -21,10 +21,10 @@ import time
 
 import numpy as np
 
-from planner.milp_solvers import SolverOptions
-from planner.paris import paris_plan, single_size_plan
-from planner.plan import Plan
-from planner.spec import spec_from_dict
+from planner.plan_json import Plan
+from planner.sizing.paris import paris_plan, single_size_plan
+from planner.solvers.milp_solvers import SolverOptions
+from planner.spec.planning_spec import spec_from_dict
 from profiling.reference import REFERENCE_DIR, import_ppipe_profile
 from scheduler.core import make_scheduler
 from scheduler.core.driver import DriverConfig

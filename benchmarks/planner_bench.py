@@ -4,7 +4,7 @@ Suites (each case planned as a user would, with the CLI's default time limit and
 
 - ``ablation``, ``maf19``, ``maf21``: every reference entry of data/ppipe/reference-plans.json with
   the entry's own planner (ppipe, np or dart-r) on the spec built from the entry
-  (planner.reference_plans.spec_from_reference); best known = the published plan.
+  (planner.ppipe.reference_plans.spec_from_reference); best known = the published plan.
 - ``stress``: every model of data/ppipe on every high+low pair of its GPU types (L4 or V100 with T4
   or P4: 25 high + 75 low, 3 partitions, vGPU levels up to 4 (P4: 1), batch unification on; NICs as
   in the reference entries of that pair, SLO, margin and batch-forming wait as in the model's
@@ -35,10 +35,10 @@ from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
-from planner.plan import Plan
-from planner.reference_plans import load_reference_plans, spec_from_reference
-from planner.solve import solve_spec
-from planner.spec import PlanningSpec
+from planner.plan_json import Plan
+from planner.planners import solve_spec
+from planner.ppipe.reference_plans import load_reference_plans, spec_from_reference
+from planner.spec.planning_spec import PlanningSpec
 from profiling.reference import REFERENCE_DIR, import_ppipe_profile
 
 SHORT = {"apcnet_r101-d8_4xb2-40k_cityscapes-512x1024": "apcnet", "atss_r101_fpn_1x_coco": "atss",

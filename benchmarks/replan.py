@@ -23,8 +23,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from planner.solve import solve_spec
-from planner.spec import ClusterSpec, ModelSpec, PlanningSpec
+from planner.planners import solve_spec
+from planner.spec.planning_spec import ClusterSpec, ModelSpec, PlanningSpec
 from profiling.reference import import_ppipe_profile
 from runtime.testbed import REFERENCE_DIR
 from scheduler.core.replan_trigger import ReplanConfig

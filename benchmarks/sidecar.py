@@ -36,8 +36,8 @@ from tritonclient.utils import InferenceServerException
 from ensembles.triton_baseline import start_baseline, write_whole_model
 from model_repository_gen import triton_config as tc
 from model_repository_gen.generate import generate
-from planner.plan import ModelPlan, PartitionPlan, PipelinePlan, Plan
-from planner.spec import ClusterSpec
+from planner.plan_json import ModelPlan, PartitionPlan, PipelinePlan, Plan
+from planner.spec.planning_spec import ClusterSpec
 from profiling.profile import Block, DeviceTiming, Profile
 from runtime.launch import Deployment
 from runtime.sidecar_process import SidecarProcess

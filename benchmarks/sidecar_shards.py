@@ -27,8 +27,8 @@ from onnx import TensorProto, helper
 from tritonclient.utils import InferenceServerException
 
 from model_repository_gen.generate import generate
-from planner.plan import ModelPlan, PartitionPlan, PipelinePlan, Plan
-from planner.spec import ClusterSpec
+from planner.plan_json import ModelPlan, PartitionPlan, PipelinePlan, Plan
+from planner.spec.planning_spec import ClusterSpec
 from profiling.profile import Block, DeviceTiming, Profile
 from runtime.launch import Deployment
 from runtime.sidecar_process import SidecarProcess

@@ -3,7 +3,7 @@
 The four `maf19` groups of the reference data on the four 100-GPU clusters (25 high-class + 75
 low-class: L4+P4, L4+T4, V100+P4, V100+T4), Poisson and bursty (gamma, CV 4) arrivals, plans from
 the ppipe, np and dart-r planners (each solved on the terms of its own reference entry; our
-planner's ``planner.solve.solve_spec`` when it is importable, else the published reference plans),
+planner's ``planner.planners.solve_spec`` when it is importable, else the published reference plans),
 each served by the reservation policy at load factors relative to the ppipe plan's throughputs;
 and on L4+T4 the ppipe plan under `reactive`, `fifs` and `elsa` as well. For every combination we
 search, per model, the largest load factor (0.025 grid) that keeps >= 99% attainment, and
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.plan import Plan
-from planner.reference_plans import (
+from planner.plan_json import Plan
+from planner.ppipe.reference_plans import (
     load_reference_plans,
     plan_from_reference,
     spec_from_reference,
@@ -49,7 +49,7 @@ def get_plans(use_reference: bool) -> tuple[dict, str]:
     solve_spec = None
     if not use_reference:
         try:
-            from planner.solve import solve_spec  # type: ignore  # noqa: F811
+            from planner.planners import solve_spec  # type: ignore  # noqa: F811
         except ImportError:
             solve_spec = None
     entries = [e for e in load_reference_plans() if e["suite"] == "maf19"]
@@ -68,9 +68,9 @@ def get_plans(use_reference: bool) -> tuple[dict, str]:
                 failures.append(f"{e['planner']} g{g} {'+'.join(c)}: {type(ex).__name__}: {ex}")
         plans[(g, c, e["planner"])] = plan or plan_from_reference(e, spec)
     if solve_spec is None:
-        note = "plans: published reference plans (planner.solve.solve_spec not importable)"
+        note = "plans: published reference plans (planner.planners.solve_spec not importable)"
     else:
-        note = "plans: our planner (planner.solve.solve_spec, HiGHS)"
+        note = "plans: our planner (planner.planners.solve_spec, HiGHS)"
         if failures:
             note += f"; fell back to reference plans for {len(failures)}: " + "; ".join(failures[:4])
     return plans, note

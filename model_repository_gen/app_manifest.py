@@ -15,13 +15,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from planner.app_spec import refuse_twice, topological_order
+from planner.spec.applications import refuse_twice, topological_order
 from poolpipe_common.documents import as_float, as_str, check_fields, need
 from poolpipe_common.errors import InputError
 from poolpipe_common.tensors import TensorSpec
 
 APP_FIELDS = ("name", "slo_us", "rate_rps", "modules", "edges", "inputs", "outputs", "max_batch_size",
-              "split")  # split: how the planner split the SLO (planner.app_plan), for the reader; not used here
+              "split")  # split: how the planner split the SLO (planner.apps.app_plan), for the reader; not used here
 MODULE_FIELDS = ("name", "model", "slo_us", "rate_rps", "rows", "dummy_requests")
 EDGE_FIELDS = ("from", "to", "fan_out", "tensors", "rows")
 

@@ -14,7 +14,7 @@ vGPUs of a host share its cores: each gets ``cores // vGPUs on the host`` engine
 devices the partition backend holds each batch for the profiled latency of its (GPU type, V, batch)
 (``1/model.py`` with no ONNX file); a model served only by emulated hosts needs no ONNX file, its
 tensors are invented from the profile (``emulated_io.py``, scaled by ``emulated_tensor_scale``).
-Unequal vGPU sizes (plan ``gpu_splits``, planner/split_slots.py) take the first GPUs of their type: an MPS
+Unequal vGPU sizes (plan ``gpu_splits``, planner/sizing/split_slots.py) take the first GPUs of their type: an MPS
 share's server gets ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` = its percentage; a MIG instance's server gets
 ``POOLPIPE_MIG_PROFILE`` / ``POOLPIPE_MIG_PLACEMENT`` and a ``CUDA_VISIBLE_DEVICES`` placeholder that the
 operator (the instance's UUID from ``nvidia-smi -L``) or the Kubernetes device plugin fills in.
@@ -55,8 +55,8 @@ from model_repository_gen.manifest import (
 )
 from model_repository_gen.onnx_check import check_onnx_matches_profile
 from model_repository_gen.ports import assign_ports
-from planner.plan import ModelPlan, PartitionPlan, Plan
-from planner.split_slots import SizedSlot, sized_slots, split_gpu_counts
+from planner.plan_json import ModelPlan, PartitionPlan, Plan
+from planner.sizing.split_slots import SizedSlot, sized_slots, split_gpu_counts
 from poolpipe_common.errors import InputError
 from poolpipe_common.tensors import TensorSpec
 

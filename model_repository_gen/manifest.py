@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from model_repository_gen.app_manifest import ApplicationInfo, applications_from_list
-from planner.plan import Plan, plan_from_dict
+from planner.plan_json import Plan, plan_from_dict
 from poolpipe_common.documents import as_float, as_int, as_str, check_fields, need, read_document
 from poolpipe_common.errors import InputError
 from poolpipe_common.tensors import DATATYPES, TensorSpec

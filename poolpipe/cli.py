@@ -17,7 +17,7 @@ from poolpipe_common.errors import InputError
 # Order is the order shown in --help: the pipeline from measurement to serving.
 SUBCOMMAND_MODULES = (
     "profiling.profile_cli",          # profile import-ppipe | measure | merge
-    "planner.plan_cli",             # plan
+    "planner.cli.plan_cli",             # plan
     "model_repository_gen.generate_cli",  # generate
     "runtime.launch_cli",    # launch
     "scheduler.server.serve_cli",   # serve

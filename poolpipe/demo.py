@@ -172,9 +172,9 @@ def _profile(opts: DemoOptions, onnx_path: Path, out: Path) -> Path:
 
 
 def _plan(opts: DemoOptions, profile_path: Path, out: Path, console) -> Any:
-    from planner.plan_cli import print_plan
-    from planner.solve import solve_spec
-    from planner.spec import spec_from_dict
+    from planner.cli.plan_cli import print_plan
+    from planner.planners import solve_spec
+    from planner.spec.planning_spec import spec_from_dict
 
     spec = spec_from_dict({
         "cluster": {"gpus": {FAST: 1, SLOW: 2}, "gpus_per_server": {FAST: 1, SLOW: 2}, "bandwidth_gbps": 10},

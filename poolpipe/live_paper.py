@@ -40,8 +40,8 @@ class PaperRun:
     duration_s: float = 5.0  # per load point
     seed: int = 0
     max_lf: float = 1.6
-    # Slow motion: every latency and the SLO x this, rates / this (planner.spec.time_dilated), so the fixed
-    # per-request CPU costs of a 2-core machine weigh on the emulated GPU cluster as little as on a real one.
+    # Slow motion: every latency and the SLO x this, rates / this (planner.spec.planning_spec.time_dilated), so the
+    # fixed per-request CPU costs of a 2-core machine weigh on the emulated GPU cluster as little as on a real one.
     time_scale: float = 1.0  # 0 = auto: at least MIN_TIME_SCALE, and the ppipe plan at most MAX_LIVE_RPS
     grid: tuple[float, ...] = ()  # measure at these load factors (a curve) instead of searching the max
     # Share of the SLO the plans keep free for queueing (the spec's slo_margin): a pool of a few GPUs under
@@ -60,8 +60,8 @@ class SystemResult:
 def paper_spec(run: PaperRun):
     """The model's planning terms from its PPipe reference entry (ablation suite, L4+T4), on the small
     cluster, with SLO = slo_factor x batch-1 latency on L4 and the run's SLO margin, in the run's time scale."""
-    from planner.reference_plans import load_reference_plans, spec_from_reference
-    from planner.spec import ClusterSpec, check_spec, time_dilated
+    from planner.ppipe.reference_plans import load_reference_plans, spec_from_reference
+    from planner.spec.planning_spec import ClusterSpec, check_spec, time_dilated
     from poolpipe_common.errors import InputError
 
     entry = next((e for e in load_reference_plans() if e["suite"] == "ablation" and len(e["models"]) == 1
@@ -143,7 +143,7 @@ class PaperExperiment:
         return search_max_lf(attainment_at, self.run.max_lf)
 
     def plans(self):
-        from planner.solve import solve_spec
+        from planner.planners import solve_spec
 
         if self.run.time_scale <= 0:
             self.run = dataclasses.replace(self.run, time_scale=self.auto_time_scale())
@@ -160,7 +160,7 @@ class PaperExperiment:
 
     def auto_time_scale(self) -> float:
         """The smallest whole time scale >= MIN_TIME_SCALE at which the ppipe plan needs <= MAX_LIVE_RPS."""
-        from planner.solve import solve_spec
+        from planner.planners import solve_spec
 
         rate = solve_spec(paper_spec(dataclasses.replace(self.run, time_scale=1.0)), "ppipe",
                           time_limit_s=60).models[0].throughput_rps

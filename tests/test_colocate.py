@@ -1,4 +1,4 @@
-"""Co-located planning (planner.colocate) on the reference profiles, its memory constraint, and the simulator
+"""Co-located planning (planner.colocation.colocate) on the reference profiles, its memory constraint, and the simulator
 applying the same interference model."""
 
 from __future__ import annotations
@@ -7,13 +7,13 @@ from dataclasses import replace
 
 import pytest
 
-from planner.colocate import plan_colocated
-from planner.colocation import check_gpu_memory, plan_slots, slot_slowdowns
-from planner.milp_solvers import SolverOptions
-from planner.plan import plan_from_dict
-from planner.pooled import InfeasibleError
-from planner.reference_plans import load_reference_plans, spec_from_reference
-from planner.spec import ClusterSpec, PlanningSpec, spec_from_dict
+from planner.colocation.colocate import plan_colocated
+from planner.colocation.slots import check_gpu_memory, plan_slots, slot_slowdowns
+from planner.plan_json import plan_from_dict
+from planner.ppipe.pooled import InfeasibleError
+from planner.ppipe.reference_plans import load_reference_plans, spec_from_reference
+from planner.solvers.milp_solvers import SolverOptions
+from planner.spec.planning_spec import ClusterSpec, PlanningSpec, spec_from_dict
 from poolpipe_common.errors import InputError
 from profiling.interference import InterferenceModel
 from profiling.reference_memory import with_estimated_memory

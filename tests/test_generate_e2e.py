@@ -32,7 +32,7 @@ from tests.deploy_helpers import (
 
 pytestmark = [pytest.mark.triton, pytest.mark.e2e]
 
-HAS_PLANNER_CLI = importlib.util.find_spec("planner.plan_cli") is not None
+HAS_PLANNER_CLI = importlib.util.find_spec("planner.cli.plan_cli") is not None
 
 
 def _ok(r: subprocess.CompletedProcess) -> str:

@@ -11,10 +11,10 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.app_spec import apps_from_list
-from planner.harpagon_module import Config, latency_cost_efficiency, schedule_module, worst_latency
-from planner.harpagon_split import AppGraph, AppModule, cost_steps, split
-from planner.plan import load_plan
+from planner.apps.harpagon_module import Config, latency_cost_efficiency, schedule_module, worst_latency
+from planner.apps.harpagon_split import AppGraph, AppModule, cost_steps, split
+from planner.plan_json import load_plan
+from planner.spec.applications import apps_from_list
 from poolpipe_common.errors import InputError
 from profiling.reference import REFERENCE_DIR, import_ppipe_profile
 from tests.conftest import run_cli

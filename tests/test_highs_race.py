@@ -1,4 +1,4 @@
-"""The two-thread HiGHS race (planner.highs_race) proves the same optimum as one search, and a race stopped
+"""The two-thread HiGHS race (planner.solvers.highs_race) proves the same optimum as one search, and a race stopped
 by its time limit keeps the better incumbent and the tighter bound."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner import highs_race, milp_solvers
-from planner.milp_solvers import MilpArrays, MilpResult
+from planner.solvers import highs_race, milp_solvers
+from planner.solvers.milp_solvers import MilpArrays, MilpResult
 
 
 def knapsack(values: list[int], weights: list[int], capacity: int) -> MilpArrays:

@@ -1,5 +1,5 @@
-"""The provable reductions (planner.reduction, planner.relaxed_dp) and the search on the objective
-(planner.milp_passes): on small random problems they never lose the optimum of the full MILP."""
+"""The provable reductions (planner.ppipe.reduction, planner.ppipe.relaxed_dp) and the search on the objective
+(planner.solvers.milp_passes): on small random problems they never lose the optimum of the full MILP."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from planner import relaxed_dp
-from planner.milp_passes import aspiration_search
-from planner.milp_solvers import SolverOptions, is_feasible, solve_milp
-from planner.pooled import gpu_counts, model_candidates
-from planner.ppipe_milp import Objective, build_column_milp, column_start, relaxation_bound, throughput_tightener
-from planner.spec import spec_from_dict
-from planner.whole_gpu import whole_gpu_plan
+from planner.ppipe import relaxed_dp
+from planner.ppipe.column_milp import Objective, build_column_milp, column_start, relaxation_bound, throughput_tightener
+from planner.ppipe.pooled import gpu_counts, model_candidates
+from planner.ppipe.whole_gpu import whole_gpu_plan
+from planner.solvers.milp_passes import aspiration_search
+from planner.solvers.milp_solvers import SolverOptions, is_feasible, solve_milp
+from planner.spec.planning_spec import spec_from_dict
 from tests.test_planner_limits_cost import PROPS, shared_profiles, shared_spec
 
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from planner.plan import plan_from_dict
-from planner.reference_plans import (
+from planner.plan_json import plan_from_dict
+from planner.ppipe.reference_plans import (
     load_reference_plans,
     plan_from_reference,
     spec_from_reference,

@@ -17,8 +17,8 @@ import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 
 from model_repository_gen.generate import generate
-from planner.solve import solve_spec
-from planner.spec import ClusterSpec, ModelSpec, PlanningSpec, time_dilated
+from planner.planners import solve_spec
+from planner.spec.planning_spec import ClusterSpec, ModelSpec, PlanningSpec, time_dilated
 from poolpipe_common.net import port_in_use
 from profiling.reference import import_ppipe_profile
 from runtime.launch import Deployment, load_host_launch

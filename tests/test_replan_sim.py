@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from planner.solve import solve_spec
-from planner.spec import ClusterSpec, ModelSpec, PlanningSpec
+from planner.planners import solve_spec
+from planner.spec.planning_spec import ClusterSpec, ModelSpec, PlanningSpec
 from poolpipe_common.errors import InputError
 from profiling.reference import import_ppipe_profile
 from runtime.testbed import REFERENCE_DIR

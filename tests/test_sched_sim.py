@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from planner.reference_plans import (
+from planner.ppipe.reference_plans import (
     load_reference_plans,
     plan_from_reference,
     spec_from_reference,

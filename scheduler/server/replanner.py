@@ -94,7 +94,7 @@ def load_settings(path: Path) -> ReplanSettings:
                     as_float(d.get("emulated_tensor_scale", 1.0), f"{where}: emulated_tensor_scale"),
                     str(d.get("planner", "ppipe")), str(d.get("solver", "highs")),
                     as_float(d.get("time_limit_s", 60.0), f"{where}: time_limit_s"))
-    from planner.spec import load_spec  # noqa: PLC0415
+    from planner.spec.planning_spec import load_spec  # noqa: PLC0415
 
     load_spec(job.spec)
     for p in (job.cluster, *job.onnx.values()):
@@ -107,8 +107,8 @@ def plan_and_generate(job: ReplanJob) -> tuple[str, float, dict[str, float]]:
     """In the worker: the spec with weights = measured rates, solved and generated; (manifest, solve s, rates)."""
     from model_repository_gen.generate import generate  # noqa: PLC0415
     from model_repository_gen.manifest import load_manifest  # noqa: PLC0415
-    from planner.solve import solve_spec  # noqa: PLC0415
-    from planner.spec import load_spec  # noqa: PLC0415
+    from planner.planners import solve_spec  # noqa: PLC0415
+    from planner.spec.planning_spec import load_spec  # noqa: PLC0415
 
     spec = load_spec(job.spec)
     top = max(job.rates_rps.values(), default=1.0) or 1.0

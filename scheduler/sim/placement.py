@@ -4,15 +4,15 @@ The simulator uses this (the live sidecar builds its Topology from manifest.json
 type fills servers of ``cluster.gpus_per_server[type]`` GPUs; a GPU split at level V hosts V vGPUs
 of one level, and partitions are packed onto GPUs in plan order (consecutive partitions of one type
 land on the same servers where they fit, as a real deployment would try to). A co-located plan
-(planner.colocate) names each vGPU's physical GPU itself; its vGPUs go exactly there, and each stage's
+(planner.colocation.colocate) names each vGPU's physical GPU itself; its vGPUs go exactly there, and each stage's
 latency table is the profile's times the slowdown the planner allowed for (scheduler.sim.interference
 applies the actual one per batch).
 """
 
 from __future__ import annotations
 
-from planner.plan import Plan
-from planner.split_slots import sized_slots, split_gpu_counts
+from planner.plan_json import Plan
+from planner.sizing.split_slots import sized_slots, split_gpu_counts
 from scheduler.core.latency_dist import QuantileDist
 from scheduler.core.topology import Pipeline, Stage, Topology, VGpu
 
@@ -64,7 +64,7 @@ def placed_vgpus(plan: Plan) -> dict[tuple[str, int, int], list[VGpu]]:
 def topology_from_plan(plan: Plan) -> Topology:
     """Place every partition's vGPUs and build each model's pooled pipelines with latency tables."""
     cluster = plan.cluster
-    split = split_gpu_counts(plan)  # unequally split GPUs (planner.split_slots) come first
+    split = split_gpu_counts(plan)  # unequally split GPUs (planner.sizing.split_slots) come first
     sized = sized_slots(plan)
     allocs = {t: _GpuAllocator(t, cluster.gpus_per_server.get(t, 1), split.get(t, 0)) for t in cluster.gpus}
     vgpus: dict[str, VGpu] = {}

@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from planner.plan import Plan
-from planner.spec import PlanningSpec
+from planner.plan_json import Plan
+from planner.spec.planning_spec import PlanningSpec
 from scheduler.core import make_scheduler
 from scheduler.core.driver import Driver, DriverConfig
 from scheduler.core.replan_trigger import ReplanConfig, ReplanDecision, ReplanTrigger
@@ -83,7 +83,7 @@ def capacities(plan: Plan) -> dict[str, float]:
 def spec_planner(spec: PlanningSpec, planner: str = "ppipe", solver: str = "highs", time_limit_s: float = 30.0
                  ) -> Callable[[dict[str, float]], Plan]:
     """A ``plan_for``: the spec solved with each model's weight set to its measured rate."""
-    from planner.solve import solve_spec  # noqa: PLC0415
+    from planner.planners import solve_spec  # noqa: PLC0415
 
     def plan_for(rates_rps: dict[str, float]) -> Plan:
         top = max(rates_rps.values(), default=1.0) or 1.0

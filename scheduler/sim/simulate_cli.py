@@ -70,7 +70,7 @@ def load_overheads(path: str):
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from planner.plan import load_plan
+    from planner.plan_json import load_plan
     from poolpipe_common.errors import InputError
     from scheduler.sim.sweep import (
         PointJob,

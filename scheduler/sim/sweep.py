@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from planner.plan import Plan
+from planner.plan_json import Plan
 from poolpipe_common.errors import InputError
 from scheduler.core.driver import DriverConfig
 from scheduler.core.overheads import Overheads

@@ -1,0 +1,130 @@
+"""``poolpipe plan``: solve a planning spec (file or quick flags) and write plan.json with a readable summary."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from pathlib import Path
+
+from planner.cli.flags import add_solver_flags, add_spec_flags, load_cli_spec, time_limit, type_map
+
+DESCRIPTION = (
+    "Plan where each model is cut, which pool of (virtual) GPUs serves each partition, with which batch and how "
+    "many vGPUs. Give a spec file (--spec) or build one with quick flags (--profile, --gpus, ...). By default the "
+    "plan maximises throughput on the whole cluster; --objective cost instead finds the cheapest GPUs (the "
+    "cluster's counts become upper bounds) that serve --rate under the SLOs at --price. Every solve stops at "
+    "--time-limit or once proven within --gap; the plan is then the solver's incumbent, and the output and "
+    "plan.json say the status, incumbent, bound and gap. 'poolpipe plan sweep --help' compares planners over "
+    "one axis (SLO multipliers, GPU ratios or SLO margins).")
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plan", help="plan pooled pipelines (MILP) for a cluster and SLOs, or the cheapest GPUs "
+                                    "for given rates", description=DESCRIPTION)
+    add_spec_flags(p)
+    p.add_argument("--planner", default="ppipe", choices=("ppipe", "np", "dart-r"),
+                   help="ppipe: pooled pipelines (default); np: whole models; dart-r: GPU pairs cut once")
+    add_solver_flags(p)
+    p.add_argument("--colocate", action="store_true",
+                   help="let vGPUs of different (model, partition) pairs share a physical GPU (InSS-style), with "
+                        "latencies inflated by the profiles' interference models and GPU memory as a hard limit "
+                        "(the spec's colocate: true); default: dedicated GPUs")
+    p.add_argument("--out", type=Path, help="plan.json to write (required)")
+    p.add_argument("--progress", action="store_true", help="show the solver's log")
+    c = p.add_argument_group("capacity and cost planning")
+    c.add_argument("--objective", default="throughput", choices=("throughput", "cost"),
+                   help="throughput: serve as much as the cluster can (default); cost: the least cost per hour "
+                        "that serves --rate, using at most the cluster's GPUs")
+    c.add_argument("--rate", metavar="NAME=R,...",
+                   help="with --objective cost: requests/s each model must sustain, by model name, e.g. "
+                        "convnext_large=2000")
+    c.add_argument("--price", metavar="TYPE=P,...",
+                   help="with --objective cost: price of one GPU-hour per GPU type, e.g. L4=0.8,T4=0.35")
+    a = p.add_argument_group("applications (the spec's applications: DAGs of its models with one SLO each)")
+    a.add_argument("--app-split", default="harpagon", choices=("harpagon", "optimal", "uniform"),
+                   help="how each application's SLO is split into its modules' budgets before the models are "
+                        "planned under them: harpagon: latency-cost efficiency greedy (default); optimal: the "
+                        "least-cost split by MILP (small DAGs); uniform: SLO / modules on the longest path. "
+                        "Costs use --price per GPU type (default 1 per GPU)")
+    pr = p.add_argument_group("PARIS instance sizing (needs cluster.vgpu_sizes for one GPU type, one model)")
+    pr.add_argument("--paris", action="store_true",
+                    help="size vGPU instances as PARIS does: each size's knee batch (80%% of its peak throughput), "
+                         "ranges of the batch-size PDF mapped to sizes, instance counts from the throughput they "
+                         "need, GPUs split into the allowed splits (planner/sizing/paris.py)")
+    pr.add_argument("--batch-pdf", metavar="B=P,...|FILE",
+                    help="with --paris: the batch-size distribution, e.g. 1=0.5,2=0.3,4=0.2, or a JSON file with "
+                         "batch_sizes, such as a 'poolpipe simulate' result.json (its batch log)")
+    p.set_defaults(func=_plan)
+    plan_sub = p.add_subparsers(dest="plan_command", title="subcommand", metavar="sweep")
+    from planner.cli.sweep_cli import register_sweep
+
+    register_sweep(plan_sub)
+
+
+def _cost_request(args: argparse.Namespace, has_apps: bool = False):
+    from planner.cost.least_cost import CostRequest
+    from poolpipe_common.errors import InputError
+
+    if args.objective != "cost":
+        if args.rate or (args.price and not has_apps):
+            raise InputError("--rate and --price go with --objective cost (--price also with a spec's applications)")
+        return None
+    if not args.rate or not args.price:
+        raise InputError("--objective cost needs --rate NAME=REQ_PER_S,... and --price TYPE=PER_GPU_HOUR,...")
+    return CostRequest({k: float(v) for k, v in type_map(args.rate, "--rate").items()},
+                       {k: float(v) for k, v in type_map(args.price, "--price").items()})
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from planner.cli.report import print_plan
+    from planner.cost.least_cost import solve_cost
+    from planner.planners import check_limits, solve_spec
+    from poolpipe_common.errors import InputError
+
+    if args.out is None:
+        raise InputError("--out FILE is needed: the plan.json to write")
+    if args.out.is_dir():
+        raise InputError(f"--out {args.out} is a directory; give a file name such as plan.json")
+    spec = load_cli_spec(args)
+    req = _cost_request(args, bool(spec.applications))
+    apps = ()
+    if spec.applications:
+        from planner.apps.app_plan import plan_applications, spec_under_budgets
+
+        prices = {k: float(v) for k, v in type_map(args.price, "--price").items()} if args.price else {}
+        apps = plan_applications(spec, args.app_split, prices)
+        spec = spec_under_budgets(spec, apps)
+    if args.colocate:
+        spec = replace(spec, colocate=True)
+    sizing = None
+    if args.paris or args.batch_pdf:
+        from planner.sizing.paris import batch_pdf_arg, paris_plan
+
+        if not (args.paris and args.batch_pdf) or req is not None or args.planner != "ppipe":
+            raise InputError("--paris needs --batch-pdf (and goes with the default planner and objective)")
+        opts = check_limits(args.solver, time_limit(args), args.gap)
+        plan, sizing = paris_plan(spec, batch_pdf_arg(args.batch_pdf), opts)
+    elif req is not None:
+        opts = check_limits(args.solver, time_limit(args), args.gap)
+        plan = solve_cost(spec, req, args.planner, type(opts)(opts.solver, opts.time_limit_s, opts.rel_gap,
+                                                                args.progress))
+    else:
+        plan = solve_spec(spec, args.planner, args.solver, time_limit(args), args.progress, args.gap)
+    if apps:
+        plan = replace(plan, applications=tuple(a.to_plan_dict() for a in apps))
+    try:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        plan.save(args.out)
+    except OSError as e:
+        raise InputError(f"cannot write {args.out}: {e.strerror or e}") from None
+    print_plan(plan, spec)
+    for line in [*(sizing.lines() if sizing else []), *(x for a in apps for x in a.lines())]:
+        print(line)
+    print(f"wrote {args.out} ({plan.planner}, {plan.solver}, {plan.status}, {plan.solve_seconds:.2f} s)")
+    return 0
+
+
+def print_plan(plan, spec) -> None:
+    """See planner.cli.report.print_plan (kept here for callers of the CLI module)."""
+    from planner.cli.report import print_plan as _print
+
+    _print(plan, spec)
