@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from planner.spec.applications import refuse_twice, topological_order
+from planner.spec.applications import parse_edge, refuse_twice, topological_order
 from poolpipe_common.documents import as_float, as_str, check_fields, need
 from poolpipe_common.errors import InputError
 from poolpipe_common.tensors import TensorSpec
@@ -103,26 +103,17 @@ class ApplicationInfo:
 
 
 def _edge(e: Any, modules: Mapping[str, Any], models: Mapping[str, ModelTensors], w: str) -> AppEdge:
-    check_fields(e, EDGE_FIELDS, w)
-    src, dst = as_str(need(e, "from", w), f"{w}.from"), as_str(need(e, "to", w), f"{w}.to")
-    for end, name in (("from", src), ("to", dst)):
-        if name not in modules:
-            raise InputError(f"{w}.{end}: {name!r} is not a module of the application ({', '.join(modules)})")
-    if src == dst:
-        raise InputError(f"{w}: an edge from module {src!r} to itself")
-    fan_out = as_float(e.get("fan_out", 1.0), f"{w}.fan_out", 0)
-    if fan_out <= 0:
-        raise InputError(f"{w}.fan_out: expected a positive number of requests to {dst!r} per request of {src!r}")
-    raw = need(e, "tensors", w)
-    if not isinstance(raw, dict) or not raw:
-        raise InputError(f"{w}.tensors: expected an object of {src!r} output -> {dst!r} input, got {raw!r}")
+    edge = parse_edge(e, list(modules), w, EDGE_FIELDS)  # the planner's checks, then the tensors' own
+    src, dst, raw = edge.src, edge.dst, edge.tensors
+    if raw is None:
+        raise InputError(f"{w}: missing field 'tensors'")
     up, down = models[modules[src]], models[modules[dst]]
     outs, ins = {t.name: t for t in up.outputs}, {t.name: t for t in down.inputs}
     rows: set[int] = set()
     for o, i in raw.items():
         if o not in outs:
             raise InputError(f"{w}.tensors: {o!r} is not an output of model {up.name!r} ({', '.join(outs)})")
-        if not isinstance(i, str) or i not in ins:
+        if i not in ins:
             raise InputError(f"{w}.tensors.{o}: {i!r} is not an input of model {down.name!r} ({', '.join(ins)})")
         a, b = outs[o], ins[i]
         if a.datatype != b.datatype:
@@ -136,7 +127,7 @@ def _edge(e: Any, modules: Mapping[str, Any], models: Mapping[str, ModelTensors]
                              f"of {down.name}.{i} (equal, or [N, *that] for N rows each)")
     if len(rows) > 1:
         raise InputError(f"{w}.tensors: the tensors give {dst!r} different numbers of rows {sorted(rows)}")
-    return AppEdge(src, dst, fan_out, rows.pop(), tuple((o, i) for o, i in raw.items()))
+    return AppEdge(src, dst, edge.fan_out, rows.pop(), tuple((o, i) for o, i in raw.items()))
 
 
 def _module_rows(order: list[str], edges: list[AppEdge], w: str) -> dict[str, int]:

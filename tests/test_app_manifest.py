@@ -69,7 +69,7 @@ def test_two_sinks_with_one_output_name_are_named_by_module() -> None:
     (_app(edges=[{"from": "d", "to": "c", "tensors": {"score": "feat"}}]), r"shape \[1\] of det.score does not fit"),
     (_app(modules=[APP["modules"][0], {"name": "h", "model": "half"}],
           edges=[{"from": "d", "to": "h", "tensors": {"crops": "feat"}}]), "det.crops is FP32 but half.feat is FP16"),
-    (_app(edges=[{"from": "d", "to": "c", "fan_out": 0, "tensors": {"crops": "feat"}}]), "fan_out: expected a pos"),
+    (_app(edges=[{"from": "d", "to": "c", "fan_out": 0, "tensors": {"crops": "feat"}}]), "fan_out: must be > 0"),
     (_app(edges=[]), "exactly one source module .* it has 2: d, c"),
     (_app(modules=APP["modules"][:1] + [{"name": "r1", "model": "relay"}, {"name": "r2", "model": "relay"}],
           edges=[{"from": "d", "to": "r1", "tensors": {"crops": "x"}},

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner.apps.harpagon_module import Config, latency_cost_efficiency, schedule_module, worst_latency
-from planner.apps.harpagon_split import AppGraph, AppModule, cost_steps, split
+from planner.apps.harpagon_split import AppGraph, SplitModule, cost_steps, split
 from planner.plan_json import load_plan
 from planner.spec.applications import apps_from_list
 from poolpipe_common.errors import InputError
@@ -74,7 +74,7 @@ def test_schedules_serve_the_rate_within_the_budget(configs, rate, budget, dispa
 @given(configs_st, st.floats(5, 300), st.floats(0.02, 0.6))
 def test_cost_steps_are_exact(configs, rate, budget) -> None:
     """No budget up to ``budget`` gives a cheaper schedule than the last cost step within it."""
-    m = AppModule("m", rate, tuple(configs))
+    m = SplitModule("m", rate, tuple(configs))
     within = [c for b, c in cost_steps(m) if b <= budget]
     best = within[-1] if within else math.inf
     for k in range(1, 41):
@@ -83,7 +83,7 @@ def test_cost_steps_are_exact(configs, rate, budget) -> None:
 
 
 def _app(draw_modules: list, branch: bool, slo: float) -> AppGraph:
-    mods = tuple(AppModule(f"m{i}", rate, tuple(cfgs)) for i, (rate, cfgs) in enumerate(draw_modules))
+    mods = tuple(SplitModule(f"m{i}", rate, tuple(cfgs)) for i, (rate, cfgs) in enumerate(draw_modules))
     if branch and len(mods) >= 3:
         edges = (("m0", "m1"), ("m0", "m2")) + tuple((f"m{i - 1}", f"m{i}") for i in range(3, len(mods)))
     else:

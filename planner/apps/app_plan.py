@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from planner.apps.harpagon_module import Config
-from planner.apps.harpagon_split import AppGraph, AppModule, Split, split
+from planner.apps.harpagon_split import AppGraph, Split, SplitModule, split
 from planner.spec.applications import AppSpec
 from planner.spec.planning_spec import ClusterSpec, PlanningSpec
 from poolpipe_common.errors import InputError
@@ -37,7 +37,7 @@ def module_configs(profile: Profile, cluster: ClusterSpec, prices: Mapping[str, 
 def app_graph(app: AppSpec, spec: PlanningSpec, prices: Mapping[str, float]) -> AppGraph:
     profiles = {m.name: m.profile for m in spec.models}
     rates = app.rates()
-    modules = tuple(AppModule(n, rates[n], module_configs(profiles[model], spec.cluster, prices))
+    modules = tuple(SplitModule(n, rates[n], module_configs(profiles[model], spec.cluster, prices))
                     for n, model in app.modules)
     return AppGraph(app.name, modules, tuple((e.src, e.dst) for e in app.edges), app.slo_us / 1e6)
 

@@ -32,8 +32,9 @@ MAX_STEPS = 4000  # cost steps kept per module for the MILP (the step search sto
 
 
 @dataclass(frozen=True)
-class AppModule:
-    """One module of an application: its request rate and the configurations it may run in."""
+class SplitModule:
+    """One module of an application as the SLO split sees it: its request rate and the configurations it may run
+    in (model_repository_gen.app_manifest.AppModule is the served module)."""
 
     name: str
     rate: float
@@ -45,7 +46,7 @@ class AppGraph:
     """Modules in a topological order, edges (upstream, downstream), the end-to-end SLO."""
 
     name: str
-    modules: tuple[AppModule, ...]
+    modules: tuple[SplitModule, ...]
     edges: tuple[tuple[str, str], ...]
     slo: float
 
@@ -79,7 +80,7 @@ class Split:
         return sum(s.cost for s in self.schedules.values())
 
 
-def _schedule(m: AppModule, budget: float) -> ModuleSchedule | None:
+def _schedule(m: SplitModule, budget: float) -> ModuleSchedule | None:
     """The cheapest of the module scheduler's schedules at budgets up to ``budget`` (Algorithm 1 only moves
     forward through the configurations, so a larger budget can strand a residual a smaller one serves: what
     meets a tighter budget meets this one too)."""
@@ -87,7 +88,7 @@ def _schedule(m: AppModule, budget: float) -> ModuleSchedule | None:
     return schedule_module(m.rate, within[-1], m.configs) if within else None
 
 
-def _least_budget(m: AppModule) -> float:
+def _least_budget(m: SplitModule) -> float:
     steps = cost_steps(m)
     return steps[0][0] if steps else math.inf
 
@@ -144,7 +145,7 @@ def spread_slack(app: AppGraph, budgets: Mapping[str, float]) -> dict[str, float
 
 
 @functools.lru_cache(maxsize=256)
-def cost_steps(m: AppModule) -> list[tuple[float, float]]:
+def cost_steps(m: SplitModule) -> list[tuple[float, float]]:
     """(budget, cost) at each budget where the module scheduler's cost reaches a new low: the budgets d + b / w
     at which some check of Algorithm 1 flips, for every rate w the algorithm meets at them, searched until no new
     one appears. Between two consecutive such budgets every check has the same outcome, so the budgets kept

@@ -19,7 +19,7 @@ plan's ``applications`` for ``generate``, which checks it against the models' re
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,15 +71,19 @@ def _positive(d: Any, key: str, where: str) -> float:
     return x
 
 
-def _edge(e: Any, names: set[str], w: str) -> AppEdgeSpec:
-    check_fields(e, EDGE_FIELDS, w)
+def parse_edge(e: Any, names: Collection[str], w: str, fields: Sequence[str] = EDGE_FIELDS) -> AppEdgeSpec:
+    """One application edge (the spec's, or plan.json's and manifest.json's, which allow more ``fields``):
+    both ends modules of the application, no self-edge, a positive fan-out (default 1), tensors optional."""
+    check_fields(e, fields, w)
     src, dst = as_str(need(e, "from", w), f"{w}.from"), as_str(need(e, "to", w), f"{w}.to")
     for end, n in (("from", src), ("to", dst)):
         if n not in names:
-            raise InputError(f"{w}.{end}: {n!r} is not a module of the application ({', '.join(sorted(names))})")
+            raise InputError(f"{w}.{end}: {n!r} is not a module of the application ({', '.join(names)})")
     if src == dst:
         raise InputError(f"{w}: an edge from module {src!r} to itself")
-    fan_out = _positive(e, "fan_out", w) if "fan_out" in e else 1.0
+    fan_out = as_float(e.get("fan_out", 1.0), f"{w}.fan_out")
+    if not fan_out > 0:
+        raise InputError(f"{w}.fan_out: must be > 0 (requests to {dst!r} per request of {src!r}), got {fan_out!r}")
     tensors = e.get("tensors")
     if tensors is not None and (not isinstance(tensors, dict) or not tensors
                                 or not all(isinstance(k, str) and isinstance(v, str) for k, v in tensors.items())):
@@ -125,7 +129,7 @@ def app_from_dict(d: Any, models: Sequence[str], w: str) -> AppSpec:
     raw_edges = d.get("edges", [])
     if not isinstance(raw_edges, list):
         raise InputError(f"{w}.edges: expected a list of {{from, to, fan_out, tensors}}")
-    edges = tuple(_edge(e, set(names), f"{w}.edges[{k}]") for k, e in enumerate(raw_edges))
+    edges = tuple(parse_edge(e, names, f"{w}.edges[{k}]") for k, e in enumerate(raw_edges))
     order = topological_order(names, [(e.src, e.dst) for e in edges], w)
     return AppSpec(name, _positive(d, "slo_us", w), _positive(d, "rate_rps", w),
                    tuple((n, dict(mods)[n]) for n in order), edges)
