@@ -20,9 +20,11 @@ from dataclasses import replace
 
 from planner.colocation.colocate import plan_colocated
 from planner.colocation.slots import plan_slots, slot_slowdowns
+from planner.entry import plan as plan_spec
 from planner.plan_json import Plan
-from planner.ppipe.pooled import assemble_plan, solve_pooled
+from planner.ppipe.pooled import solve_pooled
 from planner.ppipe.reference_plans import load_reference_plans, spec_from_reference
+from planner.request import PlanRequest
 from planner.solvers.milp_solvers import SolverOptions
 from planner.spec.planning_spec import PlanningSpec
 from profiling.interference import InterferenceModel
@@ -90,10 +92,10 @@ def main() -> int:
     for prefixes, gpus in SCENARIOS:
         t0 = time.perf_counter()
         spec = scenario_spec(prefixes, gpus, opts)
-        ms, res = solve_pooled(spec, spec.cluster, spec.max_partitions, opts)
-        plans = {"dedicated": assemble_plan(spec, "ppipe", "highs", 0.0, ms, res),
-                 "co-located": plan_colocated(spec, opts, aware=True),
-                 "co-located, interference-blind": plan_colocated(spec, opts, aware=False)}
+        request = PlanRequest("ppipe", solver=opts.solver, time_limit_s=opts.time_limit_s, gap=opts.rel_gap)
+        plans = {"dedicated": plan_spec(spec, request).plan,
+                 "co-located": plan_spec(spec, replace(request, colocate=True)).plan,
+                 "co-located, interference-blind": plan_colocated(spec, opts, aware=False)}  # a variant: internals
         base = plans["dedicated"].objective
         rates = {m.name: m.weight * base for m in spec.models}  # the mix at the dedicated plan's throughput
         total = sum(rates.values())

@@ -29,15 +29,16 @@ import copy
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
+from planner.entry import plan as plan_spec
 from planner.plan_json import Plan
-from planner.planners import solve_spec
 from planner.ppipe.reference_plans import load_reference_plans, spec_from_reference
+from planner.request import PlanRequest
 from planner.spec.planning_spec import PlanningSpec
 from profiling.reference import REFERENCE_DIR, import_ppipe_profile
 
@@ -127,12 +128,13 @@ def stress_cases(entries: list[dict], profiles: dict) -> list[Case]:
 
 def run_case(case: Case, args: argparse.Namespace) -> Row:
     t = time.perf_counter()
-    plan = solve_spec(case.spec, case.planner, args.solver, args.time_limit or None, False, args.gap)
+    request = PlanRequest(case.planner, solver=args.solver, time_limit_s=args.time_limit or None, gap=args.gap)
+    plan = plan_spec(case.spec, request).plan
     secs = time.perf_counter() - t
     best = case.reference
     if best is None:  # what an unlimited solve finds: this run if it was proven, else a run without a limit
-        best = plan.objective if plan.status == "optimal" else solve_spec(
-            case.spec, case.planner, args.solver, None, False, args.gap).objective
+        best = plan.objective if plan.status == "optimal" else plan_spec(
+            case.spec, replace(request, time_limit_s=None)).plan.objective
     return Row(case, plan, secs, best)
 
 

@@ -23,7 +23,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from planner.planners import solve_spec
+from planner.entry import plan
+from planner.request import PlanRequest
 from planner.spec.planning_spec import ClusterSpec, ModelSpec, PlanningSpec
 from profiling.reference import import_ppipe_profile
 from runtime.testbed import REFERENCE_DIR
@@ -213,7 +214,7 @@ def main() -> None:
     ap.add_argument("--reload-every-s", type=float, default=2.0, help="live: reload A <-> B this often (2 s)")
     args = ap.parse_args()
     spec = build_spec(args.slo_multiplier)
-    first = solve_spec(spec, time_limit_s=30)
+    first = plan(spec, PlanRequest(time_limit_s=30)).plan
     before = {m.name: args.load * m.throughput_rps for m in first.models}
     ratio = dict(zip(MODELS, (float(x) for x in args.ratio_after.split(":"))))
     phases = step_change(before, ratio, args.step_s)

@@ -3,7 +3,7 @@
 The four `maf19` groups of the reference data on the four 100-GPU clusters (25 high-class + 75
 low-class: L4+P4, L4+T4, V100+P4, V100+T4), Poisson and bursty (gamma, CV 4) arrivals, plans from
 the ppipe, np and dart-r planners (each solved on the terms of its own reference entry; our
-planner's ``planner.planners.solve_spec`` when it is importable, else the published reference plans),
+planner's ``planner.plan``, or with --reference the published reference plans),
 each served by the reservation policy at load factors relative to the ppipe plan's throughputs;
 and on L4+T4 the ppipe plan under `reactive`, `fifs` and `elsa` as well. For every combination we
 search, per model, the largest load factor (0.025 grid) that keeps >= 99% attainment, and
@@ -25,12 +25,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from planner.entry import plan as plan_spec
 from planner.plan_json import Plan
 from planner.ppipe.reference_plans import (
     load_reference_plans,
     plan_from_reference,
     spec_from_reference,
 )
+from planner.request import PlanRequest
 from scheduler.sim.sweep import TARGET_ATTAINMENT, PointJob, run_point
 from scheduler.sim.workloads import parse_trace
 
@@ -46,12 +48,6 @@ LF_MAX = 1.3
 
 def get_plans(use_reference: bool) -> tuple[dict, str]:
     """(group, cluster, planner) -> Plan, and a note of which planner produced them."""
-    solve_spec = None
-    if not use_reference:
-        try:
-            from planner.planners import solve_spec  # type: ignore  # noqa: F811
-        except ImportError:
-            solve_spec = None
     entries = [e for e in load_reference_plans() if e["suite"] == "maf19"]
     groups = sorted({tuple(m["model"] for m in e["models"]) for e in entries})
     plans: dict = {}
@@ -61,16 +57,16 @@ def get_plans(use_reference: bool) -> tuple[dict, str]:
         c = tuple(e["cluster"]["gpu_name_arr"])
         spec = spec_from_reference(e)
         plan: Plan | None = None
-        if solve_spec is not None:
+        if not use_reference:
             try:
-                plan = solve_spec(spec, planner=e["planner"], solver="highs")
+                plan = plan_spec(spec, PlanRequest(e["planner"], solver="highs", time_limit_s=None)).plan
             except Exception as ex:  # report and fall back: the benchmark must still run
                 failures.append(f"{e['planner']} g{g} {'+'.join(c)}: {type(ex).__name__}: {ex}")
         plans[(g, c, e["planner"])] = plan or plan_from_reference(e, spec)
-    if solve_spec is None:
-        note = "plans: published reference plans (planner.planners.solve_spec not importable)"
+    if use_reference:
+        note = "plans: published reference plans (--reference)"
     else:
-        note = "plans: our planner (planner.planners.solve_spec, HiGHS)"
+        note = "plans: our planner (planner.plan, HiGHS)"
         if failures:
             note += f"; fell back to reference plans for {len(failures)}: " + "; ".join(failures[:4])
     return plans, note
@@ -150,7 +146,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="one group, 5 s per point, no sweep timing")
     ap.add_argument("--groups", default=None, help="comma list of group indices (default all 4)")
     ap.add_argument("--duration-s", type=float, default=None, help="simulated seconds per point (default 10, quick 5)")
-    ap.add_argument("--reference", action="store_true", help="use the published plans even if solve_spec exists")
+    ap.add_argument("--reference", action="store_true", help="use the published plans instead of planning them")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()

@@ -1,10 +1,32 @@
 """The planner: where each model is cut, which pool of (virtual) GPUs serves each partition, with which batch
 and how many vGPUs, written as plan.json.
 
-Sub-packages by family: ``spec`` (the planning spec, its applications and vGPU sizes), ``solvers`` (the MILP in
-array form and the solvers), ``ppipe`` (PPipe's pooled-pipeline MILP, its reductions and the np / dart-r
-baselines), ``sizing`` (PARIS instance sizing and unequal vGPU sizes), ``colocation`` (InSS-style co-location),
-``apps`` (Harpagon: application SLO splits), ``cost`` (the cheapest GPUs for given rates), ``cli``
-(``poolpipe plan``). Top level: ``plan_json`` (the plan.json document), ``planners`` (the planner registry),
-``compare`` (planners compared over one axis: ``poolpipe plan sweep``).
+One entry point, ``planner.plan(spec, request) -> PlanOutcome`` (planner.entry; ``PlanRequest`` in
+planner.request): every caller plans through it. Sub-packages by family: ``spec`` (the planning spec, its
+applications and vGPU sizes), ``solvers`` (the MILP in array form and the solvers), ``ppipe`` (PPipe's
+pooled-pipeline MILP, its reductions and the np / dart-r baselines), ``sizing`` (PARIS instance sizing and unequal
+vGPU sizes), ``colocation`` (InSS-style co-location), ``apps`` (Harpagon: application SLO splits), ``cost`` (the
+cheapest GPUs for given rates), ``cli`` (``poolpipe plan``). Top level: ``plan_json`` (the plan.json document),
+``planners`` and ``objectives`` (the registries ``plan`` dispatches on), ``request``, ``entry``, ``compare``
+(planners compared over one axis: ``poolpipe plan sweep``).
 """
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["PlanOutcome", "PlanRequest", "plan", "reweighted"]
+
+
+def __getattr__(name: str) -> Any:
+    """``plan``, ``PlanRequest``, ``PlanOutcome`` and ``reweighted``, imported on first use: reading a plan.json
+    (planner.plan_json) does not load the solvers."""
+    if name in ("plan", "PlanOutcome", "reweighted"):
+        from planner import entry
+
+        return getattr(entry, name)
+    if name == "PlanRequest":
+        from planner.request import PlanRequest
+
+        return PlanRequest
+    raise AttributeError(f"module 'planner' has no attribute {name!r}")

@@ -15,8 +15,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from planner.entry import plan
 from planner.plan_json import Plan
-from planner.planners import solve_spec
+from planner.request import PlanRequest
 from planner.spec.planning_spec import ModelSpec, PlanningSpec
 from poolpipe_common.errors import InputError
 
@@ -135,7 +136,9 @@ def run_sweep(spec: PlanningSpec, axis: str, points: list[SweepPoint], planners:
 
 
 def default_solve(solver: str, time_limit_s: float | None, rel_gap: float) -> Callable[..., Plan]:
-    return lambda spec, planner: solve_spec(spec, planner, solver, time_limit_s, False, rel_gap)
+    """Each point planned as ``poolpipe plan --planner P`` plans it (applications and co-location included)."""
+    return lambda spec, planner: plan(spec, PlanRequest(planner, solver=solver, time_limit_s=time_limit_s,
+                                                        gap=rel_gap)).plan
 
 
 def sweep_table(res: SweepResult):

@@ -8,6 +8,8 @@ relative gap; time_limit: the incumbent when the solver was stopped), ``objectiv
 ``blocks`` ([first, end)), ``gpu``, ``vgpu_fraction`` ("1/V"), ``batch``, ``num_vgpus``,
 ``latency_us``, ``transfer_us`` (transfer time of one batch out of this partition to the next; 0 for
 the last, as in the reference plans).
+``request`` (optional) says how it was planned: the planner, objective, rates, prices, co-location, application
+split, PARIS batch-size PDF, solver, time limit and gap (planner.request; absent in older plans: the defaults).
 The plan also records the spec it was solved for and embeds each model's profile, so later tools
 need only the plan.
 """
@@ -117,6 +119,8 @@ class Plan:
     colocation: dict[str, Any] | None = None  # co-located plans: how they were planned (planner.colocation.colocate)
     # unequal vGPU sizes: GPU type -> [{"vgpus": [size labels of one GPU], "gpus": how many GPUs split so}]
     gpu_splits: dict[str, list[dict[str, Any]]] | None = None
+    # how it was planned (planner.request.PlanRequest.to_dict), so a re-planner plans the same way; None: not said
+    request: dict[str, Any] | None = None
 
     def model(self, name: str) -> ModelPlan:
         for m in self.models:
@@ -147,6 +151,8 @@ class Plan:
             d["colocation"] = self.colocation
         if self.gpu_splits is not None:
             d["gpu_splits"] = self.gpu_splits
+        if self.request is not None:
+            d["request"] = self.request
         return d
 
     def save(self, path: str | Path) -> None:
@@ -155,7 +161,7 @@ class Plan:
 
 PLAN_FIELDS = ("format", "planner", "solver", "solve_seconds", "status", "objective_kind", "objective", "bound",
                "gap", "cluster", "spec", "physical_gpus_used", "models", "cost", "applications", "colocation",
-               "gpu_splits")
+               "gpu_splits", "request")
 MODEL_FIELDS = ("name", "slo_us", "slo_margin_us", "batch_wait_us_per_request", "weight", "throughput_rps",
                 "pipelines", "profile")
 PIPELINE_FIELDS = ("throughput_rps", "latency_us", "batch", "partitions")
@@ -258,7 +264,7 @@ def plan_from_dict(d: Any, source: str = "plan") -> Plan:
     cluster = cluster_from_dict(need(d, "cluster", source), f"{source}: cluster")
     models = [_model(m, f"{source}: models[{i}]") for i, m in enumerate(_list(need(d, "models", source),
                                                                               f"{source}: models"))]
-    for key in ("spec", "cost", "colocation"):
+    for key in ("spec", "cost", "colocation", "request"):
         if d.get(key) is not None and not isinstance(d[key], dict):
             raise InputError(f"{source}: {key}: expected an object, got {d[key]!r}")
     return Plan(as_str(need(d, "planner", source), f"{source}: planner"),
@@ -270,7 +276,7 @@ def plan_from_dict(d: Any, source: str = "plan") -> Plan:
                 _optional_float(d, "gap", source), as_str(d.get("objective_kind", "throughput"),
                                                           f"{source}: objective_kind"), d.get("cost"),
                 _applications(d.get("applications"), source),
-                d.get("colocation"), _gpu_splits(d.get("gpu_splits"), f"{source}: gpu_splits"))
+                d.get("colocation"), _gpu_splits(d.get("gpu_splits"), f"{source}: gpu_splits"), d.get("request"))
 
 
 def _gpu_splits(x: Any, where: str) -> dict[str, list[dict[str, Any]]] | None:

@@ -172,8 +172,9 @@ def _profile(opts: DemoOptions, onnx_path: Path, out: Path) -> Path:
 
 
 def _plan(opts: DemoOptions, profile_path: Path, out: Path, console) -> Any:
-    from planner.cli.plan_cli import print_plan
-    from planner.planners import solve_spec
+    from planner.cli.report import print_plan
+    from planner.entry import plan
+    from planner.request import PlanRequest
     from planner.spec.planning_spec import spec_from_dict
 
     spec = spec_from_dict({
@@ -181,10 +182,10 @@ def _plan(opts: DemoOptions, profile_path: Path, out: Path, console) -> Any:
         "max_partitions": 2,
         "models": [{"profile": str(profile_path), "slo_multiplier": opts.slo_multiplier, "slo_margin": 0.3}],
     }, source="demo spec")
-    plan = solve_spec(spec)
-    plan.save(out / "plan.json")
-    print_plan(plan, spec)
-    return plan
+    outcome = plan(spec, PlanRequest(time_limit_s=None))
+    outcome.plan.save(out / "plan.json")
+    print_plan(outcome.plan, outcome.spec)
+    return outcome.plan
 
 
 def _cluster_file(out: Path) -> Path:

@@ -143,13 +143,14 @@ class PaperExperiment:
         return search_max_lf(attainment_at, self.run.max_lf)
 
     def plans(self):
-        from planner.planners import solve_spec
+        from planner.entry import plan
+        from planner.request import PlanRequest
 
         if self.run.time_scale <= 0:
             self.run = dataclasses.replace(self.run, time_scale=self.auto_time_scale())
         spec = paper_spec(self.run)
-        self.ppipe = solve_spec(spec, "ppipe", time_limit_s=60)
-        self.np_plan = solve_spec(spec, "np", time_limit_s=60)
+        self.ppipe = plan(spec, PlanRequest("ppipe", time_limit_s=60)).plan
+        self.np_plan = plan(spec, PlanRequest("np", time_limit_s=60)).plan
         self.rate = self.ppipe.models[0].throughput_rps
         self.slo_ms = spec.models[0].slo_us / 1e3
         slow = f" (time x{self.run.time_scale:g}: latencies and SLO x{self.run.time_scale:g}, rates /" \
@@ -160,10 +161,11 @@ class PaperExperiment:
 
     def auto_time_scale(self) -> float:
         """The smallest whole time scale >= MIN_TIME_SCALE at which the ppipe plan needs <= MAX_LIVE_RPS."""
-        from planner.planners import solve_spec
+        from planner.entry import plan
+        from planner.request import PlanRequest
 
-        rate = solve_spec(paper_spec(dataclasses.replace(self.run, time_scale=1.0)), "ppipe",
-                          time_limit_s=60).models[0].throughput_rps
+        rate = plan(paper_spec(dataclasses.replace(self.run, time_scale=1.0)),
+                    PlanRequest("ppipe", time_limit_s=60)).plan.models[0].throughput_rps
         return float(max(MIN_TIME_SCALE, math.ceil(rate / MAX_LIVE_RPS)))
 
     def _record(self, system: str, lf: float, r) -> float:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 from pathlib import Path
 
 from planner.cli.flags import add_solver_flags, add_spec_flags, load_cli_spec, time_limit, type_map
@@ -60,24 +59,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     register_sweep(plan_sub)
 
 
-def _cost_request(args: argparse.Namespace, has_apps: bool = False):
-    from planner.cost.least_cost import CostRequest
+def plan_request(args: argparse.Namespace):
+    """The PlanRequest that the flags describe (one-line errors that name the flag)."""
+    from planner.request import PlanRequest
+    from planner.sizing.paris import batch_pdf_arg
     from poolpipe_common.errors import InputError
 
-    if args.objective != "cost":
-        if args.rate or (args.price and not has_apps):
-            raise InputError("--rate and --price go with --objective cost (--price also with a spec's applications)")
-        return None
-    if not args.rate or not args.price:
-        raise InputError("--objective cost needs --rate NAME=REQ_PER_S,... and --price TYPE=PER_GPU_HOUR,...")
-    return CostRequest({k: float(v) for k, v in type_map(args.rate, "--rate").items()},
-                       {k: float(v) for k, v in type_map(args.price, "--price").items()})
+    if args.paris != bool(args.batch_pdf):
+        raise InputError("--paris needs --batch-pdf (and goes with the default planner and objective)")
+
+    def numbers(text: str | None, flag: str) -> dict[str, float] | None:
+        return None if not text else {k: float(v) for k, v in type_map(text, flag).items()}
+    return PlanRequest(args.planner, args.objective, numbers(args.rate, "--rate"), numbers(args.price, "--price"),
+                       args.colocate, args.app_split, batch_pdf_arg(args.batch_pdf) if args.paris else None,
+                       args.solver, time_limit(args), args.gap, args.progress)
 
 
 def _plan(args: argparse.Namespace) -> int:
     from planner.cli.report import print_plan
-    from planner.cost.least_cost import solve_cost
-    from planner.planners import check_limits, solve_spec
+    from planner.entry import plan
     from poolpipe_common.errors import InputError
 
     if args.out is None:
@@ -85,46 +85,15 @@ def _plan(args: argparse.Namespace) -> int:
     if args.out.is_dir():
         raise InputError(f"--out {args.out} is a directory; give a file name such as plan.json")
     spec = load_cli_spec(args)
-    req = _cost_request(args, bool(spec.applications))
-    apps = ()
-    if spec.applications:
-        from planner.apps.app_plan import plan_applications, spec_under_budgets
-
-        prices = {k: float(v) for k, v in type_map(args.price, "--price").items()} if args.price else {}
-        apps = plan_applications(spec, args.app_split, prices)
-        spec = spec_under_budgets(spec, apps)
-    if args.colocate:
-        spec = replace(spec, colocate=True)
-    sizing = None
-    if args.paris or args.batch_pdf:
-        from planner.sizing.paris import batch_pdf_arg, paris_plan
-
-        if not (args.paris and args.batch_pdf) or req is not None or args.planner != "ppipe":
-            raise InputError("--paris needs --batch-pdf (and goes with the default planner and objective)")
-        opts = check_limits(args.solver, time_limit(args), args.gap)
-        plan, sizing = paris_plan(spec, batch_pdf_arg(args.batch_pdf), opts)
-    elif req is not None:
-        opts = check_limits(args.solver, time_limit(args), args.gap)
-        plan = solve_cost(spec, req, args.planner, type(opts)(opts.solver, opts.time_limit_s, opts.rel_gap,
-                                                                args.progress))
-    else:
-        plan = solve_spec(spec, args.planner, args.solver, time_limit(args), args.progress, args.gap)
-    if apps:
-        plan = replace(plan, applications=tuple(a.to_plan_dict() for a in apps))
+    outcome = plan(spec, plan_request(args))
     try:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        plan.save(args.out)
+        outcome.plan.save(args.out)
     except OSError as e:
         raise InputError(f"cannot write {args.out}: {e.strerror or e}") from None
-    print_plan(plan, spec)
-    for line in [*(sizing.lines() if sizing else []), *(x for a in apps for x in a.lines())]:
+    print_plan(outcome.plan, outcome.spec)
+    for line in outcome.lines:
         print(line)
-    print(f"wrote {args.out} ({plan.planner}, {plan.solver}, {plan.status}, {plan.solve_seconds:.2f} s)")
+    p = outcome.plan
+    print(f"wrote {args.out} ({p.planner}, {p.solver}, {p.status}, {p.solve_seconds:.2f} s)")
     return 0
-
-
-def print_plan(plan, spec) -> None:
-    """See planner.cli.report.print_plan (kept here for callers of the CLI module)."""
-    from planner.cli.report import print_plan as _print
-
-    _print(plan, spec)

@@ -1,11 +1,13 @@
 """``serve --replan FILE``: automatic re-planning. The sidecar counts each planned model's arrivals; the core's
 ``ReplanTrigger`` decides when the smoothed mix has left the plan's headroom. Then a worker process (never
-the event loop) solves the spec for the measured mix and generates a deployment into ``out_dir/gen-N`` beside the
-running one (generate's ``previous``); the sidecar migrates the servers (runtime.migration, in a thread: the servers
-both plans have stay and get the new partitions loaded, the others are started), reloads onto it
-(scheduler.server.reload), then unloads the old partitions and stops the servers only the old plan had. Servers it
-did not start (the first plan's) are never stopped: their partitions are unloaded and the log names them for the
-operator. Metrics and logs say when and why it re-planned and what the migration cost.
+the event loop) plans the spec for the measured mix with ``planner.plan``, as the serving plan was planned (its
+plan.json ``request``: applications, PARIS sizing, the cost objective and co-location stay), and generates a
+deployment into ``out_dir/gen-N`` beside the running one (generate's ``previous``); the sidecar migrates the
+servers (runtime.migration, in a thread: the servers both plans have stay and get the new partitions loaded, the
+others are started), reloads onto it (scheduler.server.reload), then unloads the old partitions and stops the
+servers only the old plan had. Servers it did not start (the first plan's) are never stopped: their partitions are
+unloaded and the log names them for the operator. Metrics and logs say when and why it re-planned and what the
+migration cost.
 
 The settings file (YAML or JSON; paths relative to it)::
 
@@ -14,7 +16,7 @@ The settings file (YAML or JSON; paths relative to it)::
     out_dir: replans         # each re-plan generates into out_dir/gen-N
     onnx: {resnet: resnet.onnx}   # models to cut (emulated hosts need none)
     emulated_tensor_scale: 1.0
-    planner: ppipe
+    planner: ppipe           # planner, solver, time_limit_s: default as the serving plan was planned
     solver: highs
     time_limit_s: 60
     window_s: 5              # the trigger: see scheduler.core.replan_trigger.ReplanConfig
@@ -33,6 +35,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from poolpipe_common.documents import as_float, check_fields, read_document
 from poolpipe_common.errors import InputError
@@ -59,9 +62,7 @@ class ReplanJob:
     rates_rps: dict[str, float]
     onnx: dict[str, Path] = field(default_factory=dict)
     emulated_tensor_scale: float = 1.0
-    planner: str = "ppipe"
-    solver: str = "highs"
-    time_limit_s: float = 60.0
+    request: dict[str, Any] = field(default_factory=dict)  # PlanRequest fields the settings give (planner, ...)
     previous: Path | None = None  # the deployment serving now
 
 
@@ -92,8 +93,7 @@ def load_settings(path: Path) -> ReplanSettings:
     job = ReplanJob(base / str(d["spec"]), base / str(d["cluster"]), Path(), {},
                     {str(k): base / str(v) for k, v in onnx.items()},
                     as_float(d.get("emulated_tensor_scale", 1.0), f"{where}: emulated_tensor_scale"),
-                    str(d.get("planner", "ppipe")), str(d.get("solver", "highs")),
-                    as_float(d.get("time_limit_s", 60.0), f"{where}: time_limit_s"))
+                    _request_fields(d, where))
     from planner.spec.planning_spec import load_spec  # noqa: PLC0415
 
     load_spec(job.spec)
@@ -103,21 +103,36 @@ def load_settings(path: Path) -> ReplanSettings:
     return ReplanSettings(job, base / str(d["out_dir"]), trigger)
 
 
+def _request_fields(d: dict[str, Any], where: str) -> dict[str, Any]:
+    """The planner, solver and time limit the settings give, checked now as a PlanRequest would check them."""
+    from planner.request import PlanRequest  # noqa: PLC0415
+
+    given = {k: str(d[k]) for k in ("planner", "solver") if k in d}
+    if "time_limit_s" in d:
+        given["time_limit_s"] = as_float(d["time_limit_s"], f"{where}: time_limit_s")
+    try:
+        PlanRequest(**given)
+    except InputError as e:
+        raise InputError(f"{where}: {e}") from None
+    return given
+
+
 def plan_and_generate(job: ReplanJob) -> tuple[str, float, dict[str, float]]:
-    """In the worker: the spec with weights = measured rates, solved and generated; (manifest, solve s, rates)."""
+    """In the worker: the spec re-weighted by the measured rates, planned as the serving plan was (with the
+    settings' planner, solver and time limit where given) and generated; (manifest, solve s, rates)."""
     from model_repository_gen.generate import generate  # noqa: PLC0415
     from model_repository_gen.manifest import load_manifest  # noqa: PLC0415
-    from planner.planners import solve_spec  # noqa: PLC0415
+    from planner.entry import plan, reweighted  # noqa: PLC0415
+    from planner.request import PlanRequest, request_of  # noqa: PLC0415
     from planner.spec.planning_spec import load_spec  # noqa: PLC0415
 
-    spec = load_spec(job.spec)
-    top = max(job.rates_rps.values(), default=1.0) or 1.0
-    models = tuple(replace(m, weight=max(job.rates_rps.get(m.name, 0.0), 0.01 * top)) for m in spec.models)
-    plan = solve_spec(replace(spec, models=models), job.planner, job.solver, job.time_limit_s)
-    generate(plan, job.onnx, job.cluster, job.out, emulated_tensor_scale=job.emulated_tensor_scale,
-             previous=load_manifest(job.previous) if job.previous else None)
-    plan.save(job.out / "plan.json")
-    return str(job.out / "manifest.json"), plan.solve_seconds, {m.name: m.throughput_rps for m in plan.models}
+    previous = load_manifest(job.previous) if job.previous else None
+    request = request_of(previous.plan, **job.request) if previous else PlanRequest(**job.request)
+    new = plan(reweighted(load_spec(job.spec), job.rates_rps), request).plan
+    generate(new, job.onnx, job.cluster, job.out, emulated_tensor_scale=job.emulated_tensor_scale,
+             previous=previous)
+    new.save(job.out / "plan.json")
+    return str(job.out / "manifest.json"), new.solve_seconds, {m.name: m.throughput_rps for m in new.models}
 
 
 def planned_capacity(planned: ReloadablePlanned) -> dict[str, float]:

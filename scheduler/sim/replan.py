@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from planner.plan_json import Plan
 from planner.spec.planning_spec import PlanningSpec
@@ -23,6 +24,9 @@ from scheduler.core.replan_trigger import ReplanConfig, ReplanDecision, ReplanTr
 from scheduler.sim.engine import _Outcomes
 from scheduler.sim.placement import topology_from_plan
 from scheduler.sim.virtual import WAKE, VirtualExecutor
+
+if TYPE_CHECKING:
+    from planner.request import PlanRequest
 
 
 @dataclass(frozen=True)
@@ -80,15 +84,16 @@ def capacities(plan: Plan) -> dict[str, float]:
     return {m.name: m.throughput_rps for m in plan.models}
 
 
-def spec_planner(spec: PlanningSpec, planner: str = "ppipe", solver: str = "highs", time_limit_s: float = 30.0
-                 ) -> Callable[[dict[str, float]], Plan]:
-    """A ``plan_for``: the spec solved with each model's weight set to its measured rate."""
-    from planner.planners import solve_spec  # noqa: PLC0415
+def spec_planner(spec: PlanningSpec, request: PlanRequest | None = None) -> Callable[[dict[str, float]], Plan]:
+    """A ``plan_for``: ``planner.plan`` on the spec re-weighted by the measured rates, as ``request`` says
+    (default: the CLI's, with a 30 s time limit)."""
+    from planner.entry import plan, reweighted  # noqa: PLC0415
+    from planner.request import PlanRequest  # noqa: PLC0415
+
+    req = request or PlanRequest(time_limit_s=30.0)
 
     def plan_for(rates_rps: dict[str, float]) -> Plan:
-        top = max(rates_rps.values(), default=1.0) or 1.0
-        models = tuple(replace(m, weight=max(rates_rps.get(m.name, 0.0), 0.01 * top)) for m in spec.models)
-        return solve_spec(replace(spec, models=models), planner, solver, time_limit_s)
+        return plan(reweighted(spec, rates_rps), req).plan
     return plan_for
 
 
