@@ -32,7 +32,7 @@ from planner.reference_plans import (
     spec_from_reference,
 )
 from scheduler.sim.sweep import TARGET_ATTAINMENT, PointJob, run_point
-from scheduler.sim.workloads import parse_trace
+from workloads.arrivals import parse_trace
 
 CLUSTERS = [("L4", "P4"), ("L4", "T4"), ("V100", "P4"), ("V100", "T4")]
 PLANNERS = ["ppipe", "np", "dart-r"]

@@ -12,7 +12,7 @@ from scheduler.core.api import Dispatch, StageAssignment, StepResult
 from scheduler.core.driver import Driver, DriverConfig
 from scheduler.core.topology import Pipeline, Stage, Topology, VGpu
 from scheduler.sim.engine import Fault, Overheads, simulate
-from scheduler.sim.workloads import mixed_arrivals
+from workloads.arrivals import mixed_arrivals
 
 SLO_US = 40_000.0
 

@@ -10,7 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from poolpipe_common.errors import InputError
-from scheduler.sim.workloads import (
+from tests.conftest import ROOT, run_cli
+from tests.test_sched_sim import reference_plan
+from workloads.arrivals import (
     REPLAY_SHORTCUTS,
     arrival_times,
     mixed_arrivals,
@@ -20,8 +22,6 @@ from scheduler.sim.workloads import (
     replay_start,
     replay_trace,
 )
-from tests.conftest import ROOT, run_cli
-from tests.test_sched_sim import reference_plan
 
 AZURE = ROOT / "data" / "traces" / "azure-llm-2023"
 

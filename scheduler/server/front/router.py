@@ -11,9 +11,9 @@ import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from poolpipe_common import poolpipe_version
-from scheduler.server.client_shm import ClientShmRegistry
-from scheduler.server.errors import ServeError, from_rpc_error
-from scheduler.server.metrics import SidecarMetrics
+from scheduler.server.common.client_shm import ClientShmRegistry
+from scheduler.server.common.errors import ServeError, from_rpc_error
+from scheduler.server.common.metrics import SidecarMetrics
 
 log = logging.getLogger("poolpipe.sidecar")
 
@@ -25,7 +25,7 @@ EXTENSIONS = ["classification", "sequence", "model_repository", "model_repositor
 
 
 class PlannedService(Protocol):
-    """The planned models (pooled pipelines) behind the sidecar; see scheduler/server/planned.py."""
+    """The planned models (pooled pipelines) behind the sidecar; see scheduler/server/planned/service.py."""
 
     def has(self, model: str) -> bool: ...
 

@@ -39,7 +39,7 @@ import numpy as np
 
 from poolpipe_common.errors import InputError
 
-TRACES_DIR = Path(__file__).resolve().parents[2] / "data" / "traces"
+TRACES_DIR = Path(__file__).resolve().parents[1] / "data" / "traces"
 REPLAY_SHORTCUTS = {
     "azure-code": TRACES_DIR / "azure-llm-2023" / "AzureLLMInferenceTrace_code.csv",
     "azure-conv": TRACES_DIR / "azure-llm-2023" / "AzureLLMInferenceTrace_conv.csv",

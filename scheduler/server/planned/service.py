@@ -20,18 +20,18 @@ from poolpipe_common.errors import InputError
 from poolpipe_common.tensors import TensorSpec
 from scheduler.core import make_scheduler
 from scheduler.core.driver import Driver, DriverConfig
-from scheduler.server.applications import Applications
-from scheduler.server.batch_log import BatchLog
-from scheduler.server.calibration import NotCalibratable, StageOverheads, calibrate_pipeline
-from scheduler.server.calls import Answers, ClientCall, Sample, now_us, request_deadline_us, shutting_down
-from scheduler.server.client_shm import ClientShmRegistry
-from scheduler.server.executor import LiveExecutor, StageFault
-from scheduler.server.fleet import Fleet, VGpuServer
-from scheduler.server.manifest_shard import manifest_shard
-from scheduler.server.manifest_topology import topology_from_manifest
-from scheduler.server.metrics import SidecarMetrics
-from scheduler.server.shm_pool import remove_stale_regions
-from scheduler.server.validate import CheckedRequest, OutputTarget, check_request
+from scheduler.server.common.client_shm import ClientShmRegistry
+from scheduler.server.common.metrics import SidecarMetrics
+from scheduler.server.planned.applications import Applications
+from scheduler.server.planned.batch_log import BatchLog
+from scheduler.server.planned.calibration import NotCalibratable, StageOverheads, calibrate_pipeline
+from scheduler.server.planned.calls import Answers, ClientCall, Sample, now_us, request_deadline_us, shutting_down
+from scheduler.server.planned.executor import LiveExecutor, StageFault
+from scheduler.server.planned.fleet import Fleet, VGpuServer
+from scheduler.server.planned.manifest_shard import manifest_shard
+from scheduler.server.planned.manifest_topology import topology_from_manifest
+from scheduler.server.planned.shm_pool import remove_stale_regions
+from scheduler.server.planned.validate import CheckedRequest, OutputTarget, check_request
 
 log = logging.getLogger("poolpipe.sidecar.planned")
 

@@ -12,10 +12,10 @@ import numpy as np
 from tritonclient.grpc import service_pb2
 
 from model_repository_gen.manifest import ModelInfo
-from scheduler.server.client_shm import ClientShmRegistry
-from scheduler.server.errors import ServeError
-from scheduler.server.metrics import SidecarMetrics
-from scheduler.server.validate import CheckedRequest
+from scheduler.server.common.client_shm import ClientShmRegistry
+from scheduler.server.common.errors import ServeError
+from scheduler.server.common.metrics import SidecarMetrics
+from scheduler.server.planned.validate import CheckedRequest
 
 
 def now_us() -> float:

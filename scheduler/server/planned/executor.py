@@ -28,13 +28,13 @@ from model_repository_gen.triton_config import COMPUTE_END_OUTPUT, COMPUTE_START
 from poolpipe_common.tensors import TensorSpec
 from scheduler.core.api import Dispatch
 from scheduler.core.driver import Driver
-from scheduler.server.batch_log import BatchLog
-from scheduler.server.calls import Answers, Sample, now_us, shutting_down
-from scheduler.server.errors import ServeError, shed
-from scheduler.server.fleet import Fleet
-from scheduler.server.metrics import SidecarMetrics
-from scheduler.server.overheads import OverheadMeter
-from scheduler.server.shm_pool import Region, align
+from scheduler.server.common.errors import ServeError, shed
+from scheduler.server.common.metrics import SidecarMetrics
+from scheduler.server.planned.batch_log import BatchLog
+from scheduler.server.planned.calls import Answers, Sample, now_us, shutting_down
+from scheduler.server.planned.fleet import Fleet
+from scheduler.server.planned.overhead_meter import OverheadMeter
+from scheduler.server.planned.shm_pool import Region, align
 
 log = logging.getLogger("poolpipe.sidecar.executor")
 

@@ -26,10 +26,10 @@ from tritonclient.grpc import service_pb2
 
 from model_repository_gen.manifest import load_manifest
 from poolpipe_common.errors import InputError
-from scheduler.server.calls import now_us
-from scheduler.server.client_shm import ClientShmRegistry
-from scheduler.server.errors import ServeError
-from scheduler.server.planned import PlannedModels
+from scheduler.server.common.client_shm import ClientShmRegistry
+from scheduler.server.common.errors import ServeError
+from scheduler.server.planned.calls import now_us
+from scheduler.server.planned.service import PlannedModels
 
 log = logging.getLogger("poolpipe.sidecar.reload")
 
