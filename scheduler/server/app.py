@@ -68,7 +68,7 @@ class Sidecar:
         self._grpc = await start_grpc(self.router, c.bind, c.grpc_port)
         http_app = HttpFront(self.router).app()
         if self.planned is not None:
-            from scheduler.server.control.reload import plan_handler, reload_handler  # noqa: PLC0415
+            from scheduler.server.front.admin import plan_handler, reload_handler  # noqa: PLC0415
             http_app.router.add_post("/v2/poolpipe/reload", reload_handler(self.planned, c.bind))
             http_app.router.add_get("/v2/poolpipe/plan", plan_handler(self.planned))
         self._runners.append(await start_http(http_app, c.bind, c.http_port, c.drain_timeout_s))

@@ -11,13 +11,13 @@ import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from poolpipe_common import poolpipe_version
+from scheduler.server.common.channels import GRPC_OPTIONS
 from scheduler.server.common.client_shm import ClientShmRegistry
 from scheduler.server.common.errors import ServeError, from_rpc_error
 from scheduler.server.common.metrics import SidecarMetrics
 
 log = logging.getLogger("poolpipe.sidecar")
 
-GRPC_OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
 SERVER_NAME = "poolpipe-sidecar"
 EXTENSIONS = ["classification", "sequence", "model_repository", "model_repository(unload_dependents)",
               "schedule_policy", "model_configuration", "system_shared_memory", "cuda_shared_memory",
