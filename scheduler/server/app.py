@@ -11,6 +11,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from scheduler.server.common.client_shm import ClientShmRegistry
 from scheduler.server.common.metrics import SidecarMetrics
 from scheduler.server.front.grpc_front import start_grpc
 from scheduler.server.front.http_front import HttpFront, start_http
@@ -41,6 +42,7 @@ class Sidecar:
     def __init__(self, config: SidecarConfig) -> None:
         self.config = config
         self.metrics = SidecarMetrics()
+        self.client_shm = ClientShmRegistry()  # registered through the router, read and written by planned models
         self.planned = None
         self.router: Router | None = None
         self._grpc = None
@@ -54,16 +56,14 @@ class Sidecar:
             from scheduler.server.planned.service import PlannedModels  # noqa: PLC0415
 
             def open_plan(path: Path, generation: int = 0) -> Awaitable[PlannedModels]:
-                return PlannedModels.create(path, c.policy, self.metrics, c.batch_log, c.overheads_out, c.shard,
-                                            generation)
+                return PlannedModels.create(path, c.policy, self.metrics, self.client_shm, c.batch_log,
+                                            c.overheads_out, c.shard, generation)
             self.planned = ReloadablePlanned(await open_plan(c.manifest), c.manifest, open_plan)
             if c.replan is not None:
                 from scheduler.server.control.replanner import AutoReplanner, load_settings  # noqa: PLC0415
                 self.replanner = AutoReplanner(load_settings(c.replan), self.planned, self.metrics)
                 self.replanner.start()
-        self.router = Router(c.passthrough, self.planned, self.metrics)
-        if self.planned is not None:
-            self.planned.client_shm = self.router.shm
+        self.router = Router(c.passthrough, self.planned, self.metrics, self.client_shm)
         await self.router.start()
         self._grpc = await start_grpc(self.router, c.bind, c.grpc_port)
         http_app = HttpFront(self.router).app()

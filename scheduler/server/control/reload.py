@@ -24,7 +24,6 @@ from tritonclient.grpc import service_pb2
 
 from model_repository_gen.manifest import load_manifest
 from poolpipe_common.errors import InputError
-from scheduler.server.common.client_shm import ClientShmRegistry
 from scheduler.server.common.errors import ServeError
 from scheduler.server.planned.calls import now_us
 from scheduler.server.planned.service import PlannedModels
@@ -78,7 +77,6 @@ class ReloadablePlanned:
         self.generation = 0
         self.reloads = 0
         self._lock = asyncio.Lock()
-        self._registry: ClientShmRegistry | None = None
 
     # --- the PlannedService, delegated ------------------------------------------------------------------
     def has(self, model: str) -> bool:
@@ -107,15 +105,6 @@ class ReloadablePlanned:
         if self.on_arrival is not None:
             self.on_arrival(request.model_name)
         return await self.current.infer(request, deadline_s)
-
-    @property
-    def client_shm(self) -> ClientShmRegistry | None:
-        return self._registry
-
-    @client_shm.setter
-    def client_shm(self, registry: ClientShmRegistry | None) -> None:
-        self._registry = registry
-        self.current.client_shm = registry
 
     @property
     def reloading(self) -> bool:
@@ -166,7 +155,6 @@ class ReloadablePlanned:
         if bad:
             raise ReloadError(f"cannot reload: model(s) {', '.join(bad)} change their input or output tensors; "
                               "clients would break (serve them under another name, or restart the sidecar)", 409)
-        new.client_shm = self._registry
         deadline = time.monotonic() + READY_TIMEOUT_S
         while not all(new.ready(m) for m in new.names()):
             if time.monotonic() > deadline:

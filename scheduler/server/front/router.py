@@ -46,11 +46,12 @@ class PlannedService(Protocol):
 class Router:
     """Routes calls by model name; shared-memory registrations are kept locally and mirrored to the pass-through."""
 
-    def __init__(self, passthrough: str | None, planned: PlannedService | None, metrics: SidecarMetrics) -> None:
+    def __init__(self, passthrough: str | None, planned: PlannedService | None, metrics: SidecarMetrics,
+                 shm: ClientShmRegistry) -> None:
         self.passthrough_url = passthrough
         self.planned = planned
         self.metrics = metrics
-        self.shm = ClientShmRegistry()
+        self.shm = shm  # shared with the planned service, which reads inputs from and writes outputs to it
         self._channel: grpc.aio.Channel | None = None
         self.stub: service_pb2_grpc.GRPCInferenceServiceStub | None = None
 

@@ -84,11 +84,13 @@ class StageFault(Exception):
 
 
 class LiveExecutor:
-    """The Executor of the shared driver on the event loop (``driver`` is set by the planned service)."""
+    """The Executor of the shared driver on the event loop (``driver`` is set by the planned service).
+
+    ``kick`` wakes the planned service's scheduler loop when something changed (a batch finished or failed)."""
 
     def __init__(self, fleet: Fleet, models: dict[str, ModelInfo], pipelines: dict[str, PipelineInfo],
-                 answers: Answers, metrics: SidecarMetrics, batch_log: BatchLog | None = None,
-                 padded: frozenset[str] = frozenset()) -> None:
+                 answers: Answers, metrics: SidecarMetrics, kick: Callable[[], None],
+                 batch_log: BatchLog | None = None, padded: frozenset[str] = frozenset()) -> None:
         self.fleet = fleet
         self.padded = padded  # models whose first-stage batches are padded to the planned batch (dummy requests)
         self.models = models
@@ -97,7 +99,7 @@ class LiveExecutor:
         self.metrics = metrics
         self.batch_log = batch_log
         self.driver: Driver | None = None
-        self.kick: Callable[[], None] = lambda: None  # wakes the scheduler loop: something changed
+        self.kick = kick
         self.lead_us: dict[str, list[dict[int, float]]] = {}  # pipeline -> stage -> batch -> send-to-compute
         # Under load a stage takes longer from send to compute than calibration measured at idle (the servers'
         # and the sidecar's CPU is shared): learned from stages sent to an idle server, added to every lead.
