@@ -59,7 +59,8 @@ class PlannedModels:
         self._kick = asyncio.Event()
         self.fleet = Fleet(manifest, self._vgpu_changed, generation)
         self.executor = LiveExecutor(self.fleet, self.models, self.pipelines, self.answers, metrics, self._kick_loop,
-                                     BatchLog(batch_log) if batch_log else None, padded_models(manifest.applications))
+                                     self._lead_learned, BatchLog(batch_log) if batch_log else None,
+                                     padded_models(manifest.applications))
         self.meter = self.executor.meter
         self.overheads_out = overheads_out
         self.overheads: dict[str, StageOverheads] = {}  # pipeline id -> calibrated lead/tail
@@ -102,7 +103,6 @@ class PlannedModels:
             if not srv.up:
                 drv.set_vgpu_up(srv.id, False, now_us())
         drv.extra_lead_us = self.executor.extra_lead_us
-        self.executor.driver = drv
         self.executor.lead_us = {p: o.lead_us for p, o in self.overheads.items()}
         return drv
 
@@ -135,6 +135,10 @@ class PlannedModels:
         else:
             self.executor.lead_us = {p: o.lead_us for p, o in self.overheads.items()}
         self._kick_loop()
+
+    def _lead_learned(self, extra_us: float) -> None:
+        """The executor measured a larger send-to-compute lead under load: the core's clock leads by it too."""
+        self.driver.extra_lead_us = extra_us
 
     def _vgpu_changed(self, srv: VGpuServer, up: bool, why: str) -> None:
         self.metrics.vgpu_up.labels(srv.id).set(1 if up else 0)
