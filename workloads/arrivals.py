@@ -28,16 +28,14 @@ Every generator is scaled to the requested mean rate.
 
 from __future__ import annotations
 
-import csv
-import os
-import warnings
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
 from poolpipe_common.errors import InputError
+from workloads.azure_functions import maf19_arrivals, maf21_arrivals
+from workloads.replay import replay_arrivals, replay_start, replay_trace
 
 TRACES_DIR = Path(__file__).resolve().parents[1] / "data" / "traces"
 REPLAY_SHORTCUTS = {
@@ -121,217 +119,6 @@ def _gamma(rate: float, duration_s: float, cv: float, rng: np.random.Generator) 
     return np.concatenate(out)
 
 
-@lru_cache(maxsize=8)
-def _maf19_counts(path: str) -> np.ndarray:
-    """Per-minute counts, one row per function (file order)."""
-    rows = []
-    try:
-        with open(path, newline="") as f:
-            reader = csv.reader(f)
-            header = next(reader, None)
-            if not header or len(header) < 5 or header[4] != "1":
-                raise InputError(f"{path}: not a MAF 2019 per-minute file (header "
-                                 "HashOwner,HashApp,HashFunction,Trigger,1,2,...)")
-            for i, row in enumerate(reader, 2):
-                try:
-                    rows.append([float(x) for x in row[4:]])
-                except ValueError:
-                    raise InputError(f"{path}:{i}: per-minute counts must be numbers") from None
-    except (OSError, UnicodeDecodeError, csv.Error) as e:
-        raise InputError(f"cannot read trace {path}: {getattr(e, 'strerror', None) or e}") from None
-    if not rows:
-        raise InputError(f"{path}: no functions in the trace")
-    width = max(len(r) for r in rows)
-    return np.array([r + [0.0] * (width - len(r)) for r in rows])
-
-
-@lru_cache(maxsize=8)
-def _maf21_invocations(path: str) -> tuple[np.ndarray, np.ndarray]:
-    """(function index, start time in s) per invocation, functions numbered in order of appearance."""
-    funcs: dict[tuple[str, str], int] = {}
-    fidx, starts = [], []
-    try:
-        with open(path, newline="") as f:
-            reader = csv.DictReader(f)
-            need = {"app", "func", "end_timestamp", "duration"}
-            if not reader.fieldnames or not need <= set(reader.fieldnames):
-                raise InputError(f"{path}: not a MAF 2021 invocation file (header app,func,end_timestamp,duration)")
-            for i, row in enumerate(reader, 2):
-                try:
-                    start = float(row["end_timestamp"]) - float(row["duration"])
-                except ValueError:
-                    raise InputError(f"{path}:{i}: end_timestamp and duration must be numbers") from None
-                fidx.append(funcs.setdefault((row["app"], row["func"]), len(funcs)))
-                starts.append(start)
-    except (OSError, UnicodeDecodeError, csv.Error) as e:
-        raise InputError(f"cannot read trace {path}: {getattr(e, 'strerror', None) or e}") from None
-    if not starts:
-        raise InputError(f"{path}: no invocations in the trace")
-    return np.array(fidx), np.array(starts)
-
-
-def _maf19(path: str, rate: float, duration_s: float, model_index: int, n_models: int,
-           rng: np.random.Generator, bucket_s: float) -> np.ndarray:
-    counts = _maf19_counts(path)
-    mine = counts[model_index % n_models::n_models] if counts.shape[0] > model_index % n_models else counts
-    per_minute = mine.sum(axis=0)
-    buckets = int(np.ceil(duration_s / bucket_s))
-    if per_minute.sum() <= 0:
-        raise InputError(f"{path}: the functions assigned to model #{model_index} have no invocations")
-    shape = np.resize(per_minute, buckets)  # wraps around when the run is longer than the trace
-    if shape.sum() <= 0:
-        shape = np.ones(buckets)
-    rates = rate * shape / shape.mean()
-    out = []
-    for i, r in enumerate(rates):
-        lo = i * bucket_s
-        hi = min(duration_s, lo + bucket_s)
-        n = rng.poisson(r * (hi - lo))
-        out.append(rng.uniform(lo, hi, n))
-    return np.sort(np.concatenate(out)) if out else np.zeros(0)
-
-
-def _maf21(path: str, rate: float, duration_s: float, model_index: int, n_models: int) -> np.ndarray:
-    fidx, starts = _maf21_invocations(path)
-    sel = starts[fidx % n_models == model_index % n_models]
-    if sel.size < 2:
-        sel = starts
-    sel = np.sort(sel)
-    span = max(sel[-1] - sel[0], 1e-9)
-    if sel.size < 2 or (sel.size - 1) / span >= rate:
-        return _stretched(sel - sel[0], rate, duration_s)
-    return _folded(sel, rate, duration_s)
-
-
-def _folded(starts: np.ndarray, rate: float, duration_s: float) -> np.ndarray:
-    """The PPipe artifact's scaling: fold the start times modulo (n - 1) / rate and replay the folded
-    inter-arrival gaps cyclically from t = 0 (about ``rate`` on average)."""
-    segment = (starts.size - 1) / rate
-    folded = np.sort(np.mod(starts, segment))
-    # the gaps between folded starts, and the wrap from the last back to the first one segment later
-    # (the artifact omits the wrap, which only matters when the folded segment is sparse)
-    gaps = np.append(np.diff(folded), segment - folded[-1] + folded[0])
-    if gaps.sum() <= 0:
-        return np.zeros(0)
-    reps = int(np.ceil(duration_s / gaps.sum())) + 1
-    times = np.concatenate(([0.0], np.cumsum(np.tile(gaps, reps))))
-    return times[times < duration_s]
-
-
-def _stretched(sel: np.ndarray, rate: float, duration_s: float) -> np.ndarray:
-    """Slow the trace down so that its mean rate is ``rate``, tiled to cover the run."""
-    span = max(sel[-1], 1e-9)
-    scaled = sel * ((sel.size / span) / rate)
-    period = scaled[-1] + 1.0 / rate
-    reps = int(np.ceil(duration_s / period)) + 1
-    tiled = np.concatenate([scaled + i * period for i in range(reps)])
-    return tiled[tiled < duration_s]
-
-
-def replay_trace(path: str) -> np.ndarray:
-    """Arrival times in seconds since the file's first arrival, checked; cached while the file is unchanged."""
-    st = os.stat(path)
-    return _replay_file(path, st.st_mtime_ns, st.st_size)
-
-
-@lru_cache(maxsize=8)
-def _replay_file(path: str, _mtime_ns: int, _size: int) -> np.ndarray:
-    where = f"--trace replay:{path}"
-    try:
-        with open(path, newline="") as f:
-            reader = csv.reader(f)
-            rows = [(reader.line_num, r) for r in reader if any(c.strip() for c in r)]
-    except (OSError, UnicodeDecodeError, csv.Error) as e:
-        raise InputError(f"{where}: cannot read the file: {getattr(e, 'strerror', None) or e}") from None
-    lines, times = _timestamps(rows, where)
-    return _checked(lines, times, where)
-
-
-def _timestamps(rows: list[tuple[int, list[str]]], where: str) -> tuple[np.ndarray, np.ndarray]:
-    """(line numbers, times in s) of a TIMESTAMP column of dates or of a one-column file of seconds."""
-    header = [c.strip().upper() for c in rows[0][1]] if rows else []
-    if "TIMESTAMP" in header:
-        col = header.index("TIMESTAMP")
-        cells = [(n, r[col].strip() if col < len(r) else "") for n, r in rows[1:]]
-        return np.array([n for n, _ in cells], dtype=int), _dates(cells, where)
-    if rows and len(rows[0][1]) == 1 and not _is_number(rows[0][1][0]):
-        rows = rows[1:]  # the header of a one-column file
-    out = []
-    for n, r in rows:
-        cells = [c.strip() for c in r if c.strip()]
-        if len(cells) != 1 or not _is_number(cells[0]):
-            raise InputError(f"{where}: line {n}: expected one arrival time in seconds per line "
-                             f"(or a TIMESTAMP column of dates), got {','.join(r)[:60]!r}")
-        out.append(float(cells[0]))
-    return np.array([n for n, _ in rows], dtype=int), np.array(out, dtype=float)
-
-
-def _is_number(text: str) -> bool:
-    try:
-        return bool(np.isfinite(float(text)))
-    except ValueError:
-        return False
-
-
-def _dates(cells: list[tuple[int, str]], where: str) -> np.ndarray:
-    """Seconds since the first date, to the nanosecond (dates like ``2023-11-16 18:17:03.9799600``)."""
-    texts = [text.replace(" ", "T", 1) if text else "NaT" for _, text in cells]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # a zone suffix: numpy converts to UTC
-        try:
-            stamps = np.array(texts, dtype="datetime64[ns]")
-        except ValueError:
-            stamps = np.array([_date_or_nat(t) for t in texts], dtype="datetime64[ns]")
-    bad = np.flatnonzero(np.isnat(stamps))
-    if bad.size:
-        n, text = cells[bad[0]]
-        raise InputError(f"{where}: line {n}: TIMESTAMP {text!r} is not a date like 2023-11-16 18:17:03.97996")
-    if not len(stamps):
-        return np.zeros(0)
-    return (stamps - stamps[0]).astype("int64") / 1e9
-
-
-def _date_or_nat(text: str) -> np.datetime64:
-    try:
-        return np.datetime64(text, "ns")
-    except ValueError:
-        return np.datetime64("NaT")
-
-
-def _checked(lines: np.ndarray, times: np.ndarray, where: str) -> np.ndarray:
-    """At least 2 arrivals, never earlier than the one before, spanning some time; origin at the first."""
-    if times.size < 2:
-        raise InputError(f"{where}: {times.size} arrival(s); a replay needs at least 2")
-    back = np.flatnonzero(np.diff(times) < 0)
-    if back.size:
-        raise InputError(f"{where}: line {lines[back[0] + 1]}: the arrival is earlier than the one before "
-                         "(times must not decrease)")
-    if times[-1] <= times[0]:
-        raise InputError(f"{where}: all {times.size} arrivals are at one instant; a replay needs a time span")
-    return times - times[0]
-
-
-def replay_gaps(times: np.ndarray) -> np.ndarray:
-    """One cycle of a trace as n gaps: its n - 1 inter-arrival times, then the wrap to its start (the mean gap)."""
-    gaps = np.diff(times)
-    return np.append(gaps, gaps.mean())
-
-
-def replay_start(n: int, seed: int, model_index: int = 0, n_models: int = 1) -> int:
-    """The arrival a replay starts at: the first for seed 0, a seed-chosen one otherwise; model i of m i/m later."""
-    base = 0 if seed == 0 else int(np.random.default_rng(seed).integers(n))
-    return (base + (model_index % n_models) * n // n_models) % n
-
-
-def replay_arrivals(times: np.ndarray, rate: float, duration_s: float, start: int = 0) -> np.ndarray:
-    """A trace's arrivals from arrival ``start`` on, in [0, duration_s), cyclic, its gaps scaled to mean 1 / rate."""
-    gaps = np.roll(replay_gaps(times), -start)
-    gaps = gaps / (gaps.mean() * rate)  # x (trace rate / target rate): the shape is kept
-    reps = int(np.ceil(duration_s / gaps.sum())) + 1
-    out = np.concatenate(([0.0], np.cumsum(np.tile(gaps, reps))))
-    return out[out < duration_s]
-
-
 def arrival_times(trace: TraceSpec | str, rate_rps: float, duration_s: float, seed: int = 0,
                   model_index: int = 0, n_models: int = 1, bucket_s: float = 1.0) -> np.ndarray:
     """Sorted arrival times in seconds in [0, duration_s) with mean rate ``rate_rps`` for one model."""
@@ -344,9 +131,9 @@ def arrival_times(trace: TraceSpec | str, rate_rps: float, duration_s: float, se
     if spec.kind == "bursty":
         return _gamma(rate_rps, duration_s, spec.cv, rng)
     if spec.kind == "maf19":
-        return _maf19(spec.path, rate_rps, duration_s, model_index, n_models, rng, bucket_s)
+        return maf19_arrivals(spec.path, rate_rps, duration_s, model_index, n_models, rng, bucket_s)
     if spec.kind == "maf21":
-        return _maf21(spec.path, rate_rps, duration_s, model_index, n_models)
+        return maf21_arrivals(spec.path, rate_rps, duration_s, model_index, n_models)
     if spec.kind == "replay":
         times = replay_trace(spec.path)
         return replay_arrivals(times, rate_rps, duration_s, replay_start(times.size, seed, model_index, n_models))
