@@ -30,7 +30,7 @@ from planner.spec.planning_spec import PlanningSpec
 from profiling.interference import InterferenceModel
 from profiling.reference_memory import with_estimated_memory
 from scheduler.sim.sweep import TARGET_ATTAINMENT, PointJob, run_point
-from scheduler.sim.workloads import TraceSpec
+from workloads.arrivals import TraceSpec
 
 ASSUMED = InterferenceModel(0.02, 2.0, 0.0, 0, 0.0, "assumed for the benchmark (no GPU co-run data)")
 SCENARIOS = (  # (models of a maf reference entry, cluster)

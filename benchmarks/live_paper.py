@@ -23,7 +23,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from poolpipe.live_paper import PaperRun, run_all
+from poolpipe.paper_experiment import PaperRun, run_all
 
 # Two families: a one-stage detector and a classification CNN, at SLOs where the T4 cannot serve the
 # whole model alone (so np idles the T4s and ppipe pools them).

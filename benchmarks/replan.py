@@ -31,7 +31,7 @@ from runtime.testbed import REFERENCE_DIR
 from scheduler.core.replan_trigger import ReplanConfig
 from scheduler.sim.mix_shift import shifting_arrivals, step_change
 from scheduler.sim.replan import Migration, ShiftResult, simulate_shifting, spec_planner
-from scheduler.sim.workloads import parse_trace
+from workloads.arrivals import parse_trace
 
 MODELS = ("googlenet-v3-pytorch", "repvgg-b3")
 
@@ -200,7 +200,7 @@ def main() -> None:
     ap.add_argument("--step-s", type=float, default=30.0, help="when the mix shifts (default 30 s)")
     ap.add_argument("--load", type=float, default=0.7, help="total rate as a fraction of the first plan's (0.7)")
     ap.add_argument("--ratio-after", default="1:3", help="rate ratio of the two models after the shift (1:3)")
-    ap.add_argument("--trace", default="poisson", help="arrival process per phase (scheduler.sim.workloads)")
+    ap.add_argument("--trace", default="poisson", help="arrival process per phase (workloads.arrivals)")
     ap.add_argument("--window-s", type=float, default=5.0, help="attainment window (default 5 s)")
     ap.add_argument("--cooldown-s", type=float, default=20.0, help="no re-plan this soon after another (20 s)")
     ap.add_argument("--rate-window-s", type=float, default=2.0, help="the trigger counts arrivals per window (2 s)")

@@ -34,7 +34,7 @@ from planner.ppipe.reference_plans import (
 )
 from planner.request import PlanRequest
 from scheduler.sim.sweep import TARGET_ATTAINMENT, PointJob, run_point
-from scheduler.sim.workloads import parse_trace
+from workloads.arrivals import parse_trace
 
 CLUSTERS = [("L4", "P4"), ("L4", "T4"), ("V100", "P4"), ("V100", "T4")]
 PLANNERS = ["ppipe", "np", "dart-r"]

@@ -34,7 +34,7 @@ from scheduler.core.driver import DriverConfig
 from scheduler.core.latency_dist import QuantileDist
 from scheduler.core.topology import Pipeline, Stage, Topology, VGpu
 from scheduler.sim.engine import simulate
-from scheduler.sim.workloads import mixed_arrivals
+from workloads.arrivals import mixed_arrivals
 
 MODEL = "bart"
 P99_US = 100_000.0  # P99 of a request's solo latency (the distribution is scale-free)

@@ -31,7 +31,7 @@ from locust.shape import LoadTestShape  # noqa: E402
 from loadtest.payload import request_inputs  # noqa: E402
 from loadtest.summary import RunSummary  # noqa: E402
 from poolpipe_common.errors import InputError  # noqa: E402
-from scheduler.sim.workloads import arrival_times  # noqa: E402
+from workloads.arrivals import arrival_times  # noqa: E402
 
 TRACE_HELP = ("arrival process: poisson | bursty[:CV] | maf19:FILE | maf21:FILE | replay:FILE. replay: real "
               "arrivals (a CSV with a TIMESTAMP column, or seconds one per line) scaled to --rate keeping their "

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from poolpipe_common.errors import InputError
-from scheduler.sim.workloads import parse_trace
+from workloads.arrivals import parse_trace
 
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
 REPO_ROOT = LOCUSTFILE.parent.parent

@@ -40,7 +40,7 @@ class DemoOptions:
     slo_factor: float = 3.0  # part 2: SLO = this x the model's batch-1 latency on a whole L4
     l4: int = 4
     t4: int = 12
-    time_scale: float = 0.0  # 0 = auto (poolpipe.live_paper.PaperExperiment.auto_time_scale)
+    time_scale: float = 0.0  # 0 = auto (poolpipe.paper_experiment.PaperExperiment.auto_time_scale)
     load_factors: tuple[float, ...] = (0.4, 0.55, 0.7, 0.85)
     duration_s: float = 12.0
     seed: int = 0
@@ -255,8 +255,8 @@ def _infer(mod: Any, client: Any, info: Any, x: Any) -> list[Any]:
 
 
 def _paper(opts: DemoOptions, out: Path, result: DemoResult, console) -> None:
-    """Part 2 (poolpipe.live_paper) at the demo's load factors; its records become ``result.runs``."""
-    from poolpipe.live_paper import PaperExperiment, PaperRun
+    """Part 2 (poolpipe.paper_experiment) at the demo's load factors; its records become ``result.runs``."""
+    from poolpipe.paper_experiment import PaperExperiment, PaperRun
 
     run = PaperRun(opts.paper_model, opts.slo_factor, opts.l4, opts.t4, trace="poisson", duration_s=opts.duration_s,
                    seed=opts.seed, time_scale=opts.time_scale, grid=tuple(sorted(opts.load_factors)))

@@ -12,7 +12,7 @@ LABELS = {"ppipe": "poolpipe (ppipe plan, sidecar)", "np": "NP (np plan, sidecar
 
 def max_load_at(runs: list[dict[str, Any]], system: str) -> float:
     """Largest tested load factor with >= 99 % attainment before the first one below it."""
-    from poolpipe.live_paper import max_passing
+    from poolpipe.paper_experiment import max_passing
 
     return max_passing({r["load_factor"]: r["attainment"] for r in runs if r["system"] == system})
 

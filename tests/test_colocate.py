@@ -18,7 +18,7 @@ from poolpipe_common.errors import InputError
 from profiling.interference import InterferenceModel
 from profiling.reference_memory import with_estimated_memory
 from scheduler.sim.sweep import PointJob, run_point
-from scheduler.sim.workloads import TraceSpec
+from workloads.arrivals import TraceSpec
 
 STRONG = InterferenceModel(0.02, 8.0, 0.0)  # strong enough that co-runners matter on one GPU
 OPTS = SolverOptions("highs", 20.0, 1e-3)

@@ -3,16 +3,18 @@ injects what the live executor meets (late servers, late wake-ups, failing serve
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler.core import make_scheduler
 from scheduler.core.api import Dispatch, StageAssignment, StepResult
-from scheduler.core.driver import Driver, DriverConfig
+from scheduler.core.driver import Action, Driver, DriverConfig, NextStep, StageOutcome
 from scheduler.core.topology import Pipeline, Stage, Topology, VGpu
 from scheduler.sim.engine import Fault, Overheads, simulate
-from scheduler.sim.workloads import mixed_arrivals
+from workloads.arrivals import mixed_arrivals
 
 SLO_US = 40_000.0
 
@@ -101,8 +103,8 @@ class _Recorder:
         self.executed: list[tuple[Dispatch, list]] = []
         self.rejected: list[tuple[object, str, bool]] = []
 
-    def execute(self, dispatch, items):
-        self.executed.append((dispatch, items))
+    def execute(self, dispatch, items, report):
+        self.executed.append((dispatch, items, report))
 
     def reject(self, item, model, reason, *, failure=False):
         self.rejected.append((item, reason, failure))
@@ -158,16 +160,36 @@ def test_every_item_ends_exactly_once_whatever_fails(n, attempts, fails):
         drv.step(t)
         if not ex.executed:
             break
-        d, items = ex.executed.pop()
+        d, items, report = ex.executed.pop()
         if k < fails:
-            drv.failed(d, items, t, "vGPU a0 failed")
+            assert report(StageOutcome(d, 0, t, failed="vGPU a0 failed", wanted=items)).action is Action.STOP
         else:
-            drv.completed(d, t)
+            assert report(StageOutcome(d, 0, t, (t - 1000.0, t))).action is Action.FINISH
             done.extend(items)
     rejected = [i for i, _, failure in ex.rejected if failure]
     assert sorted(done + rejected) == list(range(n))
     assert not drv.tickets and drv.queue_lengths() == {"m": 0}
     assert (len(rejected) == n) == (fails >= attempts)
+
+
+def test_one_report_per_stage_says_what_follows():
+    """The executor's one call into the driver: a stage before the last answers NEXT_STAGE (its measured interval
+    reaches the core), the last FINISH (the dispatch is complete: lateness learned), a given-up dispatch STOP."""
+    ex, core = _Recorder(), _OneShot()
+    drv = Driver(core, two_stage_topology(), ex, DriverConfig.live())
+    drv.submit("x", "m", 0.0, SLO_US)
+    drv.step(0.0)
+    d, items, report = ex.executed.pop()
+    d = replace(d, stages=[*d.stages, StageAssignment(1, "b0", d.completion_us, d.completion_us + 1000.0)])
+    assert report(StageOutcome(d, 0, 1000.0, (100.0, 900.0))).action is Action.NEXT_STAGE
+    assert core.reported == [(d.id, 0, 100.0, 900.0)] and drv.learned == 0
+    assert report(StageOutcome(d, 1, 2500.0, (1500.0, 2400.0))).action is Action.FINISH
+    assert core.reported[-1] == (d.id, 1, 1500.0, 2400.0) and drv.learned == 1
+    drv.submit("y", "m", 3000.0, 3000.0 + SLO_US)
+    drv.step(3000.0)
+    d, items, report = ex.executed.pop()
+    assert report(StageOutcome(d, 0, 3500.0, gave_up=True)) == NextStep(Action.STOP)
+    assert drv.learned == 1 and not ex.rejected and not drv.tickets
 
 
 def test_a_bursts_lateness_is_forgotten_after_the_horizon():
@@ -179,8 +201,8 @@ def test_a_bursts_lateness_is_forgotten_after_the_horizon():
     def batch(t: float, late_us: float) -> None:
         drv.submit(object(), "m", t, t + SLO_US)
         drv.step(t)
-        d, _ = ex.executed.pop()
-        drv.completed(d, d.completion_us + late_us)
+        d, _, report = ex.executed.pop()
+        report(StageOutcome(d, 0, d.completion_us + late_us))
 
     for i in range(40):  # a burst: every batch 15 ms late
         batch(i * 1000.0, 15_000.0)

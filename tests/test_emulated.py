@@ -26,7 +26,7 @@ from profiling.reference import import_ppipe_profile
 from runtime.launch import Deployment
 from runtime.sidecar_process import SidecarProcess
 from runtime.tritonserver import TritonProcess
-from scheduler.server.shm_pool import PREFIX
+from scheduler.server.planned.shm_pool import PREFIX
 from tests.conftest import REFERENCE_DIR, run_cli
 from tests.deploy_helpers import make_plan, write_cluster
 

@@ -10,8 +10,8 @@ import pytest
 
 from loadtest.runner import LoadTest, run_loadtest
 from runtime.tritonserver import TritonProcess
-from scheduler.sim.workloads import arrival_times
 from tests.conftest import run_cli
+from workloads.arrivals import arrival_times
 
 MODEL_PY = '''
 import os, sys

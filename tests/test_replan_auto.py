@@ -24,7 +24,7 @@ from profiling.reference import import_ppipe_profile
 from runtime.launch import Deployment, load_host_launch
 from runtime.sidecar_process import SidecarProcess
 from runtime.testbed import REFERENCE_DIR
-from scheduler.server.shm_pool import PREFIX, SHM_DIR
+from scheduler.server.planned.shm_pool import PREFIX, SHM_DIR
 
 pytestmark = pytest.mark.triton
 MODELS = ("googlenet-v3-pytorch", "repvgg-b3")
@@ -164,7 +164,7 @@ def _ready(sc: SidecarProcess) -> bool:
 ])
 def test_replan_settings_are_checked(tmp_path: Path, extra: str, message: str) -> None:
     from poolpipe_common.errors import InputError
-    from scheduler.server.replanner import load_settings
+    from scheduler.server.control.replanner import load_settings
 
     f = tmp_path / "r.yaml"
     f.write_text("spec: spec.json\ncluster: c.json\n" + extra)

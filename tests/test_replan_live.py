@@ -24,7 +24,7 @@ from tritonclient.utils import InferenceServerException
 from runtime.launch import Deployment
 from runtime.sidecar_process import SidecarProcess
 from runtime.testbed import EMULATED_MODEL, build_emulated_deployment
-from scheduler.server.shm_pool import PREFIX, SHM_DIR
+from scheduler.server.planned.shm_pool import PREFIX, SHM_DIR
 
 pytestmark = pytest.mark.triton
 CLIENT_TIMEOUT_S = 20.0  # far beyond the 1 s SLO: a request still unanswered then counts as hung

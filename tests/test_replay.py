@@ -10,18 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from poolpipe_common.errors import InputError
-from scheduler.sim.workloads import (
-    REPLAY_SHORTCUTS,
-    arrival_times,
-    mixed_arrivals,
-    parse_trace,
-    replay_arrivals,
-    replay_gaps,
-    replay_start,
-    replay_trace,
-)
 from tests.conftest import ROOT, run_cli
 from tests.test_sched_sim import reference_plan
+from workloads.arrivals import REPLAY_SHORTCUTS, arrival_times, mixed_arrivals, parse_trace
+from workloads.replay import replay_arrivals, replay_gaps, replay_start, replay_trace
 
 AZURE = ROOT / "data" / "traces" / "azure-llm-2023"
 

@@ -18,8 +18,8 @@ from scheduler.sim.bound import attainment_bound, fluid_attainment, model_bound_
 from scheduler.sim.engine import simulate
 from scheduler.sim.placement import topology_from_plan
 from scheduler.sim.sweep import max_load_factor, parse_load_factors
-from scheduler.sim.workloads import arrival_times, mixed_arrivals, parse_trace
 from tests.conftest import run_cli
+from workloads.arrivals import arrival_times, mixed_arrivals, parse_trace
 
 
 def reference_plan(planner: str = "ppipe", cluster: tuple[str, str] = ("L4", "T4"), group: int = 0):

@@ -25,7 +25,7 @@ from model_repository_gen import triton_config as tc
 from runtime.app_testbed import CLASSES, CLS, DET, FAN_OUT, FEATURES, IMAGE, build_app_deployment
 from runtime.launch import Deployment
 from runtime.sidecar_process import SidecarProcess
-from scheduler.server.shm_pool import PREFIX
+from scheduler.server.planned.shm_pool import PREFIX
 
 pytestmark = pytest.mark.triton
 APP = "traffic"

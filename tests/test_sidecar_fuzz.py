@@ -21,7 +21,7 @@ from loadtest.fuzz_client import cancel_grpc, cancel_http, fuzz_target, send_grp
 from runtime.launch import Deployment
 from runtime.sidecar_process import SidecarProcess
 from runtime.testbed import EMULATED_MODEL, build_emulated_deployment
-from scheduler.server.shm_pool import PREFIX
+from scheduler.server.planned.shm_pool import PREFIX
 
 pytestmark = pytest.mark.triton
 TIMEOUT_S = 15.0

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from runtime.launch import Deployment
 from runtime.sidecar_process import SidecarProcess
 from runtime.testbed import EMULATED_MODEL, build_emulated_deployment
-from scheduler.server.metrics import SidecarMetrics
+from scheduler.server.common.metrics import SidecarMetrics
 
 pytestmark = pytest.mark.triton
 

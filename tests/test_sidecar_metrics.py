@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from scheduler.server.metrics import ATTAINMENT_WINDOW, SidecarMetrics
+from scheduler.server.common.metrics import ATTAINMENT_WINDOW, SidecarMetrics
 
 
 def _gauge(m: SidecarMetrics, name: str, model: str) -> float:

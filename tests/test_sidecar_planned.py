@@ -30,7 +30,7 @@ from runtime.launch import Deployment
 from runtime.sidecar_process import SidecarProcess
 from runtime.testbed import build_deployment
 from scheduler.core.overheads import Overheads
-from scheduler.server.shm_pool import PREFIX
+from scheduler.server.planned.shm_pool import PREFIX
 
 pytestmark = pytest.mark.triton
 MODEL = "resnet"
@@ -365,7 +365,7 @@ def test_hosts_at_one_address_share_a_machine_for_shm(testbed: dict) -> None:
     """Cluster files list one host per GPU type; two such hosts at one address are one machine."""
     from dataclasses import replace
 
-    from scheduler.server.fleet import machines
+    from scheduler.server.planned.fleet import machines
 
     m = testbed["manifest"]
     assert machines(m) == {"hostA": "hostA", "hostB": "hostB"}  # 127.0.0.1 and 127.0.0.2

@@ -15,8 +15,8 @@ from model_repository_gen.manifest import load_manifest
 from runtime.launch import Deployment
 from runtime.sidecar_process import SidecarProcess
 from runtime.testbed import EMULATED_MODEL, build_emulated_deployment
-from scheduler.server.manifest_topology import topology_from_manifest
-from scheduler.server.shm_pool import PREFIX
+from scheduler.server.planned.manifest_topology import topology_from_manifest
+from scheduler.server.planned.shm_pool import PREFIX
 from tests.test_emulated import expected_chain
 
 pytestmark = pytest.mark.triton

@@ -16,9 +16,9 @@ from poolpipe_common.errors import InputError
 from profiling.reference import import_ppipe_profile
 from profiling.zoo import build_zoo_model
 from scheduler.sim.simulate_cli import load_overheads
-from scheduler.sim.workloads import arrival_times
 from tests.conftest import REFERENCE_DIR, run_cli
 from tests.deploy_helpers import make_plan, make_profile, write_cluster
+from workloads.arrivals import arrival_times
 
 SPEC = """cluster:
   gpus: {L4: 1, T4: 2}

@@ -25,8 +25,8 @@ from scheduler.core.driver import DriverConfig
 from scheduler.core.latency_dist import PriorityScore, QuantileDist, TabulatedScore, max_of
 from scheduler.core.topology import Pipeline, Stage, Topology, VGpu
 from scheduler.sim.engine import simulate
-from scheduler.sim.workloads import mixed_arrivals
 from tests.conftest import REFERENCE_DIR
+from workloads.arrivals import mixed_arrivals
 
 LEVELS = tuple(float(x) for x in np.linspace(0, 1, 41))
 

@@ -5,15 +5,19 @@ enqueueing with a deadline margin, stepping the core ahead of the clock by the e
 snapping late wake-ups, answering drops, handing dispatches to the executor, reporting measured stage
 timings back (feedback), learning how late batches finish against the core's prediction (the margin),
 and retrying the requests of a batch whose server failed. An executor (virtual in the simulator, Triton
-calls in the sidecar) only executes: whatever it adds that the profiles do not know (per-hop overhead,
-lateness) reaches the core through these same paths, so the simulator predicts what the sidecar does.
+calls in the sidecar) only executes: it holds no driver, and reports each stage of a dispatch through one
+call, ``on_stage_done(StageOutcome)``, whose answer (``NextStep``) says what it does with the dispatch next.
+Whatever it adds that the profiles do not know (per-hop overhead, lateness) reaches the core through that
+same path, so the simulator predicts what the sidecar does.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from enum import Enum
 from typing import Any, Protocol
 
 import numpy as np
@@ -75,11 +79,47 @@ class Ticket:
     attempts: int = 0
 
 
+@dataclass(frozen=True)
+class StageOutcome:
+    """What became of one stage of a dispatch: the executor's one report to the driver (executor clock).
+
+    ``compute_us``: the stage's measured compute interval (None: not measured). ``failed``: the stage's server
+    failed (why); the driver retries or rejects the ``wanted`` items (those whose callers still wait).
+    ``gave_up``: the executor abandoned the dispatch (no caller waits, or it answered them itself): nothing to
+    learn from it."""
+
+    dispatch: Dispatch
+    index: int  # which of dispatch.stages
+    now_us: float
+    compute_us: tuple[float, float] | None = None
+    failed: str | None = None
+    wanted: Sequence[Any] = ()
+    gave_up: bool = False
+
+
+class Action(Enum):
+    NEXT_STAGE = "next_stage"  # run the dispatch's next stage
+    FINISH = "finish"  # its work is done: hand the outputs on (answer the calls, or carry them to the next dispatch)
+    STOP = "stop"  # it ended without outputs; the driver re-enqueued or rejected its items
+
+
+@dataclass(frozen=True)
+class NextStep:
+    """The driver's answer to a StageOutcome."""
+
+    action: Action
+    retried: int = 0  # after a failure: how many items were re-enqueued (the others were rejected)
+
+
+Report = Callable[[StageOutcome], NextStep]
+
+
 class Executor(Protocol):
     """What a driver needs from the side that executes (virtual cluster or Triton servers)."""
 
-    def execute(self, dispatch: Dispatch, items: list[Any]) -> None:
-        """Start running ``dispatch`` (its requests' items, in order); report back through the driver."""
+    def execute(self, dispatch: Dispatch, items: list[Any], report: Report) -> None:
+        """Start running ``dispatch`` (its requests' items, in order); report each stage's outcome to ``report``
+        and follow its answer."""
 
     def reject(self, item: Any, model: str, reason: str, *, failure: bool = False) -> None:
         """Answer ``item`` with an explicit error: the core dropped (shed) it, or (``failure``) a server failed
@@ -105,7 +145,7 @@ class Driver:
         self.tickets: dict[int, Ticket] = {}
         self.wake_us: float | None = None
         self.retries = 0
-        self.extra_lead_us = 0.0  # set by an executor that measures its lead under load (sidecar)
+        self.extra_lead_us = 0.0  # the lead the executor learned under load (the sidecar's planned service sets it)
         self.learned = 0
         self._next_id = 1
         self._in_flight: dict[int, list[Ticket]] = {}
@@ -147,25 +187,29 @@ class Driver:
                 for r in d.requests:
                     del self.tickets[r.id]
             self._in_flight[d.id] = tickets
-            self.executor.execute(d, [tk.item for tk in tickets])
+            self.executor.execute(d, [tk.item for tk in tickets], self.on_stage_done)
         return self.wake_us
 
     # -- feedback from the executor -----------------------------------------------------------------------
-    def stage_done(self, dispatch: Dispatch, stage: int, start_us: float, end_us: float) -> None:
-        """Measured compute interval of one stage (executor clock): corrects the core's tables."""
-        self.scheduler.report(dispatch.id, stage, start_us, end_us)
+    def on_stage_done(self, o: StageOutcome) -> NextStep:
+        """One stage's outcome: a measured interval corrects the core's tables; the last stage completes the
+        dispatch (a final one teaches the margin how late batches run); a failure retries or rejects its items."""
+        d = o.dispatch
+        if o.gave_up:
+            self._in_flight.pop(d.id, None)
+            return NextStep(Action.STOP)
+        if o.failed is not None:
+            return NextStep(Action.STOP, self._failed(d, o.wanted, o.now_us, o.failed))
+        if o.compute_us is not None:
+            self.scheduler.report(d.id, d.stages[o.index].stage, *o.compute_us)
+        if o.index + 1 < len(d.stages):
+            return NextStep(Action.NEXT_STAGE)
+        self._in_flight.pop(d.id, None)
+        if d.final and self.config.learn_lateness:
+            self._learn(d.model, o.now_us - d.completion_us, o.now_us)
+        return NextStep(Action.FINISH)
 
-    def completed(self, dispatch: Dispatch, done_us: float) -> None:
-        """The dispatch's work is done at ``done_us``; a final one teaches the margin how late batches run."""
-        self._in_flight.pop(dispatch.id, None)
-        if dispatch.final and self.config.learn_lateness:
-            self._learn(dispatch.model, done_us - dispatch.completion_us, done_us)
-
-    def forget(self, dispatch: Dispatch) -> None:
-        """The executor gave the dispatch up (its callers left, or it failed for good): nothing to learn."""
-        self._in_flight.pop(dispatch.id, None)
-
-    def failed(self, dispatch: Dispatch, items: list[Any], now_us: float, reason: str) -> int:
+    def _failed(self, dispatch: Dispatch, items: Sequence[Any], now_us: float, reason: str) -> int:
         """A server failed the batch: re-enqueue ``items`` (those still wanted) that have attempts and time
         left, reject the rest; returns how many were retried."""
         tickets = self._in_flight.pop(dispatch.id, [])

@@ -11,10 +11,11 @@ from pathlib import Path
 
 from aiohttp import web
 
-from scheduler.server.grpc_front import start_grpc
-from scheduler.server.http_front import HttpFront, start_http
-from scheduler.server.metrics import SidecarMetrics
-from scheduler.server.router import Router
+from scheduler.server.common.client_shm import ClientShmRegistry
+from scheduler.server.common.metrics import SidecarMetrics
+from scheduler.server.front.grpc_front import start_grpc
+from scheduler.server.front.http_front import HttpFront, start_http
+from scheduler.server.front.router import Router
 
 log = logging.getLogger("poolpipe.sidecar")
 
@@ -41,6 +42,7 @@ class Sidecar:
     def __init__(self, config: SidecarConfig) -> None:
         self.config = config
         self.metrics = SidecarMetrics()
+        self.client_shm = ClientShmRegistry()  # registered through the router, read and written by planned models
         self.planned = None
         self.router: Router | None = None
         self._grpc = None
@@ -50,25 +52,23 @@ class Sidecar:
     async def start(self) -> None:
         c = self.config
         if c.manifest is not None:
-            from scheduler.server.planned import PlannedModels  # noqa: PLC0415
-            from scheduler.server.reload import ReloadablePlanned  # noqa: PLC0415
+            from scheduler.server.control.reload import ReloadablePlanned  # noqa: PLC0415
+            from scheduler.server.planned.service import PlannedModels  # noqa: PLC0415
 
             def open_plan(path: Path, generation: int = 0) -> Awaitable[PlannedModels]:
-                return PlannedModels.create(path, c.policy, self.metrics, c.batch_log, c.overheads_out, c.shard,
-                                            generation)
+                return PlannedModels.create(path, c.policy, self.metrics, self.client_shm, c.batch_log,
+                                            c.overheads_out, c.shard, generation)
             self.planned = ReloadablePlanned(await open_plan(c.manifest), c.manifest, open_plan)
             if c.replan is not None:
-                from scheduler.server.replanner import AutoReplanner, load_settings  # noqa: PLC0415
+                from scheduler.server.control.replanner import AutoReplanner, load_settings  # noqa: PLC0415
                 self.replanner = AutoReplanner(load_settings(c.replan), self.planned, self.metrics)
                 self.replanner.start()
-        self.router = Router(c.passthrough, self.planned, self.metrics)
-        if self.planned is not None:
-            self.planned.client_shm = self.router.shm
+        self.router = Router(c.passthrough, self.planned, self.metrics, self.client_shm)
         await self.router.start()
         self._grpc = await start_grpc(self.router, c.bind, c.grpc_port)
         http_app = HttpFront(self.router).app()
         if self.planned is not None:
-            from scheduler.server.reload import plan_handler, reload_handler  # noqa: PLC0415
+            from scheduler.server.front.admin import plan_handler, reload_handler  # noqa: PLC0415
             http_app.router.add_post("/v2/poolpipe/reload", reload_handler(self.planned, c.bind))
             http_app.router.add_get("/v2/poolpipe/plan", plan_handler(self.planned))
         self._runners.append(await start_http(http_app, c.bind, c.http_port, c.drain_timeout_s))
@@ -107,7 +107,7 @@ class Sidecar:
         await self.start()
         reloads: list[asyncio.Task] = []
         if self.planned is not None:
-            from scheduler.server.reload import reload_on_signal  # noqa: PLC0415
+            from scheduler.server.control.reload import reload_on_signal  # noqa: PLC0415
             loop.add_signal_handler(signal.SIGHUP, lambda: reloads.append(reload_on_signal(self.planned)))
         try:
             await stop.wait()

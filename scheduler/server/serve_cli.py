@@ -47,8 +47,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--replan", type=Path, metavar="FILE",
                    help="re-plan automatically when the measured mix of models leaves the plan's headroom: FILE "
                         "names the planning spec, the cluster file and where to generate (see "
-                        "scheduler/server/replanner.py); the sidecar plans in a worker process, launches the new "
-                        "servers and reloads onto them (needs --manifest)")
+                        "scheduler/server/control/replanner.py); the sidecar plans in a worker process, launches the "
+                        "new servers and reloads onto them (needs --manifest)")
     p.set_defaults(func=run)
 
 
@@ -66,7 +66,7 @@ def config_from_args(args: argparse.Namespace):  # -> SidecarConfig
             raise InputError(f"{flag}: port {port} on {args.bind} is already in use; choose another port")
     if len(set(ports.values())) != len(ports):
         raise InputError("--grpc-port, --http-port and --metrics-port must differ")
-    from scheduler.server.planned import LIVE_POLICIES  # noqa: PLC0415
+    from scheduler.server.planned.service import LIVE_POLICIES  # noqa: PLC0415
 
     if args.policy not in ("auto", *LIVE_POLICIES):
         raise InputError(f"--policy {args.policy}: choose one of auto, {', '.join(LIVE_POLICIES)}")
@@ -77,11 +77,11 @@ def config_from_args(args: argparse.Namespace):  # -> SidecarConfig
         if args.shard:
             raise InputError("--replan and --shard do not combine: a shard re-planning alone would re-plan the "
                              "whole cluster for its share of the load")
-        from scheduler.server.replanner import load_settings  # noqa: PLC0415 (validates now: one-line errors)
+        from scheduler.server.control.replanner import load_settings  # noqa: PLC0415 (validates now: one-line errors)
         load_settings(args.replan)
     if args.manifest is not None:
         from model_repository_gen.manifest import load_manifest  # noqa: PLC0415 (validates now: one-line errors)
-        from scheduler.server.manifest_shard import manifest_shard, parse_shard  # noqa: PLC0415
+        from scheduler.server.planned.manifest_shard import manifest_shard, parse_shard  # noqa: PLC0415
         loaded = load_manifest(args.manifest)
         manifest = args.manifest
         if args.shard:

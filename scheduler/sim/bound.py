@@ -71,7 +71,7 @@ def max_load_factor_bound(topology: Topology, trace, rates_rps: dict[str, float]
                           grid: float, lf_max: float, target: float = 0.99) -> dict[str, float]:
     """Per model, the largest load factor on the grid (every smaller one passing too) at which the fluid
     bound still reaches ``target`` attainment: no policy can sustain more on these arrivals."""
-    from scheduler.sim.workloads import mixed_arrivals
+    from workloads.arrivals import mixed_arrivals
 
     best = {m: 0.0 for m in rates_rps}
     open_ = set(rates_rps)

@@ -12,10 +12,10 @@ from typing import Any
 import numpy as np
 
 from scheduler.core.api import Scheduler
-from scheduler.core.driver import Driver, DriverConfig
+from scheduler.core.driver import DriverConfig
 from scheduler.core.overheads import Overheads
 from scheduler.core.topology import Topology
-from scheduler.sim.virtual import Batch, Fault, VirtualExecutor, utilization
+from scheduler.sim.virtual import Batch, Fault, VirtualRun, utilization
 
 __all__ = ["Batch", "Fault", "ModelStats", "Overheads", "SimResult", "simulate"]
 
@@ -104,11 +104,10 @@ def simulate(topology: Topology, scheduler: Scheduler, arrivals: Sequence[tuple[
     ``DriverConfig.live()`` and the live ``overheads`` to predict what the sidecar does). ``interference``
     (scheduler.sim.interference) slows each batch of a co-located plan by what runs beside it."""
     out = _Outcomes(list(topology.pipelines), arrivals, topology.slo_us)
-    ex = VirtualExecutor(topology, duration_us, noise_cv=noise_cv, seed=seed, overheads=overheads, faults=faults,
-                         record_timeline=record_timeline, on_done=out.done, on_reject=out.dropped,
-                         interference=interference)
-    drv = Driver(scheduler, topology, ex, driver or DriverConfig.ideal())
-    ex.driver = drv
+    run = VirtualRun(topology, scheduler, driver or DriverConfig.ideal(), duration_us, noise_cv=noise_cv, seed=seed,
+                     overheads=overheads, faults=faults, record_timeline=record_timeline, on_done=out.done,
+                     on_reject=out.dropped, interference=interference)
+    ex, drv = run.executor, run.driver
     dispatch_us: list[float] = []
     n_arr, ai = len(arrivals), 0
     next_progress = 0.0

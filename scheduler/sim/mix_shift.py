@@ -1,13 +1,13 @@
 """Time-varying model mixes for the simulator: phases of per-model rates (a scripted step change of the
 ratio between models, or per-model shifts over a replayed trace), each phase's arrivals drawn from one of
-the workloads of scheduler.sim.workloads at that phase's rates."""
+the workloads of workloads.arrivals at that phase's rates."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from poolpipe_common.errors import InputError
-from scheduler.sim.workloads import TraceSpec, arrival_times
+from workloads.arrivals import TraceSpec, arrival_times
 
 
 @dataclass(frozen=True)

@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING
 from planner.plan_json import Plan
 from planner.spec.planning_spec import PlanningSpec
 from scheduler.core import make_scheduler
-from scheduler.core.driver import Driver, DriverConfig
+from scheduler.core.driver import DriverConfig
 from scheduler.core.replan_trigger import ReplanConfig, ReplanDecision, ReplanTrigger
 from scheduler.sim.engine import _Outcomes
 from scheduler.sim.placement import topology_from_plan
-from scheduler.sim.virtual import WAKE, VirtualExecutor
+from scheduler.sim.virtual import WAKE, VirtualRun
 
 if TYPE_CHECKING:
     from planner.request import PlanRequest
@@ -72,9 +72,9 @@ class _Generation:
                  seed: int) -> None:
         self.plan = plan
         topo = topology_from_plan(plan)
-        self.ex = VirtualExecutor(topo, duration_us, seed=seed, on_done=out.done, on_reject=out.dropped)
-        self.driver = Driver(make_scheduler(policy, topo), topo, self.ex, config)
-        self.ex.driver = self.driver
+        run = VirtualRun(topo, make_scheduler(policy, topo), config, duration_us, seed=seed, on_done=out.done,
+                         on_reject=out.dropped)
+        self.ex, self.driver = run.executor, run.driver
 
     def in_flight(self) -> bool:
         return any(e[2] != WAKE for e in self.ex.heap)

@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         run_point,
         sweep,
     )
-    from scheduler.sim.workloads import parse_trace
+    from workloads.arrivals import parse_trace
 
     plan = load_plan(args.plan)
     reference = load_plan(args.reference_plan) if args.reference_plan else plan

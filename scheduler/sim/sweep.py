@@ -15,7 +15,7 @@ from poolpipe_common.errors import InputError
 from scheduler.core.driver import DriverConfig
 from scheduler.core.overheads import Overheads
 from scheduler.core.topology import with_stage_overhead
-from scheduler.sim.workloads import TraceSpec, mixed_arrivals
+from workloads.arrivals import TraceSpec, mixed_arrivals
 
 TARGET_ATTAINMENT = 0.99
 DRIVERS = ("ideal", "live")

@@ -8,7 +8,9 @@ distribution (a variable-latency model) instead draws each request's level u onc
 stage) and runs the batch for the distribution's latency at the largest u in it (padded to the longest). What a live
 executor adds on top (``Overheads``: a lead from send to compute, a tail from compute end to the
 response, late wake-ups of the driver) and failing servers (``Fault``) can be given, so that the shared
-driver's margin learning and retries act here as they do live.
+driver's margin learning and retries act here as they do live. As live, the executor holds no driver: each
+stage's outcome goes to the report the driver gave with the dispatch, and a fault's vGPU going down or coming
+back goes to the owner's ``on_vgpu_change`` (``VirtualRun`` relays it to its driver, as the sidecar's fleet does).
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from scheduler.core.api import Dispatch
-from scheduler.core.driver import Driver
+from scheduler.core.api import Dispatch, Scheduler
+from scheduler.core.driver import Action, Driver, DriverConfig, Report, StageOutcome
 from scheduler.core.overheads import Overheads
 from scheduler.core.topology import Pipeline, Topology
 
@@ -55,12 +57,13 @@ class Batch:
 class _Flight:
     """A dispatched batch moving through its stages."""
 
-    __slots__ = ("d", "pipeline", "items", "starts")
+    __slots__ = ("d", "pipeline", "items", "report", "starts")
 
-    def __init__(self, d: Dispatch, pipeline: Pipeline, items: list[Any]) -> None:
+    def __init__(self, d: Dispatch, pipeline: Pipeline, items: list[Any], report: Report) -> None:
         self.d = d
         self.pipeline = pipeline
         self.items = items
+        self.report = report
         self.starts: list[float] = [0.0] * len(d.stages)
 
 
@@ -81,7 +84,7 @@ class VirtualExecutor:
     def __init__(self, topology: Topology, duration_us: float, *, noise_cv: float = 0.0, seed: int = 0,
                  overheads: Overheads | None = None, faults: Sequence[Fault] = (), record_timeline: bool = False,
                  on_done: Callable[[Any, float], None], on_reject: Callable[[Any, str, str], None],
-                 interference: Any = None) -> None:
+                 on_vgpu_change: Callable[[str, bool, float], None], interference: Any = None) -> None:
         self.topology = topology
         self.duration_us = duration_us
         self.rng = np.random.default_rng(seed + 7919)
@@ -99,8 +102,8 @@ class VirtualExecutor:
         self.paths: dict[int, list[str]] = {}
         self.on_done = on_done
         self.on_reject = on_reject
+        self.on_vgpu_change = on_vgpu_change  # (vgpu, up, now): a fault took it down (heard at a failed stage) or ended
         self.interference = interference  # co-located plans: scheduler.sim.interference.CoRunInterference
-        self.driver: Driver | None = None
         self.batch_sizes: Counter = Counter()
         self.dispatches = 0
         self.now = 0.0
@@ -113,8 +116,8 @@ class VirtualExecutor:
             self.push(f.until_us, UP, f.vgpu, 0)
 
     # -- the Executor protocol ------------------------------------------------------------------------------
-    def execute(self, dispatch: Dispatch, items: list[Any]) -> None:
-        fl = _Flight(dispatch, self.pipeline_of[dispatch.pipeline_id], items)
+    def execute(self, dispatch: Dispatch, items: list[Any], report: Report) -> None:
+        fl = _Flight(dispatch, self.pipeline_of[dispatch.pipeline_id], items, report)
         self.dispatches += 1
         self.batch_sizes[len(items)] += 1
         if self.record_timeline:
@@ -163,11 +166,7 @@ class VirtualExecutor:
                 self.down.add(obj)
             elif kind == UP:
                 self.down.discard(obj)
-                self._driver().set_vgpu_up(obj, True, t)
-
-    def _driver(self) -> Driver:
-        assert self.driver is not None, "VirtualExecutor.driver must be set before running"
-        return self.driver
+                self.on_vgpu_change(obj, True, t)
 
     def _advance(self, fl: _Flight, k: int, t: float) -> None:
         """Stage k's input is at hand at t: transfer it if it crosses servers, then send it."""
@@ -209,7 +208,7 @@ class VirtualExecutor:
         a = d.stages[k]
         v = a.vgpu
         if v in self.down:
-            self._fail(fl, v, t)
+            self._fail(fl, k, v, t)
             return
         s0 = max(t, self.vfree[v])
         b = len(d.requests)
@@ -233,22 +232,33 @@ class VirtualExecutor:
         self.push(e + self.ov.tail_us, END, fl, k)
 
     def _stage_end(self, fl: _Flight, k: int, t: float) -> None:
+        """Stage k's response is back: report it; the driver says whether the next stage runs or the batch is done."""
         d = fl.d
-        drv = self._driver()
-        drv.stage_done(d, d.stages[k].stage, fl.starts[k], t - self.ov.tail_us)
-        if k + 1 < len(d.stages):
+        step = fl.report(StageOutcome(d, k, t, (fl.starts[k], t - self.ov.tail_us)))
+        if step.action is Action.NEXT_STAGE:
             self._advance(fl, k + 1, t)
-            return
-        drv.completed(d, t)
-        if d.final:
+        elif step.action is Action.FINISH and d.final:
             for item in fl.items:
                 self._level.pop(item, None)
                 self.on_done(item, t)
 
-    def _fail(self, fl: _Flight, vgpu: str, t: float) -> None:
-        drv = self._driver()
-        drv.set_vgpu_up(vgpu, False, t)
-        drv.failed(fl.d, fl.items, t, f"vGPU {vgpu} failed")
+    def _fail(self, fl: _Flight, k: int, vgpu: str, t: float) -> None:
+        """Stage k reached a failed vGPU: it goes out of service, then the driver retries or rejects the batch."""
+        self.on_vgpu_change(vgpu, False, t)
+        fl.report(StageOutcome(fl.d, k, t, failed=f"vGPU {vgpu} failed", wanted=fl.items))
+
+
+class VirtualRun:
+    """One scheduler on the virtual cluster: the executor, the driver that runs the scheduler on it, and the
+    fault schedule's vGPU changes relayed to that driver (as the sidecar's fleet tells its planned service)."""
+
+    def __init__(self, topology: Topology, scheduler: Scheduler, config: DriverConfig, duration_us: float,
+                 **executor_args: Any) -> None:
+        self.executor = VirtualExecutor(topology, duration_us, on_vgpu_change=self._vgpu_changed, **executor_args)
+        self.driver = Driver(scheduler, topology, self.executor, config)
+
+    def _vgpu_changed(self, vgpu: str, up: bool, now_us: float) -> None:
+        self.driver.set_vgpu_up(vgpu, up, now_us)
 
 
 def utilization(topology: Topology, busy: dict[str, float], duration_us: float) -> dict[str, float]:

@@ -16,7 +16,7 @@ from tritonclient.utils import (
     triton_to_np_dtype,
 )
 
-from scheduler.server.errors import invalid
+from scheduler.server.common.errors import invalid
 
 
 def to_numpy(raw: bytes | memoryview, datatype: str, shape: list[int]) -> np.ndarray:

@@ -8,7 +8,7 @@ from dataclasses import replace
 from model_repository_gen.manifest import Manifest
 from poolpipe_common.errors import InputError
 from scheduler.core.shards import shard_topology
-from scheduler.server.manifest_topology import topology_from_manifest
+from scheduler.server.planned.manifest_topology import topology_from_manifest
 
 
 def parse_shard(text: str) -> tuple[int, int]:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import grpc
 
-from scheduler.server.errors import ServeError, invalid
+from scheduler.server.common.errors import ServeError, invalid
 
 SHM_DIR = Path("/dev/shm")
 

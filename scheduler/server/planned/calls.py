@@ -12,10 +12,10 @@ import numpy as np
 from tritonclient.grpc import service_pb2
 
 from model_repository_gen.manifest import ModelInfo
-from scheduler.server.client_shm import ClientShmRegistry
-from scheduler.server.errors import ServeError
-from scheduler.server.metrics import SidecarMetrics
-from scheduler.server.validate import CheckedRequest
+from scheduler.server.common.client_shm import ClientShmRegistry
+from scheduler.server.common.errors import ServeError
+from scheduler.server.common.metrics import SidecarMetrics
+from scheduler.server.planned.validate import CheckedRequest
 
 
 def now_us() -> float:
@@ -78,7 +78,7 @@ class Answers:
 
     metrics: SidecarMetrics
     models: list[str]
-    client_shm: ClientShmRegistry | None = None
+    client_shm: ClientShmRegistry  # outputs a client asked for in its shared memory are written there
     counters: dict[str, ModelCounters] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -109,7 +109,6 @@ class Answers:
                 resp.outputs.add(name=target.spec.name, datatype=target.spec.datatype, shape=list(arr.shape))
                 data = np.ascontiguousarray(arr).tobytes()
                 if target.region is not None:
-                    assert self.client_shm is not None
                     self.client_shm.get(target.region).view(target.offset, len(data),
                                                             f"output '{target.spec.name}'")[:] = data
                     resp.raw_output_contents.append(b"")

@@ -20,18 +20,18 @@ from poolpipe_common.errors import InputError
 from poolpipe_common.tensors import TensorSpec
 from scheduler.core import make_scheduler
 from scheduler.core.driver import Driver, DriverConfig
-from scheduler.server.applications import Applications
-from scheduler.server.batch_log import BatchLog
-from scheduler.server.calibration import NotCalibratable, StageOverheads, calibrate_pipeline
-from scheduler.server.calls import Answers, ClientCall, Sample, now_us, request_deadline_us, shutting_down
-from scheduler.server.client_shm import ClientShmRegistry
-from scheduler.server.executor import LiveExecutor, StageFault
-from scheduler.server.fleet import Fleet, VGpuServer
-from scheduler.server.manifest_shard import manifest_shard
-from scheduler.server.manifest_topology import topology_from_manifest
-from scheduler.server.metrics import SidecarMetrics
-from scheduler.server.shm_pool import remove_stale_regions
-from scheduler.server.validate import CheckedRequest, OutputTarget, check_request
+from scheduler.server.common.client_shm import ClientShmRegistry
+from scheduler.server.common.metrics import SidecarMetrics
+from scheduler.server.planned.applications import Applications
+from scheduler.server.planned.batch_log import BatchLog
+from scheduler.server.planned.calibration import NotCalibratable, StageOverheads, calibrate_pipeline
+from scheduler.server.planned.calls import Answers, ClientCall, Sample, now_us, request_deadline_us, shutting_down
+from scheduler.server.planned.executor import LiveExecutor, StageFault
+from scheduler.server.planned.fleet import Fleet, VGpuServer
+from scheduler.server.planned.manifest_shard import manifest_shard
+from scheduler.server.planned.manifest_topology import topology_from_manifest
+from scheduler.server.planned.shm_pool import remove_stale_regions
+from scheduler.server.planned.validate import CheckedRequest, OutputTarget, check_request
 
 log = logging.getLogger("poolpipe.sidecar.planned")
 
@@ -42,7 +42,7 @@ LIVE_POLICIES = ("ppipe", "fifs", "elsa", "reactive", "orloj")
 class PlannedModels:
     """The PlannedService of the Router for every model of one manifest."""
 
-    def __init__(self, manifest: Manifest, policy: str, metrics: SidecarMetrics,
+    def __init__(self, manifest: Manifest, policy: str, metrics: SidecarMetrics, client_shm: ClientShmRegistry,
                  batch_log: Path | None = None, overheads_out: Path | None = None, generation: int = 0) -> None:
         self.manifest = manifest
         self.policy = DEFAULT_POLICY if policy == "auto" else policy
@@ -53,17 +53,18 @@ class PlannedModels:
         metrics.declare([m.name for m in manifest.models] + apps, [v.id for v in manifest.vgpus])
         self.models = {m.name: m for m in manifest.models}
         self.pipelines = {p.id: p for m in manifest.models for p in m.pipelines}
-        self.answers = Answers(metrics, list(self.models) + apps)
+        self.client_shm = client_shm  # the regions clients registered with the sidecar (the front end's registry)
+        self.answers = Answers(metrics, list(self.models) + apps, client_shm)
         self.apps = Applications(manifest.applications, self.answers, self.run_module)
+        self._kick = asyncio.Event()
         self.fleet = Fleet(manifest, self._vgpu_changed, generation)
-        self.executor = LiveExecutor(self.fleet, self.models, self.pipelines, self.answers, metrics,
-                                     BatchLog(batch_log) if batch_log else None, padded_models(manifest.applications))
-        self.executor.kick = self._kick_loop
+        self.executor = LiveExecutor(self.fleet, self.models, self.pipelines, self.answers, metrics, self._kick_loop,
+                                     self._lead_learned, BatchLog(batch_log) if batch_log else None,
+                                     padded_models(manifest.applications))
         self.meter = self.executor.meter
         self.overheads_out = overheads_out
         self.overheads: dict[str, StageOverheads] = {}  # pipeline id -> calibrated lead/tail
         self.driver = self._new_driver()
-        self._kick = asyncio.Event()
         self._wake_us: float | None = None
         self._loop_task: asyncio.Task | None = None
         self._calibrating: asyncio.Task | None = None
@@ -71,21 +72,13 @@ class PlannedModels:
         self._closing = False
         self._step_waiters: list[asyncio.Future] = []
 
-    @property
-    def client_shm(self) -> ClientShmRegistry | None:
-        return self.answers.client_shm
-
-    @client_shm.setter
-    def client_shm(self, registry: ClientShmRegistry | None) -> None:
-        self.answers.client_shm = registry
-
     # --- life cycle ----------------------------------------------------------------------------------------
     @classmethod
-    async def create(cls, manifest_path: Path, policy: str, metrics: SidecarMetrics,
+    async def create(cls, manifest_path: Path, policy: str, metrics: SidecarMetrics, client_shm: ClientShmRegistry,
                      batch_log: Path | None = None, overheads_out: Path | None = None,
                      shard: tuple[int, int] = (0, 1), generation: int = 0) -> "PlannedModels":
-        self = cls(manifest_shard(load_manifest(manifest_path), *shard), policy, metrics, batch_log, overheads_out,
-                   generation)
+        self = cls(manifest_shard(load_manifest(manifest_path), *shard), policy, metrics, client_shm, batch_log,
+                   overheads_out, generation)
         removed = remove_stale_regions()
         if removed:
             log.info("event=stale_shm_removed count=%d regions=%s", len(removed), ",".join(removed))
@@ -110,7 +103,6 @@ class PlannedModels:
             if not srv.up:
                 drv.set_vgpu_up(srv.id, False, now_us())
         drv.extra_lead_us = self.executor.extra_lead_us
-        self.executor.driver = drv
         self.executor.lead_us = {p: o.lead_us for p, o in self.overheads.items()}
         return drv
 
@@ -143,6 +135,10 @@ class PlannedModels:
         else:
             self.executor.lead_us = {p: o.lead_us for p, o in self.overheads.items()}
         self._kick_loop()
+
+    def _lead_learned(self, extra_us: float) -> None:
+        """The executor measured a larger send-to-compute lead under load: the core's clock leads by it too."""
+        self.driver.extra_lead_us = extra_us
 
     def _vgpu_changed(self, srv: VGpuServer, up: bool, why: str) -> None:
         self.metrics.vgpu_up.labels(srv.id).set(1 if up else 0)
@@ -278,12 +274,11 @@ class PlannedModels:
                     ) -> service_pb2.ModelInferResponse:
         if self._closing:
             raise shutting_down()
-        assert self.answers.client_shm is not None
         if self.apps.has(request.model_name):
-            return await self.apps.infer(request, deadline_s, self.answers.client_shm)
+            return await self.apps.infer(request, deadline_s, self.client_shm)
         model = self.models[request.model_name]
         t = now_us()  # before decoding the input: that time counts against the deadline too
-        checked = check_request(request, model, self.answers.client_shm)
+        checked = check_request(request, model, self.client_shm)
         deadline = request_deadline_us(t, model.slo_us, checked.timeout_us, deadline_s)
         call = ClientCall(model, request, checked, asyncio.get_running_loop().create_future(), t, deadline,
                           [None] * checked.batch, checked.batch)

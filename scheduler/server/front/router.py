@@ -11,13 +11,13 @@ import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from poolpipe_common import poolpipe_version
-from scheduler.server.client_shm import ClientShmRegistry
-from scheduler.server.errors import ServeError, from_rpc_error
-from scheduler.server.metrics import SidecarMetrics
+from scheduler.server.common.channels import GRPC_OPTIONS
+from scheduler.server.common.client_shm import ClientShmRegistry
+from scheduler.server.common.errors import ServeError, from_rpc_error
+from scheduler.server.common.metrics import SidecarMetrics
 
 log = logging.getLogger("poolpipe.sidecar")
 
-GRPC_OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
 SERVER_NAME = "poolpipe-sidecar"
 EXTENSIONS = ["classification", "sequence", "model_repository", "model_repository(unload_dependents)",
               "schedule_policy", "model_configuration", "system_shared_memory", "cuda_shared_memory",
@@ -25,7 +25,7 @@ EXTENSIONS = ["classification", "sequence", "model_repository", "model_repositor
 
 
 class PlannedService(Protocol):
-    """The planned models (pooled pipelines) behind the sidecar; see scheduler/server/planned.py."""
+    """The planned models (pooled pipelines) behind the sidecar; see scheduler/server/planned/service.py."""
 
     def has(self, model: str) -> bool: ...
 
@@ -46,11 +46,12 @@ class PlannedService(Protocol):
 class Router:
     """Routes calls by model name; shared-memory registrations are kept locally and mirrored to the pass-through."""
 
-    def __init__(self, passthrough: str | None, planned: PlannedService | None, metrics: SidecarMetrics) -> None:
+    def __init__(self, passthrough: str | None, planned: PlannedService | None, metrics: SidecarMetrics,
+                 shm: ClientShmRegistry) -> None:
         self.passthrough_url = passthrough
         self.planned = planned
         self.metrics = metrics
-        self.shm = ClientShmRegistry()
+        self.shm = shm  # shared with the planned service, which reads inputs from and writes outputs to it
         self._channel: grpc.aio.Channel | None = None
         self.stub: service_pb2_grpc.GRPCInferenceServiceStub | None = None
 

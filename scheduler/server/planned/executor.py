@@ -5,7 +5,8 @@ A dispatched batch stacks its samples' inputs, runs each stage on the chosen vGP
 ahead of its reserved compute start by the stage's calibrated lead time), hands the boundary tensors to
 the next stage through a shared-memory region of the machine's pool when both servers share it (else as
 gRPC bytes through the sidecar), and splits the last stage's outputs back to the calls. Measured compute
-intervals, completions and failures go back to the shared driver, which decides what follows.
+intervals, completions and failures go back to the shared driver, one StageOutcome per stage through the
+report it gave with the dispatch; its answer says what follows (the next stage, hand the outputs on, or stop).
 """
 
 from __future__ import annotations
@@ -27,14 +28,14 @@ from model_repository_gen.manifest import ModelInfo, PipelineInfo, StageInfo
 from model_repository_gen.triton_config import COMPUTE_END_OUTPUT, COMPUTE_START_OUTPUT, TIMING_OUTPUTS
 from poolpipe_common.tensors import TensorSpec
 from scheduler.core.api import Dispatch
-from scheduler.core.driver import Driver
-from scheduler.server.batch_log import BatchLog
-from scheduler.server.calls import Answers, Sample, now_us, shutting_down
-from scheduler.server.errors import ServeError, shed
-from scheduler.server.fleet import Fleet
-from scheduler.server.metrics import SidecarMetrics
-from scheduler.server.overheads import OverheadMeter
-from scheduler.server.shm_pool import Region, align
+from scheduler.core.driver import Action, NextStep, Report, StageOutcome
+from scheduler.server.common.errors import ServeError, shed
+from scheduler.server.common.metrics import SidecarMetrics
+from scheduler.server.planned.batch_log import BatchLog
+from scheduler.server.planned.calls import Answers, Sample, now_us, shutting_down
+from scheduler.server.planned.fleet import Fleet
+from scheduler.server.planned.overhead_meter import OverheadMeter
+from scheduler.server.planned.shm_pool import Region, align
 
 log = logging.getLogger("poolpipe.sidecar.executor")
 
@@ -75,6 +76,10 @@ class StageTiming:
     end_us: float
     recv_us: float
 
+    @property
+    def compute_us(self) -> tuple[float, float]:
+        return self.start_us, self.end_us
+
 
 class StageFault(Exception):
     def __init__(self, vgpu: str, error: grpc.aio.AioRpcError) -> None:
@@ -84,10 +89,15 @@ class StageFault(Exception):
 
 
 class LiveExecutor:
-    """The Executor of the shared driver on the event loop (``driver`` is set by the planned service)."""
+    """The Executor of the shared driver on the event loop; it holds no driver.
+
+    ``kick`` wakes the planned service's scheduler loop when something changed (a batch finished or failed);
+    ``lead_learned`` hands the planned service the extra send-to-compute lead measured under load (its driver's
+    clock leads by it too)."""
 
     def __init__(self, fleet: Fleet, models: dict[str, ModelInfo], pipelines: dict[str, PipelineInfo],
-                 answers: Answers, metrics: SidecarMetrics, batch_log: BatchLog | None = None,
+                 answers: Answers, metrics: SidecarMetrics, kick: Callable[[], None],
+                 lead_learned: Callable[[float], None], batch_log: BatchLog | None = None,
                  padded: frozenset[str] = frozenset()) -> None:
         self.fleet = fleet
         self.padded = padded  # models whose first-stage batches are padded to the planned batch (dummy requests)
@@ -96,8 +106,8 @@ class LiveExecutor:
         self.answers = answers
         self.metrics = metrics
         self.batch_log = batch_log
-        self.driver: Driver | None = None
-        self.kick: Callable[[], None] = lambda: None  # wakes the scheduler loop: something changed
+        self.kick = kick
+        self.lead_learned = lead_learned
         self.lead_us: dict[str, list[dict[int, float]]] = {}  # pipeline -> stage -> batch -> send-to-compute
         # Under load a stage takes longer from send to compute than calibration measured at idle (the servers'
         # and the sidecar's CPU is shared): learned from stages sent to an idle server, added to every lead.
@@ -108,8 +118,8 @@ class LiveExecutor:
         self.meter = OverheadMeter()
 
     # -- the Executor protocol ------------------------------------------------------------------------------
-    def execute(self, dispatch: Dispatch, items: list[Any]) -> None:
-        task = asyncio.ensure_future(self._run(dispatch, items))
+    def execute(self, dispatch: Dispatch, items: list[Any], report: Report) -> None:
+        task = asyncio.ensure_future(self._run(dispatch, items, report))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
@@ -140,8 +150,7 @@ class LiveExecutor:
         self._lead_excess.append(max(0.0, t.start_us - t.send_us - base))
         if len(self._lead_excess) >= LEAD_MIN_SAMPLES and len(self._lead_excess) % LEAD_EVERY == 0:
             self.extra_lead_us = float(np.percentile(self._lead_excess, LEAD_PERCENTILE))
-            if self.driver is not None:
-                self.driver.extra_lead_us = self.extra_lead_us
+            self.lead_learned(self.extra_lead_us)
             self.meter.learned_lead(self.extra_lead_us)
 
     def _inputs(self, d: Dispatch, live: list[Sample]) -> list[HopTensor]:
@@ -156,17 +165,17 @@ class LiveExecutor:
         return [HopTensor(t, [len(live), *t.shape], array=np.concatenate([s.carry[t.name] for s in live]))  # type: ignore[index]
                 for t in pipe.stages[first].inputs]
 
-    async def _run(self, d: Dispatch, samples: list[Sample]) -> None:
-        drv = self.driver
-        assert drv is not None
+    async def _run(self, d: Dispatch, samples: list[Sample], report: Report) -> None:
+        """Run the dispatch's stages, each reported to the driver, as long as it answers NEXT_STAGE."""
         live = [s for s in samples if s.wanted]
         if not live:
-            drv.forget(d)
+            report(StageOutcome(d, 0, now_us(), gave_up=True))
             return
         pipe = self.pipelines[d.pipeline_id]
         self.metrics.batch_size.labels(d.model).observe(len(live))
         self.answers.counters[d.model].executions += 1
         hops: list[HopTensor] = []
+        k, step = 0, NextStep(Action.STOP)
         try:
             hops = self._inputs(d, live)
             deadline_us = max(s.call.deadline_us for s in live)
@@ -181,11 +190,13 @@ class LiveExecutor:
                 hops, timing = await self.run_stage(a.vgpu, pipe.stages[a.stage], hops, nxt, deadline_us,
                                                     f"{d.id}.{a.stage}")
                 if timing is not None:
-                    drv.stage_done(d, a.stage, timing.start_us, timing.end_us)
                     self._record(d, a.stage, a.vgpu, len(live), timing)
+                step = report(StageOutcome(d, k, now_us(), None if timing is None else timing.compute_us))
+                if step.action is not Action.NEXT_STAGE:
+                    break
         except StageFault as f:
             self.release(hops)
-            self._on_fault(drv, d, f, live)
+            self._on_fault(report, d, k, f, live)
             return
         except asyncio.CancelledError:  # close(): its calls get an explicit error, never silence
             self.release(hops)
@@ -195,18 +206,24 @@ class LiveExecutor:
         except Exception as e:  # noqa: BLE001 - never leave a client waiting on a bug: answer, log, go on
             log.exception("event=dispatch_failed dispatch=%d", d.id)
             self.release(hops)
-            drv.forget(d)
+            report(StageOutcome(d, k, now_us(), gave_up=True))
             for s in live:
                 self.answers.fail(s.call, ServeError(grpc.StatusCode.INTERNAL, f"dispatch {d.id} failed: {e}"))
             return
-        drv.completed(d, now_us())
+        if step.action is Action.FINISH:
+            self._hand_on(d, live, hops)
+        else:
+            self.release(hops)
+        self.kick()
+
+    def _hand_on(self, d: Dispatch, live: list[Sample], hops: list[HopTensor]) -> None:
+        """A finished dispatch's outputs: its calls' answers (a final dispatch), else the next dispatch's input."""
         outputs = {h.spec.name: h.array for h in hops}
         if d.final:
             self.answers.complete(live, outputs)  # type: ignore[arg-type]
         else:
             for i, s in enumerate(live):
                 s.carry = {n: a[i:i + 1] for n, a in outputs.items()}  # type: ignore[index]
-        self.kick()
 
     def _record(self, d: Dispatch, stage: int, vgpu: str, batch: int, t: StageTiming) -> None:
         self.metrics.vgpu_busy.labels(vgpu).inc(max(t.end_us - t.start_us, 0.0) / 1e6)
@@ -221,7 +238,7 @@ class LiveExecutor:
                       "send_to_compute=%.0f compute_to_recv=%.0f", d.id, stage, vgpu, batch, a.start_us, a.end_us,
                       t.start_us, t.end_us, t.start_us - t.send_us, t.recv_us - t.end_us)
 
-    def _on_fault(self, drv: Driver, d: Dispatch, fault: StageFault, live: list[Sample]) -> None:
+    def _on_fault(self, report: Report, d: Dispatch, k: int, fault: StageFault, live: list[Sample]) -> None:
         code = fault.error.code()
         # A server restarted between health checks has lost our shm registrations: treat it as down; the
         # health loop registers the pool again when it rejoins.
@@ -229,7 +246,7 @@ class LiveExecutor:
         if (code in CLIENT_FAULTS and not lost_shm) or code == grpc.StatusCode.DEADLINE_EXCEEDED:
             # The request is wrong, or the server answered too slowly (overload, not down: the call's
             # timeout is the deadline plus a second): fail the batch, keep the vGPU.
-            drv.forget(d)
+            report(StageOutcome(d, k, now_us(), gave_up=True))
             err = (ServeError(grpc.StatusCode.DEADLINE_EXCEEDED, f"request failed: stage on vGPU {fault.vgpu} ran "
                                                                  "past the request's deadline (server overloaded)")
                    if code == grpc.StatusCode.DEADLINE_EXCEEDED else
@@ -239,7 +256,8 @@ class LiveExecutor:
                 self.answers.fail(s.call, err)
             return
         self.fleet.set_up(self.fleet.servers[fault.vgpu], False, f"{code.name}: {fault.error.details()}")
-        retried = drv.failed(d, live, now_us(), f"Triton server of vGPU {fault.vgpu} failed ({code.name})")
+        retried = report(StageOutcome(d, k, now_us(), failed=f"Triton server of vGPU {fault.vgpu} failed ({code.name})",
+                                      wanted=live)).retried
         if retried:
             self.metrics.retries.labels(d.model).inc(retried)
         log.warning("event=batch_retry dispatch=%d pipeline=%s vgpu=%s retried=%d of=%d", d.id, d.pipeline_id,

@@ -13,10 +13,10 @@ from typing import Any
 from aiohttp import web
 from tritonclient.grpc import service_pb2
 
-from scheduler.server.errors import ServeError, invalid
-from scheduler.server.http_infer import HEADER_LENGTH, infer_response_to_http, parse_infer_request
-from scheduler.server.router import Router
-from scheduler.server.tensors import param_value, proto_to_json, set_param
+from scheduler.server.common.errors import ServeError, invalid
+from scheduler.server.common.tensors import param_value, proto_to_json, set_param
+from scheduler.server.front.http_infer import HEADER_LENGTH, infer_response_to_http, parse_infer_request
+from scheduler.server.front.router import Router
 
 log = logging.getLogger("poolpipe.sidecar.http")
 

@@ -13,7 +13,6 @@ is answered or gets an explicit error; a failed reload leaves the old plan servi
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -21,15 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
-from aiohttp import web
 from tritonclient.grpc import service_pb2
 
 from model_repository_gen.manifest import load_manifest
 from poolpipe_common.errors import InputError
-from scheduler.server.calls import now_us
-from scheduler.server.client_shm import ClientShmRegistry
-from scheduler.server.errors import ServeError
-from scheduler.server.planned import PlannedModels
+from scheduler.server.common.errors import ServeError
+from scheduler.server.planned.calls import now_us
+from scheduler.server.planned.service import PlannedModels
 
 log = logging.getLogger("poolpipe.sidecar.reload")
 
@@ -80,7 +77,6 @@ class ReloadablePlanned:
         self.generation = 0
         self.reloads = 0
         self._lock = asyncio.Lock()
-        self._registry: ClientShmRegistry | None = None
 
     # --- the PlannedService, delegated ------------------------------------------------------------------
     def has(self, model: str) -> bool:
@@ -109,15 +105,6 @@ class ReloadablePlanned:
         if self.on_arrival is not None:
             self.on_arrival(request.model_name)
         return await self.current.infer(request, deadline_s)
-
-    @property
-    def client_shm(self) -> ClientShmRegistry | None:
-        return self._registry
-
-    @client_shm.setter
-    def client_shm(self, registry: ClientShmRegistry | None) -> None:
-        self._registry = registry
-        self.current.client_shm = registry
 
     @property
     def reloading(self) -> bool:
@@ -168,7 +155,6 @@ class ReloadablePlanned:
         if bad:
             raise ReloadError(f"cannot reload: model(s) {', '.join(bad)} change their input or output tensors; "
                               "clients would break (serve them under another name, or restart the sidecar)", 409)
-        new.client_shm = self._registry
         deadline = time.monotonic() + READY_TIMEOUT_S
         while not all(new.ready(m) for m in new.names()):
             if time.monotonic() > deadline:
@@ -231,46 +217,6 @@ def manifest_directory(path: Path) -> Path:
     """The generated directory a manifest path names (the directory itself, or the manifest file in it)."""
     p = Path(path).resolve()
     return p if p.is_dir() else p.parent
-
-
-def plan_handler(planned: ReloadablePlanned) -> Callable[[web.Request], Awaitable[web.Response]]:
-    """``GET /v2/poolpipe/plan``: the deployment the sidecar dispatches to now (``poolpipe launch --sidecar``
-    waits for it before stopping the servers of the previous one)."""
-    async def handle(_request: web.Request) -> web.Response:
-        return web.json_response({"directory": str(planned.serving), "manifest": str(planned.manifest_path),
-                                  "generation": planned.generation, "reloads": planned.reloads,
-                                  "reloading": planned.reloading})
-    return handle
-
-
-def is_loopback(address: str) -> bool:
-    try:
-        return ipaddress.ip_address(address.split("%")[0]).is_loopback
-    except ValueError:
-        return address == "localhost"
-
-
-def reload_handler(planned: ReloadablePlanned, bind: str) -> Callable[[web.Request], Awaitable[web.Response]]:
-    """``POST /v2/poolpipe/reload`` (optional JSON body ``{"manifest": PATH}``): the report, or an error.
-
-    Only loopback clients may reload while the sidecar listens on loopback (the default ``--bind``); a sidecar
-    bound elsewhere accepts it from wherever it is reachable."""
-    async def handle(request: web.Request) -> web.Response:
-        if not is_loopback(request.remote or "") and is_loopback(bind):
-            return web.json_response({"error": "reload is accepted from loopback only"}, status=403)
-        try:
-            body = await request.json() if await request.read() else {}
-        except ValueError as e:
-            return web.json_response({"error": f"the body must be JSON like {{\"manifest\": PATH}}: {e}"}, status=400)
-        if not isinstance(body, dict) or set(body) - {"manifest"} or not isinstance(body.get("manifest", ""), str):
-            return web.json_response({"error": "the body may hold only {\"manifest\": PATH} (a string)"}, status=400)
-        try:
-            report = await planned.reload(Path(body["manifest"]) if body.get("manifest") else None)
-        except ReloadError as e:
-            log.warning("event=reload_failed reason=%s", e)
-            return web.json_response({"error": str(e)}, status=e.status)
-        return web.json_response(report.to_dict())
-    return handle
 
 
 def reload_on_signal(planned: ReloadablePlanned) -> asyncio.Task:

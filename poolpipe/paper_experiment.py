@@ -187,7 +187,7 @@ class PaperExperiment:
         return generate(plan, {}, self.work / "cluster.json", out, emulated_tensor_scale=self.run.tensor_scale)
 
     def arrivals(self, lf: float) -> np.ndarray:
-        from scheduler.sim.workloads import arrival_times
+        from workloads.arrivals import arrival_times
 
         return arrival_times(self.run.trace, lf * self.rate, self.run.duration_s, self.run.seed)
 
@@ -242,7 +242,7 @@ class PaperExperiment:
         from scheduler.core import make_scheduler
         from scheduler.core.overheads import Overheads
         from scheduler.core.topology import with_stage_overhead
-        from scheduler.server.manifest_topology import topology_from_manifest
+        from scheduler.server.planned.manifest_topology import topology_from_manifest
         from scheduler.sim.engine import simulate
         from scheduler.sim.sweep import driver_config
 

@@ -13,8 +13,8 @@ import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from model_repository_gen.manifest import Manifest, PipelineInfo
-from scheduler.server.router import GRPC_OPTIONS
-from scheduler.server.shm_pool import HostPool, Region, align, stale
+from scheduler.server.common.channels import GRPC_OPTIONS
+from scheduler.server.planned.shm_pool import HostPool, Region, align, stale
 
 log = logging.getLogger("poolpipe.sidecar.fleet")
 

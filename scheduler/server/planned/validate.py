@@ -11,9 +11,9 @@ from tritonclient.utils import triton_to_np_dtype
 
 from model_repository_gen.manifest import ModelInfo
 from poolpipe_common.tensors import DTYPE_SIZE, TensorSpec, element_count
-from scheduler.server.client_shm import ClientShmRegistry
-from scheduler.server.errors import invalid
-from scheduler.server.tensors import param_value
+from scheduler.server.common.client_shm import ClientShmRegistry
+from scheduler.server.common.errors import invalid
+from scheduler.server.common.tensors import param_value
 
 
 @dataclass(frozen=True)

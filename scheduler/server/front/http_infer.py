@@ -10,8 +10,8 @@ from typing import Any
 from aiohttp import web
 from tritonclient.grpc import service_pb2
 
-from scheduler.server.errors import invalid
-from scheduler.server.tensors import json_to_numpy, numpy_to_json, params_to_dict, set_param, to_numpy, to_raw
+from scheduler.server.common.errors import invalid
+from scheduler.server.common.tensors import json_to_numpy, numpy_to_json, params_to_dict, set_param, to_numpy, to_raw
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 _HTTP_ONLY_PARAMS = ("binary_data", "binary_data_size", "binary_data_output")

@@ -11,8 +11,9 @@ import grpc
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from scheduler.server.errors import ServeError
-from scheduler.server.router import GRPC_OPTIONS, Router
+from scheduler.server.common.channels import GRPC_OPTIONS
+from scheduler.server.common.errors import ServeError
+from scheduler.server.front.router import Router
 
 log = logging.getLogger("poolpipe.sidecar.grpc")
 

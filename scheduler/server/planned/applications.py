@@ -22,10 +22,10 @@ from tritonclient.grpc import service_pb2
 
 from model_repository_gen.app_manifest import ApplicationInfo
 from model_repository_gen.manifest import ModelInfo
-from scheduler.server.calls import Answers, ClientCall, now_us, request_deadline_us
-from scheduler.server.client_shm import ClientShmRegistry
-from scheduler.server.errors import ServeError
-from scheduler.server.validate import check_request
+from scheduler.server.common.client_shm import ClientShmRegistry
+from scheduler.server.common.errors import ServeError
+from scheduler.server.planned.calls import Answers, ClientCall, now_us, request_deadline_us
+from scheduler.server.planned.validate import check_request
 
 Arrays = dict[str, np.ndarray]
 # (model, inputs [rows, ...], absolute deadline µs, request id) -> the model's outputs [rows, ...]

@@ -4,7 +4,7 @@ the event loop) plans the spec for the measured mix with ``planner.plan``, as th
 plan.json ``request``: applications, PARIS sizing, the cost objective and co-location stay), and generates a
 deployment into ``out_dir/gen-N`` beside the running one (generate's ``previous``); the sidecar migrates the
 servers (runtime.migration, in a thread: the servers both plans have stay and get the new partitions loaded, the
-others are started), reloads onto it (scheduler.server.reload), then unloads the old partitions and stops the
+others are started), reloads onto it (scheduler.server.control.reload), then unloads the old partitions and stops the
 servers only the old plan had. Servers it did not start (the first plan's) are never stopped: their partitions are
 unloaded and the log names them for the operator. Metrics and logs say when and why it re-planned and what the
 migration cost.
@@ -42,9 +42,9 @@ from poolpipe_common.errors import InputError
 from runtime.launch import Deployment
 from runtime.migration import begin_migration
 from scheduler.core.replan_trigger import ReplanConfig, ReplanDecision, ReplanTrigger
-from scheduler.server.calls import now_us
-from scheduler.server.metrics import SidecarMetrics
-from scheduler.server.reload import ReloadablePlanned
+from scheduler.server.common.metrics import SidecarMetrics
+from scheduler.server.control.reload import ReloadablePlanned
+from scheduler.server.planned.calls import now_us
 
 log = logging.getLogger("poolpipe.sidecar.replan")
 
