@@ -31,6 +31,7 @@ from typing import Any
 from poolpipe_common.documents import check_fields, need, read_document
 from poolpipe_common.errors import InputError
 
+CLUSTER_FILE_FIELDS = ("hosts",)  # each host's fields are ClusterHost's
 DEFAULT_BASE_PORT = 8000
 DEVICES = ("gpu", "cpu", "emulated")
 MAX_LATENCY_CV = 10.0
@@ -126,7 +127,7 @@ def host_from_dict(d: Any, where: str) -> ClusterHost:
 
 def cluster_from_dict(d: Any, source: str = "cluster") -> Cluster:
     if isinstance(d, dict):
-        check_fields(d, ("hosts",), source)
+        check_fields(d, CLUSTER_FILE_FIELDS, source)
     if not isinstance(d, dict) or not isinstance(d.get("hosts"), list) or not d["hosts"]:
         raise InputError(f"{source}: expected 'hosts:' with a non-empty list of hosts")
     hosts = tuple(host_from_dict(h, f"{source}: hosts[{i}]") for i, h in enumerate(d["hosts"]))

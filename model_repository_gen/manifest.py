@@ -134,6 +134,7 @@ MANIFEST_FIELDS = ("format", "hosts", "vgpus", "models", "plan", "generation", "
 MODEL_FIELDS = ("name", "slo_us", "max_batch_size", "inputs", "outputs", "pipelines")
 PIPELINE_FIELDS = ("id", "batch", "throughput_rps", "latency_us", "stages")
 STAGE_FIELDS = ("triton_model", "blocks", "gpu_type", "v", "vgpus", "inputs", "outputs", "latency_us")
+TENSOR_FIELDS = ("name", "datatype", "shape")  # inputs[] and outputs[] of models and stages
 
 
 def _list(x: Any, where: str) -> list:
@@ -148,7 +149,7 @@ def _tensors(raw: Any, where: str) -> tuple[TensorSpec, ...]:
     out = []
     for i, t in enumerate(raw):
         w = f"{where}[{i}]"
-        check_fields(t, ("name", "datatype", "shape"), w)
+        check_fields(t, TENSOR_FIELDS, w)
         dt = need(t, "datatype", w)
         if dt not in DATATYPES:
             raise InputError(f"{w}.datatype: {dt!r} is not one of {', '.join(DATATYPES)}")

@@ -167,6 +167,7 @@ MODEL_FIELDS = ("name", "slo_us", "slo_margin_us", "batch_wait_us_per_request", 
 PIPELINE_FIELDS = ("throughput_rps", "latency_us", "batch", "partitions")
 PARTITION_FIELDS = ("blocks", "gpu", "vgpu_fraction", "vgpu_size", "vgpu_share", "batch", "num_vgpus",
                     "physical_gpus", "latency_us", "transfer_us", "placement", "slowdown")
+GPU_SPLIT_FIELDS = ("vgpus", "gpus")  # gpu_splits.TYPE[]: both required
 
 
 def _fraction_level(s: Any, where: str) -> int:
@@ -284,9 +285,9 @@ def _gpu_splits(x: Any, where: str) -> dict[str, list[dict[str, Any]]] | None:
     if x is None:
         return None
     ok = isinstance(x, dict) and all(
-        isinstance(v, list) and all(isinstance(e, dict) and set(e) == {"vgpus", "gpus"} and isinstance(e["vgpus"], list)
-                                    and all(isinstance(lb, str) for lb in e["vgpus"]) and isinstance(e["gpus"], int)
-                                    and e["gpus"] >= 0 for e in v) for v in x.values())
+        isinstance(v, list) and all(isinstance(e, dict) and set(e) == set(GPU_SPLIT_FIELDS)
+                                    and isinstance(e["vgpus"], list) and all(isinstance(lb, str) for lb in e["vgpus"])
+                                    and isinstance(e["gpus"], int) and e["gpus"] >= 0 for e in v) for v in x.values())
     if not ok:
         raise InputError(f"{where}: expected GPU type -> list of {{vgpus: [size labels], gpus: count}}")
     return x

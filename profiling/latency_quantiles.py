@@ -26,6 +26,7 @@ from poolpipe_common.documents import check_fields, need
 from poolpipe_common.errors import InputError
 
 MIN_LEVELS = 2
+QUANTILES_FIELDS = ("levels", "latency_us")  # a timing entry's latency_quantiles
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ class LatencyQuantiles:
 
 def quantiles_from_dict(raw: Any, num_blocks: int, num_batches: int, where: str) -> LatencyQuantiles:
     """Validate a ``latency_quantiles`` entry against the profile's blocks and batch sizes."""
-    check_fields(raw, ("levels", "latency_us"), where)
+    check_fields(raw, QUANTILES_FIELDS, where)
     levels = need(raw, "levels", where)
     try:
         lv = np.asarray(levels, dtype=float)

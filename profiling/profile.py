@@ -43,6 +43,8 @@ from profiling.latency_quantiles import LatencyQuantiles, quantiles_from_dict
 FORMAT = "poolpipe.profile/1"
 PROFILE_FIELDS = ("format", "model", "input_bytes", "input_tensors", "blocks", "devices", "provenance", "memory",
                   "interference")
+BLOCK_FIELDS = ("name", "output_bytes", "output_tensors")  # blocks[]
+TIMING_FIELDS = ("batch_sizes", "latency_us", "latency_quantiles")  # devices.TYPE.V
 MIN_BLOCK_US = 1.0  # every block counts as at least 1 µs (the reference planner's rule)
 
 
@@ -195,7 +197,7 @@ def profile_from_dict(d: Any, source: str = "profile") -> Profile:
     blocks = []
     for i, b in enumerate(raw_blocks):
         w = f"{source}: blocks[{i}]"
-        check_fields(b, ("name", "output_bytes", "output_tensors"), w)
+        check_fields(b, BLOCK_FIELDS, w)
         name = b.get("name", f"block{i}") if isinstance(b, dict) else None
         if not isinstance(name, str):
             raise InputError(f"{w}.name: expected a string")
@@ -217,7 +219,7 @@ def profile_from_dict(d: Any, source: str = "profile") -> Profile:
                 raise InputError(f"{w}: vGPU level must be an integer 1..8, got {vk!r}") from None
             if not 1 <= v <= 8:
                 raise InputError(f"{w}: vGPU level must be 1..8")
-            check_fields(t, ("batch_sizes", "latency_us", "latency_quantiles"), w)
+            check_fields(t, TIMING_FIELDS, w)
             bs = need(t, "batch_sizes", w)
             if (not isinstance(bs, list) or not bs
                     or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in bs)

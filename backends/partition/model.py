@@ -54,6 +54,10 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 COMPUTE_START_OUTPUT = "POOLPIPE_COMPUTE_START_NS"
 COMPUTE_END_OUTPUT = "POOLPIPE_COMPUTE_END_NS"
 TIMING_OUTPUTS = (COMPUTE_START_OUTPUT, COMPUTE_END_OUTPUT)
+# The config parameters this backend reads (the table above); any other is ignored, with a warning at load.
+PARAMETERS = ("engine", "onnx_file", "intra_op_threads", "inter_op_threads", "mps_thread_percentage",
+              "emulate_slowdown", "emulated_latency_us", "emulated_stage", "emulated_latency_quantiles_us",
+              "emulated_latency_cv", "emulated_seed")
 
 _NUMPY_TYPES = {
     "TYPE_FP32": np.float32, "TYPE_FP16": np.float16, "TYPE_FP64": np.float64, "TYPE_INT64": np.int64,
@@ -139,6 +143,10 @@ class TritonPythonModel:
         self.outputs = [name for name, _, _ in outputs]
         self.timing = [t["name"] for t in config["output"] if t["name"] in TIMING_OUTPUTS]
         self.logger = pb_utils.Logger
+        unknown = sorted(set(params) - set(PARAMETERS))
+        if unknown:
+            self.logger.log_warn(f"poolpipe partition {args['model_name']}: config parameter(s) {', '.join(unknown)} "
+                                 f"ignored: this backend reads {', '.join(PARAMETERS)}")
         version_dir = os.path.join(args["model_repository"], args["model_version"])
         self.slowdown = _number(params, "emulate_slowdown", 1.0, float)
         if not self.slowdown >= 1.0:

@@ -22,6 +22,7 @@ from typing import Any
 
 from poolpipe_common.errors import InputError
 
+SPLIT_KINDS = ("mps_percent", "mig")  # cluster.vgpu_sizes.TYPE holds exactly one of these
 MIG_GPU_PREFIXES = ("A100", "H100")
 MIG_COMPUTE_SLICES = 7
 # profile (compute slices) -> (memory slices it spans, allowed first memory slice)
@@ -159,7 +160,7 @@ def parse_vgpu_sizes(raw: Any, gpu_types: list[str], where: str = "cluster.vgpu_
         w = f"{where}.{gpu}"
         if str(gpu) not in gpu_types:
             raise InputError(f"{w}: GPU type {gpu} is not in cluster.gpus ({', '.join(gpu_types)})")
-        if not isinstance(entry, dict) or len(entry) != 1 or next(iter(entry)) not in ("mps_percent", "mig"):
+        if not isinstance(entry, dict) or len(entry) != 1 or next(iter(entry)) not in SPLIT_KINDS:
             raise InputError(f"{w}: expected exactly one of mps_percent: [...] or mig: [...], got {entry!r}")
         kind, val = next(iter(entry.items()))
         out[str(gpu)] = (_mps_splits if kind == "mps_percent" else _mig_splits)(str(gpu), val, f"{w}.{kind}")

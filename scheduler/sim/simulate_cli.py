@@ -13,6 +13,9 @@ from pathlib import Path
 
 from scheduler.core.policies import POLICIES
 
+# the --overheads file, as `poolpipe serve --overheads-out` writes it
+OVERHEADS_FIELDS = ("format", "source", "lead_us", "tail_us", "wake_late_us", "slowdown")
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -59,8 +62,7 @@ def load_overheads(path: str):
     from poolpipe_common.errors import InputError
     from scheduler.core.overheads import Overheads
 
-    raw = check_fields(read_document(path, "overheads file"),
-                       ("format", "source", "lead_us", "tail_us", "wake_late_us", "slowdown"), f"--overheads {path}")
+    raw = check_fields(read_document(path, "overheads file"), OVERHEADS_FIELDS, f"--overheads {path}")
     try:
         return Overheads.from_dict(raw, f"--overheads {path}")
     except ValueError as e:

@@ -1,13 +1,14 @@
-"""The README's walkthrough, run as written, so that README and code cannot drift.
+"""The documentation's commands, run as written, so that the docs and the code cannot drift.
 
-Every ```console block of README.md is run in order in one scratch directory (``$ `` lines are commands, ``\\``
-continues one, the lines under a command are its expected output); ```yaml blocks whose first line is
-``# NAME.yaml`` are written to NAME.yaml first. ``poolpipe`` and ``python`` are this checkout's. A command ending
-in `` &`` runs in the background until the end (stopped by its process group) and the test waits for its expected
-output. Outputs are compared by shape: each expected line, with numbers masked and runs of spaces and table rules
-collapsed (and cpu-fast/cpu-slow alike), must appear in order within the actual output (``…`` skips). A block after
-``<!-- readme-test: parse-only -->`` (paper-scale plans that take minutes) is only parsed by the real argument
-parser. The sidecar's default ports 8000-8002 are replaced by free ones.
+The executable pages, docs/walkthrough.md and README.md's quick start, are run: every ```console block of the
+page in order in one scratch directory (``$ `` lines are commands, ``\\`` continues one, the lines under a command
+are its expected output); ```yaml blocks whose first line is ``# NAME.yaml`` are written to NAME.yaml first.
+``poolpipe`` and ``python`` are this checkout's. A command ending in `` &`` runs in the background until the end
+(stopped by its process group) and the test waits for its expected output. Outputs are compared by shape: each
+expected line, with numbers masked and runs of spaces and table rules collapsed (and cpu-fast/cpu-slow alike), must
+appear in order within the actual output (``…`` skips). The sidecar's default ports 8000-8002 are replaced by free
+ones. Every other page's console commands (paper-scale plans that take minutes, real GPU clusters) are only
+parsed by the real argument parser.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from poolpipe.cli import build_parser
 from poolpipe_common.net import free_port
 from tests.conftest import ROOT
 
-pytestmark = [pytest.mark.triton, pytest.mark.e2e]
-PARSE_ONLY = "<!-- readme-test: parse-only -->"
+DOCS = ROOT / "docs"
+EXECUTABLE = (DOCS / "walkthrough.md", ROOT / "README.md")
 _NUMBER = re.compile(r"[-+]?\d[\d,]*(\.\d+)?(e[-+]?\d+)?")
 _RULES = re.compile(r"[━─═┅]+")
 _DEVICE = re.compile(r"\bcpu-(fast|slow)\b")
@@ -45,14 +46,10 @@ class Command:
 class Block:
     lang: str
     body: str
-    parse_only: bool
 
 
-def readme_blocks(text: str) -> list[Block]:
-    blocks = []
-    for m in re.finditer(r"(?P<before>[^\n]*)\n+```(?P<lang>\w+)\n(?P<body>.*?)\n```", text, re.S):
-        blocks.append(Block(m["lang"], m["body"], m["before"].strip() == PARSE_ONLY))
-    return blocks
+def page_blocks(text: str) -> list[Block]:
+    return [Block(m["lang"], m["body"]) for m in re.finditer(r"```(?P<lang>\w+)\n(?P<body>.*?)\n```", text, re.S)]
 
 
 def commands(body: str) -> list[Command]:
@@ -127,7 +124,7 @@ class Session:
                            timeout=300)
         assert r.returncode == 0, f"$ {cmd.text}\nexit {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
         line = missing_line(cmd.expected, r.stdout + "\n" + r.stderr)
-        assert line is None, f"$ {cmd.text}\nREADME shows {line!r}; the command printed:\n{r.stdout}\n{r.stderr}"
+        assert line is None, f"$ {cmd.text}\nthe docs show {line!r}; the command printed:\n{r.stdout}\n{r.stderr}"
 
     def _background(self, text: str, cmd: Command, timeout_s: float = 180.0) -> None:
         log = self.work / f".job{len(self.jobs)}.log"
@@ -156,31 +153,54 @@ class Session:
                     proc.wait()
 
 
-def parse_only(cmd: Command) -> None:
+def parse_only(cmd: Command, page: Path) -> None:
     argv = shlex.split(cmd.text)
     if argv and argv[0] == "poolpipe":
         try:
             build_parser().parse_args(argv[1:])
         except SystemExit as e:
-            pytest.fail(f"README command does not parse ({e.code}): $ {cmd.text}")
+            pytest.fail(f"{page.relative_to(ROOT)}: command does not parse ({e.code}): $ {cmd.text}")
 
 
-def test_the_readme_walkthrough_runs_as_written(tmp_path: Path) -> None:
-    blocks = readme_blocks((ROOT / "README.md").read_text())
-    session = Session(tmp_path)
+def run_page(page: Path, work: Path) -> int:
+    """Run every console block of ``page`` in order in ``work``; how many commands ran."""
+    session = Session(work)
     ran = 0
     try:
-        for b in blocks:
+        for b in page_blocks(page.read_text()):
             named = re.match(r"# ([\w.-]+\.yaml)\b", b.body)
             if b.lang == "yaml" and named:
-                (tmp_path / named[1]).write_text(b.body + "\n")
+                (work / named[1]).write_text(b.body + "\n")
             elif b.lang == "console":
                 for cmd in commands(b.body):
-                    if b.parse_only:
-                        parse_only(cmd)
-                    else:
-                        session.run(cmd)
-                        ran += 1
+                    session.run(cmd)
+                    ran += 1
     finally:
         session.stop()
-    assert ran >= 12, f"only {ran} README commands ran"
+    return ran
+
+
+@pytest.mark.triton
+@pytest.mark.e2e
+def test_the_walkthrough_runs_as_written(tmp_path: Path) -> None:
+    ran = run_page(DOCS / "walkthrough.md", tmp_path)
+    assert ran >= 12, f"only {ran} walkthrough commands ran"
+
+
+@pytest.mark.triton
+@pytest.mark.e2e
+def test_the_readme_quick_start_runs_as_written(tmp_path: Path) -> None:
+    ran = run_page(ROOT / "README.md", tmp_path)
+    assert ran >= 6, f"only {ran} quick-start commands ran"
+
+
+def test_every_other_documented_command_parses() -> None:
+    pages = [p for p in sorted(DOCS.glob("*.md")) if p not in EXECUTABLE]
+    parsed = 0
+    for page in pages:
+        for b in page_blocks(page.read_text()):
+            if b.lang == "console":
+                for cmd in commands(b.body):
+                    parse_only(cmd, page)
+                    parsed += cmd.text.startswith("poolpipe ")
+    assert parsed >= 10, f"only {parsed} poolpipe commands found in {len(pages)} pages"
