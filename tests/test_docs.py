@@ -20,10 +20,13 @@ import pytest
 
 from model_repository_gen import app_manifest, cluster_file, manifest
 from model_repository_gen.triton_config import BackendSettings, EmulatedSettings
-from planner import app_spec, plan, spec, vgpu_sizes
+from planner import plan_json as plan
+from planner.spec import applications as app_spec
+from planner.spec import planning_spec as spec
+from planner.spec import vgpu_sizes
 from poolpipe.cli import build_parser
 from profiling import block_memory, interference, latency_quantiles, profile
-from scheduler.server import replanner
+from scheduler.server.control import replanner
 from scheduler.sim import simulate_cli
 from tests.conftest import ROOT
 
