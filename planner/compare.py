@@ -19,6 +19,7 @@ from planner.entry import plan
 from planner.plan_json import Plan
 from planner.request import PlanRequest
 from planner.spec.planning_spec import ModelSpec, PlanningSpec
+from planner.sustained.evaluators import NO_EVALUATOR
 from poolpipe_common.errors import InputError
 
 AXES = ("slo-multiplier", "gpu-ratio", "slo-margin")
@@ -136,9 +137,10 @@ def run_sweep(spec: PlanningSpec, axis: str, points: list[SweepPoint], planners:
 
 
 def default_solve(solver: str, time_limit_s: float | None, rel_gap: float) -> Callable[..., Plan]:
-    """Each point planned as ``poolpipe plan --planner P`` plans it (applications and co-location included)."""
-    return lambda spec, planner: plan(spec, PlanRequest(planner, solver=solver, time_limit_s=time_limit_s,
-                                                        gap=rel_gap)).plan
+    """Each point planned as ``poolpipe plan --planner P --objective throughput`` plans it (applications and
+    co-location included): the sweeps compare the planners' nominal throughput, as the paper's figures do."""
+    return lambda spec, planner: plan(spec, PlanRequest(planner, objective="throughput", evaluator=NO_EVALUATOR,
+                                                        solver=solver, time_limit_s=time_limit_s, gap=rel_gap)).plan
 
 
 def sweep_table(res: SweepResult):

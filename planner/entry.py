@@ -3,7 +3,8 @@
 In order: each application's SLO is split into module budgets (planner.apps, at the request's prices) and every
 model is planned under the least budget a module running it was given; the spec is co-located if the request
 says so; the request's objective plans it (planner.objectives: the planner, PARIS sizing, cost); the plan gets
-the applications (module budgets, rates, dummy-request flags, for ``generate``) and the request. The CLI, the
+the applications (module budgets, rates, dummy-request flags, for ``generate``) and the request; every model's
+``sustainable_rps`` is measured (planner.sustained) unless the request's evaluator is ``none``. The CLI, the
 sidecar's re-planner, the simulator's re-planning and the demo all plan through here; a re-planner re-weights
 the spec by the measured rates with ``reweighted`` first.
 """
@@ -18,6 +19,9 @@ from planner.objectives import OBJECTIVES
 from planner.plan_json import Plan
 from planner.request import PlanRequest
 from planner.spec.planning_spec import PlanningSpec
+from planner.sustained.arrivals import parse_arrivals
+from planner.sustained.evaluators import NO_EVALUATOR
+from planner.sustained.search import annotate
 from poolpipe_common.errors import InputError
 
 MIN_WEIGHT_SHARE = 0.01  # a model measured at (almost) no rate still gets this share of the busiest one's weight
@@ -43,6 +47,8 @@ def plan(spec: PlanningSpec, request: PlanRequest | None = None) -> PlanOutcome:
     if request.colocate:
         planned = replace(planned, colocate=True)
     result, lines = OBJECTIVES[request.objective](planned, request)
+    if request.evaluator != NO_EVALUATOR and any(m.sustainable_rps is None for m in result.models):
+        result = annotate(result, parse_arrivals(request.arrivals), request.costs(), request.evaluator)
     result = replace(result, applications=tuple(a.to_plan_dict() for a in apps), request=request.to_dict())
     return PlanOutcome(result, planned, (*lines, *(x for a in apps for x in a.lines())))
 

@@ -10,6 +10,8 @@ relative gap; time_limit: the incumbent when the solver was stopped), ``objectiv
 the last, as in the reference plans).
 ``request`` (optional) says how it was planned: the planner, objective, rates, prices, co-location, application
 split, PARIS batch-size PDF, solver, time limit and gap (planner.request; absent in older plans: the defaults).
+``models[].sustainable_rps`` is the rate the model sustains at >= 99 % SLO attainment under ``models[].arrivals``
+(planner.sustained), beside the nominal ``throughput_rps``; ``sustained`` says what measured it.
 The plan also records the spec it was solved for and embeds each model's profile, so later tools
 need only the plan.
 """
@@ -92,12 +94,17 @@ class ModelPlan:
     weight: float = 1.0
     slo_margin_us: float = 0.0
     batch_wait_us_per_request: float = 0.0
+    # the rate it sustains at >= 99 % SLO attainment under ``arrivals`` (planner.sustained); None: not measured
+    sustainable_rps: float | None = None
+    arrivals: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "slo_us": self.slo_us, "slo_margin_us": self.slo_margin_us,
-                "batch_wait_us_per_request": self.batch_wait_us_per_request, "weight": self.weight,
-                "throughput_rps": self.throughput_rps,
-                "pipelines": [p.to_dict() for p in self.pipelines], "profile": self.profile.to_dict()}
+        d = {"name": self.name, "slo_us": self.slo_us, "slo_margin_us": self.slo_margin_us,
+             "batch_wait_us_per_request": self.batch_wait_us_per_request, "weight": self.weight,
+             "throughput_rps": self.throughput_rps}
+        if self.sustainable_rps is not None:
+            d.update(sustainable_rps=self.sustainable_rps, arrivals=self.arrivals)
+        return {**d, "pipelines": [p.to_dict() for p in self.pipelines], "profile": self.profile.to_dict()}
 
 
 @dataclass(frozen=True)
@@ -121,6 +128,8 @@ class Plan:
     gpu_splits: dict[str, list[dict[str, Any]]] | None = None
     # how it was planned (planner.request.PlanRequest.to_dict), so a re-planner plans the same way; None: not said
     request: dict[str, Any] | None = None
+    # how the sustainable rates were found: the evaluator, and the candidates the sustained objective weighed
+    sustained: dict[str, Any] | None = None
 
     def model(self, name: str) -> ModelPlan:
         for m in self.models:
@@ -153,6 +162,8 @@ class Plan:
             d["gpu_splits"] = self.gpu_splits
         if self.request is not None:
             d["request"] = self.request
+        if self.sustained is not None:
+            d["sustained"] = self.sustained
         return d
 
     def save(self, path: str | Path) -> None:
@@ -161,8 +172,9 @@ class Plan:
 
 PLAN_FIELDS = ("format", "planner", "solver", "solve_seconds", "status", "objective_kind", "objective", "bound",
                "gap", "cluster", "spec", "physical_gpus_used", "models", "cost", "applications", "colocation",
-               "gpu_splits", "request")
+               "gpu_splits", "request", "sustained")
 MODEL_FIELDS = ("name", "slo_us", "slo_margin_us", "batch_wait_us_per_request", "weight", "throughput_rps",
+                "sustainable_rps", "arrivals",
                 "pipelines", "profile")
 PIPELINE_FIELDS = ("throughput_rps", "latency_us", "batch", "partitions")
 PARTITION_FIELDS = ("blocks", "gpu", "vgpu_fraction", "vgpu_size", "vgpu_share", "batch", "num_vgpus",
@@ -237,7 +249,10 @@ def _model(m: Any, w: str) -> ModelPlan:
                      as_float(need(m, "throughput_rps", w), f"{w}.throughput_rps", 0), tuple(pipes), prof,
                      as_float(m.get("weight", 1.0), f"{w}.weight", 0),
                      as_float(m.get("slo_margin_us", 0.0), f"{w}.slo_margin_us", 0),
-                     as_float(m.get("batch_wait_us_per_request", 0.0), f"{w}.batch_wait_us_per_request", 0))
+                     as_float(m.get("batch_wait_us_per_request", 0.0), f"{w}.batch_wait_us_per_request", 0),
+                     None if m.get("sustainable_rps") is None
+                     else as_float(m["sustainable_rps"], f"{w}.sustainable_rps", 0),
+                     None if m.get("arrivals") is None else as_str(m["arrivals"], f"{w}.arrivals"))
 
 
 def _optional_float(d: dict, key: str, where: str) -> float | None:
@@ -265,7 +280,7 @@ def plan_from_dict(d: Any, source: str = "plan") -> Plan:
     cluster = cluster_from_dict(need(d, "cluster", source), f"{source}: cluster")
     models = [_model(m, f"{source}: models[{i}]") for i, m in enumerate(_list(need(d, "models", source),
                                                                               f"{source}: models"))]
-    for key in ("spec", "cost", "colocation", "request"):
+    for key in ("spec", "cost", "colocation", "request", "sustained"):
         if d.get(key) is not None and not isinstance(d[key], dict):
             raise InputError(f"{source}: {key}: expected an object, got {d[key]!r}")
     return Plan(as_str(need(d, "planner", source), f"{source}: planner"),
@@ -277,7 +292,8 @@ def plan_from_dict(d: Any, source: str = "plan") -> Plan:
                 _optional_float(d, "gap", source), as_str(d.get("objective_kind", "throughput"),
                                                           f"{source}: objective_kind"), d.get("cost"),
                 _applications(d.get("applications"), source),
-                d.get("colocation"), _gpu_splits(d.get("gpu_splits"), f"{source}: gpu_splits"), d.get("request"))
+                d.get("colocation"), _gpu_splits(d.get("gpu_splits"), f"{source}: gpu_splits"), d.get("request"),
+                d.get("sustained"))
 
 
 def _gpu_splits(x: Any, where: str) -> dict[str, list[dict[str, Any]]] | None:

@@ -17,11 +17,15 @@ from planner.plan_json import Plan
 from planner.planners import DEFAULT_TIME_LIMIT_S, PLANNERS, check_limits, check_planner
 from planner.sizing.paris import check_pdf
 from planner.solvers.milp_solvers import DEFAULT_REL_GAP, SOLVERS, SolverOptions
+from planner.sustained.arrivals import parse_arrivals
+from planner.sustained.evaluators import known_evaluators
 from poolpipe_common.documents import check_fields
 from poolpipe_common.errors import InputError
+from poolpipe_common.overheads import DEFAULT_OVERHEADS, Overheads
 
-RECORDED = ("planner", "objective", "rates_rps", "prices", "colocate", "app_split", "paris_batch_pdf", "solver",
-            "time_limit_s", "gap")  # plan.json's ``request`` fields (progress is how to show it, not what)
+# plan.json's ``request`` fields (progress is how to show it, not what)
+RECORDED = ("planner", "objective", "rates_rps", "prices", "colocate", "app_split", "paris_batch_pdf", "arrivals",
+            "overheads", "evaluator", "solver", "time_limit_s", "gap")
 
 
 @dataclass(frozen=True)
@@ -29,12 +33,15 @@ class PlanRequest:
     """The planner and objective, their inputs (rates, prices, batch-size PDF), and the solver's limits."""
 
     planner: str = "ppipe"  # a name of planner.planners.PLANNERS
-    objective: str = "throughput"  # a name of planner.objectives.OBJECTIVES
-    rates_rps: Mapping[str, float] | None = None  # objective cost: the req/s each model must sustain
+    objective: str = "sustained"  # a name of planner.objectives.OBJECTIVES
+    rates_rps: Mapping[str, float] | None = None  # objective cost: the req/s each model must sustain at >= 99 %
     prices: Mapping[str, float] | None = None  # per GPU-hour by GPU type: objective cost, and application splits
     colocate: bool = False  # vGPUs of different (model, partition) pairs may share a GPU (as the spec's colocate)
     app_split: str = "harpagon"  # how each application's SLO is split into module budgets (planner.apps)
     paris_batch_pdf: Mapping[int, float] | None = None  # PARIS instance sizing for this batch-size PDF
+    arrivals: str = "poisson"  # what a plan must sustain: poisson | bursty:CV | replay:NAME_OR_FILE
+    overheads: Overheads | None = None  # per-stage costs of serving (serve --overheads-out); None: DEFAULT_OVERHEADS
+    evaluator: str | None = None  # what measures sustainable rates (planner.sustained.evaluators); None: the best
     solver: str = "highs"
     time_limit_s: float | None = DEFAULT_TIME_LIMIT_S  # None: no limit
     gap: float = DEFAULT_REL_GAP
@@ -51,8 +58,14 @@ class PlanRequest:
         self._check_cost_inputs()
         if self.paris_batch_pdf is not None:
             check_pdf(self.paris_batch_pdf)
-            if self.objective != "throughput" or self.planner != "ppipe":
-                raise InputError("--paris needs --batch-pdf (and goes with the default planner and objective)")
+            if self.objective == "cost" or self.planner != "ppipe":
+                raise InputError("--paris needs --batch-pdf (and goes with the default planner, and with the "
+                                 "sustained or throughput objective)")
+        parse_arrivals(self.arrivals)
+        if self.overheads is not None and not isinstance(self.overheads, Overheads):
+            raise InputError(f"overheads must be an overheads document (--overheads FILE), got {self.overheads!r}")
+        if self.evaluator is not None and self.evaluator not in known_evaluators():
+            raise InputError(f"unknown evaluator {self.evaluator!r}; choose one of {', '.join(known_evaluators())}")
         check_limits(self.solver, self.time_limit_s, self.gap)
 
     def _check_cost_inputs(self) -> None:
@@ -71,9 +84,14 @@ class PlanRequest:
         opts = check_limits(self.solver, self.time_limit_s, self.gap)
         return SolverOptions(opts.solver, opts.time_limit_s, opts.rel_gap, self.progress)
 
+    def costs(self) -> Overheads:
+        """The per-stage costs of serving that plans are made and measured with."""
+        return self.overheads or DEFAULT_OVERHEADS
+
     def to_dict(self) -> dict[str, Any]:
         """plan.json's ``request`` object (the batch-size PDF's keys as strings, as JSON has them)."""
         d: dict[str, Any] = {k: getattr(self, k) for k in RECORDED}
+        d["overheads"] = None if self.overheads is None else self.overheads.to_dict()
         for k in ("rates_rps", "prices"):
             d[k] = None if d[k] is None else dict(d[k])
         pdf = self.paris_batch_pdf
@@ -91,6 +109,11 @@ class PlanRequest:
                 raw["paris_batch_pdf"] = {int(b): p for b, p in pdf.items()}
             except ValueError:
                 raise InputError(f"{where}: paris_batch_pdf: batch sizes must be whole numbers, got {pdf!r}") from None
+        if isinstance(raw.get("overheads"), Mapping):
+            try:
+                raw["overheads"] = Overheads.from_dict(dict(raw["overheads"]), f"{where}: overheads")
+            except ValueError as e:
+                raise InputError(str(e)) from None
         return cls(**{f.name: raw[f.name] for f in fields(cls) if f.name in raw})
 
 

@@ -239,8 +239,8 @@ class PaperExperiment:
     def predict(self, name: str) -> SystemResult:
         """The simulator's prediction for a sidecar system: its manifest's topology, the live driver, and the
         overheads that sidecar measured, on the same arrivals."""
+        from poolpipe_common.overheads import Overheads
         from scheduler.core import make_scheduler
-        from scheduler.core.overheads import Overheads
         from scheduler.core.topology import with_stage_overhead
         from scheduler.server.planned.manifest_topology import topology_from_manifest
         from scheduler.sim.engine import simulate

@@ -25,9 +25,9 @@ from planner.spec import applications as app_spec
 from planner.spec import planning_spec as spec
 from planner.spec import vgpu_sizes
 from poolpipe.cli import build_parser
+from poolpipe_common import overheads
 from profiling import block_memory, interference, latency_quantiles, profile
 from scheduler.server.control import replanner
-from scheduler.sim import simulate_cli
 from tests.conftest import ROOT
 
 DOCS = ROOT / "docs"
@@ -78,7 +78,7 @@ FIELD_LISTS: dict[str, tuple[str, ...]] = {
     "application.modules": app_manifest.MODULE_FIELDS,
     "application.edges": app_manifest.EDGE_FIELDS,
     "replan": replanner.FIELDS,
-    "overheads": simulate_cli.OVERHEADS_FIELDS,
+    "overheads": overheads.OVERHEADS_FIELDS,
     "backend": backend_parameters(),
 }
 

@@ -17,6 +17,7 @@ from planner.plan_json import load_plan, plan_from_dict
 from planner.request import request_of
 from planner.spec.planning_spec import load_spec
 from poolpipe_common.errors import InputError
+from poolpipe_common.overheads import Overheads
 from profiling.reference import REFERENCE_DIR, import_ppipe_profile
 from tests.conftest import run_cli
 from tests.test_harpagon import SPEC_APP
@@ -107,7 +108,8 @@ def test_requests_are_checked_when_made(fields: dict, message: str) -> None:
 
 
 def test_request_round_trip_and_prices_need_cost_or_applications(tmp_path: Path) -> None:
-    r = PlanRequest("np", "cost", {"tiny": 5.0}, {"A": 1.0, "B": 0.5}, True, "uniform", None, "cbc", None, 0.01)
+    r = PlanRequest("np", "cost", {"tiny": 5.0}, {"A": 1.0, "B": 0.5}, True, "uniform", None, "bursty:2",
+                    Overheads(lead_us=900.0, tail_us=700.0), "analytic", "cbc", None, 0.01)
     assert PlanRequest.from_dict(json.loads(json.dumps(r.to_dict()))) == r
     pdf = PlanRequest(paris_batch_pdf={1: 0.5, 4: 0.5})
     assert PlanRequest.from_dict(json.loads(json.dumps(pdf.to_dict()))) == pdf

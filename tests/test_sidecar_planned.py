@@ -26,10 +26,10 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
+from poolpipe_common.overheads import Overheads
 from runtime.launch import Deployment
 from runtime.sidecar_process import SidecarProcess
 from runtime.testbed import build_deployment
-from scheduler.core.overheads import Overheads
 from scheduler.server.planned.shm_pool import PREFIX
 
 pytestmark = pytest.mark.triton

@@ -12,9 +12,17 @@ from planner.spec.planning_spec import ModelSpec, PlanningSpec
 WIDTH = 130
 
 
+def _rates(m: ModelPlan) -> str:
+    """The rate the model sustains at >= 99 % (what to size from) beside its pools' nominal throughput."""
+    if m.sustainable_rps is None:
+        return f"{m.throughput_rps:,.1f} req/s nominal (sustained rate not measured)"
+    return f"{m.sustainable_rps:,.1f} req/s sustained at 99% SLO ({m.arrivals}); {m.throughput_rps:,.1f} nominal"
+
+
 def _model_table(m: ModelPlan, ms: ModelSpec, spec: PlanningSpec) -> Table:
-    t = Table(title=f"{m.name}: {m.throughput_rps:,.1f} req/s  (SLO {m.slo_us:,.0f} us, margin "
-                    f"{m.slo_margin_us:,.0f} us, weight {m.weight:g})", title_justify="left")
+    t = Table(title=f"{m.name}: {_rates(m)}", title_justify="left",
+              caption=f"SLO {m.slo_us:,.0f} us, margin {m.slo_margin_us:,.0f} us, weight {m.weight:g}",
+              caption_justify="left")
     for col in ("pipe", "blocks", "GPU", "vGPU", "batch", "vGPUs", "latency us", "transfer us", "req/s"):
         t.add_column(col, justify="left" if col in ("blocks", "GPU") else "right")
     for i, pl in enumerate(m.pipelines):

@@ -6,7 +6,8 @@ partition is min(batch / latency, NIC-in rate, NIC-out rate) where a NIC rate is
 1e6 / (per-request transfer µs x V x GPUs per server), applied at the partition's input and output
 cuts only (the model's own input and final output are not limited). Its latency is the sum of
 partition latencies (each block counted as at least 1 µs) plus the transfer of one batch at every
-cut, plus the batch-forming delay ``batch_wait_us_per_request x (batch - 1)`` and the SLO margin; a
+cut, plus the batch-forming delay ``batch_wait_us_per_request x (batch - 1)``, the SLO margin and the
+per-stage cost of serving (``stage_overhead_us`` per partition); a
 candidate over the SLO is discarded before solving.
 
 Pruning keeps a candidate unless another of the same model, the same number of partitions and the
@@ -149,7 +150,7 @@ def enumerate_candidates(model: ModelSpec, cluster: ClusterSpec, gpu_types: list
             for p in range(k - 1):
                 trans[..., p] = tr[cuts[:, p + 1]][None, :] * ob[ot[:, p]][:, None]
             total = (lat.sum(-1) + trans.sum(-1) + model.batch_wait_us_per_request * (ob[ot[:, 0]] - 1)[:, None]
-                     + model.slo_margin_us)
+                     + model.slo_margin_us + k * model.stage_overhead_us)
             ti, ci = np.nonzero((total <= limit) & (rate.min(-1) > 0))
             if not len(ti):
                 continue

@@ -90,7 +90,8 @@ def size_curves(model: ModelSpec, gpu: str, splits: GpuSplits) -> list[SizeCurve
             continue
         lat = {b: prof.latency_us(dev, 1, b) for b in prof.batch_sizes(dev, 1)}
         ok = {b: x for b, x in lat.items()
-              if x + model.batch_wait_us_per_request * (b - 1) + model.slo_margin_us <= model.slo_us}
+              if x + model.batch_wait_us_per_request * (b - 1) + model.slo_margin_us + model.stage_overhead_us
+              <= model.slo_us}
         if ok:
             out.append(SizeCurve(s.label, s.share, ok))
     if not out:

@@ -71,6 +71,9 @@ class ModelSpec:
     batch_wait_us_per_request: float = 0.0
     weight: float = 1.0
     profile_path: str | None = None
+    # What serving adds to every partition's latency beyond compute (the sidecar's lead and tail per stage call);
+    # set by the sustained objective from the overheads, 0 where a plan reproduces the paper.
+    stage_overhead_us: float = 0.0
 
     @property
     def name(self) -> str:

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from poolpipe_common.overheads import DRIVER_MARGIN_FRACTION, DRIVER_MIN_MARGIN_US
 from scheduler.core.api import Dispatch, Request, Scheduler
 from scheduler.core.topology import Topology
 
@@ -39,8 +40,8 @@ class DriverConfig:
     and with nothing served the lateness could never come down again).
     """
 
-    min_margin_us: float = 3000.0
-    margin_fraction: float = 0.05
+    min_margin_us: float = DRIVER_MIN_MARGIN_US
+    margin_fraction: float = DRIVER_MARGIN_FRACTION
     learn_lateness: bool = True
     lateness_window: int = 256
     # Lateness older than this is forgotten, so that a burst's late batches do not keep the margin high (and

@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
+from poolpipe_common.overheads import Overheads
 from scheduler.core.api import Scheduler
 from scheduler.core.driver import DriverConfig
-from scheduler.core.overheads import Overheads
 from scheduler.core.topology import Topology
 from scheduler.sim.virtual import Batch, Fault, VirtualRun, utilization
 

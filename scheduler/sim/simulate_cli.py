@@ -14,7 +14,6 @@ from pathlib import Path
 from scheduler.core.policies import POLICIES
 
 # the --overheads file, as `poolpipe serve --overheads-out` writes it
-OVERHEADS_FIELDS = ("format", "source", "lead_us", "tail_us", "wake_late_us", "slowdown")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -58,15 +57,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def load_overheads(path: str):
     """An overheads file (poolpipe serve --overheads-out), validated; bad ones are one-line InputErrors."""
-    from poolpipe_common.documents import check_fields, read_document
-    from poolpipe_common.errors import InputError
-    from scheduler.core.overheads import Overheads
+    from poolpipe_common.overheads import read_overheads
 
-    raw = check_fields(read_document(path, "overheads file"), OVERHEADS_FIELDS, f"--overheads {path}")
-    try:
-        return Overheads.from_dict(raw, f"--overheads {path}")
-    except ValueError as e:
-        raise InputError(str(e)) from None
+    return read_overheads(path)
 
 
 def run(args: argparse.Namespace) -> int:

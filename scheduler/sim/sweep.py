@@ -12,8 +12,8 @@ import numpy as np
 
 from planner.plan_json import Plan
 from poolpipe_common.errors import InputError
+from poolpipe_common.overheads import Overheads
 from scheduler.core.driver import DriverConfig
-from scheduler.core.overheads import Overheads
 from scheduler.core.topology import with_stage_overhead
 from workloads.arrivals import TraceSpec, mixed_arrivals
 

@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
+from poolpipe_common.overheads import Overheads
 from scheduler.core.api import Dispatch, Scheduler
 from scheduler.core.driver import Action, Driver, DriverConfig, Report, StageOutcome
-from scheduler.core.overheads import Overheads
 from scheduler.core.topology import Pipeline, Topology
 
 ARRIVE, WAKE, XFER, READY, END, DOWN, UP = range(7)

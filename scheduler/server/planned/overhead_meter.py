@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scheduler.core.overheads import Overheads
+from poolpipe_common.overheads import Overheads
 
 
 @dataclass

@@ -1,12 +1,26 @@
-"""What a live executor adds beyond the profiled compute (the simulator's virtual executor can be given it)."""
+"""What serving adds beyond the profiled compute: the per-stage costs a live executor measures (``poolpipe serve
+--overheads-out``), which the simulator (``simulate --overheads``) and the planner (``plan --overheads``) use, and
+the margin the driver keeps before each deadline. Shared by the planner and the scheduler, so it sits at the bottom.
+"""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 OVERHEADS_FORMAT = "poolpipe.overheads/1"
+OVERHEADS_FIELDS = ("format", "source", "lead_us", "tail_us", "wake_late_us", "slowdown")
+# The driver plans every batch against its deadline less max(DRIVER_MIN_MARGIN_US, DRIVER_MARGIN_FRACTION x SLO)
+# (scheduler.core.driver.DriverConfig.live); a plan must leave at least that free.
+DRIVER_MIN_MARGIN_US = 3000.0
+DRIVER_MARGIN_FRACTION = 0.05
+
+
+def driver_margin_us(slo_us: float) -> float:
+    """The margin the sidecar's driver keeps before a deadline of a model with this SLO."""
+    return max(DRIVER_MIN_MARGIN_US, DRIVER_MARGIN_FRACTION * slo_us)
 
 
 @dataclass(frozen=True)
@@ -24,8 +38,8 @@ class Overheads:
     @classmethod
     def from_dict(cls, raw: dict[str, Any], where: str = "overheads") -> "Overheads":
         """Validated: known fields, non-negative times, slowdown > 0 (ValueError names the bad field)."""
-        fields = ("lead_us", "tail_us", "wake_late_us", "slowdown")
-        unknown = sorted(set(raw) - set(fields) - {"format", "source"})
+        fields = OVERHEADS_FIELDS[2:]
+        unknown = sorted(set(raw) - set(OVERHEADS_FIELDS))
         if unknown:
             raise ValueError(f"{where}: unknown field(s) {', '.join(unknown)} (known: {', '.join(fields)})")
         vals: dict[str, float] = {}
@@ -42,3 +56,20 @@ class Overheads:
     def to_dict(self) -> dict[str, Any]:
         return {"format": OVERHEADS_FORMAT, "lead_us": self.lead_us, "tail_us": self.tail_us,
                 "wake_late_us": self.wake_late_us, "slowdown": self.slowdown}
+
+
+# What the sidecar measured per stage call on emulated servers at moderate load (this project's own calibration,
+# `poolpipe serve --overheads-out`): what plans assume when no --overheads file is given.
+DEFAULT_OVERHEADS = Overheads(lead_us=1100.0, tail_us=1300.0, wake_late_us=0.0, slowdown=1.0)
+
+
+def read_overheads(path: str | Path, flag: str = "--overheads") -> Overheads:
+    """An overheads file (``poolpipe serve --overheads-out``), validated; a bad one is a one-line InputError."""
+    from poolpipe_common.documents import check_fields, read_document
+    from poolpipe_common.errors import InputError
+
+    raw = check_fields(read_document(path, "overheads file"), OVERHEADS_FIELDS, f"{flag} {path}")
+    try:
+        return Overheads.from_dict(raw, f"{flag} {path}")
+    except ValueError as e:
+        raise InputError(str(e)) from None

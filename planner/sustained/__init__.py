@@ -1,0 +1,9 @@
+"""The ``sustained`` objective: plan for the request rate a cluster holds at 99 % SLO attainment, not for the
+nominal throughput of its busiest pools.
+
+``queueing`` estimates a plan's sustainable rate in closed form (waits in pools of vGPUs, batch forming, the
+per-stage costs the sidecar adds); ``arrivals`` names the arrival process a plan must sustain; ``evaluators``
+is the registry of what measures a candidate plan (the closed form here; the simulator, which runs the
+shipped driver loop, registers itself from scheduler.sim); ``search`` plans candidates over SLO margins and
+keeps the one that sustains the most.
+"""

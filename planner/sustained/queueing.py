@@ -1,0 +1,132 @@
+"""Queueing-aware capacity of a pooled pipeline: the highest request rate at which its tail latency still fits.
+
+A pooled pipeline's nominal throughput is the rate at which its busiest pool is always busy; at that rate
+every batch waits without bound. What a cluster sustains at 99 % SLO attainment is lower, by how long
+batches wait in each pool, which falls with the pool's size (many small vGPUs queue less than one big one
+at equal capacity) and with the slack the SLO leaves over the pipeline's latency. This module estimates it
+with closed forms, cheap enough to rank every candidate plan: batches form from the arrivals (b - 1 mean
+inter-arrival gaps), wait in each pool of c vGPUs with deterministic service (the Erlang-C probability of
+waiting with the heavy-traffic decay of a G/D/c queue), then run for the pipeline's latency plus the
+per-stage costs the sidecar adds. A model's pipelines queue as one pool (the driver sends each batch to
+whichever frees first).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+TARGET = 0.99  # SLO attainment a sustained rate keeps
+SCAN_STEPS = 400  # the sustainable rate is found to 1/SCAN_STEPS of the capacity
+
+
+@dataclass(frozen=True)
+class PoolTerms:
+    """One partition's pool: how many vGPUs serve it and how long one batch occupies one of them."""
+
+    vgpus: int
+    service_us: float
+
+
+@dataclass(frozen=True)
+class PipelineTerms:
+    """A pipeline as the queueing estimate sees it."""
+
+    batch: int
+    share: float  # fraction of the model's requests it serves (its nominal throughput / the model's)
+    pools: tuple[PoolTerms, ...]
+    latency_us: float  # one batch through every stage with no waiting (compute, transfers, per-stage costs)
+
+    def capacity_rps(self) -> float:
+        return min(p.vgpus * self.batch / p.service_us for p in self.pools) * 1e6
+
+
+def erlang_c(c: int, a: float) -> float:
+    """Probability that an arrival waits in an M/M/c queue offered ``a`` Erlangs (1 when a >= c)."""
+    if a >= c:
+        return 1.0
+    b = 1.0
+    for k in range(1, c + 1):
+        b = a * b / (k + a * b)
+    rho = a / c
+    return b / (1.0 - rho * (1.0 - b))
+
+
+def wait_quantile_us(pool: PoolTerms, batches_per_us: float, q: float, arrival_scv: float) -> float:
+    """The q-quantile of a batch's wait for a vGPU of ``pool``: P(W > t) ~ C(c, a) exp(-theta t) with
+    theta = 2 (c mu - lambda) / (ca^2 + cs^2) and deterministic service (cs^2 = 0)."""
+    if batches_per_us <= 0:
+        return 0.0
+    mu = 1.0 / pool.service_us
+    a = batches_per_us / mu
+    if a >= pool.vgpus:
+        return math.inf
+    p_wait = erlang_c(pool.vgpus, a)
+    if p_wait <= 1.0 - q:
+        return 0.0
+    theta = 2.0 * (pool.vgpus * mu - batches_per_us) / max(arrival_scv, 1e-6)
+    return math.log(p_wait / (1.0 - q)) / theta
+
+
+def wait_mean_us(pool: PoolTerms, batches_per_us: float, arrival_scv: float) -> float:
+    """The mean of the same tail, C(c, a) / theta."""
+    if batches_per_us <= 0:
+        return 0.0
+    mu = 1.0 / pool.service_us
+    a = batches_per_us / mu
+    if a >= pool.vgpus:
+        return math.inf
+    return erlang_c(pool.vgpus, a) * max(arrival_scv, 1e-6) / (2.0 * (pool.vgpus * mu - batches_per_us))
+
+
+def tail_latency_us(p: PipelineTerms, model_rps: float, q: float = TARGET, arrival_scv: float = 1.0) -> float:
+    """Estimated q-quantile of a request's latency through ``p`` when the model is offered ``model_rps``:
+    batch forming + the waits (the slowest pool's tail, the others' means) + the pipeline's latency."""
+    per_us = model_rps / 1e6
+    batches = per_us * p.share / p.batch
+    scv = arrival_scv / p.batch  # b arrivals per batch smooth the batch stream
+    tails = [wait_quantile_us(pool, batches, q, scv) for pool in p.pools]
+    worst = max(range(len(tails)), key=tails.__getitem__)
+    others = sum(wait_mean_us(pool, batches, scv) for k, pool in enumerate(p.pools) if k != worst)
+    # The driver holds a partial batch only while the pools could not keep up without it, and never past the
+    # first request's deadline: batches form in their mean time, (b - 1) gaps, not in a tail quantile of it.
+    forming = (p.batch - 1) / per_us if per_us > 0 else 0.0
+    return p.latency_us + forming + tails[worst] + others
+
+
+def pipeline_sustainable_rps(p: PipelineTerms, slo_us: float, q: float = TARGET, arrival_scv: float = 1.0) -> float:
+    """The largest rate (req/s) one pipeline takes with its estimated q-quantile latency within ``slo_us``.
+
+    Scanned down from its capacity rather than bisected: at low rates the driver dispatches partial batches, so
+    the closed form's forming term (full batches) only holds near the capacity, where the answer lies."""
+    if p.latency_us > slo_us:
+        return 0.0
+    alone = PipelineTerms(p.batch, 1.0, p.pools, p.latency_us)
+    capacity = p.capacity_rps()
+    for i in range(1, SCAN_STEPS + 1):
+        rps = capacity * (1.0 - i / SCAN_STEPS)
+        if rps > 0 and tail_latency_us(alone, rps, q, arrival_scv) <= slo_us:
+            return rps
+    return 0.0
+
+
+def pooled(pipelines: list[PipelineTerms]) -> PipelineTerms:
+    """A model's pipelines as one: the driver sends each batch to whichever pipeline frees first, so their
+    bottleneck pools queue as one pool of all their vGPUs (at the capacity-weighted service time), behind the
+    capacity-weighted latency, with the smallest batch any of them forms."""
+    caps = [p.capacity_rps() for p in pipelines]
+    total = sum(caps)
+    necks = [min(p.pools, key=lambda x: x.vgpus / x.service_us) for p in pipelines]
+    vgpus = sum(n.vgpus for n in necks)
+    service = vgpus / sum(n.vgpus / n.service_us for n in necks)
+    latency = sum(c * p.latency_us for c, p in zip(caps, pipelines)) / total
+    return PipelineTerms(min(p.batch for p in pipelines), 1.0, (PoolTerms(vgpus, service),), latency)
+
+
+def sustainable_rps(pipelines: list[PipelineTerms], slo_us: float, q: float = TARGET,
+                    arrival_scv: float = 1.0) -> float:
+    """A model's sustainable rate: its pipelines that fit the SLO at all, pooled (:func:`pooled`)."""
+    usable = [p for p in pipelines if p.latency_us <= slo_us and p.capacity_rps() > 0]
+    if len(usable) == 1:  # every pool of its own (the others' waits count too)
+        return pipeline_sustainable_rps(usable[0], slo_us, q, arrival_scv)
+    return pipeline_sustainable_rps(pooled(usable), slo_us, q, arrival_scv) if usable else 0.0

@@ -1,0 +1,115 @@
+"""Plan for the rate a cluster sustains: candidate plans over SLO margins, ranked by the closed form, the best
+measured by the registered evaluator (the simulator), the one that sustains the most kept.
+
+Why margins: a pooled pipeline needs slack under its SLO for batches to wait in its pools, and how much depends
+on the pools' sizes and batches, which the MILP picks. A plan made with no margin fills the SLO with compute
+and sustains little; one made with a large margin gives up throughput it could have held. Every candidate is
+planned with the per-stage costs of serving inside its latency (lead and tail of each stage call) and with the
+margin the sidecar's driver keeps, so none is shed whole at serve time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from planner.plan_json import Plan
+from planner.spec.planning_spec import PlanningSpec
+from planner.sustained.arrivals import Arrivals
+from planner.sustained.capacity import predicted_rps
+from planner.sustained.evaluators import evaluator
+from poolpipe_common.errors import InputError
+from poolpipe_common.overheads import Overheads, driver_margin_us
+
+# Shares of each model's SLO kept free for queueing, beyond the driver's own margin.
+MARGIN_FRACTIONS = (0.0, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4)
+MEASURED_CANDIDATES = 6  # how many of the best-predicted candidates the evaluator measures (the closed form
+# ranks plans of one batch size well, but undervalues larger batches, so most candidates are measured)
+
+Solve = Callable[[PlanningSpec], tuple[Plan, tuple[str, ...]]]
+
+
+@dataclass
+class Candidate:
+    margin: float
+    plan: Plan
+    lines: tuple[str, ...]
+    predicted: dict[str, float]
+    measured: dict[str, float] | None = None
+
+    def rates(self) -> dict[str, float]:
+        return self.measured if self.measured is not None else self.predicted
+
+
+def score(plan: Plan, rates: dict[str, float]) -> float:
+    """PPipe's max-min objective on sustained rates: the smallest rate / weight over the plan's models."""
+    return min((rates.get(m.name, 0.0) / (m.weight or 1.0) for m in plan.models), default=0.0)
+
+
+def costed(spec: PlanningSpec, margin: float, costs: Overheads) -> PlanningSpec:
+    """``spec`` with each model's margin = the driver's + ``margin`` x SLO (at least the spec's own) and the
+    per-stage cost of serving added to every partition's latency."""
+    return replace(spec, models=tuple(
+        replace(m, slo_margin_us=max(m.slo_margin_us, driver_margin_us(m.slo_us) + margin * m.slo_us),
+                stage_overhead_us=costs.lead_us + costs.tail_us)
+        for m in spec.models))
+
+
+def _signature(plan: Plan) -> str:
+    return repr([[p.to_dict() for p in m.pipelines] for m in plan.models])
+
+
+def candidates(spec: PlanningSpec, solve: Solve, arrivals: Arrivals, costs: Overheads) -> list[Candidate]:
+    """One plan per margin (plans equal to an earlier one dropped), best predicted first."""
+    out: dict[str, Candidate] = {}
+    last_error: Exception | None = None
+    for margin in MARGIN_FRACTIONS:
+        try:
+            plan, lines = solve(costed(spec, margin, costs))
+        except InputError as e:  # this margin leaves no pipeline within the SLO
+            last_error = e
+            continue
+        out.setdefault(_signature(plan), Candidate(margin, plan, lines, predicted_rps(plan, arrivals, costs)))
+    if not out:
+        raise InputError(f"no plan fits the SLOs once serving's per-stage costs ({costs.lead_us:.0f} + "
+                         f"{costs.tail_us:.0f} us per stage) and the driver's margin are counted: {last_error}; "
+                         "raise the SLO or measure the costs (poolpipe serve --overheads-out) and pass --overheads")
+    return sorted(out.values(), key=lambda c: -score(c.plan, c.predicted))
+
+
+def with_sustainable(plan: Plan, rates: dict[str, float], arrivals: Arrivals, evaluated_by: str,
+                     table: list[dict] | None = None) -> Plan:
+    """``plan`` with each model's sustainable rate and the arrivals it assumed recorded."""
+    models = tuple(replace(m, sustainable_rps=float(rates.get(m.name, 0.0)), arrivals=arrivals.text)
+                   for m in plan.models)
+    info = {"evaluated_by": evaluated_by, **({"candidates": table} if table is not None else {})}
+    return replace(plan, models=models, sustained=info)
+
+
+def plan_sustained(spec: PlanningSpec, solve: Solve, arrivals: Arrivals, costs: Overheads,
+                   evaluator_name: str | None = None, progress: Callable[[str], None] | None = None
+                   ) -> tuple[Plan, tuple[str, ...]]:
+    """The candidate plan that sustains the most (max-min over models), with its sustainable rates recorded."""
+    cands = candidates(spec, solve, arrivals, costs)
+    name, evaluate = evaluator(evaluator_name)
+    if name != "analytic":
+        for c in cands[:MEASURED_CANDIDATES]:
+            if progress:
+                progress(f"measuring the candidate planned with margin {c.margin:g} ({name})")
+            c.measured = evaluate(c.plan, arrivals, costs)
+    pool = [c for c in cands if c.measured is not None] or cands
+    best = max(pool, key=lambda c: (score(c.plan, c.rates()), -c.margin))
+    table = [{"margin_fraction": c.margin, "nominal_rps": {m.name: m.throughput_rps for m in c.plan.models},
+              "predicted_rps": c.predicted, "measured_rps": c.measured, "chosen": c is best} for c in cands]
+    lines = [f"sustained objective: {len(cands)} candidate plan(s) over SLO margins; kept the one planned with "
+             f"margin {best.margin:g} x SLO (+ the driver's), {name} sustains "
+             + ", ".join(f"{m} {r:,.1f} req/s" for m, r in best.rates().items()) + f" under {arrivals}"]
+    return with_sustainable(best.plan, best.rates(), arrivals, name, table), (*best.lines, *lines)
+
+
+def annotate(plan: Plan, arrivals: Arrivals, costs: Overheads, evaluator_name: str | None = None) -> Plan:
+    """Any plan with its sustainable rates measured (for the objectives that do not plan for them)."""
+    name, evaluate = evaluator(evaluator_name)
+    rates = evaluate(plan, arrivals, costs)
+    return with_sustainable(plan, {k: (0.0 if math.isnan(v) else v) for k, v in rates.items()}, arrivals, name)

@@ -1,0 +1,146 @@
+"""The sustained objective: the closed form against the simulator (which runs the shipped driver), candidate
+plans over margins, the recorded sustainable rates, and the CLI's flags."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from planner import PlanRequest, plan
+from planner.ppipe.reference_plans import load_reference_plans, spec_from_reference
+from planner.spec.planning_spec import ClusterSpec, check_spec
+from planner.sustained.arrivals import parse_arrivals
+from planner.sustained.capacity import predicted_rps
+from planner.sustained.queueing import PipelineTerms, PoolTerms, erlang_c, sustainable_rps
+from poolpipe_common.errors import InputError
+from poolpipe_common.overheads import DEFAULT_OVERHEADS
+from profiling.reference import import_ppipe_profile
+from scheduler.sim.sustain import simulated_rps
+from scheduler.sim.sweep import PointJob, run_point
+from tests.conftest import REFERENCE_DIR, run_cli
+from workloads.arrivals import parse_trace
+
+MODEL = "centernet-update_r50-caffe_fpn_ms-1x_coco"
+# The closed form ranks candidates for the simulator to measure; measured against it on small plans it rated them
+# 0.44x-1.23x (low for plans of batch-2 pipelines, high for pools of one or two vGPUs): it is not a promise.
+CLOSED_FORM_BAND = (0.4, 1.3)
+# What plan.json promises (the simulator's rate, seed 0) must hold, on other arrivals (seed 7), to within this.
+PROMISE_ATTAINMENT = 0.985
+
+
+def small_spec(l4: int, t4: int, slo_factor: float = 3.0, margin: float = 0.3):
+    entry = next(e for e in load_reference_plans() if e["suite"] == "ablation" and len(e["models"]) == 1
+                 and e["models"][0]["model"] == MODEL and tuple(e["cluster"]["gpu_name_arr"]) == ("L4", "T4"))
+    spec = spec_from_reference(entry)
+    c = spec.cluster
+    ms = spec.models[0]
+    slo = slo_factor * ms.profile.latency_us("L4", 1, 1, 0, len(ms.profile.blocks))
+    ms = dataclasses.replace(ms, slo_us=slo, slo_margin_us=margin * slo)
+    return check_spec(dataclasses.replace(spec, cluster=ClusterSpec({"L4": l4, "T4": t4}, c.gpus_per_server,
+                                                                    c.bandwidth_gbps, c.vgpu_levels), models=(ms,)))
+
+
+def test_erlang_c_matches_known_values():
+    assert erlang_c(1, 0.5) == pytest.approx(0.5)  # M/M/1: P(wait) = rho
+    assert erlang_c(2, 1.0) == pytest.approx(1 / 3)
+    assert erlang_c(3, 3.0) == 1.0
+
+
+def test_more_vgpus_at_equal_capacity_sustain_more():
+    """Many small vGPUs queue less than one big one of the same capacity: the closed form must see it."""
+    one = [PipelineTerms(1, 1.0, (PoolTerms(1, 2_000.0),), 2_000.0)]
+    four = [PipelineTerms(1, 1.0, (PoolTerms(4, 8_000.0),), 8_000.0)]
+    assert sustainable_rps(four, 20_000.0) > sustainable_rps(one, 20_000.0) * 0.9
+    assert sustainable_rps(one, 2_500.0) < sustainable_rps(one, 20_000.0)
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(l4=st.integers(1, 3), t4=st.integers(0, 6), margin=st.sampled_from([0.1, 0.2, 0.3]),
+       load=st.floats(0.5, 1.0))
+def test_the_promised_rate_holds_on_other_arrivals(l4, t4, margin, load):
+    """Over pool sizes (clusters and margins make them) and loads up to the promise: plan.json's sustainable_rps,
+    simulated on arrivals it was not measured on, keeps >= PROMISE_ATTAINMENT."""
+    p = plan(small_spec(l4, t4, margin=margin), PlanRequest(objective="throughput", time_limit_s=30)).plan
+    m = p.models[0]
+    assert m.sustainable_rps is not None and m.sustainable_rps <= m.throughput_rps * 1.05
+    if m.sustainable_rps > 0:
+        summary, _ = run_point(PointJob(p, {MODEL: m.throughput_rps}, "ppipe", parse_trace("poisson"),
+                                        load * m.sustainable_rps / m.throughput_rps, 20.0, 7, driver="live",
+                                        overheads=DEFAULT_OVERHEADS))
+        assert summary["models"][MODEL]["slo_attainment"] >= PROMISE_ATTAINMENT, (load, m.sustainable_rps)
+
+
+@pytest.mark.parametrize("l4,t4,margin", [(2, 0, 0.2), (2, 3, 0.3), (1, 4, 0.2)])
+def test_the_closed_form_ranks_within_its_stated_band(l4, t4, margin):
+    """The closed form only ranks candidates for the simulator to measure: within CLOSED_FORM_BAND of it."""
+    p = plan(small_spec(l4, t4, margin=margin),
+             PlanRequest(objective="throughput", evaluator="none", time_limit_s=30)).plan
+    arrivals = parse_arrivals("poisson")
+    predicted = predicted_rps(p, arrivals, DEFAULT_OVERHEADS)[MODEL]
+    simulated = simulated_rps(p, arrivals, DEFAULT_OVERHEADS)[MODEL]
+    lo, hi = CLOSED_FORM_BAND
+    assert lo * simulated <= predicted <= hi * simulated, (predicted, simulated)
+
+
+def test_sustained_plan_records_what_it_holds_and_beats_the_fixed_margin():
+    """The default objective on the emulated 4 L4 + 12 T4: plan.json's sustainable_rps holds on other arrivals,
+    and it is more than the old default plan (margin 0.3 of the SLO, nominal objective) holds."""
+    sustained = plan(small_spec(4, 12, margin=0.0), PlanRequest(time_limit_s=30)).plan
+    fixed = plan(small_spec(4, 12, margin=0.3), PlanRequest(objective="throughput", time_limit_s=30)).plan
+    m = sustained.models[0]
+    assert m.arrivals == "poisson" and 0 < m.sustainable_rps <= m.throughput_rps * 1.05
+    summary, _ = run_point(PointJob(sustained, {MODEL: m.throughput_rps}, "ppipe", parse_trace("poisson"),
+                                    m.sustainable_rps / m.throughput_rps, 30.0, 7, driver="live",
+                                    overheads=DEFAULT_OVERHEADS))
+    assert summary["models"][MODEL]["slo_attainment"] >= PROMISE_ATTAINMENT
+    assert fixed.models[0].sustainable_rps is not None  # every objective's plan says what it holds
+    assert m.sustainable_rps >= 1.1 * fixed.models[0].sustainable_rps, (m.sustainable_rps, fixed.models[0])
+    doc = sustained.to_dict()
+    assert doc["models"][0]["sustainable_rps"] == m.sustainable_rps and doc["request"]["objective"] == "sustained"
+    assert doc["sustained"]["evaluated_by"] == "simulated"
+    assert sum(c["chosen"] for c in doc["sustained"]["candidates"]) == 1
+
+
+def test_plan_cli_prints_both_rates_and_takes_overheads_and_arrivals(tmp_path):
+    prof = tmp_path / "centernet.json"
+    import_ppipe_profile(REFERENCE_DIR, MODEL).save(prof)
+    (tmp_path / "ov.json").write_text(json.dumps({"format": "poolpipe.overheads/1", "lead_us": 500.0,
+                                                  "tail_us": 400.0, "slowdown": 1.0}))
+    r = run_cli("plan", "--profile", prof, "--gpus", "L4=1,T4=3", "--slo-multiplier", "3",
+                "--overheads", tmp_path / "ov.json", "--arrivals", "bursty:2", "--out", tmp_path / "plan.json")
+    assert r.returncode == 0, r.stderr
+    out = " ".join(r.stdout.split())
+    assert "sustained at 99% SLO (bursty:2)" in out and "nominal" in out
+    doc = json.loads((tmp_path / "plan.json").read_text())
+    assert doc["models"][0]["arrivals"] == "bursty:2" and doc["models"][0]["sustainable_rps"] > 0
+    assert doc["request"]["overheads"]["lead_us"] == 500.0
+    bad = run_cli("plan", "--profile", prof, "--gpus", "L4=1", "--slo-multiplier", "3", "--arrivals", "uniform",
+                  "--out", tmp_path / "x.json")
+    assert bad.returncode != 0 and "--arrivals 'uniform'" in bad.stderr
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_cost_objective_sustains_the_rate_it_was_asked_for():
+    spec = small_spec(4, 12, margin=0.0)
+    p = plan(spec, PlanRequest(objective="cost", rates_rps={MODEL: 150.0}, prices={"L4": 0.8, "T4": 0.35},
+                               time_limit_s=30)).plan
+    assert p.models[0].sustainable_rps >= 150.0
+    summary, _ = run_point(PointJob(p, {MODEL: p.models[0].throughput_rps}, "ppipe", parse_trace("poisson"),
+                                    150.0 / p.models[0].throughput_rps, 30.0, 7, driver="live",
+                                    overheads=DEFAULT_OVERHEADS))
+    assert summary["models"][MODEL]["slo_attainment"] >= PROMISE_ATTAINMENT
+
+
+@pytest.mark.parametrize("text,scv", [("poisson", 1.0), ("bursty:2", 4.0), ("replay:azure-conv", 1.0)])
+def test_arrivals_parse(text, scv):
+    assert parse_arrivals(text).scv == scv and str(parse_arrivals(text)) == text
+
+
+@pytest.mark.parametrize("text", ["", "bursty", "bursty:-1", "replay:", "uniform"])
+def test_bad_arrivals_say_what_is_expected(text):
+    with pytest.raises(InputError, match="--arrivals"):
+        parse_arrivals(text)
