@@ -80,9 +80,11 @@ class Sidecar:
                  ",".join(self.planned.names()) if self.planned else "-", c.passthrough or "-")
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        if self.planned is not None:
-            self.planned.refresh_gauges()
-        return web.Response(body=self.metrics.exposition(), content_type="text/plain")
+        if self.planned is None:
+            return web.Response(body=self.metrics.exposition(), content_type="text/plain")
+        self.planned.refresh_gauges()  # poolpipe's own families, then Triton's for the planned models
+        body = self.metrics.exposition() + self.planned.triton_metrics()
+        return web.Response(body=body, content_type="text/plain")
 
     async def stop(self) -> None:
         """Stop accepting, let in-flight requests finish (up to the drain timeout), release every shm region."""
