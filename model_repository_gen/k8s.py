@@ -8,7 +8,8 @@ Written to ``<out>/k8s/`` beside the launch files, one YAML document per file an
   ConfigMap whose vGPU addresses are the in-cluster DNS names;
 - ``device-plugin-config.yaml``: the NVIDIA device plugin's configurations, one per (GPU type, vGPU
   level), MPS sharing with ``replicas`` = the level, in the GPU Operator's namespace; and
-  ``label-nodes.sh``, the ``nvidia.com/device-plugin.config`` label each cluster host's node needs.
+  ``label-nodes.sh``, the ``nvidia.com/device-plugin.config`` label each cluster host's node needs;
+- ``monitoring/``: ServiceMonitors and a Grafana dashboard (k8s_monitoring.py).
 
 GPU vGPUs request ``nvidia.com/gpu: 1`` (one MPS replica, 1/V of a GPU) on nodes whose
 ``nvidia.com/gpu.product`` is the GPU type's and whose device-plugin config splits GPUs at the vGPU's
@@ -25,6 +26,7 @@ from typing import Any
 
 import yaml
 
+from model_repository_gen.k8s_monitoring import write_monitoring
 from model_repository_gen.manifest import Manifest, VGpuInfo
 from poolpipe_common.errors import InputError
 
@@ -283,6 +285,7 @@ def write_k8s(manifest: Manifest, out_dir: str | Path, opts: K8sOptions) -> Path
         lines.append(f'kubectl label node "${{{_env_name(host)}:-{node}}}" {CONFIG_LABEL}={config} --overwrite')
     (d / "label-nodes.sh").write_text("\n".join(lines) + "\n")
     (d / "label-nodes.sh").chmod(0o755)
+    write_monitoring(d, opts.namespace)
     return d
 
 

@@ -51,4 +51,5 @@ def write_from_args(manifest, out: Path, args: argparse.Namespace) -> str:
         return ""
     d = k8s.write_k8s(manifest, out, options_from_args(args))
     return (f"wrote {d}: {len(manifest.vgpus)} tritonserver workload(s) and the sidecar; label GPU nodes with "
-            f"{d}/label-nodes.sh, then: kubectl apply -k {d}")
+            f"{d}/label-nodes.sh, then: kubectl apply -k {d} (and, where the Prometheus Operator runs, "
+            f"kubectl apply -k {d}/monitoring: ServiceMonitors and a Grafana dashboard)")
