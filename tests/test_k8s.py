@@ -176,3 +176,27 @@ def test_monitoring_scrapes_the_sidecar_and_servers_and_the_dashboard_reads_trit
     assert {"nv_inference_request_success", "nv_inference_queue_duration_us",
             "nv_inference_compute_infer_duration_us", "nv_inference_request_failure"} <= used
     assert len({p["id"] for p in board["panels"]}) == len(board["panels"]) and board["schemaVersion"] >= 36
+
+
+def test_sidecar_management_apis_need_the_admin_key_from_a_secret(deployed):
+    """The sidecar binds 0.0.0.0 in-cluster: its management APIs are restricted (tritonserver's flags) to the key of
+    a generated Secret, which generating again keeps."""
+    from scheduler.server.common.restricted import RestrictedApis
+
+    deploy, manifest = deployed
+    d = write_k8s(manifest, deploy, K8sOptions(namespace="vision"))
+    docs = load_dir(d)
+    validate_all(docs)
+    secret = by_kind(docs, "Secret")["poolpipe-admin-key"]
+    key = secret["stringData"]["admin-key"]
+    assert len(key) == 32 and (d / "admin-secret.yaml").stat().st_mode & 0o077 == 0
+    c = by_kind(docs, "Deployment")["poolpipe-sidecar"]["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["POOLPIPE_ADMIN_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "poolpipe-admin-key", "key": "admin-key"}
+    for flag in ("--grpc-restricted-protocol", "--http-restricted-api"):
+        spec = c["args"][c["args"].index(flag) + 1].replace("$(POOLPIPE_ADMIN_KEY)", key)
+        rules = RestrictedApis.parse([spec], flag, grpc_prefix=flag.startswith("--grpc")).rules
+        assert {"shared-memory", "model-repository", "poolpipe-admin", "logging", "trace"} <= set(rules)
+        assert "inference" not in rules and "health" not in rules  # clients and probes need no key
+    again = load_dir(write_k8s(manifest, deploy, K8sOptions(namespace="vision")))
+    assert by_kind(again, "Secret")["poolpipe-admin-key"]["stringData"]["admin-key"] == key

@@ -5,10 +5,12 @@ what the sidecar serves, and Triton's answers to the rest."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -23,23 +25,44 @@ from runtime.launch import Deployment
 from runtime.sidecar_process import SidecarProcess
 from runtime.testbed import EMULATED_MODEL, build_emulated_deployment
 from scheduler.server.common.triton_metrics import NAMES
+from tests.conftest import run_cli
 
 pytestmark = pytest.mark.triton
 MODEL = EMULATED_MODEL
 PERF_ANALYZER = Path(os.environ.get("PERF_ANALYZER", Path(sys.prefix) / "bin" / "perf_analyzer"))
 
 
+ADMIN = ("--grpc-restricted-protocol", "shared-memory,model-repository:admin-key=s3cret",
+         "--grpc-restricted-protocol", "statistics:stats-key=st",
+         "--http-restricted-api", "shared-memory,model-repository,logging:admin-key=s3cret")
+
+
 @pytest.fixture(scope="module")
-def sidecar(tmp_path_factory: pytest.TempPathFactory):
+def servers(tmp_path_factory: pytest.TempPathFactory):
     work = tmp_path_factory.mktemp("tools")
     deploy = build_emulated_deployment(work, slo_us=1_000_000.0, batch=2)
     with Deployment(deploy, check_hardware=False, log_dir=work / "logs"):
-        sc = SidecarProcess(manifest=deploy, log_path=work / "sidecar.log").start()
-        try:
-            sc.wait_ready()
-            yield sc
-        finally:
-            assert sc.stop() == 0
+        yield deploy, work
+
+
+def _sidecar(servers: tuple[Path, Path], name: str, *args: str):
+    deploy, work = servers
+    sc = SidecarProcess(manifest=deploy, log_path=work / f"{name}.log", extra_args=args).start()
+    try:
+        sc.wait_ready()
+        yield sc
+    finally:
+        assert sc.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def sidecar(servers: tuple[Path, Path]):
+    yield from _sidecar(servers, "sidecar")
+
+
+@pytest.fixture(scope="module")
+def restricted(servers: tuple[Path, Path]):
+    yield from _sidecar(servers, "restricted", *ADMIN)
 
 
 def _perf(sc: SidecarProcess, protocol: str, *args: str) -> str:
@@ -163,3 +186,53 @@ def test_logging_extension_sets_the_sidecars_log(sidecar: SidecarProcess) -> Non
         g.update_log_settings({"log_colour": True})
     h.update_log_settings({"log_verbose_level": 0, "log_format": "default"})
     assert h.get_log_settings()["log_verbose_level"] == 0
+
+
+def test_restricted_apis_need_their_header(restricted: SidecarProcess) -> None:
+    """tritonserver's flags: a restricted API without the header (or with a wrong value) is refused naming the
+    header (gRPC: PERMISSION_DENIED, header with tritonserver's prefix; HTTP: 403); with it, served; the rest open.
+    The admin endpoints follow model-repository's key."""
+    g, h = grpcclient.InferenceServerClient(restricted.grpc_url), httpclient.InferenceServerClient(restricted.http_url)
+    admin_g = {"triton-grpc-protocol-admin-key": "s3cret"}
+    for headers in (None, {"triton-grpc-protocol-admin-key": "wrong"}):
+        with pytest.raises(InferenceServerException) as e:
+            g.get_system_shared_memory_status(headers=headers)
+        assert e.value.status() == "StatusCode.PERMISSION_DENIED"
+        assert "This protocol is restricted, expecting header 'triton-grpc-protocol-admin-key'" in e.value.message()
+    assert len(g.get_system_shared_memory_status(headers=admin_g).regions) == 0
+    with pytest.raises(InferenceServerException, match="triton-grpc-protocol-admin-key"):
+        g.get_model_repository_index()
+    assert MODEL in {m.name for m in g.get_model_repository_index(headers=admin_g).models}
+    with pytest.raises(InferenceServerException, match="triton-grpc-protocol-stats-key"):
+        g.get_inference_statistics(MODEL, headers=admin_g)  # another group, another key
+    assert g.get_inference_statistics(MODEL, headers={"triton-grpc-protocol-stats-key": "st"}).model_stats
+    _infer(g, 1)  # inference, health and metadata are not restricted
+    assert g.is_server_ready() and h.is_server_live()
+    with pytest.raises(InferenceServerException, match="This API is restricted, expecting header 'admin-key'") as e:
+        h.get_log_settings()
+    assert e.value.status() == "403"
+    assert h.get_log_settings(headers={"admin-key": "s3cret"})["log_info"] is True
+    for method, path in (("POST", "/v2/poolpipe/reload"), ("GET", "/v2/poolpipe/plan")):
+        req = urllib.request.Request(f"http://{restricted.http_url}{path}", method=method)
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(req, timeout=5)
+        assert err.value.code == 403 and "'admin-key'" in err.value.read().decode()
+    req = urllib.request.Request(f"http://{restricted.http_url}/v2/poolpipe/plan", headers={"admin-key": "s3cret"})
+    with urllib.request.urlopen(req, timeout=5) as r:
+        assert r.status == 200 and "generation" in json.loads(r.read())
+
+
+@pytest.mark.parametrize("flag,spec,error", [
+    ("--grpc-restricted-protocol", "shared-memory", "expected <api>[,<api>]:<key>=<value>"),
+    ("--http-restricted-api", "infer:k=v", "unknown API 'infer'"),
+    ("--http-restricted-api", "trace:k=", "expected <api>"),
+])
+def test_restricted_flag_errors_are_one_line(flag: str, spec: str, error: str) -> None:
+    r = run_cli("serve", "--passthrough", "127.0.0.1:1", flag, spec, timeout=60)
+    assert r.returncode == 2 and error in r.stderr and flag in r.stderr, r.stderr
+
+
+def test_an_api_in_two_groups_is_refused_as_tritonserver_does() -> None:
+    r = run_cli("serve", "--passthrough", "127.0.0.1:1", "--grpc-restricted-protocol", "trace:a=b",
+                "--grpc-restricted-protocol", "trace,logging:c=d", timeout=60)
+    assert r.returncode == 2 and "restricted api 'trace' can not be specified in multiple config groups" in r.stderr
