@@ -32,7 +32,8 @@ from model_repository_gen.k8s_monitoring import write_monitoring
 from model_repository_gen.manifest import Manifest, VGpuInfo
 from poolpipe_common.errors import InputError
 
-DEFAULT_TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:24.08-py3"
+# The images containers/triton/Dockerfile and containers/sidecar/Dockerfile build (tagged with poolpipe's version)
+DEFAULT_TRITON_IMAGE = "poolpipe-triton:0.1.0"
 DEFAULT_SIDECAR_IMAGE = "poolpipe:0.1.0"
 DEFAULT_NAMESPACE = "poolpipe"
 DEFAULT_PVC = "poolpipe-repository"
