@@ -77,11 +77,11 @@ class ModelStats:
     def succeeded(self, arrival_us: float, marks: RequestMarks, answer_us: float, rows: int) -> None:
         """One answered request; a mark not measured falls back to its neighbour (the counts stay equal, as
         perf_analyzer requires)."""
-        ready = marks.ready_us if marks.ready_us is not None else arrival_us
-        start = marks.start_us if marks.start_us is not None else ready
-        end = marks.end_us if marks.end_us is not None else answer_us
-        ready, start = min(max(ready, arrival_us), answer_us), min(max(start, ready), answer_us)
-        end = min(max(end, start), answer_us)
+        def within(t: float | None, lo: float, default: float) -> float:  # in order: arrival..answer
+            return min(max(default if t is None else t, lo), answer_us)
+        ready = within(marks.ready_us, arrival_us, arrival_us)
+        start = within(marks.start_us, ready, ready)
+        end = within(marks.end_us, start, answer_us)
         self.success.add(answer_us - arrival_us)
         self.queue.add(ready - arrival_us)
         self.compute_input.add(start - ready)
