@@ -8,7 +8,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench venv clean
+.PHONY: demo test lint bench venv clean perf-analyzer
 
 venv: $(STAMP)
 
@@ -18,12 +18,21 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
+# perf_analyzer (NVIDIA's load tool) for tests/test_triton_tools.py: from the tritonclient 2.41.1 wheel, with
+# libb64 built by gcc where the system has none (tests/tools/install_perf_analyzer.py says why).
+PERF_ANALYZER := $(VENV)/bin/perf_analyzer
+
+$(PERF_ANALYZER): $(STAMP) tests/tools/install_perf_analyzer.py tests/tools/libb64.c
+	$(PY) tests/tools/install_perf_analyzer.py --prefix $(VENV)
+
+perf-analyzer: $(PERF_ANALYZER)
+
 # lint-imports imports the packages to find their files: PYTHONPATH puts this tree's first, whoever calls make.
 lint: $(if $(and $(wildcard $(VENV)/bin/ruff),$(wildcard $(VENV)/bin/lint-imports)),,$(STAMP))
 	$(VENV)/bin/ruff check .
 	PYTHONPATH=$(CURDIR) $(VENV)/bin/lint-imports --no-logo
 
-test: $(STAMP) lint
+test: $(STAMP) lint $(PERF_ANALYZER)
 	$(PY) -m pytest -q -p no:cacheprovider
 
 demo: $(STAMP)

@@ -5,10 +5,12 @@ Written to ``<out>/k8s/`` beside the launch files, one YAML document per file an
 - ``namespace.yaml``; per vGPU a StatefulSet of one ``tritonserver`` pod and a headless Service (its
   stable DNS name), reading its repository from the user's volume; the sidecar's Deployment (a
   StatefulSet of N shards with ``--shards N``), Service and PodDisruptionBudget; ``manifest.json`` as a
-  ConfigMap whose vGPU addresses are the in-cluster DNS names;
+  ConfigMap whose vGPU addresses are the in-cluster DNS names; ``admin-secret.yaml``, the key the sidecar's
+  management APIs (shared memory, model repository, trace, logging, /v2/poolpipe) require (restricted APIs);
 - ``device-plugin-config.yaml``: the NVIDIA device plugin's configurations, one per (GPU type, vGPU
   level), MPS sharing with ``replicas`` = the level, in the GPU Operator's namespace; and
-  ``label-nodes.sh``, the ``nvidia.com/device-plugin.config`` label each cluster host's node needs.
+  ``label-nodes.sh``, the ``nvidia.com/device-plugin.config`` label each cluster host's node needs;
+- ``monitoring/``: ServiceMonitors and a Grafana dashboard (k8s_monitoring.py).
 
 GPU vGPUs request ``nvidia.com/gpu: 1`` (one MPS replica, 1/V of a GPU) on nodes whose
 ``nvidia.com/gpu.product`` is the GPU type's and whose device-plugin config splits GPUs at the vGPU's
@@ -19,16 +21,19 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from model_repository_gen.k8s_monitoring import write_monitoring
 from model_repository_gen.manifest import Manifest, VGpuInfo
 from poolpipe_common.errors import InputError
 
-DEFAULT_TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:24.08-py3"
+# The images containers/triton/Dockerfile and containers/sidecar/Dockerfile build (tagged with poolpipe's version)
+DEFAULT_TRITON_IMAGE = "poolpipe-triton:0.1.0"
 DEFAULT_SIDECAR_IMAGE = "poolpipe:0.1.0"
 DEFAULT_NAMESPACE = "poolpipe"
 DEFAULT_PVC = "poolpipe-repository"
@@ -43,6 +48,12 @@ PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
 MODELS_MOUNT = "/models"
 CONFIGMAP_LIMIT = 1_000_000  # bytes; Kubernetes refuses larger ConfigMaps
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+# The sidecar's management APIs, restricted to callers with the admin key (a Secret; generate writes one with a
+# random key, kept when generating again)
+RESTRICTED_APIS = ("shared-memory", "model-repository", "trace", "logging", "poolpipe-admin")
+ADMIN_SECRET = "poolpipe-admin-key"
+ADMIN_KEY = "admin-key"
+ADMIN_ENV = "POOLPIPE_ADMIN_KEY"
 
 
 @dataclass(frozen=True)
@@ -203,10 +214,14 @@ def sidecar_documents(opts: K8sOptions) -> list[dict[str, Any]]:
     selector = {"app.kubernetes.io/name": name}
     args = ["serve", "--manifest", "/etc/poolpipe/manifest.json", "--bind", "0.0.0.0",
             *[a for n, p in PORTS.items() for a in (f"--{n}-port", str(p))]]
-    env = []
+    # bound beyond loopback: the management APIs need the admin key from the Secret (tritonserver's flags)
+    restricted = f"{','.join(RESTRICTED_APIS)}:{ADMIN_KEY}=$({ADMIN_ENV})"
+    args += ["--grpc-restricted-protocol", restricted, "--http-restricted-api", restricted]
+    env: list[dict[str, Any]] = [{"name": ADMIN_ENV, "valueFrom": {"secretKeyRef": {"name": ADMIN_SECRET,
+                                                                                     "key": ADMIN_KEY}}}]
     if opts.shards > 1:  # the StatefulSet's pod index label (Kubernetes >= 1.28) picks the shard
-        env = [{"name": "SHARD_INDEX", "valueFrom": {"fieldRef": {
-            "fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}}}]
+        env.append({"name": "SHARD_INDEX", "valueFrom": {"fieldRef": {
+            "fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}}})
         args += ["--shard", f"$(SHARD_INDEX)/{opts.shards}"]
     container = {"name": "sidecar", "image": opts.sidecar_image, "command": ["poolpipe"], "args": args, "env": env,
                  "ports": _container_ports(), "resources": {"requests": {"cpu": "2", "memory": "1Gi"}}, **_probes(),
@@ -262,15 +277,33 @@ def k8s_documents(manifest: Manifest, opts: K8sOptions) -> dict[str, list[dict[s
     return files
 
 
+def admin_secret(namespace: str, key: str | None = None) -> dict[str, Any]:
+    """The Secret holding the admin key of the sidecar's restricted APIs (a new random key unless given)."""
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": _meta(ADMIN_SECRET, namespace, "admin-key"),
+            "stringData": {ADMIN_KEY: key or secrets.token_hex(16)}}
+
+
+def _kept_admin_key(path: Path) -> str | None:
+    """The key of a Secret written before (generating again must not lock out its holders)."""
+    try:
+        doc = yaml.safe_load(path.read_text())
+        return str(doc["stringData"][ADMIN_KEY]) or None
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        return None
+
+
 def write_k8s(manifest: Manifest, out_dir: str | Path, opts: K8sOptions) -> Path:
     """Write ``out_dir/k8s``: every resource, kustomization.yaml and label-nodes.sh; returns the directory."""
     files = k8s_documents(manifest, opts)
     d = Path(out_dir) / "k8s"
     d.mkdir(parents=True, exist_ok=True)
+    files["admin-secret.yaml"] = [admin_secret(opts.namespace, _kept_admin_key(d / "admin-secret.yaml"))]
     for old in d.glob("*.yaml"):
         old.unlink()
     for fname, docs in files.items():
         (d / fname).write_text(yaml.safe_dump_all(docs, sort_keys=False))
+    (d / "admin-secret.yaml").chmod(0o600)
     kustomization = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
                      "resources": list(files)}
     (d / "kustomization.yaml").write_text(yaml.safe_dump(kustomization, sort_keys=False))
@@ -283,6 +316,7 @@ def write_k8s(manifest: Manifest, out_dir: str | Path, opts: K8sOptions) -> Path
         lines.append(f'kubectl label node "${{{_env_name(host)}:-{node}}}" {CONFIG_LABEL}={config} --overwrite')
     (d / "label-nodes.sh").write_text("\n".join(lines) + "\n")
     (d / "label-nodes.sh").chmod(0o755)
+    write_monitoring(d, opts.namespace)
     return d
 
 

@@ -17,10 +17,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--k8s-namespace", default=k8s.DEFAULT_NAMESPACE, metavar="NAME",
                    help="namespace of poolpipe's workloads (default: %(default)s)")
     g.add_argument("--k8s-triton-image", default=k8s.DEFAULT_TRITON_IMAGE, metavar="IMAGE",
-                   help="image with tritonserver and its Python backend (default: %(default)s); real-engine hosts "
-                        "also need numpy and onnxruntime importable by the Python backend")
+                   help="image with tritonserver, its Python backend and what the partition backend imports "
+                        "(default: %(default)s, built by containers/triton/Dockerfile: NGC's tritonserver plus "
+                        "numpy, onnx, onnxruntime-gpu)")
     g.add_argument("--k8s-sidecar-image", default=k8s.DEFAULT_SIDECAR_IMAGE, metavar="IMAGE",
-                   help="image with poolpipe installed, 'poolpipe' on its PATH (default: %(default)s)")
+                   help="image with poolpipe installed, 'poolpipe' on its PATH (default: %(default)s, built by "
+                        "containers/sidecar/Dockerfile)")
     g.add_argument("--k8s-repository-pvc", default=k8s.DEFAULT_PVC, metavar="CLAIM",
                    help="PersistentVolumeClaim holding a copy of OUT (mounted read-only at /models in every "
                         "tritonserver pod; default: %(default)s)")
@@ -51,4 +53,5 @@ def write_from_args(manifest, out: Path, args: argparse.Namespace) -> str:
         return ""
     d = k8s.write_k8s(manifest, out, options_from_args(args))
     return (f"wrote {d}: {len(manifest.vgpus)} tritonserver workload(s) and the sidecar; label GPU nodes with "
-            f"{d}/label-nodes.sh, then: kubectl apply -k {d}")
+            f"{d}/label-nodes.sh, then: kubectl apply -k {d} (and, where the Prometheus Operator runs, "
+            f"kubectl apply -k {d}/monitoring: ServiceMonitors and a Grafana dashboard)")

@@ -145,3 +145,58 @@ def test_bad_k8s_input_is_one_clear_error(deployed):
     t4.update(host="l4box", gpu_type="L4")  # l4box now holds a whole GPU beside its half GPUs
     with pytest.raises(InputError, match="vGPU levels"):
         k8s_documents(manifest_from_dict(mixed), K8sOptions())
+
+
+def test_monitoring_scrapes_the_sidecar_and_servers_and_the_dashboard_reads_triton_names(deployed):
+    """k8s/monitoring: ServiceMonitors whose selectors and ports match the Services (a ServiceMonitor is a CRD: its
+    fields are checked here, the ConfigMap against the schemas); a Grafana dashboard on nv_inference_* families."""
+    from model_repository_gen.k8s_monitoring import DASHBOARD_FILE
+    from scheduler.server.common.triton_metrics import NAMES
+
+    deploy, manifest = deployed
+    d = write_k8s(manifest, deploy, K8sOptions(namespace="vision"))
+    services = by_kind(load_dir(d), "Service")
+    mon = load_dir(d / "monitoring")
+    validate_all([doc for doc in mon if doc["kind"] == "ConfigMap"])
+    monitors = by_kind(mon, "ServiceMonitor")
+    assert set(monitors) == {"poolpipe-sidecar", "poolpipe-tritonservers"}
+    for m in monitors.values():
+        assert m["apiVersion"] == "monitoring.coreos.com/v1" and m["metadata"]["namespace"] == "vision"
+        want = m["spec"]["selector"]["matchLabels"]
+        scraped = [s for s in services.values() if want.items() <= s["metadata"]["labels"].items()]
+        assert scraped and all("metrics" in {p["name"] for p in s["spec"]["ports"]} for s in scraped)
+        assert m["spec"]["endpoints"][0]["port"] == "metrics"
+    assert len([s for s in services.values() if s["metadata"]["labels"]["app.kubernetes.io/component"]
+                == "tritonserver"]) == len(manifest.vgpus)
+    board = json.loads((d / "monitoring" / DASHBOARD_FILE).read_text())
+    cm = by_kind(mon, "ConfigMap")["poolpipe-dashboard"]
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1" and json.loads(cm["data"][DASHBOARD_FILE]) == board
+    exprs = " ".join(t["expr"] for p in board["panels"] for t in p["targets"])
+    used = {n for n in NAMES if n in exprs}
+    assert {"nv_inference_request_success", "nv_inference_queue_duration_us",
+            "nv_inference_compute_infer_duration_us", "nv_inference_request_failure"} <= used
+    assert len({p["id"] for p in board["panels"]}) == len(board["panels"]) and board["schemaVersion"] >= 36
+
+
+def test_sidecar_management_apis_need_the_admin_key_from_a_secret(deployed):
+    """The sidecar binds 0.0.0.0 in-cluster: its management APIs are restricted (tritonserver's flags) to the key of
+    a generated Secret, which generating again keeps."""
+    from scheduler.server.common.restricted import RestrictedApis
+
+    deploy, manifest = deployed
+    d = write_k8s(manifest, deploy, K8sOptions(namespace="vision"))
+    docs = load_dir(d)
+    validate_all(docs)
+    secret = by_kind(docs, "Secret")["poolpipe-admin-key"]
+    key = secret["stringData"]["admin-key"]
+    assert len(key) == 32 and (d / "admin-secret.yaml").stat().st_mode & 0o077 == 0
+    c = by_kind(docs, "Deployment")["poolpipe-sidecar"]["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["POOLPIPE_ADMIN_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "poolpipe-admin-key", "key": "admin-key"}
+    for flag in ("--grpc-restricted-protocol", "--http-restricted-api"):
+        spec = c["args"][c["args"].index(flag) + 1].replace("$(POOLPIPE_ADMIN_KEY)", key)
+        rules = RestrictedApis.parse([spec], flag, grpc_prefix=flag.startswith("--grpc")).rules
+        assert {"shared-memory", "model-repository", "poolpipe-admin", "logging", "trace"} <= set(rules)
+        assert "inference" not in rules and "health" not in rules  # clients and probes need no key
+    again = load_dir(write_k8s(manifest, deploy, K8sOptions(namespace="vision")))
+    assert by_kind(again, "Secret")["poolpipe-admin-key"]["stringData"]["admin-key"] == key

@@ -13,6 +13,7 @@ from aiohttp import web
 
 from scheduler.server.common.client_shm import ClientShmRegistry
 from scheduler.server.common.metrics import SidecarMetrics
+from scheduler.server.common.restricted import RestrictedApis
 from scheduler.server.front.grpc_front import start_grpc
 from scheduler.server.front.http_front import HttpFront, start_http
 from scheduler.server.front.router import Router
@@ -34,6 +35,8 @@ class SidecarConfig:
     overheads_out: Path | None = None
     shard: tuple[int, int] = (0, 1)  # (I, N): serve shard I of N (scheduler/core/shards.py)
     replan: Path | None = None  # serve --replan FILE: automatic re-planning settings
+    grpc_restricted: tuple[str, ...] = ()  # --grpc-restricted-protocol SPECs (scheduler/server/common/restricted.py)
+    http_restricted: tuple[str, ...] = ()  # --http-restricted-api SPECs
 
 
 class Sidecar:
@@ -65,8 +68,10 @@ class Sidecar:
                 self.replanner.start()
         self.router = Router(c.passthrough, self.planned, self.metrics, self.client_shm)
         await self.router.start()
-        self._grpc = await start_grpc(self.router, c.bind, c.grpc_port)
-        http_app = HttpFront(self.router).app()
+        grpc_rules = RestrictedApis.parse(c.grpc_restricted, "--grpc-restricted-protocol", grpc_prefix=True)
+        http_rules = RestrictedApis.parse(c.http_restricted, "--http-restricted-api", grpc_prefix=False)
+        self._grpc = await start_grpc(self.router, c.bind, c.grpc_port, grpc_rules)
+        http_app = HttpFront(self.router, http_rules).app()
         if self.planned is not None:
             from scheduler.server.front.admin import plan_handler, reload_handler  # noqa: PLC0415
             http_app.router.add_post("/v2/poolpipe/reload", reload_handler(self.planned, c.bind))
@@ -80,9 +85,11 @@ class Sidecar:
                  ",".join(self.planned.names()) if self.planned else "-", c.passthrough or "-")
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        if self.planned is not None:
-            self.planned.refresh_gauges()
-        return web.Response(body=self.metrics.exposition(), content_type="text/plain")
+        if self.planned is None:
+            return web.Response(body=self.metrics.exposition(), content_type="text/plain")
+        self.planned.refresh_gauges()  # poolpipe's own families, then Triton's for the planned models
+        body = self.metrics.exposition() + self.planned.triton_metrics()
+        return web.Response(body=body, content_type="text/plain")
 
     async def stop(self) -> None:
         """Stop accepting, let in-flight requests finish (up to the drain timeout), release every shm region."""

@@ -49,6 +49,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "names the planning spec, the cluster file and where to generate (see "
                         "scheduler/server/control/replanner.py); the sidecar plans in a worker process, launches the "
                         "new servers and reloads onto them (needs --manifest)")
+    api_list = "health, metadata, inference, shared-memory, model-config, model-repository, statistics, trace, logging"
+    p.add_argument("--grpc-restricted-protocol", action="append", default=[], metavar="SPEC",
+                   help="as tritonserver: <api>[,<api>]:<key>=<value> (repeatable, one key per group); gRPC calls of "
+                        "those APIs must send the metadata 'triton-grpc-protocol-<key>: <value>', else they are "
+                        f"refused with PERMISSION_DENIED naming it. APIs: {api_list}, and poolpipe-admin (the "
+                        "sidecar's /v2/poolpipe endpoints; they follow model-repository when not named)")
+    p.add_argument("--http-restricted-api", action="append", default=[], metavar="SPEC",
+                   help="as tritonserver: <api>[,<api>]:<key>=<value> (repeatable); HTTP calls of those APIs must "
+                        "send the header '<key>: <value>', else they get 403 naming it (same APIs as above)")
     p.set_defaults(func=run)
 
 
@@ -58,6 +67,9 @@ def config_from_args(args: argparse.Namespace):  # -> SidecarConfig
 
     if args.manifest is None and args.passthrough is None:
         raise InputError("give --manifest DIR/manifest.json, --passthrough HOST:PORT, or both")
+    from scheduler.server.common.restricted import RestrictedApis  # noqa: PLC0415 (one-line errors now)
+    RestrictedApis.parse(args.grpc_restricted_protocol, "--grpc-restricted-protocol", grpc_prefix=True)
+    RestrictedApis.parse(args.http_restricted_api, "--http-restricted-api", grpc_prefix=False)
     ports = {"--grpc-port": args.grpc_port, "--http-port": args.http_port, "--metrics-port": args.metrics_port}
     for flag, port in ports.items():
         if not 0 < port < 65536:
@@ -92,7 +104,9 @@ def config_from_args(args: argparse.Namespace):  # -> SidecarConfig
     return SidecarConfig(manifest=manifest, passthrough=args.passthrough, grpc_port=args.grpc_port,
                          http_port=args.http_port, metrics_port=args.metrics_port, bind=args.bind,
                          policy=args.policy, drain_timeout_s=args.drain_timeout,
-                         batch_log=args.batch_log, overheads_out=args.overheads_out, shard=shard, replan=args.replan)
+                         batch_log=args.batch_log, overheads_out=args.overheads_out, shard=shard, replan=args.replan,
+                         grpc_restricted=tuple(args.grpc_restricted_protocol),
+                         http_restricted=tuple(args.http_restricted_api))
 
 
 def run(args: argparse.Namespace) -> int:

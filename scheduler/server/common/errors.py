@@ -11,6 +11,7 @@ _HTTP_STATUS = {
     grpc.StatusCode.ALREADY_EXISTS: 400,
     grpc.StatusCode.FAILED_PRECONDITION: 400,
     grpc.StatusCode.OUT_OF_RANGE: 400,
+    grpc.StatusCode.PERMISSION_DENIED: 403,  # a restricted API without its header (tritonserver: 403)
     grpc.StatusCode.UNAVAILABLE: 503,
     grpc.StatusCode.DEADLINE_EXCEEDED: 504,
     grpc.StatusCode.UNIMPLEMENTED: 501,

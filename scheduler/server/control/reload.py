@@ -100,6 +100,9 @@ class ReloadablePlanned:
     def refresh_gauges(self) -> None:
         self.current.refresh_gauges()
 
+    def triton_metrics(self) -> bytes:
+        return self.current.triton_metrics()
+
     async def infer(self, request: service_pb2.ModelInferRequest, deadline_s: float | None
                     ) -> service_pb2.ModelInferResponse:
         if self.on_arrival is not None:
@@ -166,9 +169,9 @@ class ReloadablePlanned:
     async def _switch(self, old: PlannedModels, new: PlannedModels, path: Path) -> ReloadReport:
         old_urls = {s.grpc_url for s in old.fleet.servers.values()}
         new_urls = {s.grpc_url for s in new.fleet.servers.values()}
-        for m, counters in old.answers.counters.items():  # statistics carry on across the reload
-            if m in new.answers.counters:
-                new.answers.counters[m] = counters
+        for m, stats in old.answers.stats.items():  # statistics carry on across the reload
+            if m in new.answers.stats:
+                new.answers.stats[m] = stats
         t_stop = now_us()
         await old.stop_dispatching()
         flushed = False

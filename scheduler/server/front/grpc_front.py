@@ -13,6 +13,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from scheduler.server.common.channels import GRPC_OPTIONS
 from scheduler.server.common.errors import ServeError
+from scheduler.server.common.restricted import GRPC_METHODS, RestrictedApis
 from scheduler.server.front.router import Router
 
 log = logging.getLogger("poolpipe.sidecar.grpc")
@@ -62,13 +63,24 @@ def _deadline(context: grpc.aio.ServicerContext) -> float | None:
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     """Every call goes to the Router; a ServeError becomes the gRPC status Triton would send."""
 
-    def __init__(self, router: Router) -> None:
+    def __init__(self, router: Router, restricted: RestrictedApis | None = None) -> None:
         self.router = router
+        self.restricted = restricted or RestrictedApis()
         for name in UNARY_METHODS:
             setattr(self, name, self._unary(name))
 
+    def _check(self, method: str, context: grpc.aio.ServicerContext) -> None:
+        """--grpc-restricted-protocol: refuse a restricted call without its header (a ServeError)."""
+        if self.restricted.rules:
+            metadata = dict(context.invocation_metadata() or ())
+            self.restricted.check(GRPC_METHODS[method], metadata.get, grpc_call=True)
+
     def _unary(self, method: str) -> Any:
         async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            try:
+                self._check(method, context)
+            except ServeError as e:
+                await context.abort(e.code, e.message)
             if isinstance(request, Undecodable):
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
             try:
@@ -81,6 +93,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         if isinstance(request, Undecodable):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
         try:
+            self._check("ModelInfer", context)
             return await self.router.infer(request, _deadline(context))
         except ServeError as e:
             await context.abort(e.code, e.message)
@@ -89,6 +102,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                                context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         """Planned models answer each request in turn; other models ride one stream to the pass-through Triton
         (so decoupled models keep their semantics)."""
+        try:
+            self._check("ModelStreamInfer", context)
+        except ServeError as e:
+            await context.abort(e.code, e.message)
         out: asyncio.Queue = asyncio.Queue()
         backend_call = None
         tasks: set[asyncio.Task] = set()
@@ -144,9 +161,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 backend_call.cancel()
 
 
-async def start_grpc(router: Router, bind: str, port: int) -> grpc.aio.Server:
+async def start_grpc(router: Router, bind: str, port: int, restricted: RestrictedApis | None = None
+                     ) -> grpc.aio.Server:
     server = grpc.aio.server(options=GRPC_OPTIONS)
-    server.add_generic_rpc_handlers((service_handler(InferenceServicer(router)),))
+    server.add_generic_rpc_handlers((service_handler(InferenceServicer(router, restricted)),))
     if server.add_insecure_port(f"{bind}:{port}") == 0:
         raise OSError(f"cannot listen for gRPC on {bind}:{port}")
     await server.start()

@@ -14,6 +14,7 @@ from aiohttp import web
 from tritonclient.grpc import service_pb2
 
 from scheduler.server.common.errors import ServeError, invalid
+from scheduler.server.common.restricted import RestrictedApis, http_category
 from scheduler.server.common.tensors import param_value, proto_to_json, set_param
 from scheduler.server.front.http_infer import HEADER_LENGTH, infer_response_to_http, parse_infer_request
 from scheduler.server.front.router import Router
@@ -48,11 +49,12 @@ def metadata_json(r: service_pb2.ModelMetadataResponse) -> dict[str, Any]:
 
 
 class HttpFront:
-    def __init__(self, router: Router) -> None:
+    def __init__(self, router: Router, restricted: RestrictedApis | None = None) -> None:
         self.router = router
+        self.restricted = restricted or RestrictedApis()
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=1 << 31, middlewares=[self._errors])
+        app = web.Application(client_max_size=1 << 31, middlewares=[self._errors, self._restrict])
         r = app.router
         r.add_get("/v2/health/live", self.live)
         r.add_get("/v2/health/ready", self.ready)
@@ -88,6 +90,15 @@ class HttpFront:
             return error_response(e)
         except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as e:  # a JSON field of the wrong type
             return error_response(invalid(f"malformed request: {type(e).__name__}: {e}"))
+
+    @web.middleware
+    async def _restrict(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """--http-restricted-api: a restricted API's call without its header is a 403 naming the header."""
+        resource = request.match_info.route.resource
+        category = http_category(resource.canonical) if resource is not None else None
+        if category is not None and self.restricted.rules:
+            self.restricted.check(category, request.headers.get, grpc_call=False)
+        return await handler(request)
 
     async def live(self, request: web.Request) -> web.Response:
         return web.Response(status=200)

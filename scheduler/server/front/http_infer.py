@@ -148,14 +148,16 @@ def infer_response_to_http(resp: service_pb2.ModelInferResponse, binary: dict[st
     outputs, blobs = [], []
     for i, o in enumerate(resp.outputs):
         d: dict[str, Any] = {"name": o.name, "datatype": o.datatype, "shape": list(o.shape)}
-        p = {**params_to_dict(o.parameters), **shm_outputs.get(o.name, {})}
-        if "shared_memory_region" not in p:
-            raw = resp.raw_output_contents[i] if i < len(resp.raw_output_contents) else b""
-            if binary.get(o.name, default_binary):
-                p["binary_data_size"] = len(raw)
-                blobs.append(raw)
-            else:
-                d["data"] = numpy_to_json(to_numpy(raw, o.datatype, list(o.shape)), o.datatype)
+        if o.name in shm_outputs:  # as Triton: no data and no parameters (its C++ client reads parameters as
+            outputs.append(d)      # the binary extension's and wants binary_data_size there)
+            continue
+        p = params_to_dict(o.parameters)
+        raw = resp.raw_output_contents[i] if i < len(resp.raw_output_contents) else b""
+        if binary.get(o.name, default_binary):
+            p["binary_data_size"] = len(raw)
+            blobs.append(raw)
+        else:
+            d["data"] = numpy_to_json(to_numpy(raw, o.datatype, list(o.shape)), o.datatype)
         if p:
             d["parameters"] = p
         outputs.append(d)

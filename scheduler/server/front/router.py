@@ -13,15 +13,19 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from poolpipe_common import poolpipe_version
 from scheduler.server.common.channels import GRPC_OPTIONS
 from scheduler.server.common.client_shm import ClientShmRegistry
-from scheduler.server.common.errors import ServeError, from_rpc_error
+from scheduler.server.common.errors import ServeError, from_rpc_error, invalid
+from scheduler.server.common.log_settings import LogSettings
 from scheduler.server.common.metrics import SidecarMetrics
 
 log = logging.getLogger("poolpipe.sidecar")
 
 SERVER_NAME = "poolpipe-sidecar"
-EXTENSIONS = ["classification", "sequence", "model_repository", "model_repository(unload_dependents)",
-              "schedule_policy", "model_configuration", "system_shared_memory", "cuda_shared_memory",
-              "binary_tensor_data", "parameters", "statistics", "trace", "logging"]
+# What the sidecar serves itself (without --passthrough, its server metadata lists exactly these; with one, the
+# pass-through Triton's list, since every other call is forwarded there). Not served alone: classification and
+# sequence (planned models have neither), model repository changes, CUDA shared memory (its calls answer as a
+# Triton without that extension: status empty, unregister a no-op, register UNIMPLEMENTED).
+EXTENSIONS = ["model_configuration", "system_shared_memory", "binary_tensor_data", "parameters", "statistics",
+              "logging"]
 
 
 class PlannedService(Protocol):
@@ -52,6 +56,7 @@ class Router:
         self.planned = planned
         self.metrics = metrics
         self.shm = shm  # shared with the planned service, which reads inputs from and writes outputs to it
+        self.log_settings = LogSettings()  # the logging extension, for the sidecar's own log
         self._channel: grpc.aio.Channel | None = None
         self.stub: service_pb2_grpc.GRPCInferenceServiceStub | None = None
 
@@ -79,7 +84,7 @@ class Router:
 
     async def forward(self, method: str, request: Any, timeout_s: float | None = None) -> Any:
         if self.stub is None:
-            raise ServeError(grpc.StatusCode.UNAVAILABLE if method.startswith(("Repository", "Cuda", "Trace", "Log"))
+            raise ServeError(grpc.StatusCode.UNIMPLEMENTED if method.startswith(("Repository", "Cuda", "Trace"))
                              else grpc.StatusCode.NOT_FOUND, self._no_passthrough(method, request))
         try:
             return await getattr(self.stub, method)(request, timeout=timeout_s)
@@ -91,7 +96,8 @@ class Router:
         name = getattr(request, "name", "") or getattr(request, "model_name", "")
         if name and method.startswith(("Model",)):
             return f"Request for unknown model: '{name}' is not found"
-        return f"{method} needs a Triton server behind the sidecar (start it with --passthrough HOST:PORT)"
+        return (f"{method} is not supported by the sidecar alone: it needs a Triton server behind it (start it with "
+                "--passthrough HOST:PORT)")
 
     # --- health and metadata ---------------------------------------------------------------------------------
 
@@ -200,6 +206,25 @@ class Router:
             resp.regions[n].CopyFrom(service_pb2.SystemSharedMemoryStatusResponse.RegionStatus(
                 name=r.name, key=r.key, offset=r.offset, byte_size=r.byte_size))
         return resp
+
+    # --- CUDA shared memory and logging without a pass-through Triton ---------------------------------------
+
+    async def _CudaSharedMemoryStatus(self, request: Any, timeout_s: float | None) -> Any:
+        if self.stub is not None:
+            return await self.forward("CudaSharedMemoryStatus", request, timeout_s)
+        if request.name:
+            raise invalid(f"Unable to find cuda shared memory region: '{request.name}'")
+        return service_pb2.CudaSharedMemoryStatusResponse()
+
+    async def _CudaSharedMemoryUnregister(self, request: Any, timeout_s: float | None) -> Any:
+        if self.stub is not None:
+            return await self.forward("CudaSharedMemoryUnregister", request, timeout_s)
+        return service_pb2.CudaSharedMemoryUnregisterResponse()  # none can be registered: nothing to remove
+
+    async def _LogSettings(self, request: Any, timeout_s: float | None) -> Any:
+        if self.stub is not None:
+            return await self.forward("LogSettings", request, timeout_s)
+        return self.log_settings.call(request)
 
     # --- inference -----------------------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from model_repository_gen.manifest import ModelInfo
 from scheduler.server.common.client_shm import ClientShmRegistry
 from scheduler.server.common.errors import ServeError
 from scheduler.server.common.metrics import SidecarMetrics
+from scheduler.server.common.model_stats import ModelStats, RequestMarks
 from scheduler.server.planned.validate import CheckedRequest
 
 
@@ -46,6 +47,7 @@ class ClientCall:
     rows: list[dict[str, np.ndarray] | None]
     left: int
     internal: bool = False  # an application module's request: answered with its output arrays, not a response
+    marks: RequestMarks = field(default_factory=RequestMarks)  # measured by the executor, for the statistics
 
 
 @dataclass
@@ -63,26 +65,16 @@ class Sample:
 
 
 @dataclass
-class ModelCounters:
-    success: int = 0
-    success_ns: int = 0
-    fail: int = 0
-    inferences: int = 0
-    executions: int = 0
-    last_ms: int = 0
-
-
-@dataclass
 class Answers:
     """Answers calls and counts them (KServe statistics and the sidecar's metrics)."""
 
     metrics: SidecarMetrics
     models: list[str]
     client_shm: ClientShmRegistry  # outputs a client asked for in its shared memory are written there
-    counters: dict[str, ModelCounters] = field(default_factory=dict)
+    stats: dict[str, ModelStats] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.counters = {m: ModelCounters() for m in self.models}
+        self.stats = {m: ModelStats() for m in self.models}
 
     def complete(self, samples: list[Sample], outputs: dict[str, np.ndarray]) -> None:
         """Rows i of ``outputs`` belong to ``samples[i]``; a call is answered when its last row is in."""
@@ -121,27 +113,24 @@ class Answers:
         call.future.set_result(resp)
 
     def _counted(self, call: ClientCall, t: float) -> None:
-        c = self.counters[call.model.name]
-        c.success += 1
-        c.success_ns += int((t - call.arrival_us) * 1e3)
-        c.inferences += call.checked.batch
-        c.last_ms = int(time.time() * 1e3)
+        self.stats[call.model.name].succeeded(call.arrival_us, call.marks, t, call.checked.batch)
         self.metrics.finished(call.model.name, t <= call.deadline_us)
 
-    def fail(self, call: ClientCall, error: ServeError) -> None:
+    def fail(self, call: ClientCall, error: ServeError, reason: str | None = None) -> None:
+        """Answer ``call`` with ``error``; ``reason`` is Triton's failure reason (default: from the error's code)."""
         if not call.future.done():
             call.future.set_exception(error)
-            self.counters[call.model.name].fail += 1
+            self.stats[call.model.name].failed(call.arrival_us, now_us(), reason or failure_reason(error))
             self.metrics.finished(call.model.name, False)
 
     def statistics(self, model: str) -> service_pb2.ModelStatistics:
-        c = self.counters[model]
-        s = service_pb2.ModelStatistics(name=model, version="1", last_inference=c.last_ms,
-                                        inference_count=c.inferences, execution_count=c.executions)
-        s.inference_stats.success.count = c.success
-        s.inference_stats.success.ns = c.success_ns
-        s.inference_stats.fail.count = c.fail
-        return s
+        return self.stats[model].to_proto(model)
+
+
+def failure_reason(error: ServeError) -> str:
+    """Triton's reason label for a failed request: shed (UNAVAILABLE) is REJECTED, a broken server BACKEND."""
+    return {grpc.StatusCode.UNAVAILABLE: "REJECTED", grpc.StatusCode.CANCELLED: "CANCELED",
+            grpc.StatusCode.INTERNAL: "BACKEND", grpc.StatusCode.DEADLINE_EXCEEDED: "BACKEND"}.get(error.code, "OTHER")
 
 
 def shutting_down() -> ServeError:

@@ -126,7 +126,8 @@ class LiveExecutor:
     def reject(self, item: Any, model: str, reason: str, *, failure: bool = False) -> None:
         sample: Sample = item
         if failure:
-            self.answers.fail(sample.call, ServeError(grpc.StatusCode.UNAVAILABLE, f"request failed: {reason}"))
+            self.answers.fail(sample.call, ServeError(grpc.StatusCode.UNAVAILABLE, f"request failed: {reason}"),
+                              "BACKEND")
         else:
             self.metrics.drops.labels(model, reason).inc()
             self.answers.fail(sample.call, shed(model, reason))
@@ -173,9 +174,10 @@ class LiveExecutor:
             return
         pipe = self.pipelines[d.pipeline_id]
         self.metrics.batch_size.labels(d.model).observe(len(live))
-        self.answers.counters[d.model].executions += 1
+        self.answers.stats[d.model].executions += 1
         hops: list[HopTensor] = []
         k, step = 0, NextStep(Action.STOP)
+        first: StageTiming | None = None  # stage 0's timing in this dispatch (the batch statistics)
         try:
             hops = self._inputs(d, live)
             deadline_us = max(s.call.deadline_us for s in live)
@@ -191,6 +193,7 @@ class LiveExecutor:
                                                     f"{d.id}.{a.stage}")
                 if timing is not None:
                     self._record(d, a.stage, a.vgpu, len(live), timing)
+                    first = self._mark(d, a.stage, live, timing, first)
                 step = report(StageOutcome(d, k, now_us(), None if timing is None else timing.compute_us))
                 if step.action is not Action.NEXT_STAGE:
                     break
@@ -237,6 +240,21 @@ class LiveExecutor:
             log.debug("event=stage dispatch=%d stage=%d vgpu=%s batch=%d planned_us=%.0f-%.0f measured_us=%.0f-%.0f "
                       "send_to_compute=%.0f compute_to_recv=%.0f", d.id, stage, vgpu, batch, a.start_us, a.end_us,
                       t.start_us, t.end_us, t.start_us - t.send_us, t.recv_us - t.end_us)
+
+    def _mark(self, d: Dispatch, stage: int, live: list[Sample], t: StageTiming, first: StageTiming | None
+              ) -> StageTiming | None:
+        """The statistics' marks: stage 0 ends the requests' queueing, the last stage their compute; a dispatch
+        that ran both is one execution at its batch size. Returns stage 0's timing once seen."""
+        if stage == 0:
+            first = t
+            for s in live:
+                s.call.marks.first_stage(t.ready_us, t.start_us)
+        if stage == len(self.pipelines[d.pipeline_id].stages) - 1:
+            for s in live:
+                s.call.marks.last_stage(t.end_us)
+            if first is not None:
+                self.answers.stats[d.model].executed(len(live), first.ready_us, first.start_us, t.end_us, t.recv_us)
+        return first
 
     def _on_fault(self, report: Report, d: Dispatch, k: int, fault: StageFault, live: list[Sample]) -> None:
         code = fault.error.code()

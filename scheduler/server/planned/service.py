@@ -22,6 +22,7 @@ from scheduler.core import make_scheduler
 from scheduler.core.driver import Driver, DriverConfig
 from scheduler.server.common.client_shm import ClientShmRegistry
 from scheduler.server.common.metrics import SidecarMetrics
+from scheduler.server.common.triton_metrics import triton_exposition
 from scheduler.server.planned.applications import Applications
 from scheduler.server.planned.batch_log import BatchLog
 from scheduler.server.planned.calibration import NotCalibratable, StageOverheads, calibrate_pipeline
@@ -264,6 +265,10 @@ class PlannedModels:
 
     def statistics(self, model: str) -> service_pb2.ModelStatistics:
         return self.answers.statistics(model)
+
+    def triton_metrics(self) -> bytes:
+        """Triton's nv_inference_* families for every planned model (and application)."""
+        return triton_exposition(self.answers.stats, self.driver.queue_lengths())
 
     def refresh_gauges(self) -> None:
         queues = self.driver.queue_lengths()
