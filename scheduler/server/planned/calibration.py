@@ -17,6 +17,7 @@ import numpy as np
 from tritonclient.utils import triton_to_np_dtype
 
 from model_repository_gen.manifest import ModelInfo, PipelineInfo
+from poolpipe_common.overheads import driver_margin_us
 from scheduler.server.planned.calls import now_us
 from scheduler.server.planned.executor import HopTensor, LiveExecutor, StageTiming
 
@@ -77,3 +78,22 @@ async def calibrate_pipeline(ex: LiveExecutor, p: PipelineInfo, model: ModelInfo
             lo, hi = float(measured[1][k][i]), float(measured[max(measured)][k][i])
             out.append({b: max(0.0, lo + (hi - lo) * (b - 1) / span) for b in batches})
     return StageOverheads(lead, tail)
+
+
+def no_slack_warning(p: PipelineInfo, slo_us: float, o: StageOverheads) -> str | None:
+    """One line when the calibrated pipeline, at its smallest batch, leaves no slack under its SLO (less the
+    driver's margin): then every request to it is shed as 'deadline cannot be met', and the plan should be
+    made again with the costs measured here."""
+    batches = set.intersection(*(set(s.latency_us) for s in p.stages))
+    if not batches:
+        return None
+    b = min(batches)
+    total = sum(s.latency_us[b] + lead.get(b, 0.0) + tail.get(b, 0.0)
+                for s, lead, tail in zip(p.stages, o.lead_us, o.tail_us))
+    budget = slo_us - driver_margin_us(slo_us)
+    if total <= budget:
+        return None
+    return (f"pipeline {p.id}: calibrated latency {total / 1e3:.1f} ms at batch {b} (compute + per-stage lead and "
+            f"tail) leaves no slack under its SLO {slo_us / 1e3:.1f} ms less the driver's margin "
+            f"{(slo_us - budget) / 1e3:.1f} ms, so its requests will be shed; re-plan with the costs measured "
+            f"here (poolpipe serve --overheads-out FILE, then poolpipe plan --overheads FILE) or raise the SLO")

@@ -25,7 +25,7 @@ from scheduler.server.common.metrics import SidecarMetrics
 from scheduler.server.common.triton_metrics import triton_exposition
 from scheduler.server.planned.applications import Applications
 from scheduler.server.planned.batch_log import BatchLog
-from scheduler.server.planned.calibration import NotCalibratable, StageOverheads, calibrate_pipeline
+from scheduler.server.planned.calibration import NotCalibratable, StageOverheads, calibrate_pipeline, no_slack_warning
 from scheduler.server.planned.calls import Answers, ClientCall, Sample, now_us, request_deadline_us, shutting_down
 from scheduler.server.planned.executor import LiveExecutor, StageFault
 from scheduler.server.planned.fleet import Fleet, VGpuServer
@@ -120,6 +120,9 @@ class PlannedModels:
                 log.warning("event=calibration_skipped pipeline=%s reason=%s", p.id, e)
                 continue
             log.info("event=calibrated pipeline=%s rejoined=%s", p.id, rejoined or "-")
+            slo_us = self.models[p.id.rsplit("/", 1)[0]].slo_us
+            if p.id not in self.overheads and (warning := no_slack_warning(p, slo_us, o)):
+                log.warning("event=no_slack %s", warning)
             new = new or p.id not in self.overheads
             self.overheads[p.id] = o
             for lead in o.lead_us:
