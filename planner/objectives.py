@@ -14,6 +14,7 @@ shares (application SLO splits, co-location, recording the request).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Protocol
 
 from planner.cost.least_cost import CostRequest, solve_cost
@@ -57,9 +58,13 @@ def throughput(spec: PlanningSpec, request: ObjectiveInputs) -> Outcome:
 
 
 def sustained(spec: PlanningSpec, request: ObjectiveInputs) -> Outcome:
-    """The candidate plan (over SLO margins, serving's costs counted) that sustains the most."""
-    return plan_sustained(spec, lambda s: throughput(s, request), parse_arrivals(request.arrivals),
-                          request.costs(), _measured_by(request))
+    """The candidate plan (over SLO margins, serving's costs counted) that sustains the most. A co-located spec
+    weighs dedicated candidates too: a plan that shares no GPU is a co-located plan, and in a small pool sharing
+    can cost more queueing than it saves."""
+    solves = [lambda s: throughput(s, request)]
+    if spec.colocate:
+        solves.append(lambda s: throughput(replace(s, colocate=False), request))
+    return plan_sustained(spec, solves, parse_arrivals(request.arrivals), request.costs(), _measured_by(request))
 
 
 def cost(spec: PlanningSpec, request: ObjectiveInputs) -> Outcome:

@@ -11,7 +11,7 @@ margin the sidecar's driver keeps, so none is shed whole at serve time.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from planner.plan_json import Plan
@@ -60,17 +60,19 @@ def _signature(plan: Plan) -> str:
     return repr([[p.to_dict() for p in m.pipelines] for m in plan.models])
 
 
-def candidates(spec: PlanningSpec, solve: Solve, arrivals: Arrivals, costs: Overheads) -> list[Candidate]:
-    """One plan per margin (plans equal to an earlier one dropped), best predicted first."""
+def candidates(spec: PlanningSpec, solves: Sequence[Solve], arrivals: Arrivals, costs: Overheads
+               ) -> list[Candidate]:
+    """One plan per margin and planner (plans equal to an earlier one dropped), best predicted first."""
     out: dict[str, Candidate] = {}
     last_error: Exception | None = None
-    for margin in MARGIN_FRACTIONS:
-        try:
-            plan, lines = solve(costed(spec, margin, costs))
-        except InputError as e:  # this margin leaves no pipeline within the SLO
-            last_error = e
-            continue
-        out.setdefault(_signature(plan), Candidate(margin, plan, lines, predicted_rps(plan, arrivals, costs)))
+    for solve in solves:
+        for margin in MARGIN_FRACTIONS:
+            try:
+                plan, lines = solve(costed(spec, margin, costs))
+            except InputError as e:  # this margin leaves no pipeline within the SLO
+                last_error = e
+                continue
+            out.setdefault(_signature(plan), Candidate(margin, plan, lines, predicted_rps(plan, arrivals, costs)))
     if not out:
         raise InputError(f"no plan fits the SLOs once serving's per-stage costs ({costs.lead_us:.0f} + "
                          f"{costs.tail_us:.0f} us per stage) and the driver's margin are counted: {last_error}; "
@@ -87,11 +89,11 @@ def with_sustainable(plan: Plan, rates: dict[str, float], arrivals: Arrivals, ev
     return replace(plan, models=models, sustained=info)
 
 
-def plan_sustained(spec: PlanningSpec, solve: Solve, arrivals: Arrivals, costs: Overheads,
+def plan_sustained(spec: PlanningSpec, solves: Sequence[Solve], arrivals: Arrivals, costs: Overheads,
                    evaluator_name: str | None = None, progress: Callable[[str], None] | None = None
                    ) -> tuple[Plan, tuple[str, ...]]:
     """The candidate plan that sustains the most (max-min over models), with its sustainable rates recorded."""
-    cands = candidates(spec, solve, arrivals, costs)
+    cands = candidates(spec, solves, arrivals, costs)
     name, evaluate = evaluator(evaluator_name)
     if name != "analytic":
         for c in cands[:MEASURED_CANDIDATES]:
