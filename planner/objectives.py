@@ -64,7 +64,9 @@ def sustained(spec: PlanningSpec, request: ObjectiveInputs) -> Outcome:
     solves = [lambda s: throughput(s, request)]
     if spec.colocate:
         solves.append(lambda s: throughput(replace(s, colocate=False), request))
-    return plan_sustained(spec, solves, parse_arrivals(request.arrivals), request.costs(), _measured_by(request))
+    # ranking needs a measure: with evaluator none the closed form alone ranks (and its rate is recorded)
+    name = "analytic" if request.evaluator == NO_EVALUATOR else request.evaluator
+    return plan_sustained(spec, solves, parse_arrivals(request.arrivals), request.costs(), name)
 
 
 def cost(spec: PlanningSpec, request: ObjectiveInputs) -> Outcome:
