@@ -47,6 +47,12 @@ LEAD_PERCENTILE = 90
 CLIENT_FAULTS = (grpc.StatusCode.INVALID_ARGUMENT,)
 
 
+async def _until_all_gone(samples: list[Sample], timeout_s: float) -> None:
+    """Sleep ``timeout_s``, or less if every caller of ``samples`` goes away meanwhile."""
+    futures = {id(s.call.future): s.call.future for s in samples}
+    await asyncio.wait(list(futures.values()), timeout=timeout_s)
+
+
 def wall_ns_to_mono_us(ns: float) -> float:
     return ns / 1e3 - (time.time() - time.monotonic()) * 1e6
 
@@ -183,7 +189,10 @@ class LiveExecutor:
                 if d.reserved:  # send ahead of the reserved compute start by the stage's lead time
                     wait = (a.start_us - self._lead(d.pipeline_id, a.stage, len(live)) - now_us()) / 1e6
                     if wait > 0:
-                        await asyncio.sleep(wait)
+                        await _until_all_gone(live, wait)
+                if not any(s.wanted for s in live):  # every caller went away before this stage was sent
+                    step = report(StageOutcome(d, k, now_us(), gave_up=True))  # its reservations go back
+                    break
                 nxt = d.stages[k + 1].vgpu if k + 1 < len(d.stages) else None
                 if a.stage > 0 and hops:
                     self.metrics.hops.labels("shm" if hops[0].region is not None else "grpc").inc()
