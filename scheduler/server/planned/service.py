@@ -30,7 +30,7 @@ from scheduler.server.planned.executor import LiveExecutor, StageFault
 from scheduler.server.planned.fleet import Fleet, VGpuServer
 from scheduler.server.planned.manifest_shard import manifest_shard
 from scheduler.server.planned.manifest_topology import topology_from_manifest
-from scheduler.server.planned.shm_pool import remove_stale_regions
+from scheduler.server.planned.shm_pool import log_reclaimed, remove_stale_regions
 from scheduler.server.planned.validate import CheckedRequest, OutputTarget, check_request
 
 log = logging.getLogger("poolpipe.sidecar.planned")
@@ -80,9 +80,8 @@ class PlannedModels:
         self = cls(manifest_shard(load_manifest(manifest_path), *shard), policy, metrics, client_shm, batch_log,
                    overheads_out, generation)
         removed = remove_stale_regions()
-        if removed:
-            log.info("event=stale_shm_removed count=%d regions=%s", len(removed), ",".join(removed))
         await self.fleet.connect()
+        log_reclaimed(removed, self.fleet.reclaimed)
         for srv in self.fleet.servers.values():
             metrics.vgpu_up.labels(srv.id).set(1 if srv.up else 0)
         await self._calibrate(None)

@@ -56,6 +56,15 @@ def remove_stale_regions(shm_dir: Path = SHM_DIR) -> list[str]:
     return remove_shm_regions(PREFIX, shm_dir, only=stale)
 
 
+def log_reclaimed(regions: list[str], registrations: list[str]) -> None:
+    """One line at start: what dead predecessors left that this sidecar removed (/dev/shm regions, and their
+    registrations on the servers, as ``vgpu:name``), and whose it was (their pids)."""
+    pids = sorted({p for n in [*regions, *(r.split(":", 1)[-1] for r in registrations)]
+                   if (p := owner_pid(n)) is not None})
+    log.info("event=reclaimed shm_regions=%d registrations=%d predecessors=%s", len(regions), len(registrations),
+             ",".join(map(str, pids)) or "none")
+
+
 def align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
