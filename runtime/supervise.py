@@ -2,7 +2,8 @@
 limit), and it names what it runs so that a successor reclaims what a dead ``launch`` left.
 
 Each running ``launch`` keeps a state file, ``<cache>/launch/<pid>.json``: its directory and the pid of every
-server it started. The Python backend's shared-memory regions of its servers are named ``poolpipe_pb_<pid>_...``
+server it started (a sidecar that re-plans, and so starts servers, keeps one too, of kind ``sidecar``, which only
+a sidecar reclaims). The Python backend's shared-memory regions of its servers are named ``poolpipe_pb_<pid>_...``
 (runtime.tritonserver). A ``launch`` that starts finds the state files of dead ``launch`` processes, stops the
 servers they left running (they run in their own sessions, so they outlive a SIGKILLed ``launch``), removes the
 shared-memory regions of every dead ``launch``, and reports it in one line.
@@ -75,8 +76,9 @@ def _dead_owner(name: str) -> bool:
     return head.isdigit() and int(head) != os.getpid() and not pid_alive(int(head))
 
 
-def reclaim_predecessors(state_dir: Path = STATE_DIR) -> Reclaimed:
-    """Stop the servers of dead ``launch`` processes and remove their state files and shm regions."""
+def reclaim_predecessors(kind: str = "launch", state_dir: Path = STATE_DIR) -> Reclaimed:
+    """Stop the servers of dead processes of ``kind`` and remove their state files and every dead process's
+    Python-backend shm regions."""
     launches, servers = [], []
     for f in sorted(state_dir.glob("*.json")):
         try:
@@ -84,7 +86,7 @@ def reclaim_predecessors(state_dir: Path = STATE_DIR) -> Reclaimed:
             pid = int(state["pid"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        if pid == os.getpid() or pid_alive(pid):
+        if pid == os.getpid() or pid_alive(pid) or state.get("kind", "launch") != kind:
             continue
         launches.append(pid)
         for spid in state.get("servers", {}).values():
@@ -96,12 +98,13 @@ def reclaim_predecessors(state_dir: Path = STATE_DIR) -> Reclaimed:
     return Reclaimed(tuple(launches), tuple(servers), tuple(regions))
 
 
-def write_state(dep: Deployment, state_dir: Path = STATE_DIR) -> None:
-    """Record this ``launch``'s directory and server pids (replaced atomically)."""
+def write_state(dep: Deployment, kind: str = "launch", state_dir: Path = STATE_DIR) -> None:
+    """Record this process's kind, directory and server pids (replaced atomically)."""
     state_dir.mkdir(parents=True, exist_ok=True)
     servers = {v: s.proc.pid for v, s in dep.servers.items() if s.proc is not None}
     tmp = state_dir / f".{os.getpid()}.tmp"
-    tmp.write_text(json.dumps({"pid": os.getpid(), "directory": str(dep.directory), "servers": servers}))
+    tmp.write_text(json.dumps({"pid": os.getpid(), "kind": kind, "directory": str(dep.directory),
+                               "servers": servers}))
     os.replace(tmp, state_dir / f"{os.getpid()}.json")
 
 

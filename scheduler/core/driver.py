@@ -44,8 +44,8 @@ class DriverConfig:
     learn_lateness: bool = True
     lateness_window: int = 256
     # Lateness older than this is forgotten, so that a burst's late batches do not keep the margin high (and
-    # shed requests) long after the burst has passed.
-    lateness_horizon_us: float = 10_000_000.0
+    # shed requests) after the burst has passed: back to >= 99 % within two seconds of it.
+    lateness_horizon_us: float = 2_000_000.0
     lateness_every: int = 16
     lateness_percentile: float = 95.0
     lateness_warmup: int = 8
