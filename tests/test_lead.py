@@ -31,9 +31,10 @@ def test_without_the_horizon_the_burst_would_be_kept():
     assert during == 5_000.0 and after == 5_000.0
 
 
-def test_too_few_recent_samples_fall_back_to_no_extra_lead():
+def test_at_a_low_rate_the_newest_samples_are_kept_whatever_their_age():
+    """Samples seconds apart: the lead is learned from the newest ones, not dropped for want of recent ones."""
     learner = LeadLearner()
     for i in range(LEAD_MIN_SAMPLES):
-        learner.observe(i * 1000.0, 3_000.0)
+        learner.observe(i * 5e6, 3_000.0)
     assert learner.extra_us == 3_000.0
-    assert learner.observe(5e6, 0.0) == 0.0  # the burst's samples are gone, one calm one is too few to learn
+    assert learner.observe(LEAD_MIN_SAMPLES * 5e6, 3_000.0) is None and learner.extra_us == 3_000.0

@@ -2,8 +2,10 @@
 
 Only stages sent to an idle server show it (a busy server's queue would count as lead). It is a high percentile
 of the recent excesses, and "recent" is bounded in time as well as in count: what a burst taught (the servers'
-and the sidecar's CPU shared by too much work) is forgotten ``horizon_us`` after the burst, so the core's clock
-does not run ahead by a burst's lead (planning everything later, shedding what it need not) once it has passed.
+and the sidecar's CPU shared by too much work) is forgotten ``horizon_us`` after the burst, once the newest
+``LEAD_MIN_SAMPLES`` samples are calm ones, so the core's clock does not run ahead by a burst's lead (planning
+everything later, shedding what it need not) once it has passed; at a low rate the newest samples are kept
+whatever their age, so that the lead does not drop to nothing between samples.
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ class LeadLearner:
         self._excess.append((now_us, max(0.0, excess_us)))
         self._seen += 1
         if len(self._excess) < LEAD_MIN_SAMPLES:
-            new = 0.0 if pruned else self.extra_us  # too few recent samples: a burst's lead is not kept
-        elif pruned or self._seen % LEAD_EVERY == 0:
+            return None
+        if pruned or self._seen % LEAD_EVERY == 0:
             new = float(np.percentile([x for _, x in self._excess], LEAD_PERCENTILE))
         else:
             return None
@@ -46,7 +48,7 @@ class LeadLearner:
 
     def _prune(self, now_us: float) -> bool:
         q, pruned = self._excess, False
-        while q and q[0][0] < now_us - self.horizon_us:
+        while len(q) > LEAD_MIN_SAMPLES and q[0][0] < now_us - self.horizon_us:
             q.popleft()
             pruned = True
         return pruned

@@ -24,7 +24,12 @@ from scheduler.server.common.client_shm import ClientShmRegistry
 from scheduler.server.common.metrics import SidecarMetrics
 from scheduler.server.planned.applications import Applications
 from scheduler.server.planned.batch_log import BatchLog
-from scheduler.server.planned.calibration import NotCalibratable, StageOverheads, calibrate_pipeline
+from scheduler.server.planned.calibration import (
+    NotCalibratable,
+    StageOverheads,
+    calibrate_pipeline,
+    recalibrate_vgpu,
+)
 from scheduler.server.planned.calls import Answers, ClientCall, Sample, now_us, request_deadline_us, shutting_down
 from scheduler.server.planned.executor import LiveExecutor, StageFault
 from scheduler.server.planned.fleet import Fleet, VGpuServer
@@ -113,7 +118,9 @@ class PlannedModels:
         new = False
         for p in todo:
             try:
-                o = await calibrate_pipeline(self.executor, p, self.models[p.id.rsplit("/", 1)[0]], rejoined)
+                before = self.overheads.get(p.id)
+                o = (await recalibrate_vgpu(self.executor, p, rejoined, before) if rejoined and before else
+                     await calibrate_pipeline(self.executor, p, self.models[p.id.rsplit("/", 1)[0]], rejoined))
             except (NotCalibratable, StageFault) as e:
                 log.warning("event=calibration_skipped pipeline=%s reason=%s", p.id, e)
                 continue
@@ -140,11 +147,14 @@ class PlannedModels:
         self.driver.extra_lead_us = extra_us
 
     def _vgpu_changed(self, srv: VGpuServer, up: bool, why: str) -> None:
+        """A vGPU left or rejoined; one that rejoins is calibrated first and then planned on (the core reserves
+        nothing on it while calibration batches run there)."""
         self.metrics.vgpu_up.labels(srv.id).set(1 if up else 0)
-        self.driver.set_vgpu_up(srv.id, up, now_us())
-        self._kick_loop()
         if up and self._loop_task is not None and not self._closing:
             self._calibrate_later(srv.id)
+            return
+        self.driver.set_vgpu_up(srv.id, up, now_us())
+        self._kick_loop()
 
     def _calibrate_later(self, rejoined: str) -> None:
         prev = self._calibrating
@@ -152,7 +162,12 @@ class PlannedModels:
         async def run() -> None:
             if prev is not None:
                 await asyncio.gather(prev, return_exceptions=True)
-            await self._calibrate(rejoined)
+            try:
+                await self._calibrate(rejoined)
+            finally:
+                srv = self.fleet.servers[rejoined]
+                self.driver.set_vgpu_up(rejoined, srv.up, now_us())
+                self._kick_loop()
 
         self._calibrating = asyncio.ensure_future(run())
 
