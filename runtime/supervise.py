@@ -21,19 +21,12 @@ from pathlib import Path
 
 from poolpipe_common.errors import InputError
 from runtime.launch import Deployment
-from runtime.tritonserver import CACHE_DIR, SHM_PREFIX, TritonProcess, remove_shm_regions
+from runtime.tritonserver import CACHE_DIR, SHM_PREFIX, TritonProcess, pid_alive, remove_shm_regions
+
+__all__ = ["Reclaimed", "RestartPolicy", "STATE_DIR", "Supervisor", "pid_alive", "reclaim_predecessors",
+           "remove_state", "write_state"]
 
 STATE_DIR = CACHE_DIR / "launch"
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _is_tritonserver(pid: int) -> bool:

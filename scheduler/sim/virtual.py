@@ -122,6 +122,7 @@ class VirtualExecutor:
         # clients that go away: (when, item); a batch all of whose callers are gone stops before its next stage
         self.on_cancel = on_cancel
         self.cancelled: set[Any] = set()
+        self._track = bool(cancels)  # which flight each item rides (only when clients may go away)
         self._waiting: dict[Any, _Flight] = {}  # item -> its flight while a stage is on its way
         for when, item in cancels:
             self.push(when, CANCEL, item, 0)
@@ -209,8 +210,9 @@ class VirtualExecutor:
         a = d.stages[k]
         st = fl.pipeline.stages[a.stage]
         fl.pending, fl.send_at = k, math.inf
-        for x in fl.items:
-            self._waiting[x] = fl
+        if self._track:
+            for x in fl.items:
+                self._waiting[x] = fl
         crosses = (self.server[d.stages[k - 1].vgpu] != self.server[a.vgpu] if k > 0
                    else a.transfer_start_us is not None)
         if st.in_bytes_per_request > 0 and crosses:
@@ -247,7 +249,8 @@ class VirtualExecutor:
     def _compute(self, fl: _Flight, k: int, t: float) -> None:
         if fl.abandoned:
             return
-        self._unwait(fl)
+        if self._track:
+            self._unwait(fl)
         d = fl.d
         a = d.stages[k]
         v = a.vgpu

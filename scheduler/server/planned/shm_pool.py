@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from runtime.tritonserver import remove_shm_regions
+from runtime.tritonserver import pid_alive, remove_shm_regions
 
 log = logging.getLogger("poolpipe.sidecar.shm")
 PREFIX = "poolpipe_sc_"
@@ -34,16 +34,6 @@ def owner_pid(name: str) -> int | None:
         return None
     head = name[len(PREFIX):].split("_", 1)[0]
     return int(head) if head.isdigit() else None
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def stale(name: str) -> bool:
