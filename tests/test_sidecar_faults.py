@@ -76,8 +76,9 @@ def test_a_cancellation_storm_gives_the_reserved_gpu_time_back(servers: tuple[Pa
     sent are abandoned and their reservations released, so the next request is served within its own few ms
     instead of behind 0.6 s of work nobody waits for (as before: the core kept the reservations)."""
     work, deploy = servers
-    sc = SidecarProcess(manifest=deploy, log_path=work / "sidecar-cancel.log").start().wait_ready()
+    sc = SidecarProcess(manifest=deploy, log_path=work / "sidecar-cancel.log")
     try:
+        sc.start().wait_ready()
         req = infer_request(sc.grpc_url)
         answered, latency = asyncio.run(_storm_then_one(sc.grpc_url, req, 200, 0.05))
         assert answered < 50, f"{answered} of the storm were answered before the cancel: no storm"
@@ -116,23 +117,27 @@ def test_a_killed_sidecars_successor_reclaims_its_regions_and_serves(servers: tu
     same servers removes both at start, says so in one log line, is ready within seconds and serves; its own
     orderly stop leaves nothing."""
     work, deploy = servers
-    first = SidecarProcess(manifest=deploy, log_path=work / "sidecar-1.log").start().wait_ready()
-    assert first.proc is not None
-    pid = first.proc.pid
-    req = infer_request(first.grpc_url)
-    for _ in range(3):
-        grpcclient.InferenceServerClient(first.grpc_url).infer(EMULATED_MODEL, [_input(req)])
-    first.proc.kill()
-    first.proc.wait()
+    first = SidecarProcess(manifest=deploy, log_path=work / "sidecar-1.log")
+    try:
+        first.start().wait_ready()
+        assert first.proc is not None
+        pid = first.proc.pid
+        req = infer_request(first.grpc_url)
+        for _ in range(3):
+            grpcclient.InferenceServerClient(first.grpc_url).infer(EMULATED_MODEL, [_input(req)])
+        first.proc.kill()
+        first.proc.wait()
+    finally:
+        first.stop()  # by its pid, also when something above failed (a no-op after the kill)
     left, registered = _regions(pid), _registered(deploy, pid)
     assert left and registered, "the killed sidecar left nothing to reclaim: the test proves nothing"
 
     log = work / "sidecar-2.log"
     second = SidecarProcess(manifest=deploy, log_path=log)
-    t0 = time.monotonic()
-    second.start().wait_ready()
-    ready_s = time.monotonic() - t0
     try:
+        t0 = time.monotonic()
+        second.start().wait_ready()
+        ready_s = time.monotonic() - t0
         assert ready_s < 10.0, f"the successor was ready {ready_s:.1f} s after its start"
         assert not _regions(pid) and not _registered(deploy, pid)
         lines = [ln for ln in log.read_text().splitlines() if "event=reclaimed" in ln]
