@@ -25,13 +25,19 @@ from scheduler.server.common.metrics import SidecarMetrics
 from scheduler.server.common.triton_metrics import triton_exposition
 from scheduler.server.planned.applications import Applications
 from scheduler.server.planned.batch_log import BatchLog
-from scheduler.server.planned.calibration import NotCalibratable, StageOverheads, calibrate_pipeline, no_slack_warning
+from scheduler.server.planned.calibration import (
+    NotCalibratable,
+    StageOverheads,
+    calibrate_pipeline,
+    no_slack_warning,
+    recalibrate_vgpu,
+)
 from scheduler.server.planned.calls import Answers, ClientCall, Sample, now_us, request_deadline_us, shutting_down
 from scheduler.server.planned.executor import LiveExecutor, StageFault
 from scheduler.server.planned.fleet import Fleet, VGpuServer
 from scheduler.server.planned.manifest_shard import manifest_shard
 from scheduler.server.planned.manifest_topology import topology_from_manifest
-from scheduler.server.planned.shm_pool import remove_stale_regions
+from scheduler.server.planned.shm_pool import log_reclaimed, remove_stale_regions
 from scheduler.server.planned.validate import CheckedRequest, OutputTarget, check_request
 
 log = logging.getLogger("poolpipe.sidecar.planned")
@@ -81,9 +87,8 @@ class PlannedModels:
         self = cls(manifest_shard(load_manifest(manifest_path), *shard), policy, metrics, client_shm, batch_log,
                    overheads_out, generation)
         removed = remove_stale_regions()
-        if removed:
-            log.info("event=stale_shm_removed count=%d regions=%s", len(removed), ",".join(removed))
         await self.fleet.connect()
+        log_reclaimed(removed, self.fleet.reclaimed)
         for srv in self.fleet.servers.values():
             metrics.vgpu_up.labels(srv.id).set(1 if srv.up else 0)
         await self._calibrate(None)
@@ -115,7 +120,9 @@ class PlannedModels:
         new = False
         for p in todo:
             try:
-                o = await calibrate_pipeline(self.executor, p, self.models[p.id.rsplit("/", 1)[0]], rejoined)
+                before = self.overheads.get(p.id)
+                o = (await recalibrate_vgpu(self.executor, p, rejoined, before) if rejoined and before else
+                     await calibrate_pipeline(self.executor, p, self.models[p.id.rsplit("/", 1)[0]], rejoined))
             except (NotCalibratable, StageFault) as e:
                 log.warning("event=calibration_skipped pipeline=%s reason=%s", p.id, e)
                 continue
@@ -145,11 +152,14 @@ class PlannedModels:
         self.driver.extra_lead_us = extra_us
 
     def _vgpu_changed(self, srv: VGpuServer, up: bool, why: str) -> None:
+        """A vGPU left or rejoined; one that rejoins is calibrated first and then planned on (the core reserves
+        nothing on it while calibration batches run there)."""
         self.metrics.vgpu_up.labels(srv.id).set(1 if up else 0)
-        self.driver.set_vgpu_up(srv.id, up, now_us())
-        self._kick_loop()
         if up and self._loop_task is not None and not self._closing:
             self._calibrate_later(srv.id)
+            return
+        self.driver.set_vgpu_up(srv.id, up, now_us())
+        self._kick_loop()
 
     def _calibrate_later(self, rejoined: str) -> None:
         prev = self._calibrating
@@ -157,7 +167,12 @@ class PlannedModels:
         async def run() -> None:
             if prev is not None:
                 await asyncio.gather(prev, return_exceptions=True)
-            await self._calibrate(rejoined)
+            try:
+                await self._calibrate(rejoined)
+            finally:
+                srv = self.fleet.servers[rejoined]
+                self.driver.set_vgpu_up(rejoined, srv.up, now_us())
+                self._kick_loop()
 
         self._calibrating = asyncio.ensure_future(run())
 
