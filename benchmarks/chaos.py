@@ -1,6 +1,7 @@
 """Hours of service under faults: an emulated paper cluster (PPipe's measured profiles on L4 + T4, real
 tritonservers that hold each batch for its profiled latency) served by `poolpipe launch` and `poolpipe serve` at
-~0.7 of its sustainable load (0.6 of the plan's nominal throughput), open loop, while a schedule of faults runs:
+0.7 of the rate its plan sustains at >= 99 % (plan.json's sustainable_rps), open loop, while a schedule of faults
+runs:
 a Triton server SIGKILLed (launch restarts it, the sidecar rejoins it), the sidecar SIGKILLed and restarted on its
 ports, a reload (SIGHUP), a 3x overload burst, and a client cancellation storm. Printed: per fault window the
 requests, answers, explicit errors, hung requests (no answer within the SLO + 10 s: none allowed) and the time to
@@ -328,9 +329,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="3 minutes instead of 20")
     ap.add_argument("--minutes", type=float, help="length of the run (default 20; --quick 3)")
-    ap.add_argument("--load", type=float, default=0.6,
-                    help="share of the plan's nominal throughput offered (default 0.6: ~0.7 of what the sidecar "
-                         "sustains at >= 99 %%, 0.85 of nominal for this model in benchmarks/live_paper.py)")
+    ap.add_argument("--load", type=float, default=0.7,
+                    help="share of the rate the plan sustains at >= 99 %% SLO attainment (its sustainable_rps) "
+                         "offered (default %(default)s)")
     ap.add_argument("--model", default=MODEL, help="a data/ppipe model (default: %(default)s)")
     ap.add_argument("--l4", type=int, default=2)
     ap.add_argument("--t4", type=int, default=6)
@@ -347,12 +348,13 @@ def main() -> int:
         p = plan(spec, PlanRequest("ppipe", time_limit_s=60)).plan
         exp.run = run
         manifest = exp.deploy(p, "deploy")
-        rate = args.load * p.models[0].throughput_rps
+        rate = args.load * p.models[0].sustainable_rps
         slo_s = spec.models[0].slo_us / 1e6
         n_vgpus = len(manifest.vgpus)
         print(f"{args.model} on emulated {args.l4} L4 + {args.t4} T4 ({n_vgpus} tritonservers, time x"
-              f"{run.time_scale:g}): SLO {slo_s * 1e3:.0f} ms, {rate:.1f} req/s ({args.load:g} of the plan's "
-              f"{p.models[0].throughput_rps:.1f}), {minutes:g} min, faults every {period:.0f} s after {warmup:.0f} s")
+              f"{run.time_scale:g}): SLO {slo_s * 1e3:.0f} ms, {rate:.1f} req/s ({args.load:g} of the "
+              f"{p.models[0].sustainable_rps:.1f} its plan sustains; nominal {p.models[0].throughput_rps:.1f}), "
+              f"{minutes:g} min, faults every {period:.0f} s after {warmup:.0f} s")
         schedule = [(t, FAULTS[i % len(FAULTS)]) for i, t in enumerate(np.arange(warmup, duration - period / 2,
                                                                                   period))]
         valid = list(arrival_times("poisson", rate, duration, 1))
