@@ -59,9 +59,12 @@ def _paris_case(work: Path) -> tuple[dict, list[str], PlanRequest]:
 
 
 def _comparable(d: dict[str, Any]) -> dict[str, Any]:
-    """plan.json as JSON has it, without the wall time of the solve."""
+    """plan.json as JSON has it, without the wall time of the solve and the sustained objective's table of the
+    candidates it weighed (a max-min MILP has alternative optima for the models it does not bind, and two processes
+    may return different ones for a margin whose candidate is not kept)."""
     d = json.loads(json.dumps(d))
     d.pop("solve_seconds")
+    (d.get("sustained") or {}).pop("candidates", None)
     return d
 
 
