@@ -26,6 +26,7 @@ from tritonclient.utils import triton_to_np_dtype
 
 from model_repository_gen.manifest import ModelInfo, PipelineInfo, StageInfo
 from model_repository_gen.triton_config import COMPUTE_END_OUTPUT, COMPUTE_START_OUTPUT, TIMING_OUTPUTS
+from poolpipe_common.batcher import QUEUE_FULL, QUEUE_TIMEOUT
 from poolpipe_common.tensors import TensorSpec
 from scheduler.core.api import Dispatch
 from scheduler.core.driver import Action, NextStep, Report, StageOutcome
@@ -127,6 +128,9 @@ class LiveExecutor:
         sample: Sample = item
         if failure:
             self.answers.fail(sample.call, ServeError(grpc.StatusCode.UNAVAILABLE, f"request failed: {reason}"))
+        elif reason in (QUEUE_FULL, QUEUE_TIMEOUT):  # the queue policy's refusals, in Triton's words
+            self.metrics.drops.labels(model, reason).inc()
+            self.answers.fail(sample.call, ServeError(grpc.StatusCode.UNAVAILABLE, reason))
         else:
             self.metrics.drops.labels(model, reason).inc()
             self.answers.fail(sample.call, shed(model, reason))

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2
 
@@ -258,6 +259,8 @@ class PlannedModels:
             cfg.input.add(name=t.name, data_type=mc.DataType.Value("TYPE_" + t.datatype), dims=list(t.shape))
         for t in m.outputs:
             cfg.output.add(name=t.name, data_type=mc.DataType.Value("TYPE_" + t.datatype), dims=list(t.shape))
+        if m.dynamic_batching.active:  # what the sidecar honours of Triton's dynamic batcher
+            json_format.ParseDict(m.dynamic_batching.to_dict(), cfg.dynamic_batching)
         cfg.parameters["poolpipe_slo_us"].string_value = str(m.slo_us)
         cfg.parameters["poolpipe_pipelines"].string_value = ",".join(p.id for p in m.pipelines)
         return service_pb2.ModelConfigResponse(config=cfg)
@@ -279,7 +282,9 @@ class PlannedModels:
         model = self.models[request.model_name]
         t = now_us()  # before decoding the input: that time counts against the deadline too
         checked = check_request(request, model, self.client_shm)
-        deadline = request_deadline_us(t, model.slo_us, checked.timeout_us, deadline_s)
+        # with Triton's batcher controls, "timeout" is their queue timeout; without, it tightens the deadline
+        controlled = model.dynamic_batching.active
+        deadline = request_deadline_us(t, model.slo_us, None if controlled else checked.timeout_us, deadline_s)
         call = ClientCall(model, request, checked, asyncio.get_running_loop().create_future(), t, deadline,
                           [None] * checked.batch, checked.batch)
         return await self._submit(call)
@@ -299,8 +304,12 @@ class PlannedModels:
         return await self._submit(call)
 
     async def _submit(self, call: ClientCall) -> Any:
-        for row in range(call.checked.batch):
-            self.driver.submit(Sample(call, row), call.model.name, now_us(), call.deadline_us)
+        c = call.checked
+        timeout = int(c.timeout_us or 0) if call.model.dynamic_batching.active else 0
+        for row in range(c.batch):
+            if not self.driver.submit(Sample(call, row), call.model.name, now_us(), call.deadline_us, c.priority,
+                                      timeout, counted=row == 0):
+                break  # refused (its queue is full): the call is answered; its other rows would be refused too
         self._kick_loop()
         try:
             return await call.future
