@@ -13,6 +13,8 @@ from aiohttp import web
 
 from scheduler.server.common.client_shm import ClientShmRegistry
 from scheduler.server.common.metrics import SidecarMetrics
+from scheduler.server.common.trace_settings import TraceConfig
+from scheduler.server.common.tracing import Tracer
 from scheduler.server.front.grpc_front import start_grpc
 from scheduler.server.front.http_front import HttpFront, start_http
 from scheduler.server.front.router import Router
@@ -34,6 +36,7 @@ class SidecarConfig:
     overheads_out: Path | None = None
     shard: tuple[int, int] = (0, 1)  # (I, N): serve shard I of N (scheduler/core/shards.py)
     replan: Path | None = None  # serve --replan FILE: automatic re-planning settings
+    trace: TraceConfig | None = None  # serve --trace-config: traces of planned requests (None: off)
 
 
 class Sidecar:
@@ -43,6 +46,7 @@ class Sidecar:
         self.config = config
         self.metrics = SidecarMetrics()
         self.client_shm = ClientShmRegistry()  # registered through the router, read and written by planned models
+        self.tracer = Tracer(config.trace)
         self.planned = None
         self.router: Router | None = None
         self._grpc = None
@@ -57,13 +61,14 @@ class Sidecar:
 
             def open_plan(path: Path, generation: int = 0) -> Awaitable[PlannedModels]:
                 return PlannedModels.create(path, c.policy, self.metrics, self.client_shm, c.batch_log,
-                                            c.overheads_out, c.shard, generation)
+                                            c.overheads_out, c.shard, generation, self.tracer)
             self.planned = ReloadablePlanned(await open_plan(c.manifest), c.manifest, open_plan)
             if c.replan is not None:
                 from scheduler.server.control.replanner import AutoReplanner, load_settings  # noqa: PLC0415
                 self.replanner = AutoReplanner(load_settings(c.replan), self.planned, self.metrics)
                 self.replanner.start()
-        self.router = Router(c.passthrough, self.planned, self.metrics, self.client_shm)
+        self.router = Router(c.passthrough, self.planned, self.metrics, self.client_shm,
+                             self.tracer if self.planned is not None else None)  # else trace settings pass through
         await self.router.start()
         self._grpc = await start_grpc(self.router, c.bind, c.grpc_port)
         http_app = HttpFront(self.router).app()
@@ -97,6 +102,7 @@ class Sidecar:
             await self.replanner.close()
         if self.router is not None:
             await self.router.close()
+        await asyncio.to_thread(self.tracer.shutdown)  # flush the batched spans
         log.info("event=stopped")
 
     async def run_until_signal(self) -> None:

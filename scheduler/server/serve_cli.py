@@ -49,6 +49,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "names the planning spec, the cluster file and where to generate (see "
                         "scheduler/server/control/replanner.py); the sidecar plans in a worker process, launches the "
                         "new servers and reloads onto them (needs --manifest)")
+    p.add_argument("--trace-config", action="append", default=[], metavar="[MODE,]SETTING=VALUE",
+                   help="trace planned requests, with tritonserver's syntax (repeatable): level=TIMESTAMPS turns "
+                        "tracing on (default OFF), rate=N traces one request in N (default 1000), count=N stops after "
+                        "N traces (default -1: never), mode=opentelemetry (the only mode); "
+                        "opentelemetry,url=URL is the OTLP/HTTP receiver (default http://localhost:4318/v1/traces), "
+                        "opentelemetry,resource=KEY=VALUE, opentelemetry,bsp_schedule_delay=MS, "
+                        "bsp_max_queue_size, bsp_max_export_batch_size; the trace extension (/v2/trace/setting) "
+                        "changes level, rate and count while serving")
     p.set_defaults(func=run)
 
 
@@ -70,6 +78,9 @@ def config_from_args(args: argparse.Namespace):  # -> SidecarConfig
 
     if args.policy not in ("auto", *LIVE_POLICIES):
         raise InputError(f"--policy {args.policy}: choose one of auto, {', '.join(LIVE_POLICIES)}")
+    from scheduler.server.common.trace_settings import parse_trace_config  # noqa: PLC0415
+
+    trace = parse_trace_config(args.trace_config) if args.trace_config else None
     manifest, shard = None, (0, 1)
     if args.replan is not None:
         if args.manifest is None:
@@ -92,7 +103,8 @@ def config_from_args(args: argparse.Namespace):  # -> SidecarConfig
     return SidecarConfig(manifest=manifest, passthrough=args.passthrough, grpc_port=args.grpc_port,
                          http_port=args.http_port, metrics_port=args.metrics_port, bind=args.bind,
                          policy=args.policy, drain_timeout_s=args.drain_timeout,
-                         batch_log=args.batch_log, overheads_out=args.overheads_out, shard=shard, replan=args.replan)
+                         batch_log=args.batch_log, overheads_out=args.overheads_out, shard=shard, replan=args.replan,
+                         trace=trace)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -15,6 +15,7 @@ from model_repository_gen.manifest import ModelInfo
 from scheduler.server.common.client_shm import ClientShmRegistry
 from scheduler.server.common.errors import ServeError
 from scheduler.server.common.metrics import SidecarMetrics
+from scheduler.server.common.tracing import CallTrace, Tracer
 from scheduler.server.planned.validate import CheckedRequest
 
 
@@ -46,6 +47,7 @@ class ClientCall:
     rows: list[dict[str, np.ndarray] | None]
     left: int
     internal: bool = False  # an application module's request: answered with its output arrays, not a response
+    trace: CallTrace | None = None  # its spans, when the request is sampled for tracing
 
 
 @dataclass
@@ -80,6 +82,7 @@ class Answers:
     models: list[str]
     client_shm: ClientShmRegistry  # outputs a client asked for in its shared memory are written there
     counters: dict[str, ModelCounters] = field(default_factory=dict)
+    tracer: Tracer | None = None  # exports a traced call's spans once it is answered
 
     def __post_init__(self) -> None:
         self.counters = {m: ModelCounters() for m in self.models}
@@ -119,6 +122,8 @@ class Answers:
             return
         self._counted(call, t)
         call.future.set_result(resp)
+        if call.trace is not None and self.tracer is not None:
+            self.tracer.finish(call.trace, t)
 
     def _counted(self, call: ClientCall, t: float) -> None:
         c = self.counters[call.model.name]
@@ -133,6 +138,8 @@ class Answers:
             call.future.set_exception(error)
             self.counters[call.model.name].fail += 1
             self.metrics.finished(call.model.name, False)
+            if call.trace is not None and self.tracer is not None:
+                self.tracer.finish(call.trace, now_us(), error.message)
 
     def statistics(self, model: str) -> service_pb2.ModelStatistics:
         c = self.counters[model]

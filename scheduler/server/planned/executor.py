@@ -32,6 +32,7 @@ from scheduler.core.api import Dispatch
 from scheduler.core.driver import Action, NextStep, Report, StageOutcome
 from scheduler.server.common.errors import ServeError, shed
 from scheduler.server.common.metrics import SidecarMetrics
+from scheduler.server.common.tracing import DispatchTraces, Tracer
 from scheduler.server.planned.batch_log import BatchLog
 from scheduler.server.planned.calls import Answers, Sample, now_us, shutting_down
 from scheduler.server.planned.fleet import Fleet
@@ -99,9 +100,10 @@ class LiveExecutor:
     def __init__(self, fleet: Fleet, models: dict[str, ModelInfo], pipelines: dict[str, PipelineInfo],
                  answers: Answers, metrics: SidecarMetrics, kick: Callable[[], None],
                  lead_learned: Callable[[float], None], batch_log: BatchLog | None = None,
-                 padded: frozenset[str] = frozenset()) -> None:
+                 padded: frozenset[str] = frozenset(), tracer: Tracer | None = None) -> None:
         self.fleet = fleet
         self.padded = padded  # models whose first-stage batches are padded to the planned batch (dummy requests)
+        self.tracer = tracer or Tracer()  # records each stage into the traced calls' spans (when tracing is on)
         self.models = models
         self.pipelines = pipelines
         self.answers = answers
@@ -180,6 +182,7 @@ class LiveExecutor:
         self.answers.counters[d.model].executions += 1
         hops: list[HopTensor] = []
         k, step = 0, NextStep(Action.STOP)
+        traces = DispatchTraces.of([s.call for s in live], d.id, d.pipeline_id, now_us()) if self.tracer.on else None
         try:
             hops = self._inputs(d, live)
             deadline_us = max(s.call.deadline_us for s in live)
@@ -189,12 +192,16 @@ class LiveExecutor:
                     if wait > 0:
                         await asyncio.sleep(wait)
                 nxt = d.stages[k + 1].vgpu if k + 1 < len(d.stages) else None
-                if a.stage > 0 and hops:
-                    self.metrics.hops.labels("shm" if hops[0].region is not None else "grpc").inc()
+                hop = None if a.stage == 0 or not hops else "shm" if hops[0].region is not None else "grpc"
+                if hop is not None:
+                    self.metrics.hops.labels(hop).inc()
                 hops, timing = await self.run_stage(a.vgpu, pipe.stages[a.stage], hops, nxt, deadline_us,
                                                     f"{d.id}.{a.stage}")
                 if timing is not None:
                     self._record(d, a.stage, a.vgpu, len(live), timing)
+                    if traces is not None:
+                        traces.stage(a.stage, pipe.stages[a.stage].triton_model, a.vgpu,
+                                     self.fleet.servers[a.vgpu].grpc_url, hop, timing)
                 step = report(StageOutcome(d, k, now_us(), None if timing is None else timing.compute_us))
                 if step.action is not Action.NEXT_STAGE:
                     break

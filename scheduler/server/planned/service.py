@@ -23,6 +23,7 @@ from scheduler.core import make_scheduler
 from scheduler.core.driver import Driver, DriverConfig
 from scheduler.server.common.client_shm import ClientShmRegistry
 from scheduler.server.common.metrics import SidecarMetrics
+from scheduler.server.common.tracing import Tracer
 from scheduler.server.planned.applications import Applications
 from scheduler.server.planned.batch_log import BatchLog
 from scheduler.server.planned.calibration import NotCalibratable, StageOverheads, calibrate_pipeline
@@ -44,7 +45,8 @@ class PlannedModels:
     """The PlannedService of the Router for every model of one manifest."""
 
     def __init__(self, manifest: Manifest, policy: str, metrics: SidecarMetrics, client_shm: ClientShmRegistry,
-                 batch_log: Path | None = None, overheads_out: Path | None = None, generation: int = 0) -> None:
+                 batch_log: Path | None = None, overheads_out: Path | None = None, generation: int = 0,
+                 tracer: Tracer | None = None) -> None:
         self.manifest = manifest
         self.policy = DEFAULT_POLICY if policy == "auto" else policy
         if self.policy not in LIVE_POLICIES:
@@ -55,13 +57,14 @@ class PlannedModels:
         self.models = {m.name: m for m in manifest.models}
         self.pipelines = {p.id: p for m in manifest.models for p in m.pipelines}
         self.client_shm = client_shm  # the regions clients registered with the sidecar (the front end's registry)
-        self.answers = Answers(metrics, list(self.models) + apps, client_shm)
+        self.tracer = tracer or Tracer()
+        self.answers = Answers(metrics, list(self.models) + apps, client_shm, tracer=self.tracer)
         self.apps = Applications(manifest.applications, self.answers, self.run_module)
         self._kick = asyncio.Event()
         self.fleet = Fleet(manifest, self._vgpu_changed, generation)
         self.executor = LiveExecutor(self.fleet, self.models, self.pipelines, self.answers, metrics, self._kick_loop,
                                      self._lead_learned, BatchLog(batch_log) if batch_log else None,
-                                     padded_models(manifest.applications))
+                                     padded_models(manifest.applications), self.tracer)
         self.meter = self.executor.meter
         self.overheads_out = overheads_out
         self.overheads: dict[str, StageOverheads] = {}  # pipeline id -> calibrated lead/tail
@@ -77,9 +80,10 @@ class PlannedModels:
     @classmethod
     async def create(cls, manifest_path: Path, policy: str, metrics: SidecarMetrics, client_shm: ClientShmRegistry,
                      batch_log: Path | None = None, overheads_out: Path | None = None,
-                     shard: tuple[int, int] = (0, 1), generation: int = 0) -> "PlannedModels":
+                     shard: tuple[int, int] = (0, 1), generation: int = 0,
+                     tracer: Tracer | None = None) -> "PlannedModels":
         self = cls(manifest_shard(load_manifest(manifest_path), *shard), policy, metrics, client_shm, batch_log,
-                   overheads_out, generation)
+                   overheads_out, generation, tracer)
         removed = remove_stale_regions()
         if removed:
             log.info("event=stale_shm_removed count=%d regions=%s", len(removed), ",".join(removed))
@@ -287,6 +291,9 @@ class PlannedModels:
         deadline = request_deadline_us(t, model.slo_us, None if controlled else checked.timeout_us, deadline_s)
         call = ClientCall(model, request, checked, asyncio.get_running_loop().create_future(), t, deadline,
                           [None] * checked.batch, checked.batch)
+        if self.tracer.on:
+            call.trace = self.tracer.start(model.name, request.id, t, {"poolpipe.rows": checked.batch,
+                                                                        "triton.priority": checked.priority})
         return await self._submit(call)
 
     async def run_module(self, model_name: str, inputs: dict[str, np.ndarray], deadline_us: float,
