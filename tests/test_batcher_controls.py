@@ -3,6 +3,7 @@ the simulator: the order of service, REJECT at max_queue_size, and REJECT / DELA
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -11,6 +12,7 @@ from poolpipe_common.batcher import QUEUE_FULL, QUEUE_TIMEOUT, BatcherControls, 
 from poolpipe_common.errors import InputError
 from scheduler.core import make_scheduler
 from scheduler.sim.engine import simulate
+from tests.conftest import run_cli
 from tests.test_driver import two_stage_topology
 
 SLO = 2_000_000.0  # long enough that nothing is shed for its deadline: only the queue policy acts
@@ -108,3 +110,23 @@ def test_policies_that_keep_their_own_order_refuse_controls():
     with pytest.raises(ValueError, match="policy 'orloj' does not honour"):
         make_scheduler("orloj", topology(TWO_LEVELS))
     make_scheduler("orloj", topology(BatcherControls()))  # the defaults change nothing
+
+
+def test_simulate_cli_takes_controls_and_reports_attainment_per_priority(tmp_path):
+    from tests.test_sched_sim import reference_plan
+
+    reference_plan().save(tmp_path / "p.json")
+    args = ("simulate", "--plan", tmp_path / "p.json", "--load-factors", "1.3", "--duration-s", "1", "--jobs", "1",
+            "--dynamic-batching", "priority_levels: 2 default_priority_level: 2", "--priorities", "1=0.3,2=0.7",
+            "--out", tmp_path / "r.json")
+    r = run_cli(*args, "--policy", "fifs")
+    assert r.returncode == 0, r.stderr
+    point = json.loads((tmp_path / "r.json").read_text())["points"][0]
+    by = point["by_priority"]
+    assert by["1"]["offered"] + by["2"]["offered"] > 100
+    assert by["1"]["slo_attainment"] > by["2"]["slo_attainment"] + 0.05  # overloaded: priority 1 is served first
+    assert "SLO attainment by priority 1:" in r.stdout
+    bad = run_cli(*args, "--policy", "orloj")
+    assert bad.returncode == 2 and "policy 'orloj' does not honour" in bad.stderr
+    bad = run_cli(*args[:-2], "--priorities", "1=x", "--out", tmp_path / "r.json")
+    assert bad.returncode == 2 and "expected PRIORITY=SHARE" in bad.stderr
