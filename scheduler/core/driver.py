@@ -242,8 +242,7 @@ class Driver:
             if tk.attempts >= self.config.max_attempts or now_us >= tk.deadline_us:
                 self.executor.reject(tk.item, tk.model, f"{reason} and no retry could meet the deadline",
                                      failure=True)
-            else:
-                self._enqueue(tk, now_us)
+            elif self._enqueue(tk, now_us):  # (refused by a full queue: rejected there)
                 retried += 1
         self.retries += retried
         return retried

@@ -24,6 +24,7 @@ from scheduler.server.common.trace_settings import TraceConfig, TraceSettings
 
 log = logging.getLogger("poolpipe.sidecar.trace")
 ROOT = -1
+EXPORT_TIMEOUT_S = 3  # per export, retries included: a receiver that is down delays an orderly stop by this at most
 
 
 @dataclass
@@ -160,8 +161,8 @@ class Tracer:
                 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # noqa: PLC0415
                 b = self.config.bsp
                 self._provider.add_span_processor(BatchSpanProcessor(
-                    OTLPSpanExporter(endpoint=self.config.url), max_queue_size=b["bsp_max_queue_size"],
-                    schedule_delay_millis=b["bsp_schedule_delay"],
+                    OTLPSpanExporter(endpoint=self.config.url, timeout=EXPORT_TIMEOUT_S),
+                    max_queue_size=b["bsp_max_queue_size"], schedule_delay_millis=b["bsp_schedule_delay"],
                     max_export_batch_size=min(b["bsp_max_export_batch_size"], b["bsp_max_queue_size"])))
             self._otel = self._provider.get_tracer("poolpipe.sidecar")
         return self._otel
