@@ -130,3 +130,20 @@ def test_simulate_cli_takes_controls_and_reports_attainment_per_priority(tmp_pat
     assert bad.returncode == 2 and "policy 'orloj' does not honour" in bad.stderr
     bad = run_cli(*args[:-2], "--priorities", "1=x", "--out", tmp_path / "r.json")
     assert bad.returncode == 2 and "expected PRIORITY=SHARE" in bad.stderr
+
+
+def test_dynamic_batching_flag_reads_a_config_pbtxt(tmp_path):
+    from model_repository_gen.batcher_flags import controls_for, parse_dynamic_batching_args
+
+    cfg = tmp_path / "config.pbtxt"
+    cfg.write_text('name: "m"\nmax_batch_size: 8\ndynamic_batching { preferred_batch_size: [4] priority_levels: 3 '
+                   'default_priority_level: 3 priority_queue_policy { key: 1 value { timeout_action: DELAY '
+                   'default_timeout_microseconds: 500 } } }\n')
+    given, notes = parse_dynamic_batching_args([f"m=@{cfg}", "priority_levels: 1 default_priority_level: 1"])
+    assert given["m"].priority_levels == 3 and given["m"].policy(1) == QueuePolicy("DELAY", 500)
+    assert notes and "preferred_batch_size ignored" in notes[0]
+    assert controls_for(["m", "n"], given)["n"].priority_levels == 1  # the spec without MODEL= covers the rest
+    with pytest.raises(InputError, match="no planned model 'x'"):
+        controls_for(["m"], {"x": given["m"]})
+    with pytest.raises(InputError, match="has no field named"):
+        parse_dynamic_batching_args(["priority_level: 2"])
