@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 import urllib.error
 import urllib.request
@@ -96,6 +97,14 @@ def test_priority_order_queue_size_and_timeout_live(sidecar: SidecarProcess) -> 
     for k in ("L4", "L5"):
         assert errors[k].status() == "StatusCode.UNAVAILABLE" and errors[k].message() == "Exceeds maximum queue size"
     assert errors["T"].status() == "StatusCode.UNAVAILABLE" and errors["T"].message() == "Request timeout expired"
+    # the refusals are failures with Triton's reason REJECTED, in the statistics and nv_inference_request_failure
+    with urllib.request.urlopen(f"http://127.0.0.1:{sidecar.metrics_port}/metrics", timeout=5) as r:
+        metrics = r.read().decode()
+    labels = f'model="{MODEL}",reason="REJECTED",version="1"'
+    assert re.search(rf"^nv_inference_request_failure\{{{labels}\}} 3(\.0)?$", metrics, re.M), metrics
+    with httpclient.InferenceServerClient(sidecar.http_url) as h:
+        stats = h.get_inference_statistics(MODEL)["model_stats"][0]["inference_stats"]
+    assert int(stats["fail"]["count"]) == 3 and int(stats["success"]["count"]) == 12
     high = [done[f"H{i}"] for i in range(4)]
     low = [done[f"L{i}"] for i in range(4)]
     assert max(high) < min(low), "priority 1 is served before the queued priority 2"
