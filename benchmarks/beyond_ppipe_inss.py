@@ -3,8 +3,10 @@
 For small clusters serving three models (InSS's setting: a few GPUs, several models), three plans of the
 same spec: dedicated (the default pooled-pipeline MILP: every GPU serves one (model, partition)), co-located
 and interference-aware (planner.colocation.colocate), and co-located but blind to interference (gpulet/InSS-ni style).
-Each is simulated with the interference model applied per batch, at the spec's workload mix; the sustained
-throughput is the largest total rate with every model's SLO attainment >= 99% (bisection on a 0.02 grid).
+Each is planned for the rate it sustains (the default objective) and simulated as the sidecar serves it (its
+driver's margins, the default per-stage costs) with the interference model applied per batch, at the spec's
+workload mix; the sustained throughput is the largest total rate with every model's SLO attainment >= 99%
+(bisection on a 0.02 grid).
 
 The reference profiles have no co-run measurements and no weights, so the memory is estimated
 (profiling.reference_memory) and the interference coefficients are assumed (ASSUMED below, giving slowdowns
@@ -27,6 +29,7 @@ from planner.ppipe.reference_plans import load_reference_plans, spec_from_refere
 from planner.request import PlanRequest
 from planner.solvers.milp_solvers import SolverOptions
 from planner.spec.planning_spec import PlanningSpec
+from poolpipe_common.overheads import DEFAULT_OVERHEADS
 from profiling.interference import InterferenceModel
 from profiling.reference_memory import with_estimated_memory
 from scheduler.sim.sweep import TARGET_ATTAINMENT, PointJob, run_point
@@ -67,7 +70,9 @@ def attainment(s: dict) -> tuple[float, float]:
 
 
 def point(plan: Plan, rates: dict[str, float], lf: float) -> dict:
-    return run_point(PointJob(plan, rates, "ppipe", TraceSpec("poisson"), lf, DURATION_S, SEED))[0]
+    """One load factor, served as the sidecar serves it (its driver's margins, the default per-stage costs)."""
+    return run_point(PointJob(plan, rates, "ppipe", TraceSpec("poisson"), lf, DURATION_S, SEED, driver="live",
+                              overheads=DEFAULT_OVERHEADS))[0]
 
 
 def sustained(plan: Plan, rates: dict[str, float]) -> tuple[float, float]:

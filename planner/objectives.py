@@ -14,6 +14,7 @@ shares (application SLO splits, co-location, recording the request).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Protocol
 
 from planner.cost.least_cost import CostRequest, solve_cost
@@ -57,9 +58,20 @@ def throughput(spec: PlanningSpec, request: ObjectiveInputs) -> Outcome:
 
 
 def sustained(spec: PlanningSpec, request: ObjectiveInputs) -> Outcome:
-    """The candidate plan (over SLO margins, serving's costs counted) that sustains the most."""
-    return plan_sustained(spec, lambda s: throughput(s, request), parse_arrivals(request.arrivals),
-                          request.costs(), _measured_by(request))
+    """The candidate plan (over SLO margins, serving's costs counted) that sustains the most. Candidates from
+    narrower plans are weighed too, since the nominal objective prefers what the sustained measure can punish: a
+    co-located spec weighs dedicated plans (a plan that shares no GPU is a co-located plan; in a small pool sharing
+    can cost more queueing than it saves), and ppipe weighs whole-model pools (pooled pipelines of one partition:
+    each cut costs a stage call's lead and tail)."""
+    solves = [lambda s: throughput(s, request)]
+    if spec.colocate:
+        solves.append(lambda s: throughput(replace(s, colocate=False), request))
+    if request.planner == "ppipe" and request.paris_batch_pdf is None and not spec.cluster.vgpu_sizes:
+        solves.append(lambda s: (replace(run_planner(replace(s, colocate=False), "np", request.solver_options()),
+                                         planner="ppipe"), ()))
+    # ranking needs a measure: with evaluator none the closed form alone ranks (and its rate is recorded)
+    name = "analytic" if request.evaluator == NO_EVALUATOR else request.evaluator
+    return plan_sustained(spec, solves, parse_arrivals(request.arrivals), request.costs(), name)
 
 
 def cost(spec: PlanningSpec, request: ObjectiveInputs) -> Outcome:

@@ -1,11 +1,13 @@
 """The paper's comparison, live, on an emulated L4 + T4 cluster built from PPipe's measured profiles.
 
-One model per run: the ppipe and np plans of a small L4:T4 = 1:3 cluster, served on emulated devices (real
-tritonservers that hold each batch for its profiled latency, costing no CPU), measured with open-loop
-arrivals: (a) the ppipe plan through the sidecar, (b) the np plan through the sidecar, (c) Triton-native:
-the np plan's whole-model servers behind Triton's dynamic batcher, requests spread round-robin, and (d) the
-simulator's prediction of (a) and (b), given the overheads the sidecar measured. Per system: the largest
-load factor (steps of 0.05; the ppipe plan's throughput = 1.0) with >= 99 % SLO attainment.
+One model per run: plans of a small L4:T4 = 1:3 cluster, served on emulated devices (real tritonservers that
+hold each batch for its profiled latency, costing no CPU), measured with open-loop arrivals: (a0) the fixed-margin
+plan (PPipe's nominal objective with 30 % of the SLO kept free: the old default), (a) the ppipe plan for the
+rate it sustains (the default objective; planned with the per-stage costs the sidecar measured serving a0), (b)
+the np plan planned the same way, each through the sidecar; (c) Triton-native: the np plan's whole-model servers
+behind Triton's dynamic batcher, requests spread round-robin; and (d) the simulator's prediction of (a) and (b),
+given the overheads the sidecar measured. Per system: the largest load factor (steps of STEP; 1.0 = the
+fixed-margin plan's nominal rate, so rows compare absolute rates) with >= 99 % SLO attainment.
 Used by benchmarks/live_paper.py and `poolpipe demo`.
 """
 
@@ -22,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 TARGET = 0.99
-STEP = 0.05
+STEP = 0.025
 # What a 2-core machine drives through one sidecar and its emulated servers with little jitter (measured:
 # ~50 req/s keeps per-stage lead and tail near their idle values; at ~80 req/s lateness grows).
 MAX_LIVE_RPS = 50.0
@@ -44,9 +46,12 @@ class PaperRun:
     # fixed per-request CPU costs of a 2-core machine weigh on the emulated GPU cluster as little as on a real one.
     time_scale: float = 1.0  # 0 = auto: at least MIN_TIME_SCALE, and the ppipe plan at most MAX_LIVE_RPS
     grid: tuple[float, ...] = ()  # measure at these load factors (a curve) instead of searching the max
-    # Share of the SLO the plans keep free for queueing (the spec's slo_margin): a pool of a few GPUs under
-    # Poisson arrivals needs it; at 0 the planner fills the SLO with compute and any wait is a miss.
+    # Share of the SLO the fixed-margin plan (a0, the old default) keeps free for queueing; the sustained plans
+    # choose their own margin.
     slo_margin: float = 0.3
+    # Plan the sustained plans with the per-stage costs the sidecar measured serving the fixed-margin plan (as a
+    # user does: serve --overheads-out, then plan --overheads); False: this project's default costs.
+    measured_overheads: bool = True
 
 
 @dataclass
@@ -57,9 +62,10 @@ class SystemResult:
     notes: dict[str, float] = field(default_factory=dict)
 
 
-def paper_spec(run: PaperRun):
+def paper_spec(run: PaperRun, slo_margin: float | None = None):
     """The model's planning terms from its PPipe reference entry (ablation suite, L4+T4), on the small
-    cluster, with SLO = slo_factor x batch-1 latency on L4 and the run's SLO margin, in the run's time scale."""
+    cluster, with SLO = slo_factor x batch-1 latency on L4 and the SLO margin (default: the run's), in the run's
+    time scale."""
     from planner.ppipe.reference_plans import load_reference_plans, spec_from_reference
     from planner.spec.planning_spec import ClusterSpec, check_spec, time_dilated
     from poolpipe_common.errors import InputError
@@ -75,7 +81,8 @@ def paper_spec(run: PaperRun):
     ms = spec.models[0]
     prof = ms.profile
     slo = run.slo_factor * prof.latency_us("L4", 1, 1, 0, len(prof.blocks))
-    ms = dataclasses.replace(ms, slo_us=slo, slo_margin_us=run.slo_margin * slo)
+    margin = run.slo_margin if slo_margin is None else slo_margin
+    ms = dataclasses.replace(ms, slo_us=slo, slo_margin_us=margin * slo)
     spec = dataclasses.replace(spec, cluster=small, models=(ms,))
     return check_spec(time_dilated(spec, run.time_scale))
 
@@ -137,35 +144,63 @@ class PaperExperiment:
         work.mkdir(parents=True, exist_ok=True)
         (work / "cluster.json").write_text(json.dumps(cluster_doc(run)))
 
-    def search(self, attainment_at: Callable[[float], float]) -> tuple[float, dict[float, float]]:
+    def search(self, attainment_at: Callable[[float], float], start: float = 0.7
+               ) -> tuple[float, dict[float, float]]:
         if self.run.grid:
             return measure_grid(attainment_at, self.run.grid)
-        return search_max_lf(attainment_at, self.run.max_lf)
+        return search_max_lf(attainment_at, self.run.max_lf, start=start)
 
-    def plans(self):
+    def plans(self, overheads=None) -> None:
+        """Every plan: the fixed-margin one, then the sustained ppipe and np plans (``overheads``: the per-stage
+        costs they are planned with, an Overheads; None: the default)."""
+        self.plan_fixed()
+        self.plan_sustained(overheads)
+
+    def plan_fixed(self) -> None:
+        """(a0) PPipe's nominal objective with the run's fixed margin: the old default, and load factor 1.0."""
         from planner.entry import plan
         from planner.request import PlanRequest
 
         if self.run.time_scale <= 0:
             self.run = dataclasses.replace(self.run, time_scale=self.auto_time_scale())
         spec = paper_spec(self.run)
-        self.ppipe = plan(spec, PlanRequest("ppipe", time_limit_s=60)).plan
-        self.np_plan = plan(spec, PlanRequest("np", time_limit_s=60)).plan
-        self.rate = self.ppipe.models[0].throughput_rps
+        self.fixed = plan(spec, PlanRequest("ppipe", objective="throughput", time_limit_s=60)).plan
+        self.rate = self.fixed.models[0].throughput_rps
         self.slo_ms = spec.models[0].slo_us / 1e3
         slow = f" (time x{self.run.time_scale:g}: latencies and SLO x{self.run.time_scale:g}, rates /" \
                f"{self.run.time_scale:g})" if self.run.time_scale != 1 else ""
-        self.log(f"{self.run.model}: SLO {self.slo_ms:.1f} ms; planned throughput ppipe {self.rate:.1f} req/s, "
-                 f"np {self.np_plan.models[0].throughput_rps:.1f} req/s on emulated {self.run.l4} L4 + "
-                 f"{self.run.t4} T4{slow}")
+        self.log(f"{self.run.model}: SLO {self.slo_ms:.1f} ms on emulated {self.run.l4} L4 + {self.run.t4} T4{slow}; "
+                 f"fixed-margin plan ({self.run.slo_margin:g} of the SLO): nominal {self.rate:.1f} req/s "
+                 f"(= load factor 1.0)")
+
+    def plan_sustained(self, overheads=None) -> None:
+        """(a) and (b): ppipe and np planned for the rate they sustain under the run's trace."""
+        from planner.entry import plan
+        from planner.request import PlanRequest
+
+        spec = paper_spec(self.run, slo_margin=0.0)
+        ask = {"time_limit_s": 60, "arrivals": _arrivals_of(self.run.trace), "overheads": overheads}
+        self.ppipe = plan(spec, PlanRequest("ppipe", **ask)).plan
+        self.np_plan = plan(spec, PlanRequest("np", **ask)).plan
+        for name, p in (("ppipe", self.ppipe), ("np", self.np_plan)):
+            m = p.models[0]
+            self.log(f"  sustained {name} plan: sustains {m.sustainable_rps:.1f} req/s ({m.arrivals}; nominal "
+                     f"{m.throughput_rps:.1f})" + (f", per-stage costs measured: lead {overheads.lead_us:.0f} us, "
+                                                   f"tail {overheads.tail_us:.0f} us" if overheads else ""))
+
+    def promise_lf(self, plan) -> float:
+        """The load factor of a plan's sustainable rate (where the search starts)."""
+        m = plan.models[0]
+        return (m.sustainable_rps or 0.7 * self.rate) / self.rate
 
     def auto_time_scale(self) -> float:
-        """The smallest whole time scale >= MIN_TIME_SCALE at which the ppipe plan needs <= MAX_LIVE_RPS."""
+        """The smallest whole time scale >= MIN_TIME_SCALE at which the fixed-margin plan needs <= MAX_LIVE_RPS."""
         from planner.entry import plan
         from planner.request import PlanRequest
 
         rate = plan(paper_spec(dataclasses.replace(self.run, time_scale=1.0)),
-                    PlanRequest("ppipe", time_limit_s=60)).plan.models[0].throughput_rps
+                    PlanRequest("ppipe", objective="throughput", evaluator="none", time_limit_s=60)
+                    ).plan.models[0].throughput_rps
         return float(max(MIN_TIME_SCALE, math.ceil(rate / MAX_LIVE_RPS)))
 
     def _record(self, system: str, lf: float, r) -> float:
@@ -212,7 +247,7 @@ class PaperExperiment:
                 finally:
                     sc.stop()
                 return self._record(name, lf, r)
-            best, points = self.search(at)
+            best, points = self.search(at, self.promise_lf(plan))
         self.manifests[name] = manifest
         return SystemResult(name, best, points)
 
@@ -233,7 +268,7 @@ class PaperExperiment:
             def at(lf: float) -> float:
                 r = open_loop(urls, triton_model, self.arrivals(lf), self.slo_ms)
                 return self._record("triton-native", lf, r)
-            best, points = self.search(at)
+            best, points = self.search(at, 0.5 * self.promise_lf(self.np_plan))
         return SystemResult("triton-native", best, points)
 
     def predict(self, name: str) -> SystemResult:
@@ -259,9 +294,15 @@ class PaperExperiment:
             self.records.append({"system": f"sim-{name}", "load_factor": lf, "offered_rps": lf * self.rate,
                                  "attainment": att})
             return att
-        best, points = self.search(at)
+        best, points = self.search(at, self.promise_lf(self.ppipe if name == "ppipe" else self.np_plan))
         return SystemResult(f"simulated {name}", best, points,
                             {"lead_us": ov.lead_us, "tail_us": ov.tail_us, "slowdown": ov.slowdown})
+
+
+def _arrivals_of(trace: str) -> str:
+    """The planner's --arrivals for a --trace (bursty's gamma CV and replays carry over; other traces: poisson)."""
+    kind = trace.split(":", 1)[0]
+    return trace if kind in ("poisson", "bursty", "replay") else "poisson"
 
 
 def _wait_ready(url: str, model: str, timeout_s: float = 30.0) -> None:
@@ -277,12 +318,18 @@ def _wait_ready(url: str, model: str, timeout_s: float = 30.0) -> None:
         time.sleep(0.1)
 
 
-def run_all(run: PaperRun, work: Path, log: Callable[[str], None] = print) -> dict[str, SystemResult]:
-    """Every system of the comparison for one model and trace."""
+def run_all(run: PaperRun, work: Path, log: Callable[[str], None] = print) -> dict:
+    """Every system of the comparison for one model and trace (SystemResults by name), the load factor 1.0's
+    rate (``rate``) and the sustained ppipe plan's promise (``promise``, req/s)."""
+    from poolpipe_common.overheads import read_overheads
+
     ex = PaperExperiment(run, work, log)
-    ex.plans()
-    out = {"ppipe": ex.measure_sidecar("ppipe", ex.ppipe), "np": ex.measure_sidecar("np", ex.np_plan),
-           "triton-native": ex.measure_triton_native()}
+    ex.plan_fixed()
+    out = {"fixed": ex.measure_sidecar("fixed", ex.fixed)}
+    measured = work / "fixed-overheads.json"
+    ex.plan_sustained(read_overheads(measured) if run.measured_overheads and measured.exists() else None)
+    out.update({"ppipe": ex.measure_sidecar("ppipe", ex.ppipe), "np": ex.measure_sidecar("np", ex.np_plan),
+                "triton-native": ex.measure_triton_native()})
     out["sim-ppipe"] = ex.predict("ppipe")
     out["sim-np"] = ex.predict("np")
-    return out
+    return {**out, "rate": ex.rate, "promise": ex.ppipe.models[0].sustainable_rps}

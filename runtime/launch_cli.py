@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from rich.console import Console
 
     from runtime.launch import Deployment
@@ -24,7 +26,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "names now (e.g. a symlink re-pointed at a directory generated with 'generate "
                                    "--previous'): start the servers only it has and load its models into the "
                                    "servers both have, then, once the sidecar has reloaded, unload the old models "
-                                   "and stop the servers only the old deployment had.")
+                                   "and stop the servers only the old deployment had. A server that exits is "
+                                   "restarted on its ports (back-off doubling from --restart-backoff, at most "
+                                   "--max-restarts times in a row); servers and shared-memory regions left by a "
+                                   "launch that was killed are stopped and removed at start (one line says what).")
     p.add_argument("dir", type=Path, help="output directory of 'poolpipe generate' (a symlink to one, to migrate)")
     p.add_argument("--host", action="append", help="start only this host's servers (repeatable; default: all)")
     p.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for readiness (default 180)")
@@ -36,7 +41,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--retire-after", type=float, default=60.0, metavar="S",
                    help="without --sidecar: seconds from a migration's new servers being ready until the old "
                         "deployment's servers stop; reload the sidecar within them (default 60)")
+    p.add_argument("--max-restarts", type=_non_negative(int), default=5, metavar="N",
+                   help="restarts of one server, in a row, before launch gives up and stops all (default 5; 0: "
+                        "never restart, stop all when a server exits; a server that served 60 s starts over)")
+    p.add_argument("--restart-backoff", type=_non_negative(float), default=0.5, metavar="S",
+                   help="seconds before the first restart of a server; doubled for each further one, at most 30 "
+                        "(default 0.5)")
     p.set_defaults(func=_run)
+
+
+def _non_negative(kind: type) -> "Callable[[str], float]":
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"{text} must be >= 0")
+        return value
+    return parse
 
 
 def sidecar_serves(sidecar: str, directory: Path) -> bool:
@@ -105,8 +128,12 @@ def _run(args: argparse.Namespace) -> int:
     )
 
     from runtime.launch import Deployment
+    from runtime.supervise import RestartPolicy, Supervisor, reclaim_predecessors, remove_state, write_state
 
     err = Console(stderr=True)
+    reclaimed = reclaim_predecessors()  # first: a dead launch's servers hold their ports
+    if reclaimed.launches or reclaimed.shm_regions:
+        print(reclaimed.line(), file=sys.stderr, flush=True)
     dep = Deployment(args.dir, args.host, check_hardware=not args.no_hardware_check, timeout_s=args.timeout)
 
     def terminate(signum: int, _frame: object) -> None:
@@ -138,13 +165,18 @@ def _run(args: argparse.Namespace) -> int:
         print(f"ready: {total} tritonserver(s); Ctrl-C to stop, SIGHUP to migrate to what {args.dir} names now",
               flush=True)
         migrator = Migrator(dep, args, err)
+        supervisor = Supervisor(dep, RestartPolicy(args.max_restarts, args.restart_backoff,
+                                                   max(30.0, args.restart_backoff)), lambda s: print(s, flush=True))
+        pids: dict[str, int] = {}
         while True:
-            failed = dep.failed()
-            if failed:
-                vid, rc = next(iter(failed.items()))
-                err.print(f"poolpipe launch: error: tritonserver of vGPU {vid} exited with status {rc} "
-                          f"(log: {dep.servers[vid].log_path}); stopping all")
+            error = supervisor.poll()
+            if error:
+                err.print(f"poolpipe launch: error: {error}; stopping all")
                 return 1
+            now = {v: s.proc.pid for v, s in dep.servers.items() if s.proc is not None}
+            if now != pids:  # started, restarted or migrated: the state a successor reclaims from
+                pids = now
+                write_state(dep)
             if hups:
                 hups.clear()
                 migrator.begin()
@@ -157,5 +189,6 @@ def _run(args: argparse.Namespace) -> int:
             signal.signal(sig, signal.SIG_IGN)  # let the shutdown finish
         n = len(dep.servers)
         dep.stop()
+        remove_state()
         if n:
             print(f"stopped {n} tritonserver(s)", file=sys.stderr, flush=True)

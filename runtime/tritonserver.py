@@ -224,6 +224,17 @@ class TritonProcess:
         self.stop()
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (owned by anyone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def remove_shm_regions(prefix: str, shm_dir: Path = Path("/dev/shm"),
                        only: Callable[[str], bool] | None = None) -> list[str]:
     """Unlink POSIX shared-memory regions whose names start with ``prefix`` (and pass ``only``, when

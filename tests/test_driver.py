@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -117,6 +118,7 @@ class _OneShot:
         self.queue = []
         self.reported = []
         self.up = {}
+        self.released = []
         self.next_id = 1
 
     def enqueue(self, r):
@@ -136,6 +138,9 @@ class _OneShot:
 
     def set_vgpu_up(self, v, up, now_us):
         self.up[v] = (up, now_us)
+
+    def release(self, dispatch_id, now_us):
+        self.released.append((dispatch_id, now_us))
 
     def queue_lengths(self):
         return {"m": len(self.queue)}
@@ -190,10 +195,12 @@ def test_one_report_per_stage_says_what_follows():
     d, items, report = ex.executed.pop()
     assert report(StageOutcome(d, 0, 3500.0, gave_up=True)) == NextStep(Action.STOP)
     assert drv.learned == 1 and not ex.rejected and not drv.tickets
+    assert core.released == [(d.id, 3500.0 + drv.lead_us)]  # what it held goes back to the core at once
 
 
 def test_a_bursts_lateness_is_forgotten_after_the_horizon():
-    """A burst's late batches raise the margin; ten seconds later on-time batches bring it back to the base."""
+    """A burst's late batches raise the margin; once it has been over for two seconds, on-time batches bring it
+    back to the base (it cannot outlive the burst to shed requests after it)."""
     ex, core = _Recorder(), _OneShot()
     drv = Driver(core, two_stage_topology(), ex, DriverConfig.live())
     base = drv.base_margin_us["m"]
@@ -207,6 +214,65 @@ def test_a_bursts_lateness_is_forgotten_after_the_horizon():
     for i in range(40):  # a burst: every batch 15 ms late
         batch(i * 1000.0, 15_000.0)
     assert drv.margin_us["m"] > base + 5_000.0
-    for i in range(40):  # well past the horizon, on time again
-        batch(20e6 + i * 1000.0, 0.0)
+    assert drv.margin_us["m"] > base + 5_000.0
+    for i in range(40):  # on time again, before the horizon: the burst still counts
+        batch(1.0e6 + i * 1000.0, 0.0)
+    assert drv.margin_us["m"] > base + 5_000.0
+    batch(2.2e6, 0.0)  # two seconds after the burst's last late batch (~0.1 s)
     assert drv.margin_us["m"] == base
+
+
+def test_after_a_burst_the_sidecars_loop_is_back_to_full_attainment_within_two_seconds():
+    """Simulator with the live loop (margins learned, lead and tail as live, noisy servers): a 3x burst for two
+    seconds on a 0.7 load ends in explicit sheds, never silence; from two seconds after it, attainment is >= 99 %
+    again and the margin is what it was before."""
+    topo = two_stage_topology()
+    rate = 0.7 * topo.pipelines["m"][0].throughput_rps
+    burst = [(t + 4e6, m) for t, m in mixed_arrivals("poisson", {"m": 2 * rate}, 2.0, 2)]
+    arrivals = sorted(mixed_arrivals("poisson", {"m": rate}, 12.0, 1) + burst)
+    res = simulate(topo, make_scheduler("ppipe", topo), arrivals, 12e6, driver=DriverConfig.live(),
+                   overheads=Overheads(lead_us=800.0, tail_us=600.0), noise_cv=0.05, seed=1)
+
+    def attainment(lo_s: float, hi_s: float) -> float:
+        idx = [i for i, (t, _) in enumerate(arrivals) if lo_s * 1e6 <= t < hi_s * 1e6]
+        return sum(res.outcomes[i] == "met" for i in idx) / len(idx)
+
+    assert res.unfinished == 0 and res.models["m"].dropped > 500  # the burst is shed, explicitly
+    assert attainment(0.0, 4.0) >= 0.99
+    assert attainment(4.0, 6.0) < 0.5
+    assert attainment(8.0, 12.0) >= 0.99, attainment(8.0, 12.0)
+    assert res.margins_us["m"] < DriverConfig.live().min_margin_us + 2000.0
+
+
+def _storm(release: bool, monkeypatch) -> tuple[float, int, object]:
+    """Valid requests at 0.4 of the pipeline's throughput, and a storm of clients sending 8 requests at once (a
+    full batch) 50 times a second and going away 0.5 ms later; the servers lead by 2 ms, so a dispatched batch
+    waits before it is sent. Returns the valid requests' attainment, how many were cancelled, and the policy."""
+    from scheduler.core.policies.ppipe import PPipePolicy
+
+    if not release:
+        monkeypatch.setattr(PPipePolicy, "release", lambda self, dispatch_id, now_us: None)
+    topo = two_stage_topology()
+    valid = mixed_arrivals("poisson", {"m": 0.4 * topo.pipelines["m"][0].throughput_rps}, 3.0, 3)
+    bursts = np.sort(np.random.default_rng(5).uniform(0.0, 3e6, 150))
+    arrivals = sorted([(t, m, False) for t, m in valid] + [(float(t), "m", True) for t in bursts for _ in range(8)])
+    cancels = [(t + 500.0, i) for i, (t, _, gone) in enumerate(arrivals) if gone]
+    core = make_scheduler("ppipe", topo)
+    res = simulate(topo, core, [(t, m) for t, m, _ in arrivals], 3e6, driver=DriverConfig.live(clock_lead_us=2000.0),
+                   overheads=Overheads(lead_us=2000.0), cancels=cancels, seed=3)
+    kept = [i for i, (_, _, gone) in enumerate(arrivals) if not gone]
+    assert res.unfinished == 0 and all(i in res.outcomes for i in range(len(arrivals)))
+    return sum(res.outcomes[i] == "met" for i in kept) / len(kept), res.models["m"].cancelled, core
+
+
+def test_a_batch_whose_callers_all_went_away_gives_its_reservations_back(monkeypatch):
+    """Simulator: dispatched batches whose every caller is gone before they are sent are abandoned and their
+    reserved GPU and NIC time goes back to the core, so a cancellation storm sheds (almost) no valid request;
+    with the reservations kept (as the old Driver.forget did), the same storm sheds many."""
+    attained, cancelled, core = _storm(True, monkeypatch)
+    assert cancelled > 800
+    assert attained >= 0.99, attained
+    assert not core.live  # no abandoned dispatch left in the policy's books
+    with monkeypatch.context() as m:
+        kept_attained, _, _ = _storm(False, m)
+    assert kept_attained < attained - 0.03, (kept_attained, attained)

@@ -42,3 +42,25 @@ def test_not_ready_until_calibrated_then_ready_soon_after_the_servers(tmp_path: 
             np.testing.assert_allclose(got, ref, atol=1e-4)
     finally:
         assert sc.stop() == 0
+
+
+@pytest.mark.parametrize("slo_us,warned", [(3_000.0, True), (500_000.0, False)])
+def test_a_pipeline_with_no_slack_under_its_slo_is_named_at_start_up(tmp_path: Path, slo_us: float,
+                                                                    warned: bool) -> None:
+    """A plan whose calibrated pipeline (compute + per-stage lead and tail) exceeds its SLO less the driver's
+    margin would shed every request: the sidecar says so once at start-up, with the fix."""
+    deploy, _, _ = build_deployment(tmp_path, name="resnet", slo_us=slo_us)
+    log_path = tmp_path / "sidecar.log"
+    with Deployment(deploy, check_hardware=False, log_dir=tmp_path / "logs"):
+        sc = SidecarProcess(manifest=deploy, log_path=log_path).start()
+        try:
+            t0 = time.monotonic()
+            while "event=clock_lead calibrated=1/1" not in log_path.read_text():
+                assert time.monotonic() - t0 < 30, "the sidecar did not calibrate its pipeline"
+                time.sleep(0.1)
+        finally:
+            assert sc.stop() == 0
+    lines = [x for x in log_path.read_text().splitlines() if "event=no_slack" in x]
+    assert len(lines) == (1 if warned else 0), lines
+    if warned:
+        assert "pipeline resnet/0" in lines[0] and "poolpipe plan --overheads FILE" in lines[0]

@@ -11,7 +11,7 @@ margin the sidecar's driver keeps, so none is shed whole at serve time.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from planner.plan_json import Plan
@@ -32,7 +32,7 @@ Solve = Callable[[PlanningSpec], tuple[Plan, tuple[str, ...]]]
 
 @dataclass
 class Candidate:
-    margin: float
+    margin: float | None  # share of the SLO kept beyond the driver's; None: the spec's own margin, no serving costs
     plan: Plan
     lines: tuple[str, ...]
     predicted: dict[str, float]
@@ -60,17 +60,21 @@ def _signature(plan: Plan) -> str:
     return repr([[p.to_dict() for p in m.pipelines] for m in plan.models])
 
 
-def candidates(spec: PlanningSpec, solve: Solve, arrivals: Arrivals, costs: Overheads) -> list[Candidate]:
-    """One plan per margin (plans equal to an earlier one dropped), best predicted first."""
+def candidates(spec: PlanningSpec, solves: Sequence[Solve], arrivals: Arrivals, costs: Overheads
+               ) -> list[Candidate]:
+    """One plan per margin and planner, and the plan of the spec as it is (its own margin, no serving costs: PPipe's
+    nominal plan, which on large pools often holds well), plans equal to an earlier one dropped; best predicted
+    first."""
     out: dict[str, Candidate] = {}
     last_error: Exception | None = None
-    for margin in MARGIN_FRACTIONS:
-        try:
-            plan, lines = solve(costed(spec, margin, costs))
-        except InputError as e:  # this margin leaves no pipeline within the SLO
-            last_error = e
-            continue
-        out.setdefault(_signature(plan), Candidate(margin, plan, lines, predicted_rps(plan, arrivals, costs)))
+    for solve in solves:
+        for margin in (None, *MARGIN_FRACTIONS):
+            try:
+                plan, lines = solve(spec if margin is None else costed(spec, margin, costs))
+            except InputError as e:  # this margin leaves no pipeline within the SLO
+                last_error = e
+                continue
+            out.setdefault(_signature(plan), Candidate(margin, plan, lines, predicted_rps(plan, arrivals, costs)))
     if not out:
         raise InputError(f"no plan fits the SLOs once serving's per-stage costs ({costs.lead_us:.0f} + "
                          f"{costs.tail_us:.0f} us per stage) and the driver's margin are counted: {last_error}; "
@@ -87,23 +91,26 @@ def with_sustainable(plan: Plan, rates: dict[str, float], arrivals: Arrivals, ev
     return replace(plan, models=models, sustained=info)
 
 
-def plan_sustained(spec: PlanningSpec, solve: Solve, arrivals: Arrivals, costs: Overheads,
+def plan_sustained(spec: PlanningSpec, solves: Sequence[Solve], arrivals: Arrivals, costs: Overheads,
                    evaluator_name: str | None = None, progress: Callable[[str], None] | None = None
                    ) -> tuple[Plan, tuple[str, ...]]:
     """The candidate plan that sustains the most (max-min over models), with its sustainable rates recorded."""
-    cands = candidates(spec, solve, arrivals, costs)
+    cands = candidates(spec, solves, arrivals, costs)
     name, evaluate = evaluator(evaluator_name)
     if name != "analytic":
-        for c in cands[:MEASURED_CANDIDATES]:
+        # the spec's own plan is always measured, so the kept plan never sustains less than it
+        for c in [c for i, c in enumerate(cands) if i < MEASURED_CANDIDATES or c.margin is None]:
             if progress:
-                progress(f"measuring the candidate planned with margin {c.margin:g} ({name})")
+                progress(f"measuring the candidate planned with margin {c.margin} ({name})")
             c.measured = evaluate(c.plan, arrivals, costs)
     pool = [c for c in cands if c.measured is not None] or cands
-    best = max(pool, key=lambda c: (score(c.plan, c.rates()), -c.margin))
+    best = max(pool, key=lambda c: (score(c.plan, c.rates()), -(c.margin or 0.0)))
     table = [{"margin_fraction": c.margin, "nominal_rps": {m.name: m.throughput_rps for m in c.plan.models},
               "predicted_rps": c.predicted, "measured_rps": c.measured, "chosen": c is best} for c in cands]
+    how = ("the spec's own margin" if best.margin is None
+           else f"margin {best.margin:g} x SLO (+ the driver's) and serving's costs")
     lines = [f"sustained objective: {len(cands)} candidate plan(s) over SLO margins; kept the one planned with "
-             f"margin {best.margin:g} x SLO (+ the driver's), {name} sustains "
+             f"{how}; {name} sustains "
              + ", ".join(f"{m} {r:,.1f} req/s" for m, r in best.rates().items()) + f" under {arrivals}"]
     return with_sustainable(best.plan, best.rates(), arrivals, name, table), (*best.lines, *lines)
 

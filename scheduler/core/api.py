@@ -78,6 +78,10 @@ class Scheduler(Protocol):
     def report(self, dispatch_id: int, stage: int, start_us: float, end_us: float) -> None:
         """Measured start/end of one stage of a dispatched batch (feedback correction)."""
 
+    def release(self, dispatch_id: int, now_us: float) -> None:
+        """The dispatch will not run on (every caller of its batch is gone): give back what it holds from
+        ``now_us`` on (reservations, outstanding work); stages that already started keep theirs."""
+
     def set_vgpu_up(self, vgpu_id: str, up: bool, now_us: float) -> None:
         """Take a vGPU out of (or back into) service; its future reservations are released."""
 

@@ -45,8 +45,8 @@ class DriverConfig:
     learn_lateness: bool = True
     lateness_window: int = 256
     # Lateness older than this is forgotten, so that a burst's late batches do not keep the margin high (and
-    # shed requests) long after the burst has passed.
-    lateness_horizon_us: float = 10_000_000.0
+    # shed requests) after the burst has passed: back to >= 99 % within two seconds of it.
+    lateness_horizon_us: float = 2_000_000.0
     lateness_every: int = 16
     lateness_percentile: float = 95.0
     lateness_warmup: int = 8
@@ -214,8 +214,12 @@ class Driver:
         """One stage's outcome: a measured interval corrects the core's tables; the last stage completes the
         dispatch (a final one teaches the margin how late batches run); a failure retries or rejects its items."""
         d = o.dispatch
-        if o.gave_up:
+        if o.gave_up:  # nobody waits for the rest: what it holds from now on goes back to the core
             self._in_flight.pop(d.id, None)
+            if not d.final:  # a per-stage dispatch still holds its tickets under the requests' ids
+                for r in d.requests:
+                    self.tickets.pop(r.id, None)
+            self.scheduler.release(d.id, o.now_us + self.lead_us)
             return NextStep(Action.STOP)
         if o.failed is not None:
             return NextStep(Action.STOP, self._failed(d, o.wanted, o.now_us, o.failed))

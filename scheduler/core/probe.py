@@ -235,6 +235,22 @@ class ReservationState:
         if tab is not None and tab.correct(owner_key(dispatch_id, stage, COMPUTE), start_us, end_us):
             self._touch(tab)
 
+    def release(self, dispatch_id: int, stages: list[StageAssignment], now_us: float) -> None:
+        """Give back the reservations of ``stages`` (one dispatch) that start at or after ``now_us``: compute
+        intervals on their vGPUs, transfers on both NICs."""
+        vgpus = self.topology.vgpus
+        for i, a in enumerate(stages):
+            if a.start_us >= now_us:
+                self._release(self.vgpu_tables.get(a.vgpu), owner_key(dispatch_id, a.stage, COMPUTE))
+            if i > 0 and a.transfer_start_us is not None and a.transfer_start_us >= now_us:
+                key = owner_key(dispatch_id, a.stage, TRANSFER)
+                self._release(self.uplinks.get(vgpus[stages[i - 1].vgpu].server), key)
+                self._release(self.downlinks.get(vgpus[a.vgpu].server), key)
+
+    def _release(self, tab: ResourceTable | None, owner: int) -> None:
+        if tab is not None and tab.release(owner):
+            self._touch(tab)
+
     def set_vgpu_up(self, vgpu: str, up: bool, now_us: float) -> None:
         """Take a vGPU out of (or back into) probes; going down releases its reservations from now on."""
         if vgpu not in self.vgpu_tables:

@@ -58,6 +58,12 @@ class Sidecar:
 
     async def start(self) -> None:
         c = self.config
+        if c.replan is not None:  # servers a dead re-planning sidecar started: stopped before we plan on them
+            from runtime.supervise import reclaim_predecessors  # noqa: PLC0415
+            gone = reclaim_predecessors("sidecar")
+            if gone.launches:
+                log.info("event=reclaimed_servers count=%d predecessors=%s", len(gone.servers),
+                         ",".join(map(str, gone.launches)))
         if c.manifest is not None:
             from scheduler.server.control.reload import ReloadablePlanned  # noqa: PLC0415
             from scheduler.server.planned.service import PlannedModels  # noqa: PLC0415

@@ -26,11 +26,13 @@ class ModelStats:
     met: int = 0  # finished within the deadline
     late: int = 0  # finished after the deadline
     dropped: int = 0
+    cancelled: int = 0  # the client went away before its answer (not counted against attainment)
     latencies_us: list[float] = field(default_factory=list)  # of finished requests
 
     @property
     def attainment(self) -> float:
-        return self.met / self.offered if self.offered else 1.0
+        wanted = self.offered - self.cancelled
+        return self.met / wanted if wanted else 1.0
 
     @property
     def finished(self) -> int:
@@ -60,7 +62,7 @@ class SimResult:
 
     @property
     def unfinished(self) -> int:
-        return sum(s.offered - s.finished - s.dropped for s in self.models.values())
+        return sum(s.offered - s.finished - s.dropped - s.cancelled for s in self.models.values())
 
 
 class _Outcomes:
@@ -79,7 +81,15 @@ class _Outcomes:
             raise RuntimeError(f"request {rid} ended twice")
         self.outcomes[rid] = outcome
 
+    def cancelled(self, rid: int, t: float) -> None:
+        """The client of ``rid`` went away at ``t`` (ignored once the request has ended)."""
+        if rid not in self.outcomes:
+            self.outcomes[rid] = "cancelled"
+            self.stats.setdefault(self.arrivals[rid][1], ModelStats()).cancelled += 1
+
     def done(self, rid: int, t: float) -> None:
+        if self.outcomes.get(rid) == "cancelled":
+            return
         at, model = self.arrivals[rid]
         s = self.stats.setdefault(model, ModelStats())
         met = t <= at + self.slo_us.get(model, 0.0)
@@ -92,6 +102,8 @@ class _Outcomes:
         s.latencies_us.append(t - at)
 
     def dropped(self, rid: int, model: str, reason: str) -> None:
+        if self.outcomes.get(rid) == "cancelled":
+            return
         self._once(rid, "dropped")
         self.stats.setdefault(model, ModelStats()).dropped += 1
         self.drop_reasons[reason] += 1
@@ -101,17 +113,21 @@ def simulate(topology: Topology, scheduler: Scheduler, arrivals: Sequence[tuple[
              duration_us: float, *, noise_cv: float = 0.0, seed: int = 0, record_timeline: bool = False,
              on_progress: Callable[[float], None] | None = None, driver: DriverConfig | None = None,
              overheads: Overheads | None = None, faults: Sequence[Fault] = (), interference: Any = None,
-             priorities: Sequence[int] | None = None) -> SimResult:
+             priorities: Sequence[int] | None = None,
+             cancels: Sequence[tuple[float, int]] = ()) -> SimResult:
     """Run ``scheduler`` over ``arrivals`` ((time_us, model) sorted by time) until every request ended.
 
     ``driver`` is the loop's setting (default: ``DriverConfig.ideal()``, the policy alone; give
     ``DriverConfig.live()`` and the live ``overheads`` to predict what the sidecar does). ``interference``
     (scheduler.sim.interference) slows each batch of a co-located plan by what runs beside it. ``priorities``:
-    each arrival's ``priority`` parameter (Triton's; the topology's ``batcher`` controls say what it means)."""
+    each arrival's ``priority`` parameter (Triton's; the topology's ``batcher`` controls say what it means).
+    ``cancels``: (time_us, request index) at which a client goes away; a batch all of whose callers are gone
+    before its next stage starts is abandoned and its reservations go back to the core, as live."""
     out = _Outcomes(list(topology.pipelines), arrivals, topology.slo_us)
     run = VirtualRun(topology, scheduler, driver or DriverConfig.ideal(), duration_us, noise_cv=noise_cv, seed=seed,
                      overheads=overheads, faults=faults, record_timeline=record_timeline, on_done=out.done,
-                     on_reject=out.dropped, interference=interference)
+                     on_reject=out.dropped, interference=interference, cancels=cancels,
+                     on_cancel=out.cancelled)
     ex, drv = run.executor, run.driver
     dispatch_us: list[float] = []
     n_arr, ai = len(arrivals), 0

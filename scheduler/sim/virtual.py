@@ -29,7 +29,7 @@ from scheduler.core.api import Dispatch, Scheduler
 from scheduler.core.driver import Action, Driver, DriverConfig, Report, StageOutcome
 from scheduler.core.topology import Pipeline, Topology
 
-ARRIVE, WAKE, XFER, READY, END, DOWN, UP = range(7)
+ARRIVE, WAKE, XFER, READY, END, DOWN, UP, CANCEL = range(8)
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class Batch:
 class _Flight:
     """A dispatched batch moving through its stages."""
 
-    __slots__ = ("d", "pipeline", "items", "report", "starts")
+    __slots__ = ("d", "pipeline", "items", "report", "starts", "pending", "send_at", "abandoned")
 
     def __init__(self, d: Dispatch, pipeline: Pipeline, items: list[Any], report: Report) -> None:
         self.d = d
@@ -65,6 +65,9 @@ class _Flight:
         self.items = items
         self.report = report
         self.starts: list[float] = [0.0] * len(d.stages)
+        self.pending = -1  # the stage waiting to be sent (its transfer, its reserved start less the lead)
+        self.send_at = math.inf  # when that stage is sent: up to then the flight can still be abandoned
+        self.abandoned = False  # every caller went away before that stage started
 
 
 def stage_latency(latency_us: dict[int, float], batch: int) -> float:
@@ -84,7 +87,9 @@ class VirtualExecutor:
     def __init__(self, topology: Topology, duration_us: float, *, noise_cv: float = 0.0, seed: int = 0,
                  overheads: Overheads | None = None, faults: Sequence[Fault] = (), record_timeline: bool = False,
                  on_done: Callable[[Any, float], None], on_reject: Callable[[Any, str, str], None],
-                 on_vgpu_change: Callable[[str, bool, float], None], interference: Any = None) -> None:
+                 on_vgpu_change: Callable[[str, bool, float], None], interference: Any = None,
+                 cancels: Sequence[tuple[float, Any]] = (), on_cancel: Callable[[Any, float], None] | None = None
+                 ) -> None:
         self.topology = topology
         self.duration_us = duration_us
         self.rng = np.random.default_rng(seed + 7919)
@@ -114,6 +119,13 @@ class VirtualExecutor:
         for f in faults:
             self.push(f.at_us, DOWN, f.vgpu, 0)
             self.push(f.until_us, UP, f.vgpu, 0)
+        # clients that go away: (when, item); a batch all of whose callers are gone stops before its next stage
+        self.on_cancel = on_cancel
+        self.cancelled: set[Any] = set()
+        self._track = bool(cancels)  # which flight each item rides (only when clients may go away)
+        self._waiting: dict[Any, _Flight] = {}  # item -> its flight while a stage is on its way
+        for when, item in cancels:
+            self.push(when, CANCEL, item, 0)
 
     # -- the Executor protocol ------------------------------------------------------------------------------
     def execute(self, dispatch: Dispatch, items: list[Any], report: Report) -> None:
@@ -122,6 +134,9 @@ class VirtualExecutor:
         self.batch_sizes[len(items)] += 1
         if self.record_timeline:
             self.paths[dispatch.id] = [a.vgpu for a in dispatch.stages]
+        if self.cancelled and all(x in self.cancelled for x in items):
+            report(StageOutcome(dispatch, 0, self.now, gave_up=True))  # as live: nobody waits, nothing runs
+            return
         self._advance(fl, 0, self.now)
 
     def reject(self, item: Any, model: str, reason: str, *, failure: bool = False) -> None:
@@ -167,12 +182,37 @@ class VirtualExecutor:
             elif kind == UP:
                 self.down.discard(obj)
                 self.on_vgpu_change(obj, True, t)
+            elif kind == CANCEL:
+                self._cancel(obj, t)
+
+    def _cancel(self, item: Any, t: float) -> None:
+        """``item``'s client went away: its flight, if every caller is gone before the stage on its way starts,
+        is abandoned and the driver told (it gives the reservations back)."""
+        self.cancelled.add(item)
+        if self.on_cancel is not None:
+            self.on_cancel(item, t)
+        fl = self._waiting.get(item)
+        if fl is None or t >= fl.send_at or not all(x in self.cancelled for x in fl.items):
+            return
+        fl.abandoned = True
+        self._unwait(fl)
+        for x in fl.items:
+            self._level.pop(x, None)
+        fl.report(StageOutcome(fl.d, fl.pending, t, gave_up=True))
+
+    def _unwait(self, fl: _Flight) -> None:
+        for x in fl.items:
+            self._waiting.pop(x, None)
 
     def _advance(self, fl: _Flight, k: int, t: float) -> None:
         """Stage k's input is at hand at t: transfer it if it crosses servers, then send it."""
         d = fl.d
         a = d.stages[k]
         st = fl.pipeline.stages[a.stage]
+        fl.pending, fl.send_at = k, math.inf
+        if self._track:
+            for x in fl.items:
+                self._waiting[x] = fl
         crosses = (self.server[d.stages[k - 1].vgpu] != self.server[a.vgpu] if k > 0
                    else a.transfer_start_us is not None)
         if st.in_bytes_per_request > 0 and crosses:
@@ -186,9 +226,12 @@ class VirtualExecutor:
         a = fl.d.stages[k]
         lead = self.ov.lead_us
         send = a.start_us - lead if fl.d.reserved and a.start_us - lead > t else t
+        fl.send_at = send
         self.push(send + lead, READY, fl, k)
 
     def _transfer(self, fl: _Flight, k: int, t: float) -> None:
+        if fl.abandoned:
+            return
         d = fl.d
         a = d.stages[k]
         st = fl.pipeline.stages[a.stage]
@@ -204,6 +247,10 @@ class VirtualExecutor:
         self._send(fl, k, s0 + dur)
 
     def _compute(self, fl: _Flight, k: int, t: float) -> None:
+        if fl.abandoned:
+            return
+        if self._track:
+            self._unwait(fl)
         d = fl.d
         a = d.stages[k]
         v = a.vgpu

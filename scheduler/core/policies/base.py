@@ -41,6 +41,9 @@ class QueueingPolicy:
         """probe() calls so far (0 for policies that do not probe reservations)."""
         return 0
 
+    def release(self, dispatch_id: int, now_us: float) -> None:
+        """An abandoned dispatch gives back what it holds (nothing, unless a policy keeps books of dispatches)."""
+
     def queue_lengths(self) -> dict[str, int]:
         return {m: len(q) for m, q in self.queues.items()}
 

@@ -168,5 +168,8 @@ class OrlojPolicy(QueueingPolicy):
     def report(self, dispatch_id: int, stage: int, start_us: float, end_us: float) -> None:
         self.vq.reported(dispatch_id, stage, end_us)
 
+    def release(self, dispatch_id: int, now_us: float) -> None:
+        self.vq.release(dispatch_id, now_us)
+
     def set_vgpu_up(self, vgpu_id: str, up: bool, now_us: float) -> None:
         self.vq.set_up(vgpu_id, up, now_us)

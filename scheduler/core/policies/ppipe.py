@@ -109,6 +109,12 @@ class PPipePolicy(QueueingPolicy):
         if stage == stages[-1].stage:
             del self.live[dispatch_id]
 
+    def release(self, dispatch_id: int, now_us: float) -> None:
+        """An abandoned dispatch: its reservations that have not started by ``now_us`` go back to the tables."""
+        entry = self.live.pop(dispatch_id, None)
+        if entry is not None:
+            self.state.release(dispatch_id, entry[1], now_us)
+
     def set_vgpu_up(self, vgpu_id: str, up: bool, now_us: float) -> None:
         self.state.set_vgpu_up(vgpu_id, up, now_us)
         self._capacity.clear()

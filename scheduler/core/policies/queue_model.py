@@ -46,6 +46,14 @@ class VGpuQueues:
             self.busy_until[v] += end_us - a.end_us  # the queue behind it moves with it
         return a
 
+    def release(self, dispatch_id: int, now_us: float) -> None:
+        """An abandoned dispatch: its stages not yet reported will never run; the vGPUs' queues shrink by them."""
+        for a in self.live.pop(dispatch_id, []):
+            v = a.vgpu
+            self.outstanding[v] = max(0, self.outstanding[v] - 1)
+            if self.outstanding[v] == 0:
+                self.busy_until[v] = min(self.busy_until[v], now_us)
+
     def set_up(self, vgpu: str, up: bool, now_us: float) -> None:
         self.compiled.set_vgpu_up(vgpu, up, now_us)
         if not up and vgpu in self.outstanding:

@@ -124,5 +124,10 @@ class ReactivePolicy(QueueingPolicy):
             src = self.vq.server[v]
             nq.extend((r, src) for r in reqs)
 
+    def release(self, dispatch_id: int, now_us: float) -> None:
+        """An abandoned stage dispatch: its vGPU's queue shrinks and its requests go no further."""
+        self.vq.release(dispatch_id, now_us)
+        self.in_flight.pop(dispatch_id, None)
+
     def set_vgpu_up(self, vgpu_id: str, up: bool, now_us: float) -> None:
         self.vq.set_up(vgpu_id, up, now_us)

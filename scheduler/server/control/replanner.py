@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
+import signal
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -41,6 +42,7 @@ from poolpipe_common.documents import as_float, check_fields, read_document
 from poolpipe_common.errors import InputError
 from runtime.launch import Deployment
 from runtime.migration import begin_migration
+from runtime.supervise import remove_state, write_state
 from scheduler.core.replan_trigger import ReplanConfig, ReplanDecision, ReplanTrigger
 from scheduler.server.common.metrics import SidecarMetrics
 from scheduler.server.control.reload import ReloadablePlanned
@@ -147,10 +149,13 @@ class AutoReplanner:
         self.planned = planned
         self.metrics = metrics
         self.trigger = ReplanTrigger(settings.trigger, planned_capacity(planned), now_us())
-        self.generation = 0
+        # after a predecessor's gen-N directories (a restarted sidecar generates beside them, never into them)
+        self.generation = max((int(d.name[4:]) for d in settings.out_dir.glob("gen-*") if d.name[4:].isdigit()),
+                              default=0)
         # the servers serving now; the first plan's were started by someone else, so this deployment owns none
         self.deployment = Deployment(planned.serving, check_hardware=False)
-        self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+        self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                                         initializer=die_with_parent)
         self._task: asyncio.Task | None = None
         planned.on_arrival = lambda model: self.trigger.arrived(model, now_us())
 
@@ -178,15 +183,18 @@ class AutoReplanner:
             log.info("event=replan_planned generation=%d solve_s=%.2f throughputs=%s", self.generation, solve_s,
                      ",".join(f"{m}={r:.1f}" for m, r in rates.items()))
             migration = await asyncio.to_thread(begin_migration, self.deployment, out)
+            write_state(self.deployment, "sidecar")  # the servers it started: a successor reclaims them
             report = await self.planned.reload(Path(manifest))
         except Exception as e:  # noqa: BLE001 - whatever failed, the old plan serves on: log it, cool down
             self.metrics.replans.labels("failed").inc()
             log.warning("event=replan_failed generation=%d reason=%s", self.generation, e)
             if migration is not None:
                 await asyncio.to_thread(migration.abort)
+                write_state(self.deployment, "sidecar")
             self.trigger.replanned(planned_capacity(self.planned), now_us())  # cool down before trying again
             return
         moved = await asyncio.to_thread(migration.finish)
+        write_state(self.deployment, "sidecar")
         if moved.left_running:
             log.info("event=replan_unused_servers vgpus=%s (started before the sidecar; their partitions are "
                      "unloaded, stop them when you like)", ",".join(moved.left_running))
@@ -201,3 +209,14 @@ class AutoReplanner:
             await asyncio.gather(self._task, return_exceptions=True)
         self._pool.shutdown(cancel_futures=True)
         await asyncio.to_thread(self.deployment.stop)  # the servers it started
+        remove_state()
+
+
+def die_with_parent() -> None:
+    """The planning worker ends with the sidecar, even a SIGKILLed one (Linux: PR_SET_PDEATHSIG)."""
+    try:
+        import ctypes  # noqa: PLC0415
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass  # not Linux: the worker ends when it next reads from its closed queue

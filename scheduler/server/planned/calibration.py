@@ -17,6 +17,7 @@ import numpy as np
 from tritonclient.utils import triton_to_np_dtype
 
 from model_repository_gen.manifest import ModelInfo, PipelineInfo
+from poolpipe_common.overheads import driver_margin_us
 from scheduler.server.planned.calls import now_us
 from scheduler.server.planned.executor import LiveExecutor
 from scheduler.server.planned.stage_io import HopTensor, StageTiming
@@ -78,3 +79,52 @@ async def calibrate_pipeline(ex: LiveExecutor, p: PipelineInfo, model: ModelInfo
             lo, hi = float(measured[1][k][i]), float(measured[max(measured)][k][i])
             out.append({b: max(0.0, lo + (hi - lo) * (b - 1) / span) for b in batches})
     return StageOverheads(lead, tail)
+
+
+async def recalibrate_vgpu(ex: LiveExecutor, p: PipelineInfo, vgpu: str, previous: StageOverheads
+                           ) -> StageOverheads:
+    """A vGPU that rejoined: measure only the stages of ``p`` it serves, on it alone (zeros as their inputs), and
+    keep ``previous`` for the others, so that no unreserved batch runs on a vGPU the core has planned for."""
+    lead = [dict(x) for x in previous.lead_us]
+    tail = [dict(x) for x in previous.tail_us]
+    for k, stage in enumerate(p.stages):
+        if vgpu not in stage.vgpus:
+            continue
+        measured: dict[int, np.ndarray] = {}
+        for b in sorted({1, p.batch}):
+            runs = []
+            for _ in range(CALIBRATION_RUNS):
+                hops = [HopTensor(t, [b, *t.shape], array=np.zeros([b, *t.shape], triton_to_np_dtype(t.datatype)))
+                        for t in stage.inputs]
+                out, t = await ex.run_stage(vgpu, stage, hops, None, now_us() + CALIBRATION_TIMEOUT_S * 1e6,
+                                            f"calibrate.{p.id}.{k}")
+                ex.release(out)
+                if t is None:
+                    raise NotCalibratable(f"stage {k} on {vgpu} returned no compute timestamps")
+                runs.append((t.start_us - t.ready_us, t.recv_us - t.end_us))
+            measured[b] = np.median(np.array(runs[1:]), axis=0)
+        lo, hi = measured[1], measured[max(measured)]
+        span = max(p.batch - 1, 1)
+        for b in lead[k]:
+            lead[k][b] = max(0.0, float(lo[0] + (hi[0] - lo[0]) * (b - 1) / span))
+            tail[k][b] = max(0.0, float(lo[1] + (hi[1] - lo[1]) * (b - 1) / span))
+    return StageOverheads(lead, tail)
+
+
+def no_slack_warning(p: PipelineInfo, slo_us: float, o: StageOverheads) -> str | None:
+    """One line when the calibrated pipeline, at its smallest batch, leaves no slack under its SLO (less the
+    driver's margin): then every request to it is shed as 'deadline cannot be met', and the plan should be
+    made again with the costs measured here."""
+    batches = set.intersection(*(set(s.latency_us) for s in p.stages))
+    if not batches:
+        return None
+    b = min(batches)
+    total = sum(s.latency_us[b] + lead.get(b, 0.0) + tail.get(b, 0.0)
+                for s, lead, tail in zip(p.stages, o.lead_us, o.tail_us))
+    budget = slo_us - driver_margin_us(slo_us)
+    if total <= budget:
+        return None
+    return (f"pipeline {p.id}: calibrated latency {total / 1e3:.1f} ms at batch {b} (compute + per-stage lead and "
+            f"tail) leaves no slack under its SLO {slo_us / 1e3:.1f} ms less the driver's margin "
+            f"{(slo_us - budget) / 1e3:.1f} ms, so its requests will be shed; re-plan with the costs measured "
+            f"here (poolpipe serve --overheads-out FILE, then poolpipe plan --overheads FILE) or raise the SLO")

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +31,7 @@ from scheduler.server.common.tracing import DispatchTraces, Tracer
 from scheduler.server.planned.batch_log import BatchLog
 from scheduler.server.planned.calls import Answers, Sample, now_us, shutting_down
 from scheduler.server.planned.fleet import Fleet
+from scheduler.server.planned.lead import LeadLearner
 from scheduler.server.planned.overhead_meter import OverheadMeter
 from scheduler.server.planned.shm_pool import Region
 from scheduler.server.planned.stage_io import (
@@ -46,12 +46,14 @@ from scheduler.server.planned.stage_io import (
 
 log = logging.getLogger("poolpipe.sidecar.executor")
 
-LEAD_WINDOW = 256
-LEAD_MIN_SAMPLES = 16
-LEAD_EVERY = 8
-LEAD_PERCENTILE = 90
 # Codes that say "this request is wrong", not "this server is broken": the batch fails, the server stays.
 CLIENT_FAULTS = (grpc.StatusCode.INVALID_ARGUMENT,)
+
+
+async def _until_all_gone(samples: list[Sample], timeout_s: float) -> None:
+    """Sleep ``timeout_s``, or less if every caller of ``samples`` goes away meanwhile."""
+    futures = {id(s.call.future): s.call.future for s in samples}
+    await asyncio.wait(list(futures.values()), timeout=timeout_s)
 
 
 class LiveExecutor:
@@ -79,7 +81,7 @@ class LiveExecutor:
         # Under load a stage takes longer from send to compute than calibration measured at idle (the servers'
         # and the sidecar's CPU is shared): learned from stages sent to an idle server, added to every lead.
         self.extra_lead_us = 0.0
-        self._lead_excess: deque[float] = deque(maxlen=LEAD_WINDOW)
+        self._lead_learner = LeadLearner()
         self._last_end: dict[str, float] = {}  # vGPU -> end of its last measured compute
         self.tasks: set[asyncio.Task] = set()
         self.meter = OverheadMeter()
@@ -112,16 +114,16 @@ class LiveExecutor:
 
     def _learn_lead(self, d: Dispatch, stage: int, vgpu: str, batch: int, t: StageTiming) -> None:
         """A stage sent to an idle server shows the real send-to-compute lead: keep the excess over the
-        calibrated one, and lead by a high percentile of it (the core's clock with it)."""
+        calibrated one, and lead by a high percentile of its recent values (the core's clock with it)."""
         idle = self._last_end.get(vgpu, 0.0) < t.send_us
         self._last_end[vgpu] = t.end_us
         if not idle or d.pipeline_id not in self.lead_us:
             return
         base = self._calibrated_lead(d.pipeline_id, stage, batch)
-        self._lead_excess.append(max(0.0, t.start_us - t.send_us - base))
-        if len(self._lead_excess) >= LEAD_MIN_SAMPLES and len(self._lead_excess) % LEAD_EVERY == 0:
-            self.extra_lead_us = float(np.percentile(self._lead_excess, LEAD_PERCENTILE))
-            self.lead_learned(self.extra_lead_us)
+        new = self._lead_learner.observe(t.recv_us, t.start_us - t.send_us - base)
+        if new is not None:
+            self.extra_lead_us = new
+            self.lead_learned(new)
             self.meter.learned_lead(self.extra_lead_us)
 
     def _inputs(self, d: Dispatch, live: list[Sample]) -> list[HopTensor]:
@@ -156,7 +158,10 @@ class LiveExecutor:
                 if d.reserved:  # send ahead of the reserved compute start by the stage's lead time
                     wait = (a.start_us - self._lead(d.pipeline_id, a.stage, len(live)) - now_us()) / 1e6
                     if wait > 0:
-                        await asyncio.sleep(wait)
+                        await _until_all_gone(live, wait)
+                if not any(s.wanted for s in live):  # every caller went away before this stage was sent
+                    step = report(StageOutcome(d, k, now_us(), gave_up=True))  # its reservations go back
+                    break
                 nxt = d.stages[k + 1].vgpu if k + 1 < len(d.stages) else None
                 hop = None if a.stage == 0 or not hops else "shm" if hops[0].region is not None else "grpc"
                 if hop is not None:

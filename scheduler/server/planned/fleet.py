@@ -66,6 +66,7 @@ class Fleet:
         self.on_change = on_change
         self.servers: dict[str, VGpuServer] = {}
         self.pools: dict[str, HostPool] = {}
+        self.reclaimed: list[str] = []  # registrations of dead sidecars' regions removed from the servers
         self._health: asyncio.Task | None = None
 
     async def connect(self) -> None:
@@ -164,6 +165,8 @@ class Fleet:
                 if stale(name) or name in mine:
                     await srv.stub.SystemSharedMemoryUnregister(
                         service_pb2.SystemSharedMemoryUnregisterRequest(name=name), timeout=2)
+                    if name not in mine:
+                        self.reclaimed.append(f"{srv.id}:{name}")
             srv.registered.clear()
             if pool:
                 for r in list(pool.regions):
@@ -193,8 +196,11 @@ class Fleet:
 
     async def _check(self, srv: VGpuServer) -> None:
         if not srv.up:
+            before = len(self.reclaimed)
             if await self.bring_up(srv):
                 self.set_up(srv, True, "healthy again")
+            if len(self.reclaimed) > before:
+                log.info("event=reclaimed vgpu=%s registrations=%d", srv.id, len(self.reclaimed) - before)
             return
         try:
             r = await srv.stub.ServerLive(service_pb2.ServerLiveRequest(), timeout=1)

@@ -27,13 +27,19 @@ from scheduler.server.common.tracing import Tracer
 from scheduler.server.common.triton_metrics import triton_exposition
 from scheduler.server.planned.applications import Applications
 from scheduler.server.planned.batch_log import BatchLog
-from scheduler.server.planned.calibration import NotCalibratable, StageOverheads, calibrate_pipeline
+from scheduler.server.planned.calibration import (
+    NotCalibratable,
+    StageOverheads,
+    calibrate_pipeline,
+    no_slack_warning,
+    recalibrate_vgpu,
+)
 from scheduler.server.planned.calls import Answers, ClientCall, Sample, now_us, request_deadline_us, shutting_down
 from scheduler.server.planned.executor import LiveExecutor
 from scheduler.server.planned.fleet import Fleet, VGpuServer
 from scheduler.server.planned.manifest_shard import manifest_shard
 from scheduler.server.planned.manifest_topology import topology_from_manifest
-from scheduler.server.planned.shm_pool import remove_stale_regions
+from scheduler.server.planned.shm_pool import log_reclaimed, remove_stale_regions
 from scheduler.server.planned.stage_io import StageFault
 from scheduler.server.planned.validate import CheckedRequest, OutputTarget, check_request
 
@@ -87,9 +93,8 @@ class PlannedModels:
         self = cls(manifest_shard(load_manifest(manifest_path), *shard), policy, metrics, client_shm, batch_log,
                    overheads_out, generation, tracer)
         removed = remove_stale_regions()
-        if removed:
-            log.info("event=stale_shm_removed count=%d regions=%s", len(removed), ",".join(removed))
         await self.fleet.connect()
+        log_reclaimed(removed, self.fleet.reclaimed)
         for srv in self.fleet.servers.values():
             metrics.vgpu_up.labels(srv.id).set(1 if srv.up else 0)
         await self._calibrate(None)
@@ -121,11 +126,16 @@ class PlannedModels:
         new = False
         for p in todo:
             try:
-                o = await calibrate_pipeline(self.executor, p, self.models[p.id.rsplit("/", 1)[0]], rejoined)
+                before = self.overheads.get(p.id)
+                o = (await recalibrate_vgpu(self.executor, p, rejoined, before) if rejoined and before else
+                     await calibrate_pipeline(self.executor, p, self.models[p.id.rsplit("/", 1)[0]], rejoined))
             except (NotCalibratable, StageFault) as e:
                 log.warning("event=calibration_skipped pipeline=%s reason=%s", p.id, e)
                 continue
             log.info("event=calibrated pipeline=%s rejoined=%s", p.id, rejoined or "-")
+            slo_us = self.models[p.id.rsplit("/", 1)[0]].slo_us
+            if p.id not in self.overheads and (warning := no_slack_warning(p, slo_us, o)):
+                log.warning("event=no_slack %s", warning)
             new = new or p.id not in self.overheads
             self.overheads[p.id] = o
             for lead in o.lead_us:
@@ -148,11 +158,14 @@ class PlannedModels:
         self.driver.extra_lead_us = extra_us
 
     def _vgpu_changed(self, srv: VGpuServer, up: bool, why: str) -> None:
+        """A vGPU left or rejoined; one that rejoins is calibrated first and then planned on (the core reserves
+        nothing on it while calibration batches run there)."""
         self.metrics.vgpu_up.labels(srv.id).set(1 if up else 0)
-        self.driver.set_vgpu_up(srv.id, up, now_us())
-        self._kick_loop()
         if up and self._loop_task is not None and not self._closing:
             self._calibrate_later(srv.id)
+            return
+        self.driver.set_vgpu_up(srv.id, up, now_us())
+        self._kick_loop()
 
     def _calibrate_later(self, rejoined: str) -> None:
         prev = self._calibrating
@@ -160,7 +173,12 @@ class PlannedModels:
         async def run() -> None:
             if prev is not None:
                 await asyncio.gather(prev, return_exceptions=True)
-            await self._calibrate(rejoined)
+            try:
+                await self._calibrate(rejoined)
+            finally:
+                srv = self.fleet.servers[rejoined]
+                self.driver.set_vgpu_up(rejoined, srv.up, now_us())
+                self._kick_loop()
 
         self._calibrating = asyncio.ensure_future(run())
 

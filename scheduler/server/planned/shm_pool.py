@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from runtime.tritonserver import remove_shm_regions
+from runtime.tritonserver import pid_alive, remove_shm_regions
 
 log = logging.getLogger("poolpipe.sidecar.shm")
 PREFIX = "poolpipe_sc_"
@@ -36,16 +36,6 @@ def owner_pid(name: str) -> int | None:
     return int(head) if head.isdigit() else None
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def stale(name: str) -> bool:
     pid = owner_pid(name)
     return pid is not None and pid != os.getpid() and not pid_alive(pid)
@@ -54,6 +44,15 @@ def stale(name: str) -> bool:
 def remove_stale_regions(shm_dir: Path = SHM_DIR) -> list[str]:
     """Unlink regions left by sidecars that are no longer running; returns their names."""
     return remove_shm_regions(PREFIX, shm_dir, only=stale)
+
+
+def log_reclaimed(regions: list[str], registrations: list[str]) -> None:
+    """One line at start: what dead predecessors left that this sidecar removed (/dev/shm regions, and their
+    registrations on the servers, as ``vgpu:name``), and whose it was (their pids)."""
+    pids = sorted({p for n in [*regions, *(r.split(":", 1)[-1] for r in registrations)]
+                   if (p := owner_pid(n)) is not None})
+    log.info("event=reclaimed shm_regions=%d registrations=%d predecessors=%s", len(regions), len(registrations),
+             ",".join(map(str, pids)) or "none")
 
 
 def align(n: int) -> int:

@@ -1,0 +1,40 @@
+"""The live executor's learned send-to-compute lead cannot outlive the burst that taught it."""
+
+from __future__ import annotations
+
+import math
+
+from scheduler.server.planned.lead import LEAD_HORIZON_US, LEAD_MIN_SAMPLES, LeadLearner
+
+
+def _burst_then_calm(learner: LeadLearner) -> tuple[float, float]:
+    """32 idle-server stages 5 ms late in 0.3 s (a burst), then on-time ones from 2.1 s on; returns the lead
+    learned at the burst's end and after 40 calm stages."""
+    for i in range(32):
+        learner.observe(i * 10_000.0, 5_000.0)
+    during = learner.extra_us
+    for i in range(40):
+        learner.observe(2.4e6 + i * 10_000.0, 100.0)
+    return during, learner.extra_us
+
+
+def test_a_bursts_lead_is_forgotten_two_seconds_after_it():
+    during, after = _burst_then_calm(LeadLearner())
+    assert during == 5_000.0
+    assert after == 100.0
+    assert LEAD_HORIZON_US <= 2_000_000.0
+
+
+def test_without_the_horizon_the_burst_would_be_kept():
+    """The counterfactual (a count-only window, as before): the calm stages do not outvote the burst's."""
+    during, after = _burst_then_calm(LeadLearner(horizon_us=math.inf))
+    assert during == 5_000.0 and after == 5_000.0
+
+
+def test_at_a_low_rate_the_newest_samples_are_kept_whatever_their_age():
+    """Samples seconds apart: the lead is learned from the newest ones, not dropped for want of recent ones."""
+    learner = LeadLearner()
+    for i in range(LEAD_MIN_SAMPLES):
+        learner.observe(i * 5e6, 3_000.0)
+    assert learner.extra_us == 3_000.0
+    assert learner.observe(LEAD_MIN_SAMPLES * 5e6, 3_000.0) is None and learner.extra_us == 3_000.0
