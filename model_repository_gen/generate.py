@@ -29,7 +29,7 @@ import shlex
 import shutil
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,7 @@ from model_repository_gen.onnx_check import check_onnx_matches_profile
 from model_repository_gen.ports import assign_ports
 from planner.plan_json import ModelPlan, PartitionPlan, Plan
 from planner.sizing.split_slots import SizedSlot, sized_slots, split_gpu_counts
+from poolpipe_common.batcher import BatcherControls
 from poolpipe_common.errors import InputError
 from poolpipe_common.tensors import TensorSpec
 
@@ -334,12 +335,13 @@ def _write_launch_files(out: Path, cluster: Cluster, servers: dict[str, dict[str
 
 def generate(plan: Plan, onnx_paths: Mapping[str, Path], cluster: Cluster | str | Path, out_dir: str | Path,
              fp16_boundaries: bool = False, emulated_tensor_scale: float = 1.0,
-             previous: Manifest | None = None) -> Manifest:
+             previous: Manifest | None = None, batcher: Mapping[str, BatcherControls] | None = None) -> Manifest:
     """Write repositories, launch files and manifest.json for ``plan`` under ``out_dir``; returns the manifest.
 
     ``onnx_paths`` may leave out models that only emulated hosts serve; their tensors are invented from the
     profile, their bytes scaled by ``emulated_tensor_scale`` (0 < scale <= 1). ``previous``: the deployment that
-    runs now; the new one is generated to migrate from it (model_repository_gen.generations)."""
+    runs now; the new one is generated to migrate from it (model_repository_gen.generations). ``batcher``: Triton's
+    dynamic-batcher controls per model (priority levels, queue policy) for the sidecar."""
     from model_repository_gen.cut import partition_io  # onnx graph work only when generating
 
     if not isinstance(cluster, Cluster):
@@ -374,6 +376,7 @@ def generate(plan: Plan, onnx_paths: Mapping[str, Path], cluster: Cluster | str 
     try:
         writer = _Writer(out, work, onnx_paths, fp16_boundaries, invented, ports, vgpus_per_host, generation)
         models = [writer.model(m, io[m.name], assignment) for m in plan.models]
+        models = [replace(m, dynamic_batching=batcher[m.name]) if batcher and m.name in batcher else m for m in models]
     finally:
         shutil.rmtree(work, ignore_errors=True)
     vgpus = _write_launch_files(out, cluster, writer.servers)

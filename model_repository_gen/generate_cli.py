@@ -28,6 +28,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the running deployment's directory: generate this one to migrate from it ('poolpipe "
                         "launch' on SIGHUP): vGPUs both have on the same device keep their servers and ports, the "
                         "others get ports it does not use, and partition models get a generation suffix (_gN)")
+    p.add_argument("--dynamic-batching", action="append", default=[], metavar="[MODEL=]SPEC",
+                   help="Triton's dynamic_batching controls the sidecar honours for MODEL (every planned model without "
+                        "MODEL=): SPEC is protobuf text as in config.pbtxt, e.g. 'priority_levels: 2 "
+                        "default_priority_level: 2 default_queue_policy { max_queue_size: 64 timeout_action: DELAY "
+                        "default_timeout_microseconds: 50000 allow_timeout_override: true }', or @FILE (such text, or "
+                        "a config.pbtxt holding a dynamic_batching block); repeat per model")
     k8s_cli.add_arguments(p)
     p.set_defaults(func=_run)
 
@@ -48,6 +54,7 @@ def parse_onnx_args(values: list[str]) -> dict[str, Path]:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from model_repository_gen.batcher_flags import controls_for, parse_dynamic_batching_args
     from model_repository_gen.cluster_file import load_cluster
     from model_repository_gen.generate import generate
     from model_repository_gen.manifest import load_manifest
@@ -55,14 +62,19 @@ def _run(args: argparse.Namespace) -> int:
     from poolpipe_common.errors import InputError
 
     onnx_paths = parse_onnx_args(args.onnx)
+    batcher, notes = parse_dynamic_batching_args(args.dynamic_batching)
     if args.k8s:
         k8s_cli.options_from_args(args)  # bad flags fail before anything is written
     previous = load_manifest(args.previous) if args.previous else None
     if previous is not None and args.out.resolve() == previous.root:
         raise InputError(f"--out {args.out} is the --previous deployment; generate the next one beside it "
                          "(e.g. DIR-2) and point a symlink or 'poolpipe launch' at it")
-    manifest = generate(load_plan(args.plan), onnx_paths, load_cluster(args.cluster), args.out,
-                        args.fp16_boundaries, args.emulated_tensor_scale, previous)
+    plan = load_plan(args.plan)
+    controls = controls_for([m.name for m in plan.models], batcher)
+    manifest = generate(plan, onnx_paths, load_cluster(args.cluster), args.out, args.fp16_boundaries,
+                        args.emulated_tensor_scale, previous, controls)
+    for note in notes:
+        print(note)
     per_host: dict[str, int] = {}
     for g in manifest.vgpus:
         per_host[g.host] = per_host.get(g.host, 0) + 1

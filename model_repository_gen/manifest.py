@@ -15,6 +15,7 @@ from typing import Any
 
 from model_repository_gen.app_manifest import ApplicationInfo, applications_from_list
 from planner.plan_json import Plan, plan_from_dict
+from poolpipe_common.batcher import BatcherControls
 from poolpipe_common.documents import as_float, as_int, as_str, check_fields, need, read_document
 from poolpipe_common.errors import InputError
 from poolpipe_common.tensors import DATATYPES, TensorSpec
@@ -74,6 +75,8 @@ class ModelInfo:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     pipelines: tuple[PipelineInfo, ...]
+    # Triton's dynamic-batcher controls the sidecar honours (priority levels, queue policy); default: none
+    dynamic_batching: BatcherControls = BatcherControls()
 
 
 @dataclass(frozen=True)
@@ -121,7 +124,9 @@ class Manifest:
                                 "v": s.v, "vgpus": list(s.vgpus), "inputs": tensors(s.inputs),
                                 "outputs": tensors(s.outputs),
                                 "latency_us": {str(b): x for b, x in sorted(s.latency_us.items())}}
-                               for s in p.stages]} for p in m.pipelines]} for m in self.models],
+                               for s in p.stages]} for p in m.pipelines]}
+                       | ({"dynamic_batching": m.dynamic_batching.to_dict()} if m.dynamic_batching.active else {})
+                       for m in self.models],
             "plan": self.plan.to_dict(),
             "generation": self.generation,
         } | ({"applications": [a.to_dict() for a in self.applications]} if self.applications else {})
@@ -131,7 +136,7 @@ class Manifest:
 
 
 MANIFEST_FIELDS = ("format", "hosts", "vgpus", "models", "plan", "generation", "applications")
-MODEL_FIELDS = ("name", "slo_us", "max_batch_size", "inputs", "outputs", "pipelines")
+MODEL_FIELDS = ("name", "slo_us", "max_batch_size", "inputs", "outputs", "pipelines", "dynamic_batching")
 PIPELINE_FIELDS = ("id", "batch", "throughput_rps", "latency_us", "stages")
 STAGE_FIELDS = ("triton_model", "blocks", "gpu_type", "v", "vgpus", "inputs", "outputs", "latency_us")
 TENSOR_FIELDS = ("name", "datatype", "shape")  # inputs[] and outputs[] of models and stages
@@ -218,7 +223,7 @@ def _model(m: Any, vgpu_ids: set[str], w: str) -> ModelInfo:
     return ModelInfo(as_str(need(m, "name", w), f"{w}.name"), as_float(need(m, "slo_us", w), f"{w}.slo_us", 0),
                      as_int(need(m, "max_batch_size", w), f"{w}.max_batch_size", 1),
                      _tensors(need(m, "inputs", w), f"{w}.inputs"), _tensors(need(m, "outputs", w), f"{w}.outputs"),
-                     tuple(pipes))
+                     tuple(pipes), BatcherControls.from_dict(m.get("dynamic_batching") or {}, f"{w}.dynamic_batching"))
 
 
 def manifest_from_dict(d: Any, root: Path = Path("."), source: str = "manifest") -> Manifest:

@@ -159,7 +159,9 @@ def test_server_metadata_lists_only_what_is_served(sidecar: SidecarProcess) -> N
     g, h = grpcclient.InferenceServerClient(sidecar.grpc_url), httpclient.InferenceServerClient(sidecar.http_url)
     ext = set(g.get_server_metadata().extensions)
     assert ext == set(h.get_server_metadata()["extensions"])
-    assert {"statistics", "system_shared_memory", "binary_tensor_data", "model_configuration", "logging"} <= ext
+    assert {"statistics", "system_shared_memory", "binary_tensor_data", "model_configuration", "logging",
+            "schedule_policy", "trace"} <= ext
+    assert g.get_trace_settings(as_json=True)["settings"]["trace_level"]["value"] == ["OFF"]  # served, not forwarded
     assert not ext & {"sequence", "classification", "cuda_shared_memory", "model_repository"}
     # CUDA shared memory as a Triton without it: nothing registered, unregister-all succeeds, register refused
     assert len(g.get_cuda_shared_memory_status().regions) == 0 and h.get_cuda_shared_memory_status() == []

@@ -18,6 +18,9 @@ class Request:
     model: str
     arrival_us: float
     deadline_us: float  # absolute time by which the response must be complete
+    level: int = 0  # priority level (1 = highest; 0: the model has no levels), as Triton's batcher
+    expires_us: float | None = None  # when its queue timeout falls (None: none), on the core's clock
+    counted: bool = True  # counts towards max_queue_size (False: a further row of a client request already counted)
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,8 @@ class StepResult:
 class Scheduler(Protocol):
     """A data-plane policy over one Topology (all models)."""
 
-    def enqueue(self, request: Request) -> None: ...
+    def enqueue(self, request: Request) -> str | None:
+        """Queue ``request``; a reason when it is refused at once (its priority level's queue is full)."""
 
     def step(self, now_us: float) -> StepResult: ...
 

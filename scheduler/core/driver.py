@@ -78,6 +78,9 @@ class Ticket:
     arrival_us: float
     deadline_us: float  # the real deadline (the core sees it minus the margin)
     attempts: int = 0
+    priority: int = 0  # the request's ``priority`` parameter (0: the model's default level)
+    timeout_us: int = 0  # its ``timeout`` parameter (a queue timeout, where the model's queue policy allows it)
+    counted: bool = True  # counts towards the queue's size limit (False: another row of a request already counted)
 
 
 @dataclass(frozen=True)
@@ -157,17 +160,32 @@ class Driver:
         return self.config.clock_lead_us + self.extra_lead_us
 
     # -- requests in --------------------------------------------------------------------------------------
-    def submit(self, item: Any, model: str, arrival_us: float, deadline_us: float) -> None:
-        """A new request: the core sees its deadline less the model's current margin."""
-        self._enqueue(Ticket(item, model, arrival_us, deadline_us), arrival_us)
+    def submit(self, item: Any, model: str, arrival_us: float, deadline_us: float, priority: int = 0,
+               timeout_us: int = 0, counted: bool = True) -> bool:
+        """A new request: the core sees its deadline less the model's current margin, at its priority level and
+        with its queue timeout (Triton's batcher controls of the model). False: refused at once (and rejected)."""
+        ticket = Ticket(item, model, arrival_us, deadline_us, 0, priority, timeout_us, counted)
+        return self._enqueue(ticket, arrival_us)
 
-    def _enqueue(self, t: Ticket, now_us: float) -> None:
+    def _enqueue(self, t: Ticket, now_us: float) -> bool:
         rid = self._next_id
         self._next_id += 1
         t.attempts += 1
         self.tickets[rid] = t
         margin = self.margin_us.get(t.model, 0.0)
-        self.scheduler.enqueue(Request(rid, t.model, now_us, t.deadline_us - margin))
+        level, expires = 0, None
+        controls = self.topology.batcher.get(t.model)
+        if controls is not None:
+            level = controls.level(t.priority)
+            timeout = controls.policy(level).timeout_us(t.timeout_us)
+            expires = now_us + self.lead_us + timeout if timeout else None
+        refused = self.scheduler.enqueue(Request(rid, t.model, now_us, t.deadline_us - margin, level, expires,
+                                                   t.counted))
+        if refused is not None:
+            del self.tickets[rid]
+            self.executor.reject(t.item, t.model, refused)
+            return False
+        return True
 
     # -- the step -----------------------------------------------------------------------------------------
     def step(self, now_us: float) -> float | None:
@@ -229,8 +247,7 @@ class Driver:
             if tk.attempts >= self.config.max_attempts or now_us >= tk.deadline_us:
                 self.executor.reject(tk.item, tk.model, f"{reason} and no retry could meet the deadline",
                                      failure=True)
-            else:
-                self._enqueue(tk, now_us)
+            elif self._enqueue(tk, now_us):  # (refused by a full queue: rejected there)
                 retried += 1
         self.retries += retried
         return retried

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from poolpipe_common.batcher import BatcherControls
 from scheduler.core.latency_dist import QuantileDist
 
 
@@ -58,6 +59,8 @@ class Topology:
     slo_us: dict[str, float]  # model -> SLO
     bandwidth_gbps: float  # per server NIC, each direction
     gpu_counts: dict[str, int] = field(default_factory=dict)  # physical GPUs per type in the cluster
+    # model -> Triton's batcher controls (priority levels, queue policy); a model not here has one plain queue
+    batcher: dict[str, BatcherControls] = field(default_factory=dict)
 
     def pipeline(self, pipeline_id: str) -> Pipeline:
         model = pipeline_id.rsplit("/", 1)[0]

@@ -14,6 +14,8 @@ from aiohttp import web
 from scheduler.server.common.client_shm import ClientShmRegistry
 from scheduler.server.common.metrics import SidecarMetrics
 from scheduler.server.common.restricted import RestrictedApis
+from scheduler.server.common.trace_settings import TraceConfig
+from scheduler.server.common.tracing import Tracer
 from scheduler.server.front.grpc_front import start_grpc
 from scheduler.server.front.http_front import HttpFront, start_http
 from scheduler.server.front.router import Router
@@ -37,6 +39,7 @@ class SidecarConfig:
     replan: Path | None = None  # serve --replan FILE: automatic re-planning settings
     grpc_restricted: tuple[str, ...] = ()  # --grpc-restricted-protocol SPECs (scheduler/server/common/restricted.py)
     http_restricted: tuple[str, ...] = ()  # --http-restricted-api SPECs
+    trace: TraceConfig | None = None  # serve --trace-config: traces of planned requests (None: off)
 
 
 class Sidecar:
@@ -46,6 +49,7 @@ class Sidecar:
         self.config = config
         self.metrics = SidecarMetrics()
         self.client_shm = ClientShmRegistry()  # registered through the router, read and written by planned models
+        self.tracer = Tracer(config.trace)
         self.planned = None
         self.router: Router | None = None
         self._grpc = None
@@ -66,13 +70,14 @@ class Sidecar:
 
             def open_plan(path: Path, generation: int = 0) -> Awaitable[PlannedModels]:
                 return PlannedModels.create(path, c.policy, self.metrics, self.client_shm, c.batch_log,
-                                            c.overheads_out, c.shard, generation)
+                                            c.overheads_out, c.shard, generation, self.tracer)
             self.planned = ReloadablePlanned(await open_plan(c.manifest), c.manifest, open_plan)
             if c.replan is not None:
                 from scheduler.server.control.replanner import AutoReplanner, load_settings  # noqa: PLC0415
                 self.replanner = AutoReplanner(load_settings(c.replan), self.planned, self.metrics)
                 self.replanner.start()
-        self.router = Router(c.passthrough, self.planned, self.metrics, self.client_shm)
+        self.router = Router(c.passthrough, self.planned, self.metrics, self.client_shm,
+                             self.tracer if self.planned is not None else None)  # else trace settings pass through
         await self.router.start()
         grpc_rules = RestrictedApis.parse(c.grpc_restricted, "--grpc-restricted-protocol", grpc_prefix=True)
         http_rules = RestrictedApis.parse(c.http_restricted, "--http-restricted-api", grpc_prefix=False)
@@ -110,6 +115,7 @@ class Sidecar:
             await self.replanner.close()
         if self.router is not None:
             await self.router.close()
+        await asyncio.to_thread(self.tracer.shutdown)  # flush the batched spans
         log.info("event=stopped")
 
     async def run_until_signal(self) -> None:

@@ -58,6 +58,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--http-restricted-api", action="append", default=[], metavar="SPEC",
                    help="as tritonserver: <api>[,<api>]:<key>=<value> (repeatable); HTTP calls of those APIs must "
                         "send the header '<key>: <value>', else they get 403 naming it (same APIs as above)")
+    p.add_argument("--trace-config", action="append", default=[], metavar="[MODE,]SETTING=VALUE",
+                   help="trace planned requests, with tritonserver's syntax (repeatable): level=TIMESTAMPS turns "
+                        "tracing on (default OFF), rate=N traces one request in N (default 1000), count=N stops after "
+                        "N traces (default -1: never), mode=opentelemetry (the only mode); "
+                        "opentelemetry,url=URL is the OTLP/HTTP receiver (default http://localhost:4318/v1/traces), "
+                        "opentelemetry,resource=KEY=VALUE, opentelemetry,bsp_schedule_delay=MS, "
+                        "bsp_max_queue_size, bsp_max_export_batch_size; the trace extension (/v2/trace/setting) "
+                        "changes level, rate and count while serving")
     p.set_defaults(func=run)
 
 
@@ -82,6 +90,9 @@ def config_from_args(args: argparse.Namespace):  # -> SidecarConfig
 
     if args.policy not in ("auto", *LIVE_POLICIES):
         raise InputError(f"--policy {args.policy}: choose one of auto, {', '.join(LIVE_POLICIES)}")
+    from scheduler.server.common.trace_settings import parse_trace_config  # noqa: PLC0415
+
+    trace = parse_trace_config(args.trace_config) if args.trace_config else None
     manifest, shard = None, (0, 1)
     if args.replan is not None:
         if args.manifest is None:
@@ -106,7 +117,8 @@ def config_from_args(args: argparse.Namespace):  # -> SidecarConfig
                          policy=args.policy, drain_timeout_s=args.drain_timeout,
                          batch_log=args.batch_log, overheads_out=args.overheads_out, shard=shard, replan=args.replan,
                          grpc_restricted=tuple(args.grpc_restricted_protocol),
-                         http_restricted=tuple(args.http_restricted_api))
+                         http_restricted=tuple(args.http_restricted_api),
+                         trace=trace)
 
 
 def run(args: argparse.Namespace) -> int:

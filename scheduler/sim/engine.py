@@ -58,6 +58,7 @@ class SimResult:
     retries: int = 0  # requests re-enqueued after a failed stage
     margins_us: dict[str, float] = field(default_factory=dict)  # the driver's final deadline margin per model
     drop_reasons: Counter = field(default_factory=Counter)
+    finish_us: dict[int, float] = field(default_factory=dict)  # request id -> when it finished (not dropped)
 
     @property
     def unfinished(self) -> int:
@@ -73,6 +74,7 @@ class _Outcomes:
         self.slo_us = slo_us
         self.outcomes: dict[int, str] = {}
         self.drop_reasons: Counter = Counter()
+        self.finish_us: dict[int, float] = {}
 
     def _once(self, rid: int, outcome: str) -> None:
         if rid in self.outcomes:
@@ -92,6 +94,7 @@ class _Outcomes:
         s = self.stats.setdefault(model, ModelStats())
         met = t <= at + self.slo_us.get(model, 0.0)
         self._once(rid, "met" if met else "late")
+        self.finish_us[rid] = t
         if met:
             s.met += 1
         else:
@@ -110,14 +113,16 @@ def simulate(topology: Topology, scheduler: Scheduler, arrivals: Sequence[tuple[
              duration_us: float, *, noise_cv: float = 0.0, seed: int = 0, record_timeline: bool = False,
              on_progress: Callable[[float], None] | None = None, driver: DriverConfig | None = None,
              overheads: Overheads | None = None, faults: Sequence[Fault] = (), interference: Any = None,
+             priorities: Sequence[int] | None = None,
              cancels: Sequence[tuple[float, int]] = ()) -> SimResult:
     """Run ``scheduler`` over ``arrivals`` ((time_us, model) sorted by time) until every request ended.
 
     ``driver`` is the loop's setting (default: ``DriverConfig.ideal()``, the policy alone; give
     ``DriverConfig.live()`` and the live ``overheads`` to predict what the sidecar does). ``interference``
-    (scheduler.sim.interference) slows each batch of a co-located plan by what runs beside it. ``cancels``:
-    (time_us, request index) at which a client goes away; a batch all of whose callers are gone before its
-    next stage starts is abandoned and its reservations go back to the core, as live."""
+    (scheduler.sim.interference) slows each batch of a co-located plan by what runs beside it. ``priorities``:
+    each arrival's ``priority`` parameter (Triton's; the topology's ``batcher`` controls say what it means).
+    ``cancels``: (time_us, request index) at which a client goes away; a batch all of whose callers are gone
+    before its next stage starts is abandoned and its reservations go back to the core, as live."""
     out = _Outcomes(list(topology.pipelines), arrivals, topology.slo_us)
     run = VirtualRun(topology, scheduler, driver or DriverConfig.ideal(), duration_us, noise_cv=noise_cv, seed=seed,
                      overheads=overheads, faults=faults, record_timeline=record_timeline, on_done=out.done,
@@ -134,7 +139,7 @@ def simulate(topology: Topology, scheduler: Scheduler, arrivals: Sequence[tuple[
         while ai < n_arr and arrivals[ai][0] <= t:  # all arrivals at t, then all events at t
             at, model = arrivals[ai]
             out.stats.setdefault(model, ModelStats()).offered += 1
-            drv.submit(ai, model, at, at + topology.slo_us.get(model, 0.0))
+            drv.submit(ai, model, at, at + topology.slo_us.get(model, 0.0), priorities[ai] if priorities else 0)
             ai += 1
         ex.run_due(t)
         before = ex.dispatches
@@ -148,5 +153,5 @@ def simulate(topology: Topology, scheduler: Scheduler, arrivals: Sequence[tuple[
             next_progress = t + duration_us / 100
     return SimResult(out.stats, duration_us, ex.busy, utilization(topology, ex.busy, duration_us), ex.batch_sizes,
                      ex.dispatches, scheduler.probe_calls, dispatch_us, out.outcomes, ex.timeline,
-                     ex.paths, drv.retries, dict(drv.margin_us), out.drop_reasons)
+                     ex.paths, drv.retries, dict(drv.margin_us), out.drop_reasons, out.finish_us)
 

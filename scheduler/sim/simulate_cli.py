@@ -50,6 +50,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="also simulate N sidecar shards ('poolpipe serve --shard I/N'), each with its share of every "
                         "pool and 1/N of the load, and print the max load factor they sustain against one sidecar "
                         "(what sharding costs); default 1 (no comparison)")
+    p.add_argument("--dynamic-batching", action="append", default=[], metavar="[MODEL=]SPEC",
+                   help="Triton's batcher controls (priority levels, queue policy) as 'poolpipe generate' takes them "
+                        "(protobuf text or @config.pbtxt; every model without MODEL=); policies ppipe, fifs, elsa")
+    p.add_argument("--priorities", metavar="PRIORITY=SHARE,...",
+                   help="send requests with Triton's priority parameter in these shares (e.g. 1=0.2,2=0.8); "
+                        "result.json then has each point's attainment per priority (by_priority)")
     p.add_argument("--out", required=True, help="result.json to write")
     p.add_argument("--plot", metavar="DIR", help="write attainment.png and gantt.png here")
     p.set_defaults(func=run)
@@ -89,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--out {out}: directory {out.parent} does not exist")
     reference_rates(plan, reference)  # fail early on a model missing from the reference
     overheads = load_overheads(args.overheads) if args.overheads else None
+    controls = _controls(args, plan)
     driver = args.driver or ("live" if overheads else "ideal")
     if args.shards != 1:
         from scheduler.sim.shard_cost import check_shards
@@ -103,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
             bar.update(1)
         result = sweep(plan, reference, args.policy, trace, lfs, args.duration_s, args.seed,
                        jobs=args.jobs or None, noise_cv=args.noise_cv, on_point=tick, driver=driver,
-                       overheads=overheads)
+                       overheads=overheads, controls=controls)
     shard_lines = _shards(args, plan, reference, trace, lfs, driver, overheads, result)
     out.write_text(json.dumps(result, indent=1) + "\n")
 
@@ -132,7 +139,31 @@ def run(args: argparse.Namespace) -> int:
           f"wrote {out}")
     for line in shard_lines:
         print(line)
+    for p in result["points"]:
+        if p.get("by_priority"):
+            print(f"load factor {p['load_factor']:.2f}: SLO attainment by priority " + ", ".join(
+                f"{k}: {100 * v['slo_attainment']:.1f}%" for k, v in p["by_priority"].items()))
     return 0
+
+
+def _controls(args: argparse.Namespace, plan):  # -> SimControls | None
+    """--dynamic-batching and --priorities, checked against the plan and the policy before anything runs."""
+    if not args.dynamic_batching and not args.priorities:
+        return None
+    from model_repository_gen.batcher_flags import controls_for, parse_dynamic_batching_args
+    from scheduler.core import make_scheduler
+    from scheduler.sim.placement import topology_from_plan
+    from scheduler.sim.priorities import SimControls, parse_priority_mix
+
+    given, _ = parse_dynamic_batching_args(args.dynamic_batching)
+    controls = SimControls(controls_for([m.name for m in plan.models], given),
+                           parse_priority_mix(args.priorities) if args.priorities else ())
+    try:
+        make_scheduler(args.policy, controls.topology(topology_from_plan(plan)))
+    except ValueError as e:
+        from poolpipe_common.errors import InputError
+        raise InputError(f"--dynamic-batching: {e}") from None
+    return controls
 
 
 def _shards(args: argparse.Namespace, plan, reference, trace, lfs: list[float], driver: str, overheads,

@@ -15,6 +15,7 @@ from poolpipe_common.errors import InputError
 from poolpipe_common.overheads import Overheads
 from scheduler.core.driver import DriverConfig
 from scheduler.core.topology import with_stage_overhead
+from scheduler.sim.priorities import SimControls, by_priority
 from workloads.arrivals import TraceSpec, mixed_arrivals
 
 TARGET_ATTAINMENT = 0.99
@@ -62,6 +63,7 @@ class PointJob:
     driver: str = "ideal"  # "ideal" (the policy alone) or "live" (the sidecar's margins and learning)
     overheads: Overheads | None = None  # what the live executor adds (poolpipe serve --overheads-out)
     shard: tuple[int, int] | None = None  # (I, N): only sidecar shard I of N, offered 1/N of the load
+    controls: SimControls | None = None  # Triton's batcher controls and the priorities requests are sent with
 
 
 def driver_config(driver: str, overheads: Overheads | None) -> DriverConfig:
@@ -85,12 +87,15 @@ def run_point(job: PointJob, record_timeline: bool = False) -> tuple[dict[str, A
         topo, share = shard_topology(topo, *job.shard), 1.0 / job.shard[1]
     if job.overheads is not None:
         topo = with_stage_overhead(topo, job.overheads.tail_us)
+    controls = job.controls or SimControls()
+    topo = controls.topology(topo)
     rates = {m: job.load_factor * r * share for m, r in job.rates_rps.items()}
     arrivals = mixed_arrivals(job.trace, rates, job.duration_s, job.seed)
+    priorities = controls.draw(len(arrivals), job.seed)
     res = simulate(topo, make_scheduler(job.policy, topo), arrivals, job.duration_s * 1e6,
                    noise_cv=job.noise_cv, seed=job.seed, record_timeline=record_timeline,
                    driver=driver_config(job.driver, job.overheads), overheads=job.overheads,
-                   interference=interference_of(job.plan))
+                   interference=interference_of(job.plan), priorities=priorities)
     models = {}
     for m in job.rates_rps:
         st = res.models.get(m)
@@ -106,6 +111,9 @@ def run_point(job: PointJob, record_timeline: bool = False) -> tuple[dict[str, A
                "probe_calls": res.probe_calls, "dispatch_us": res.dispatch_us,
                "batch_sizes": {str(k): v for k, v in sorted(res.batch_sizes.items())},
                "utilization": res.utilization, "unfinished": res.unfinished}
+    if job.controls is not None:
+        summary["by_priority"] = by_priority(res.outcomes, priorities)
+        summary["drop_reasons"] = dict(res.drop_reasons)
     return summary, (res if record_timeline else None)
 
 
@@ -126,11 +134,12 @@ def max_load_factor(points: list[dict[str, Any]], target: float = TARGET_ATTAINM
 def sweep(plan: Plan, reference: Plan, policy: str, trace: TraceSpec, load_factors: list[float],
           duration_s: float, seed: int, jobs: int | None = None, noise_cv: float = 0.0,
           on_point: Callable[[dict[str, Any]], None] | None = None, driver: str = "ideal",
-          overheads: Overheads | None = None, shard: tuple[int, int] | None = None) -> dict[str, Any]:
+          overheads: Overheads | None = None, shard: tuple[int, int] | None = None,
+          controls: SimControls | None = None) -> dict[str, Any]:
     """Run every load factor (in parallel processes when jobs > 1) and assemble result.json; with ``shard``
     (I, N) only sidecar shard I of N, offered 1/N of each load."""
     rates = reference_rates(plan, reference)
-    work = [PointJob(plan, rates, policy, trace, lf, duration_s, seed, noise_cv, driver, overheads, shard)
+    work = [PointJob(plan, rates, policy, trace, lf, duration_s, seed, noise_cv, driver, overheads, shard, controls)
             for lf in load_factors]
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(work)))
     driver_config(driver, overheads)  # fail early on a bad name
@@ -176,5 +185,6 @@ def assemble(plan: Plan, reference: Plan, policy: str, trace: TraceSpec, duratio
         "probes_per_dispatch": n_probe / n_disp if n_disp else 0.0,
         "points": [{"load_factor": s["load_factor"], "utilization": s["utilization"],
                     "batch_sizes": s["batch_sizes"], "dispatches": s["dispatches"],
-                    "unfinished": s["unfinished"]} for s in summaries],
+                    "unfinished": s["unfinished"]}
+                   | {k: s[k] for k in ("by_priority", "drop_reasons") if k in s} for s in summaries],
     }

@@ -1,10 +1,12 @@
-"""What every policy shares: per-model FIFO queues, dispatch ids, expiry drops and decision counters."""
+"""What every policy shares: per-model FIFO queues (a PriorityQueue where the model sets Triton's batcher
+controls), dispatch ids, expiry drops and decision counters."""
 
 from __future__ import annotations
 
 from collections import deque
 
 from scheduler.core.api import Drop, Request, StepResult
+from scheduler.core.policies.priority_queue import PriorityQueue
 from scheduler.core.topology import Topology
 
 EPS_US = 0.5  # timing slack below which "wait until t" means "now"
@@ -14,10 +16,18 @@ class QueueingPolicy:
     """Base of the policies: requests wait in one FIFO per model until a policy dispatches or drops them."""
 
     name = "base"
+    # whether the policy serves its model queues in queue order, so that priority levels and queue policies apply
+    honours_batcher = True
 
     def __init__(self, topology: Topology) -> None:
         self.topology = topology
-        self.queues: dict[str, deque[Request]] = {m: self.new_queue() for m in topology.pipelines}
+        controls = {m: c for m, c in topology.batcher.items() if c.active and m in topology.pipelines}
+        if controls and not self.honours_batcher:
+            raise ValueError(f"model {next(iter(controls))!r} sets batcher controls (priority levels, queue policy), "
+                             f"which policy {self.name!r} does not honour: use ppipe, fifs or elsa")
+        self.queues: dict[str, deque[Request]] = {
+            m: PriorityQueue(controls[m]) if m in controls else self.new_queue()  # type: ignore[misc]
+            for m in topology.pipelines}
         self._next_dispatch = 1
         self._unknown: list[Request] = []
 
@@ -42,12 +52,15 @@ class QueueingPolicy:
         self._next_dispatch += 1
         return i
 
-    def enqueue(self, request: Request) -> None:
+    def enqueue(self, request: Request) -> str | None:
         q = self.queues.get(request.model)
         if q is None:
             self._unknown.append(request)
+        elif type(q) is PriorityQueue:
+            return q.offer(request)
         else:
             q.append(request)
+        return None
 
     def take_unknown(self, result: StepResult) -> None:
         for r in self._unknown:
@@ -56,10 +69,30 @@ class QueueingPolicy:
 
     @staticmethod
     def drop_expired(q: deque[Request], now_us: float, result: StepResult) -> None:
-        """Requests whose deadline has passed can only fail: answer them now."""
+        """Requests whose deadline has passed can only fail: answer them now (and apply the queue timeouts)."""
+        if type(q) is PriorityQueue:
+            q.expire(now_us, result)
+            return
         while q and q[0].deadline_us <= now_us:
             result.drops.append(Drop(q.popleft(), "deadline passed while queued"))
 
     @staticmethod
     def take(q: deque[Request], n: int) -> list[Request]:
         return [q.popleft() for _ in range(n)]
+
+    @staticmethod
+    def take_meeting(q: deque[Request], n: int, completion_us: float) -> list[Request]:
+        """A batch of up to ``n`` that completes at ``completion_us``: the head of a FIFO queue; from a priority
+        queue, those of its first requests whose deadline that meets (a lower level's may be earlier)."""
+        if type(q) is PriorityQueue:
+            return q.take_meeting(n, completion_us)
+        return [q.popleft() for _ in range(min(n, len(q)))]
+
+    def queue_wake(self, wake: float | None) -> float | None:
+        """``wake`` or, when sooner, the next queue timeout of any model (to apply it on time)."""
+        for q in self.queues.values():
+            if type(q) is PriorityQueue and q:
+                t = q.next_expiry_us()
+                if t is not None and (wake is None or t < wake):
+                    wake = t
+        return wake

@@ -87,6 +87,7 @@ class ElsaPolicy(QueueingPolicy):
                 self.vq.sent(did, path)
                 result.dispatches.append(Dispatch(did, model, cp.id, self.take(q, min(b, len(q))), path,
                                                   path[-1].end_us, reserved=False))
+        result.wake_at_us = self.queue_wake(result.wake_at_us)
         return result
 
     def report(self, dispatch_id: int, stage: int, start_us: float, end_us: float) -> None:

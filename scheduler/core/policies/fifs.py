@@ -62,6 +62,7 @@ class FifsPolicy(QueueingPolicy):
                 self.vq.sent(did, stages)
                 result.dispatches.append(Dispatch(did, model, cp.id, self.take(q, min(b, len(q))), stages, t,
                                                   reserved=False))
+        result.wake_at_us = self.queue_wake(result.wake_at_us)
         return result
 
     def report(self, dispatch_id: int, stage: int, start_us: float, end_us: float) -> None:

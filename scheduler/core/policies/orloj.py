@@ -81,6 +81,7 @@ def _top_by_priority(q: DeadlineQueue, bm: _BatchModel, lo: int, now: float) -> 
 
 class OrlojPolicy(QueueingPolicy):
     name = "orloj"
+    honours_batcher = False  # its own queue order (by deadline / per pool)
 
     def __init__(self, topology: Topology, b_per_ms: float = B_PER_MS) -> None:
         super().__init__(topology)

@@ -20,6 +20,7 @@ from collections import deque
 from scheduler.core.api import Dispatch, Drop, Request, StageAssignment, StepResult
 from scheduler.core.arrival_rate import ArrivalRate
 from scheduler.core.policies.base import EPS_US, QueueingPolicy
+from scheduler.core.policies.priority_queue import PriorityQueue
 from scheduler.core.probe import CompiledPipeline, ProbeResult, ReservationState
 from scheduler.core.topology import Topology
 
@@ -55,11 +56,12 @@ class PPipePolicy(QueueingPolicy):
         return self.state.probe_calls
 
     # -- driver interface ------------------------------------------------------------------------
-    def enqueue(self, request: Request) -> None:
-        super().enqueue(request)
+    def enqueue(self, request: Request) -> str | None:
+        refused = super().enqueue(request)
         rate = self.rates.get(request.model)
-        if rate is not None:
+        if rate is not None and refused is None:
             rate.arrived(request.arrival_us)
+        return refused
 
     def step(self, now_us: float) -> StepResult:
         result = StepResult()
@@ -77,6 +79,9 @@ class PPipePolicy(QueueingPolicy):
                 w = held[0]  # still waiting for the batch to fill and nothing it depends on changed
             else:
                 w = self._decide(model, q, now_us, result)
+                if w is not None and type(q) is PriorityQueue:
+                    t = q.next_expiry_us()  # a queue timeout falls before the wake-up: decide again then
+                    w = w if t is None else min(w, t)
                 dirty.discard(model)
                 if w is None:
                     waiting.pop(model, None)
@@ -216,6 +221,6 @@ class PPipePolicy(QueueingPolicy):
         did = self.new_dispatch_id()
         stages = self.state.commit(r, did)
         q = self.queues[model]
-        requests = self.take(q, min(len(q), r.batch))  # fewer than the probed batch: reserved as that batch
+        requests = self.take_meeting(q, r.batch, r.completion_us)  # fewer than probed: reserved as that batch
         self.live[did] = (r.completion_us, stages)
         result.dispatches.append(Dispatch(did, model, cp.id, requests, stages, r.completion_us))

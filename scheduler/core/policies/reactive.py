@@ -21,6 +21,7 @@ from scheduler.core.topology import Topology
 
 class ReactivePolicy(QueueingPolicy):
     name = "reactive"
+    honours_batcher = False  # its own queue order (by deadline / per pool)
 
     def __init__(self, topology: Topology) -> None:
         super().__init__(topology)

@@ -11,11 +11,14 @@ import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from poolpipe_common import poolpipe_version
+from poolpipe_common.errors import InputError
 from scheduler.server.common.channels import GRPC_OPTIONS
 from scheduler.server.common.client_shm import ClientShmRegistry
 from scheduler.server.common.errors import ServeError, from_rpc_error, invalid
 from scheduler.server.common.log_settings import LogSettings
 from scheduler.server.common.metrics import SidecarMetrics
+from scheduler.server.common.trace_settings import settings_from_request
+from scheduler.server.common.tracing import Tracer
 
 log = logging.getLogger("poolpipe.sidecar")
 
@@ -23,9 +26,11 @@ SERVER_NAME = "poolpipe-sidecar"
 # What the sidecar serves itself (without --passthrough, its server metadata lists exactly these; with one, the
 # pass-through Triton's list, since every other call is forwarded there). Not served alone: classification and
 # sequence (planned models have neither), model repository changes, CUDA shared memory (its calls answer as a
-# Triton without that extension: status empty, unregister a no-op, register UNIMPLEMENTED).
-EXTENSIONS = ["model_configuration", "system_shared_memory", "binary_tensor_data", "parameters", "statistics",
-              "logging"]
+# Triton without that extension: status empty, unregister a no-op, register UNIMPLEMENTED). schedule_policy: the
+# priority and timeout request parameters (planned models' batcher controls); trace: only with planned models (the
+# sidecar traces those; alone, with none, it has nothing to trace).
+EXTENSIONS = ["schedule_policy", "model_configuration", "system_shared_memory", "binary_tensor_data", "parameters",
+              "statistics", "trace", "logging"]
 
 
 class PlannedService(Protocol):
@@ -51,8 +56,9 @@ class Router:
     """Routes calls by model name; shared-memory registrations are kept locally and mirrored to the pass-through."""
 
     def __init__(self, passthrough: str | None, planned: PlannedService | None, metrics: SidecarMetrics,
-                 shm: ClientShmRegistry) -> None:
+                 shm: ClientShmRegistry, tracer: Tracer | None = None) -> None:
         self.passthrough_url = passthrough
+        self.tracer = tracer  # the sidecar's trace settings (planned models); None: trace calls go to the pass-through
         self.planned = planned
         self.metrics = metrics
         self.shm = shm  # shared with the planned service, which reads inputs from and writes outputs to it
@@ -128,8 +134,8 @@ class Router:
     async def _ServerMetadata(self, request: Any, timeout_s: float | None) -> Any:
         if self.stub is not None:
             return await self.forward("ServerMetadata", request, timeout_s)
-        return service_pb2.ServerMetadataResponse(name=SERVER_NAME, version=poolpipe_version(),
-                                                  extensions=EXTENSIONS)
+        served = [e for e in EXTENSIONS if e != "trace" or self.tracer is not None]
+        return service_pb2.ServerMetadataResponse(name=SERVER_NAME, version=poolpipe_version(), extensions=served)
 
     async def _ModelReady(self, request: Any, timeout_s: float | None) -> Any:
         if self.is_planned(request.name):
@@ -179,6 +185,20 @@ class Router:
                              f"model '{request.model_name}' is a planned model served by poolpipe; "
                              "re-run 'poolpipe generate' and restart the sidecar to change it")
         return await self.forward(method, request, timeout_s)
+
+    async def _TraceSetting(self, request: Any, timeout_s: float | None) -> Any:
+        """The trace extension: the sidecar's settings (global, or a planned model's); another model's go to the
+        pass-through Triton."""
+        if self.tracer is None or (request.model_name and not self.is_planned(request.model_name)):
+            return await self.forward("TraceSetting", request, timeout_s)
+        try:
+            settings = self.tracer.settings.update(request.model_name, settings_from_request(request.settings))
+        except InputError as e:
+            raise ServeError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+        resp = service_pb2.TraceSettingResponse()
+        for k, v in settings.items():
+            resp.settings[k].value.extend(v)
+        return resp
 
     # --- client system shared memory ---------------------------------------------------------------------
 

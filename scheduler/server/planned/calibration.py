@@ -19,7 +19,8 @@ from tritonclient.utils import triton_to_np_dtype
 from model_repository_gen.manifest import ModelInfo, PipelineInfo
 from poolpipe_common.overheads import driver_margin_us
 from scheduler.server.planned.calls import now_us
-from scheduler.server.planned.executor import HopTensor, LiveExecutor, StageTiming
+from scheduler.server.planned.executor import LiveExecutor
+from scheduler.server.planned.stage_io import HopTensor, StageTiming
 
 CALIBRATION_RUNS = 4  # the first is warm-up; the median of the rest is used
 CALIBRATION_TIMEOUT_S = 10.0

@@ -16,6 +16,7 @@ from scheduler.server.common.client_shm import ClientShmRegistry
 from scheduler.server.common.errors import ServeError
 from scheduler.server.common.metrics import SidecarMetrics
 from scheduler.server.common.model_stats import ModelStats, RequestMarks
+from scheduler.server.common.tracing import CallTrace, Tracer
 from scheduler.server.planned.validate import CheckedRequest
 
 
@@ -48,6 +49,7 @@ class ClientCall:
     left: int
     internal: bool = False  # an application module's request: answered with its output arrays, not a response
     marks: RequestMarks = field(default_factory=RequestMarks)  # measured by the executor, for the statistics
+    trace: CallTrace | None = None  # its spans, when the request is sampled for tracing
 
 
 @dataclass
@@ -72,6 +74,7 @@ class Answers:
     models: list[str]
     client_shm: ClientShmRegistry  # outputs a client asked for in its shared memory are written there
     stats: dict[str, ModelStats] = field(default_factory=dict)
+    tracer: Tracer | None = None  # exports a traced call's spans once it is answered
 
     def __post_init__(self) -> None:
         self.stats = {m: ModelStats() for m in self.models}
@@ -111,6 +114,8 @@ class Answers:
             return
         self._counted(call, t)
         call.future.set_result(resp)
+        if call.trace is not None and self.tracer is not None:
+            self.tracer.finish(call.trace, t)
 
     def _counted(self, call: ClientCall, t: float) -> None:
         self.stats[call.model.name].succeeded(call.arrival_us, call.marks, t, call.checked.batch)
@@ -122,6 +127,8 @@ class Answers:
             call.future.set_exception(error)
             self.stats[call.model.name].failed(call.arrival_us, now_us(), reason or failure_reason(error))
             self.metrics.finished(call.model.name, False)
+            if call.trace is not None and self.tracer is not None:
+                self.tracer.finish(call.trace, now_us(), error.message)
 
     def statistics(self, model: str) -> service_pb2.ModelStatistics:
         return self.stats[model].to_proto(model)

@@ -13,29 +13,36 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
 import numpy as np
-from tritonclient.grpc import service_pb2
 from tritonclient.utils import triton_to_np_dtype
 
 from model_repository_gen.manifest import ModelInfo, PipelineInfo, StageInfo
-from model_repository_gen.triton_config import COMPUTE_END_OUTPUT, COMPUTE_START_OUTPUT, TIMING_OUTPUTS
-from poolpipe_common.tensors import TensorSpec
+from model_repository_gen.triton_config import COMPUTE_END_OUTPUT, COMPUTE_START_OUTPUT
+from poolpipe_common.batcher import QUEUE_FULL, QUEUE_TIMEOUT
 from scheduler.core.api import Dispatch
 from scheduler.core.driver import Action, NextStep, Report, StageOutcome
 from scheduler.server.common.errors import ServeError, shed
 from scheduler.server.common.metrics import SidecarMetrics
+from scheduler.server.common.tracing import DispatchTraces, Tracer
 from scheduler.server.planned.batch_log import BatchLog
 from scheduler.server.planned.calls import Answers, Sample, now_us, shutting_down
 from scheduler.server.planned.fleet import Fleet
 from scheduler.server.planned.lead import LeadLearner
 from scheduler.server.planned.overhead_meter import OverheadMeter
-from scheduler.server.planned.shm_pool import Region, align
+from scheduler.server.planned.shm_pool import Region
+from scheduler.server.planned.stage_io import (
+    HopTensor,
+    StageFault,
+    StageTiming,
+    infer_request,
+    padded,
+    raw_outputs,
+    wall_ns_to_mono_us,
+)
 
 log = logging.getLogger("poolpipe.sidecar.executor")
 
@@ -49,47 +56,6 @@ async def _until_all_gone(samples: list[Sample], timeout_s: float) -> None:
     await asyncio.wait(list(futures.values()), timeout=timeout_s)
 
 
-def wall_ns_to_mono_us(ns: float) -> float:
-    return ns / 1e3 - (time.time() - time.monotonic()) * 1e6
-
-
-@dataclass
-class HopTensor:
-    """A boundary tensor between stages: bytes in the sidecar, or a region of a machine's pool."""
-
-    spec: TensorSpec
-    shape: list[int]
-    array: np.ndarray | None = None
-    region: Region | None = None
-    offset: int = 0
-
-    @property
-    def nbytes(self) -> int:
-        return self.spec.bytes_per_request() * self.shape[0]
-
-
-@dataclass(frozen=True)
-class StageTiming:
-    """When (µs, monotonic) a stage's input was at hand, sent, computed and answered."""
-
-    ready_us: float
-    send_us: float
-    start_us: float
-    end_us: float
-    recv_us: float
-
-    @property
-    def compute_us(self) -> tuple[float, float]:
-        return self.start_us, self.end_us
-
-
-class StageFault(Exception):
-    def __init__(self, vgpu: str, error: grpc.aio.AioRpcError) -> None:
-        super().__init__(f"{vgpu}: {error.code().name}: {error.details()}")
-        self.vgpu = vgpu
-        self.error = error
-
-
 class LiveExecutor:
     """The Executor of the shared driver on the event loop; it holds no driver.
 
@@ -100,9 +66,10 @@ class LiveExecutor:
     def __init__(self, fleet: Fleet, models: dict[str, ModelInfo], pipelines: dict[str, PipelineInfo],
                  answers: Answers, metrics: SidecarMetrics, kick: Callable[[], None],
                  lead_learned: Callable[[float], None], batch_log: BatchLog | None = None,
-                 padded: frozenset[str] = frozenset()) -> None:
+                 padded: frozenset[str] = frozenset(), tracer: Tracer | None = None) -> None:
         self.fleet = fleet
         self.padded = padded  # models whose first-stage batches are padded to the planned batch (dummy requests)
+        self.tracer = tracer or Tracer()  # records each stage into the traced calls' spans (when tracing is on)
         self.models = models
         self.pipelines = pipelines
         self.answers = answers
@@ -130,6 +97,9 @@ class LiveExecutor:
         if failure:
             self.answers.fail(sample.call, ServeError(grpc.StatusCode.UNAVAILABLE, f"request failed: {reason}"),
                               "BACKEND")
+        elif reason in (QUEUE_FULL, QUEUE_TIMEOUT):  # the queue policy's refusals, in Triton's words
+            self.metrics.drops.labels(model, reason).inc()
+            self.answers.fail(sample.call, ServeError(grpc.StatusCode.UNAVAILABLE, reason), "REJECTED")
         else:
             self.metrics.drops.labels(model, reason).inc()
             self.answers.fail(sample.call, shed(model, reason))
@@ -162,7 +132,7 @@ class LiveExecutor:
         pipe = self.pipelines[d.pipeline_id]
         if first == 0:
             pad = max(0, pipe.batch - len(live)) if d.model in self.padded else 0
-            return [HopTensor(t, [len(live) + pad, *t.shape], array=_padded(
+            return [HopTensor(t, [len(live) + pad, *t.shape], array=padded(
                 np.concatenate([s.call.checked.inputs[t.name][s.row:s.row + 1] for s in live]), pad))
                     for t in self.models[d.model].inputs]
         return [HopTensor(t, [len(live), *t.shape], array=np.concatenate([s.carry[t.name] for s in live]))  # type: ignore[index]
@@ -180,6 +150,7 @@ class LiveExecutor:
         hops: list[HopTensor] = []
         k, step = 0, NextStep(Action.STOP)
         first: StageTiming | None = None  # stage 0's timing in this dispatch (the batch statistics)
+        traces = DispatchTraces.of([s.call for s in live], d.id, d.pipeline_id, now_us()) if self.tracer.on else None
         try:
             hops = self._inputs(d, live)
             deadline_us = max(s.call.deadline_us for s in live)
@@ -192,13 +163,17 @@ class LiveExecutor:
                     step = report(StageOutcome(d, k, now_us(), gave_up=True))  # its reservations go back
                     break
                 nxt = d.stages[k + 1].vgpu if k + 1 < len(d.stages) else None
-                if a.stage > 0 and hops:
-                    self.metrics.hops.labels("shm" if hops[0].region is not None else "grpc").inc()
+                hop = None if a.stage == 0 or not hops else "shm" if hops[0].region is not None else "grpc"
+                if hop is not None:
+                    self.metrics.hops.labels(hop).inc()
                 hops, timing = await self.run_stage(a.vgpu, pipe.stages[a.stage], hops, nxt, deadline_us,
                                                     f"{d.id}.{a.stage}")
                 if timing is not None:
                     self._record(d, a.stage, a.vgpu, len(live), timing)
                     first = self._mark(d, a.stage, live, timing, first)
+                    if traces is not None:
+                        traces.stage(a.stage, pipe.stages[a.stage].triton_model, a.vgpu,
+                                     self.fleet.servers[a.vgpu].grpc_url, hop, timing)
                 step = report(StageOutcome(d, k, now_us(), None if timing is None else timing.compute_us))
                 if step.action is not Action.NEXT_STAGE:
                     break
@@ -298,7 +273,7 @@ class LiveExecutor:
         out_region = None
         if next_vgpu is not None and self.fleet.shares_pool(vgpu, next_vgpu):
             out_region = await self.fleet.take_region(srv.host)
-        req, offsets = _infer_request(stage, inputs, out_region, batch, request_id)
+        req, offsets = infer_request(stage, inputs, out_region, batch, request_id)
         timeout = max(deadline_us - now_us(), 0.0) / 1e6 + 1.0
         t_send = now_us()
         try:
@@ -309,7 +284,7 @@ class LiveExecutor:
                 self.fleet.give_region(out_region)
             raise StageFault(vgpu, e) from None
         self.release(inputs)
-        raw = _raw_outputs(resp, set(offsets))
+        raw = raw_outputs(resp, set(offsets))
         outputs = self._outputs(stage, raw, batch, out_region, offsets)
         start, end = raw.get(COMPUTE_START_OUTPUT), raw.get(COMPUTE_END_OUTPUT)
         if start is None or end is None:
@@ -343,56 +318,3 @@ class LiveExecutor:
         for t in list(self.tasks):
             t.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
-
-
-def _padded(rows: np.ndarray, pad: int) -> np.ndarray:
-    """``rows`` and ``pad`` zero rows after them (the dummy requests; every stage carries them, the answers skip
-    them: only the first len(live) rows of an output are given out)."""
-    if not pad:
-        return rows
-    return np.concatenate([rows, np.zeros((pad, *rows.shape[1:]), rows.dtype)])
-
-
-def _infer_request(stage: StageInfo, inputs: list[HopTensor], out_region: Region | None, batch: int,
-                   request_id: str) -> tuple[service_pb2.ModelInferRequest, dict[str, int]]:
-    """The stage's ModelInferRequest: inputs as bytes or shm references, outputs (to shm where given) and
-    the compute timestamps; returns it with each shm output's offset."""
-    req = service_pb2.ModelInferRequest(model_name=stage.triton_model, id=request_id)
-    for spec, h in zip(stage.inputs, inputs):
-        t = req.inputs.add(name=spec.name, datatype=spec.datatype, shape=h.shape)
-        if h.region is not None:
-            t.parameters["shared_memory_region"].string_param = h.region.name
-            t.parameters["shared_memory_byte_size"].int64_param = h.nbytes
-            t.parameters["shared_memory_offset"].int64_param = h.offset
-        else:
-            req.raw_input_contents.append(h.array.tobytes())  # type: ignore[union-attr]
-    offsets: dict[str, int] = {}
-    off = 0
-    for spec in stage.outputs:
-        o = req.outputs.add(name=spec.name)
-        if out_region is not None:
-            size = spec.bytes_per_request() * batch
-            o.parameters["shared_memory_region"].string_param = out_region.name
-            o.parameters["shared_memory_byte_size"].int64_param = size
-            o.parameters["shared_memory_offset"].int64_param = off
-            offsets[spec.name] = off
-            off += align(size)
-    for n in TIMING_OUTPUTS:
-        req.outputs.add(name=n)
-    return req, offsets
-
-
-def _raw_outputs(resp: service_pb2.ModelInferResponse, in_shm: set[str]) -> dict[str, tuple[list[int], bytes]]:
-    """name -> (shape, raw bytes); outputs written to shared memory have shape and empty bytes."""
-    aligned = len(resp.raw_output_contents) == len(resp.outputs)
-    out, j = {}, 0
-    for i, o in enumerate(resp.outputs):
-        if aligned:
-            data = resp.raw_output_contents[i]
-        elif o.name in in_shm:
-            data = b""
-        else:
-            data = resp.raw_output_contents[j] if j < len(resp.raw_output_contents) else b""
-            j += 1
-        out[o.name] = (list(o.shape), data)
-    return out

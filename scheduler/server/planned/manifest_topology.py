@@ -33,7 +33,8 @@ def topology_from_manifest(manifest: Manifest,
     for h in manifest.hosts:
         gpu_counts[h.gpu_type] = gpu_counts.get(h.gpu_type, 0) + h.gpus
     bandwidth = min((h.bandwidth_gbps for h in manifest.hosts), default=10.0)
-    return Topology(vgpus, pipelines, {m.name: m.slo_us for m in manifest.models}, bandwidth, gpu_counts)
+    return Topology(vgpus, pipelines, {m.name: m.slo_us for m in manifest.models}, bandwidth, gpu_counts,
+                    {m.name: m.dynamic_batching for m in manifest.models if m.dynamic_batching.active})
 
 
 def _distributions(profile: Profile | None, s: StageInfo, batch: int,

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2
 
@@ -22,6 +23,7 @@ from scheduler.core import make_scheduler
 from scheduler.core.driver import Driver, DriverConfig
 from scheduler.server.common.client_shm import ClientShmRegistry
 from scheduler.server.common.metrics import SidecarMetrics
+from scheduler.server.common.tracing import Tracer
 from scheduler.server.common.triton_metrics import triton_exposition
 from scheduler.server.planned.applications import Applications
 from scheduler.server.planned.batch_log import BatchLog
@@ -33,11 +35,12 @@ from scheduler.server.planned.calibration import (
     recalibrate_vgpu,
 )
 from scheduler.server.planned.calls import Answers, ClientCall, Sample, now_us, request_deadline_us, shutting_down
-from scheduler.server.planned.executor import LiveExecutor, StageFault
+from scheduler.server.planned.executor import LiveExecutor
 from scheduler.server.planned.fleet import Fleet, VGpuServer
 from scheduler.server.planned.manifest_shard import manifest_shard
 from scheduler.server.planned.manifest_topology import topology_from_manifest
 from scheduler.server.planned.shm_pool import log_reclaimed, remove_stale_regions
+from scheduler.server.planned.stage_io import StageFault
 from scheduler.server.planned.validate import CheckedRequest, OutputTarget, check_request
 
 log = logging.getLogger("poolpipe.sidecar.planned")
@@ -50,7 +53,8 @@ class PlannedModels:
     """The PlannedService of the Router for every model of one manifest."""
 
     def __init__(self, manifest: Manifest, policy: str, metrics: SidecarMetrics, client_shm: ClientShmRegistry,
-                 batch_log: Path | None = None, overheads_out: Path | None = None, generation: int = 0) -> None:
+                 batch_log: Path | None = None, overheads_out: Path | None = None, generation: int = 0,
+                 tracer: Tracer | None = None) -> None:
         self.manifest = manifest
         self.policy = DEFAULT_POLICY if policy == "auto" else policy
         if self.policy not in LIVE_POLICIES:
@@ -61,13 +65,14 @@ class PlannedModels:
         self.models = {m.name: m for m in manifest.models}
         self.pipelines = {p.id: p for m in manifest.models for p in m.pipelines}
         self.client_shm = client_shm  # the regions clients registered with the sidecar (the front end's registry)
-        self.answers = Answers(metrics, list(self.models) + apps, client_shm)
+        self.tracer = tracer or Tracer()
+        self.answers = Answers(metrics, list(self.models) + apps, client_shm, tracer=self.tracer)
         self.apps = Applications(manifest.applications, self.answers, self.run_module)
         self._kick = asyncio.Event()
         self.fleet = Fleet(manifest, self._vgpu_changed, generation)
         self.executor = LiveExecutor(self.fleet, self.models, self.pipelines, self.answers, metrics, self._kick_loop,
                                      self._lead_learned, BatchLog(batch_log) if batch_log else None,
-                                     padded_models(manifest.applications))
+                                     padded_models(manifest.applications), self.tracer)
         self.meter = self.executor.meter
         self.overheads_out = overheads_out
         self.overheads: dict[str, StageOverheads] = {}  # pipeline id -> calibrated lead/tail
@@ -83,9 +88,10 @@ class PlannedModels:
     @classmethod
     async def create(cls, manifest_path: Path, policy: str, metrics: SidecarMetrics, client_shm: ClientShmRegistry,
                      batch_log: Path | None = None, overheads_out: Path | None = None,
-                     shard: tuple[int, int] = (0, 1), generation: int = 0) -> "PlannedModels":
+                     shard: tuple[int, int] = (0, 1), generation: int = 0,
+                     tracer: Tracer | None = None) -> "PlannedModels":
         self = cls(manifest_shard(load_manifest(manifest_path), *shard), policy, metrics, client_shm, batch_log,
-                   overheads_out, generation)
+                   overheads_out, generation, tracer)
         removed = remove_stale_regions()
         await self.fleet.connect()
         log_reclaimed(removed, self.fleet.reclaimed)
@@ -277,6 +283,8 @@ class PlannedModels:
             cfg.input.add(name=t.name, data_type=mc.DataType.Value("TYPE_" + t.datatype), dims=list(t.shape))
         for t in m.outputs:
             cfg.output.add(name=t.name, data_type=mc.DataType.Value("TYPE_" + t.datatype), dims=list(t.shape))
+        if m.dynamic_batching.active:  # what the sidecar honours of Triton's dynamic batcher
+            json_format.ParseDict(m.dynamic_batching.to_dict(), cfg.dynamic_batching)
         cfg.parameters["poolpipe_slo_us"].string_value = str(m.slo_us)
         cfg.parameters["poolpipe_pipelines"].string_value = ",".join(p.id for p in m.pipelines)
         return service_pb2.ModelConfigResponse(config=cfg)
@@ -302,9 +310,14 @@ class PlannedModels:
         model = self.models[request.model_name]
         t = now_us()  # before decoding the input: that time counts against the deadline too
         checked = check_request(request, model, self.client_shm)
-        deadline = request_deadline_us(t, model.slo_us, checked.timeout_us, deadline_s)
+        # with Triton's batcher controls, "timeout" is their queue timeout; without, it tightens the deadline
+        controlled = model.dynamic_batching.active
+        deadline = request_deadline_us(t, model.slo_us, None if controlled else checked.timeout_us, deadline_s)
         call = ClientCall(model, request, checked, asyncio.get_running_loop().create_future(), t, deadline,
                           [None] * checked.batch, checked.batch)
+        if self.tracer.on:
+            call.trace = self.tracer.start(model.name, request.id, t, {"poolpipe.rows": checked.batch,
+                                                                        "triton.priority": checked.priority})
         return await self._submit(call)
 
     async def run_module(self, model_name: str, inputs: dict[str, np.ndarray], deadline_us: float,
@@ -322,8 +335,12 @@ class PlannedModels:
         return await self._submit(call)
 
     async def _submit(self, call: ClientCall) -> Any:
-        for row in range(call.checked.batch):
-            self.driver.submit(Sample(call, row), call.model.name, now_us(), call.deadline_us)
+        c = call.checked
+        timeout = int(c.timeout_us or 0) if call.model.dynamic_batching.active else 0
+        for row in range(c.batch):
+            if not self.driver.submit(Sample(call, row), call.model.name, now_us(), call.deadline_us, c.priority,
+                                      timeout, counted=row == 0):
+                break  # refused (its queue is full): the call is answered; its other rows would be refused too
         self._kick_loop()
         try:
             return await call.future

@@ -32,6 +32,7 @@ class CheckedRequest:
     inputs: dict[str, np.ndarray]  # name -> [batch, *shape], a private copy
     outputs: tuple[OutputTarget, ...]
     timeout_us: float | None  # the client's "timeout" parameter, if any
+    priority: int = 0  # the client's "priority" parameter (0: the model's default level)
 
 
 def _shape_str(shape: list[int] | tuple[int, ...]) -> str:
@@ -110,8 +111,22 @@ def check_request(req: service_pb2.ModelInferRequest, model: ModelInfo, shm: Cli
             data = _typed_contents(inp, spec, expected)
         arrays[inp.name] = np.frombuffer(data, dtype=triton_to_np_dtype(spec.datatype)).reshape(shape).copy()
     outputs = _check_outputs(req, model, shm, batch or 1)
-    timeout = req.parameters["timeout"].int64_param if "timeout" in req.parameters else 0
-    return CheckedRequest(batch or 1, arrays, outputs, float(timeout) if timeout > 0 else None)
+    timeout = _int_param(req.parameters, "timeout", ("int64_param",))
+    priority = _int_param(req.parameters, "priority", ("int64_param", "uint64_param"))
+    return CheckedRequest(batch or 1, arrays, outputs, float(timeout) if timeout > 0 else None, priority)
+
+
+def _int_param(params: Any, key: str, kinds: tuple[str, ...]) -> int:
+    """A request's integer parameter (``timeout`` in µs, ``priority``) as Triton reads it; 0 when absent."""
+    if key not in params:
+        return 0
+    kind = params[key].WhichOneof("parameter_choice")
+    if kind not in kinds:
+        raise invalid(f"invalid value type for '{key}' parameter, expected {' or '.join(kinds)}.")
+    value = getattr(params[key], kind)
+    if value < 0:
+        raise invalid(f"'{key}' parameter must be >= 0, got {value}")
+    return int(value)
 
 
 def _typed_contents(inp: service_pb2.ModelInferRequest.InferInputTensor, spec: TensorSpec, expected: int) -> bytes:

@@ -1,0 +1,173 @@
+"""Traces of planned requests: per sampled request a span tree, collected on the request path as plain records
+(monotonic µs) and turned into OpenTelemetry spans, exported over OTLP/HTTP, once the request is answered.
+
+    InferRequest (the call; status ERROR with the shed or failure reason)
+    ├── queue                      arrival -> its first dispatch
+    └── dispatch                   one batch it rode (pipeline, batch size)
+        ├── stage K: <partition>   input at hand -> response received (vGPU, server)
+        │   ├── send               sent -> compute starts on the server
+        │   ├── compute            the server's compute
+        │   └── response           compute ends -> response received
+        └── hop K-1->K             previous response -> this stage sent (shm or grpc)
+
+Nothing is recorded while tracing is off (``Tracer.on`` is one attribute read per request and per dispatch).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from scheduler.server.common.trace_settings import TraceConfig, TraceSettings
+
+log = logging.getLogger("poolpipe.sidecar.trace")
+ROOT = -1
+EXPORT_TIMEOUT_S = 3  # per export, retries included: a receiver that is down delays an orderly stop by this at most
+
+
+@dataclass
+class SpanRecord:
+    name: str
+    start_us: float
+    end_us: float
+    parent: int  # index in CallTrace.spans (ROOT: the request's span)
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+
+class CallTrace:
+    """The spans of one traced request, recorded as it is served."""
+
+    __slots__ = ("model", "request_id", "arrival_us", "attrs", "spans", "queue_end_us")
+
+    def __init__(self, model: str, request_id: str, arrival_us: float, attrs: dict[str, Any]) -> None:
+        self.model = model
+        self.request_id = request_id
+        self.arrival_us = arrival_us
+        self.attrs = attrs
+        self.spans: list[SpanRecord] = []
+        self.queue_end_us: float | None = None
+
+    def dispatched(self, dispatch_id: int, pipeline: str, batch: int, now_us: float) -> int:
+        """A batch carrying (rows of) this request starts; returns its span's index."""
+        if self.queue_end_us is None:
+            self.queue_end_us = now_us
+        self.spans.append(SpanRecord("dispatch", now_us, now_us, ROOT, {"poolpipe.dispatch_id": dispatch_id,
+                                                                         "poolpipe.pipeline": pipeline,
+                                                                         "poolpipe.batch_size": batch}))
+        return len(self.spans) - 1
+
+
+class DispatchTraces:
+    """The traced requests riding one dispatch and their dispatch spans: each stage is recorded into all."""
+
+    __slots__ = ("entries", "last_recv_us")
+
+    def __init__(self, traces: list[CallTrace], dispatch_id: int, pipeline: str, batch: int, now_us: float) -> None:
+        self.entries = [(ct, ct.dispatched(dispatch_id, pipeline, batch, now_us)) for ct in traces]
+        self.last_recv_us: float | None = None
+
+    @classmethod
+    def of(cls, calls: list[Any], dispatch_id: int, pipeline: str, now_us: float) -> "DispatchTraces | None":
+        """For the calls of a dispatch's samples (each call once); None when none is traced."""
+        seen: dict[int, CallTrace] = {}
+        for c in calls:
+            if c.trace is not None:
+                seen[id(c.trace)] = c.trace
+        return cls(list(seen.values()), dispatch_id, pipeline, len(calls), now_us) if seen else None
+
+    def stage(self, k: int, partition: str, vgpu: str, server: str, hop: str | None, t: Any) -> None:
+        """Stage ``k``'s measured timing ``t`` (ready, send, start, end, recv in µs); ``hop``: how its input came
+        from the previous stage (shm, grpc; None for the first)."""
+        attrs = {"poolpipe.stage": k, "poolpipe.partition": partition, "poolpipe.vgpu": vgpu, "poolpipe.server": server}
+        for ct, parent in self.entries:
+            if hop is not None and self.last_recv_us is not None:
+                ct.spans.append(SpanRecord(f"hop {k - 1}->{k}", self.last_recv_us, t.send_us, parent,
+                                           {"poolpipe.hop": hop}))
+            ct.spans.append(SpanRecord(f"stage {k}: {partition}", t.ready_us, t.recv_us, parent, attrs))
+            me = len(ct.spans) - 1
+            ct.spans += [SpanRecord("send", t.send_us, t.start_us, me), SpanRecord("compute", t.start_us, t.end_us, me),
+                         SpanRecord("response", t.end_us, t.recv_us, me)]
+            ct.spans[parent].end_us = max(ct.spans[parent].end_us, t.recv_us)
+        self.last_recv_us = t.recv_us
+
+
+class Tracer:
+    """Samples requests by the trace settings and exports finished traces (OTLP/HTTP to the configured URL, or
+    to ``exporter``, an OpenTelemetry SpanExporter, e.g. an in-memory one)."""
+
+    def __init__(self, config: TraceConfig | None = None, exporter: Any = None) -> None:
+        self.config = config or TraceConfig()
+        self.settings = TraceSettings(self.config.sampling)
+        self._exporter = exporter
+        self._provider: Any = None
+        self._otel: Any = None
+        self._offset_ns = time.time_ns() - time.monotonic_ns()
+
+    @property
+    def on(self) -> bool:
+        return self.settings.on
+
+    def start(self, model: str, request_id: str, arrival_us: float, attrs: dict[str, Any]) -> CallTrace | None:
+        """A new request of ``model``: its trace when sampled (None otherwise)."""
+        if not self.settings.on or not self.settings.sample(model):
+            return None
+        return CallTrace(model, request_id, arrival_us, attrs)
+
+    def finish(self, ct: CallTrace, end_us: float, error: str | None = None) -> None:
+        """The request was answered (or failed with ``error``): export its spans."""
+        try:
+            self._export(ct, end_us, error)
+        except Exception:  # noqa: BLE001 - a trace must never fail a request
+            log.exception("event=trace_export_failed model=%s", ct.model)
+
+    def _ns(self, us: float) -> int:
+        return int(us * 1e3) + self._offset_ns
+
+    def _export(self, ct: CallTrace, end_us: float, error: str | None) -> None:
+        from opentelemetry import context as otel_context  # noqa: PLC0415 - only when tracing
+        from opentelemetry import trace as otel_trace  # noqa: PLC0415
+        from opentelemetry.trace import Status, StatusCode  # noqa: PLC0415
+
+        tracer = self._tracer()
+        root = tracer.start_span("InferRequest", context=otel_context.Context(), start_time=self._ns(ct.arrival_us),
+                                 attributes={"triton.model_name": ct.model, "triton.model_version": "1",
+                                             "triton.request_id": ct.request_id, **ct.attrs})
+        queue_end = ct.queue_end_us if ct.queue_end_us is not None else end_us
+        spans = [("queue", ct.arrival_us, queue_end, ROOT, {})] + [
+            (s.name, s.start_us, s.end_us, s.parent + 1 if s.parent != ROOT else ROOT, s.attrs) for s in ct.spans]
+        made: list[Any] = []
+        for name, start, end, parent, attrs in spans:
+            ctx = otel_trace.set_span_in_context(root if parent == ROOT else made[parent])
+            sp = tracer.start_span(name, context=ctx, start_time=self._ns(start), attributes=attrs)
+            made.append(sp)
+            sp.end(end_time=self._ns(max(end, start)))
+        if error is not None:
+            root.add_event("error", {"message": error}, timestamp=self._ns(end_us))
+            root.set_status(Status(StatusCode.ERROR, error))
+        root.end(end_time=self._ns(end_us))
+
+    def _tracer(self) -> Any:
+        if self._otel is None:
+            from opentelemetry.sdk.resources import Resource  # noqa: PLC0415
+            from opentelemetry.sdk.trace import TracerProvider  # noqa: PLC0415
+            from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor  # noqa: PLC0415
+
+            self._provider = TracerProvider(resource=Resource.create(self.config.resource))
+            if self._exporter is not None:
+                self._provider.add_span_processor(SimpleSpanProcessor(self._exporter))
+            else:
+                from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # noqa: PLC0415
+                b = self.config.bsp
+                self._provider.add_span_processor(BatchSpanProcessor(
+                    OTLPSpanExporter(endpoint=self.config.url, timeout=EXPORT_TIMEOUT_S),
+                    max_queue_size=b["bsp_max_queue_size"], schedule_delay_millis=b["bsp_schedule_delay"],
+                    max_export_batch_size=min(b["bsp_max_export_batch_size"], b["bsp_max_queue_size"])))
+            self._otel = self._provider.get_tracer("poolpipe.sidecar")
+        return self._otel
+
+    def shutdown(self) -> None:
+        """Flush what is batched (an orderly stop loses no trace)."""
+        if self._provider is not None:
+            self._provider.shutdown()

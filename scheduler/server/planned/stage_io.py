@@ -1,0 +1,110 @@
+"""What one stage's call to a tritonserver carries: the boundary tensors between stages, the request built
+from them, the raw outputs of its response and the measured timing (the live executor's wire format)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+from tritonclient.grpc import service_pb2
+
+from model_repository_gen.manifest import StageInfo
+from model_repository_gen.triton_config import TIMING_OUTPUTS
+from poolpipe_common.tensors import TensorSpec
+from scheduler.server.planned.shm_pool import Region, align
+
+
+def wall_ns_to_mono_us(ns: float) -> float:
+    return ns / 1e3 - (time.time() - time.monotonic()) * 1e6
+
+
+@dataclass
+class HopTensor:
+    """A boundary tensor between stages: bytes in the sidecar, or a region of a machine's pool."""
+
+    spec: TensorSpec
+    shape: list[int]
+    array: np.ndarray | None = None
+    region: Region | None = None
+    offset: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.spec.bytes_per_request() * self.shape[0]
+
+
+@dataclass(frozen=True)
+class StageTiming:
+    """When (µs, monotonic) a stage's input was at hand, sent, computed and answered."""
+
+    ready_us: float
+    send_us: float
+    start_us: float
+    end_us: float
+    recv_us: float
+
+    @property
+    def compute_us(self) -> tuple[float, float]:
+        return self.start_us, self.end_us
+
+
+class StageFault(Exception):
+    def __init__(self, vgpu: str, error: grpc.aio.AioRpcError) -> None:
+        super().__init__(f"{vgpu}: {error.code().name}: {error.details()}")
+        self.vgpu = vgpu
+        self.error = error
+
+
+def padded(rows: np.ndarray, pad: int) -> np.ndarray:
+    """``rows`` and ``pad`` zero rows after them (the dummy requests; every stage carries them, the answers skip
+    them: only the first len(live) rows of an output are given out)."""
+    if not pad:
+        return rows
+    return np.concatenate([rows, np.zeros((pad, *rows.shape[1:]), rows.dtype)])
+
+
+def infer_request(stage: StageInfo, inputs: list[HopTensor], out_region: Region | None, batch: int,
+                   request_id: str) -> tuple[service_pb2.ModelInferRequest, dict[str, int]]:
+    """The stage's ModelInferRequest: inputs as bytes or shm references, outputs (to shm where given) and
+    the compute timestamps; returns it with each shm output's offset."""
+    req = service_pb2.ModelInferRequest(model_name=stage.triton_model, id=request_id)
+    for spec, h in zip(stage.inputs, inputs):
+        t = req.inputs.add(name=spec.name, datatype=spec.datatype, shape=h.shape)
+        if h.region is not None:
+            t.parameters["shared_memory_region"].string_param = h.region.name
+            t.parameters["shared_memory_byte_size"].int64_param = h.nbytes
+            t.parameters["shared_memory_offset"].int64_param = h.offset
+        else:
+            req.raw_input_contents.append(h.array.tobytes())  # type: ignore[union-attr]
+    offsets: dict[str, int] = {}
+    off = 0
+    for spec in stage.outputs:
+        o = req.outputs.add(name=spec.name)
+        if out_region is not None:
+            size = spec.bytes_per_request() * batch
+            o.parameters["shared_memory_region"].string_param = out_region.name
+            o.parameters["shared_memory_byte_size"].int64_param = size
+            o.parameters["shared_memory_offset"].int64_param = off
+            offsets[spec.name] = off
+            off += align(size)
+    for n in TIMING_OUTPUTS:
+        req.outputs.add(name=n)
+    return req, offsets
+
+
+def raw_outputs(resp: service_pb2.ModelInferResponse, in_shm: set[str]) -> dict[str, tuple[list[int], bytes]]:
+    """name -> (shape, raw bytes); outputs written to shared memory have shape and empty bytes."""
+    aligned = len(resp.raw_output_contents) == len(resp.outputs)
+    out, j = {}, 0
+    for i, o in enumerate(resp.outputs):
+        if aligned:
+            data = resp.raw_output_contents[i]
+        elif o.name in in_shm:
+            data = b""
+        else:
+            data = resp.raw_output_contents[j] if j < len(resp.raw_output_contents) else b""
+            j += 1
+        out[o.name] = (list(o.shape), data)
+    return out
