@@ -137,6 +137,10 @@ class Plan:
                 return m
         raise KeyError(f"model {name!r} is not in the plan (has: {', '.join(m.name for m in self.models)})")
 
+    def capacity_rps(self) -> dict[str, float]:
+        """Per model, the rate to count on: what it sustains at >= 99 % where measured, else its nominal rate."""
+        return {m.name: m.throughput_rps if m.sustainable_rps is None else m.sustainable_rps for m in self.models}
+
     def physical_gpus_used(self) -> dict[str, float]:
         used = {t: 0.0 for t in self.cluster.gpus}
         for m in self.models:

@@ -80,10 +80,6 @@ class _Generation:
         return any(e[2] != WAKE for e in self.ex.heap)
 
 
-def capacities(plan: Plan) -> dict[str, float]:
-    return {m.name: m.throughput_rps for m in plan.models}
-
-
 def spec_planner(spec: PlanningSpec, request: PlanRequest | None = None) -> Callable[[dict[str, float]], Plan]:
     """A ``plan_for``: ``planner.plan`` on the spec re-weighted by the measured rates, as ``request`` says
     (default: the CLI's, with a 30 s time limit)."""
@@ -108,7 +104,7 @@ def simulate_shifting(plan: Plan, arrivals: Sequence[tuple[float, str]], duratio
     mig = migration or Migration()
     cur = _Generation(plan, out, duration_us, policy, dcfg, seed)
     old: _Generation | None = None  # flushing while ingest is paused
-    trigger = ReplanTrigger(config or ReplanConfig(), capacities(plan)) if plan_for is not None else None
+    trigger = ReplanTrigger(config or ReplanConfig(), plan.capacity_rps()) if plan_for is not None else None
     pending: tuple[float, Plan, ReplanEvent] | None = None  # (ready at, plan, its event)
     events: list[ReplanEvent] = []
     held: list[int] = []
@@ -144,7 +140,7 @@ def simulate_shifting(plan: Plan, arrivals: Sequence[tuple[float, str]], duratio
                 held, old = [], None
                 events[-1].resumed_us = t
                 assert trigger is not None
-                trigger.replanned(capacities(cur.plan), t)
+                trigger.replanned(cur.plan.capacity_rps(), t)
         if pending is not None and t >= pending[0]:
             old, cur = cur, _Generation(pending[1], out, duration_us, policy, dcfg, seed + len(events))
             pending[2].paused_us = t
@@ -164,6 +160,6 @@ def _solve(plan_for: Callable[[dict[str, float]], Plan], d: ReplanDecision, t: f
            ) -> tuple[float, Plan, ReplanEvent]:
     t0 = time.perf_counter()
     new = plan_for(d.rates_rps)
-    ev = ReplanEvent(d.at_us, 0.0, reason=d.reason, rates_rps=d.rates_rps, capacity_rps=capacities(new),
+    ev = ReplanEvent(d.at_us, 0.0, reason=d.reason, rates_rps=d.rates_rps, capacity_rps=new.capacity_rps(),
                      solve_s=time.perf_counter() - t0)
     return t + mig.solve_delay_s * 1e6, new, ev

@@ -134,11 +134,14 @@ def plan_and_generate(job: ReplanJob) -> tuple[str, float, dict[str, float]]:
     generate(new, job.onnx, job.cluster, job.out, emulated_tensor_scale=job.emulated_tensor_scale,
              previous=previous)
     new.save(job.out / "plan.json")
-    return str(job.out / "manifest.json"), new.solve_seconds, {m.name: m.throughput_rps for m in new.models}
+    return str(job.out / "manifest.json"), new.solve_seconds, new.capacity_rps()
 
 
 def planned_capacity(planned: ReloadablePlanned) -> dict[str, float]:
-    return {m: sum(p.throughput_rps for p in info.pipelines) for m, info in planned.current.models.items()}
+    """What the serving plan holds per model: its sustainable rate where the plan measured one, else nominal."""
+    held = planned.current.manifest.plan.capacity_rps()
+    return {m: held.get(m, sum(p.throughput_rps for p in info.pipelines))
+            for m, info in planned.current.models.items()}
 
 
 class AutoReplanner:
