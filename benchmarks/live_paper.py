@@ -69,12 +69,13 @@ def main() -> None:
                 console.print(f"[bold]{model}[/bold], {trace} (emulated {args.l4} L4 + {args.t4} T4)")
                 res = run_all(run, work / f"{model}-{trace.replace(':', '_')}", console.print)
                 rows.append((model, trace, res))
-    console.print(results_table(rows))
+    console.print(results_table(rows, args.time_scale))
     console.print(f"{TARGETS}; total {time.time() - t0:.0f} s")
 
 
-def results_table(rows: list) -> Table:
-    table = Table(title="req/s held at >= 99 % SLO attainment, live, real time (emulated devices)")
+def results_table(rows: list, time_scale: float) -> Table:
+    when = "real time" if time_scale == 1 else f"time x{time_scale:g}: rates / {time_scale:g}"
+    table = Table(title=f"req/s held at >= 99 % SLO attainment, live, {when} (emulated devices)")
     for col in ("model", "trace", "(a) sustained", "promise", "(a0) margin 0.3", "(b) np", "(c) triton",
                 "sim (a)", "a/a0", "a/c", "a/b", "live/promise"):
         table.add_column(col, justify="left" if col in ("model", "trace") else "right")

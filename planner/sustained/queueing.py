@@ -52,31 +52,32 @@ def erlang_c(c: int, a: float) -> float:
     return b / (1.0 - rho * (1.0 - b))
 
 
+def wait_tail(pool: PoolTerms, batches_per_us: float, arrival_scv: float) -> tuple[float, float]:
+    """(P(wait), decay rate theta) of a batch's wait for a vGPU of ``pool``: P(W > t) ~ C(c, a) exp(-theta t) with
+    theta = 2 (c mu - lambda) / (ca^2 + cs^2) and deterministic service (cs^2 = 0); theta 0 when overloaded."""
+    mu = 1.0 / pool.service_us
+    if batches_per_us / mu >= pool.vgpus:
+        return 1.0, 0.0
+    theta = 2.0 * (pool.vgpus * mu - batches_per_us) / max(arrival_scv, 1e-6)
+    return erlang_c(pool.vgpus, batches_per_us / mu), theta
+
+
 def wait_quantile_us(pool: PoolTerms, batches_per_us: float, q: float, arrival_scv: float) -> float:
-    """The q-quantile of a batch's wait for a vGPU of ``pool``: P(W > t) ~ C(c, a) exp(-theta t) with
-    theta = 2 (c mu - lambda) / (ca^2 + cs^2) and deterministic service (cs^2 = 0)."""
+    """The q-quantile of that wait."""
     if batches_per_us <= 0:
         return 0.0
-    mu = 1.0 / pool.service_us
-    a = batches_per_us / mu
-    if a >= pool.vgpus:
+    p_wait, theta = wait_tail(pool, batches_per_us, arrival_scv)
+    if theta == 0.0:
         return math.inf
-    p_wait = erlang_c(pool.vgpus, a)
-    if p_wait <= 1.0 - q:
-        return 0.0
-    theta = 2.0 * (pool.vgpus * mu - batches_per_us) / max(arrival_scv, 1e-6)
-    return math.log(p_wait / (1.0 - q)) / theta
+    return 0.0 if p_wait <= 1.0 - q else math.log(p_wait / (1.0 - q)) / theta
 
 
 def wait_mean_us(pool: PoolTerms, batches_per_us: float, arrival_scv: float) -> float:
-    """The mean of the same tail, C(c, a) / theta."""
+    """The mean of that wait, C(c, a) / theta."""
     if batches_per_us <= 0:
         return 0.0
-    mu = 1.0 / pool.service_us
-    a = batches_per_us / mu
-    if a >= pool.vgpus:
-        return math.inf
-    return erlang_c(pool.vgpus, a) * max(arrival_scv, 1e-6) / (2.0 * (pool.vgpus * mu - batches_per_us))
+    p_wait, theta = wait_tail(pool, batches_per_us, arrival_scv)
+    return math.inf if theta == 0.0 else p_wait / theta
 
 
 def tail_latency_us(p: PipelineTerms, model_rps: float, q: float = TARGET, arrival_scv: float = 1.0) -> float:
