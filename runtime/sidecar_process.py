@@ -16,6 +16,9 @@ from poolpipe_common.net import free_port
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository root (runtime/..)
 
+PORTS = ("grpc_port", "http_port", "metrics_port")
+PORT_ATTEMPTS = 3
+
 
 @dataclass
 class SidecarProcess:
@@ -25,10 +28,19 @@ class SidecarProcess:
     log_path: Path | None = None
     extra_args: tuple[str, ...] = ()
     verbose: bool = False
-    grpc_port: int = field(default_factory=free_port)
-    http_port: int = field(default_factory=free_port)
-    metrics_port: int = field(default_factory=free_port)
+    grpc_port: int = 0  # 0: a free loopback port, picked again if another process takes it before the sidecar
+    http_port: int = 0
+    metrics_port: int = 0
     proc: subprocess.Popen | None = None
+    picked: tuple[str, ...] = field(default=(), init=False)
+
+    def __post_init__(self) -> None:
+        self.picked = tuple(k for k in PORTS if not getattr(self, k))
+        self._pick_ports()
+
+    def _pick_ports(self) -> None:
+        for k in self.picked:
+            setattr(self, k, free_port())
 
     @property
     def grpc_url(self) -> str:
@@ -49,6 +61,18 @@ class SidecarProcess:
         return cmd + list(self.extra_args)
 
     def start(self, timeout_s: float = 60.0) -> "SidecarProcess":
+        """Start it and wait until it is live; a port picked for it that another process bound in between (the
+        pick and the bind race) is picked again, up to PORT_ATTEMPTS times."""
+        for attempt in range(PORT_ATTEMPTS):
+            try:
+                return self._start_once(timeout_s)
+            except RuntimeError as e:
+                if "already in use" not in str(e) or not self.picked or attempt == PORT_ATTEMPTS - 1:
+                    raise
+                self._pick_ports()
+        raise AssertionError("unreachable")
+
+    def _start_once(self, timeout_s: float) -> "SidecarProcess":
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         self.proc = subprocess.Popen(self.command(), env=env, stdout=log, stderr=subprocess.STDOUT)
