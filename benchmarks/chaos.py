@@ -1,7 +1,6 @@
 """Hours of service under faults: an emulated paper cluster (PPipe's measured profiles on L4 + T4, real
 tritonservers that hold each batch for its profiled latency) served by `poolpipe launch` and `poolpipe serve` at
-0.7 of the rate its plan sustains at >= 99 % (plan.json's sustainable_rps), open loop, while a schedule of faults
-runs:
+0.7 of the rate its plan sustains at >= 99 % (plan.json's sustainable_rps), open loop, while a schedule of faults runs:
 a Triton server SIGKILLed (launch restarts it, the sidecar rejoins it), the sidecar SIGKILLed and restarted on its
 ports, a reload (SIGHUP), a 3x overload burst, and a client cancellation storm. Printed: per fault window the
 requests, answers, explicit errors, hung requests (no answer within the SLO + 10 s: none allowed) and the time to
