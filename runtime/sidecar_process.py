@@ -39,8 +39,15 @@ class SidecarProcess:
         self._pick_ports()
 
     def _pick_ports(self) -> None:
+        """Free ports for the ones not given, distinct from each other and from the given ones (two random picks
+        of a free port can be the same port, since neither is bound yet)."""
+        taken = {getattr(self, k) for k in PORTS if k not in self.picked}
         for k in self.picked:
-            setattr(self, k, free_port())
+            port = free_port()
+            while port in taken:
+                port = free_port()
+            setattr(self, k, port)
+            taken.add(port)
 
     @property
     def grpc_url(self) -> str:
