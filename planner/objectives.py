@@ -77,23 +77,18 @@ def sustained(spec: PlanningSpec, request: ObjectiveInputs) -> Outcome:
 def cost(spec: PlanningSpec, request: ObjectiveInputs) -> Outcome:
     """The least cost per hour whose plan sustains ``request.rates_rps`` at >= 99 % (``request.prices``)."""
     prices = dict(request.prices or {})
-    arrivals, costs = parse_arrivals(request.arrivals), request.costs()
-    name = _measured_by(request)
     if request.evaluator == NO_EVALUATOR:  # nominal rates, as the cost MILP reads them
         return solve_cost(spec, CostRequest(dict(request.rates_rps or {}), prices), request.planner,
                           request.solver_options()), ()
+    arrivals, costs = parse_arrivals(request.arrivals), request.costs()
     planned = costed(spec, COST_MARGIN, costs)
-    name, evaluate = evaluator(name)
+    name, evaluate = evaluator(request.evaluator)
     plan, held, rounds = cheapest_sustaining(
         lambda rates: solve_cost(planned, CostRequest(rates, prices), request.planner, request.solver_options()),
         dict(request.rates_rps or {}), arrivals, costs, evaluate)
     line = (f"cost objective: sustains {', '.join(f'{m} {r:,.1f} req/s' for m, r in held.items())} at >= 99 % "
             f"under {arrivals} ({name}; {rounds} round(s))")
     return with_sustainable(plan, held, arrivals, name), (line,)
-
-
-def _measured_by(request: ObjectiveInputs) -> str | None:
-    return None if request.evaluator == NO_EVALUATOR else request.evaluator
 
 
 OBJECTIVES: dict[str, Callable[[PlanningSpec, ObjectiveInputs], Outcome]] = {

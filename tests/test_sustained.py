@@ -25,8 +25,8 @@ from tests.conftest import REFERENCE_DIR, run_cli
 from workloads.arrivals import parse_trace
 
 MODEL = "centernet-update_r50-caffe_fpn_ms-1x_coco"
-# The closed form ranks candidates for the simulator to measure; measured against it on small plans it rated them
-# 0.44x-1.23x (low for plans of batch-2 pipelines, high for pools of one or two vGPUs): it is not a promise.
+# The closed form ranks candidates for the simulator to measure; it rates plans of batch-2 pipelines low and pools of
+# one or two vGPUs high, so it is held only to this band of the simulator: it is not a promise.
 CLOSED_FORM_BAND = (0.4, 1.3)
 # What plan.json promises (the simulator's rate, seed 0) must hold, on other arrivals (seed 7), to within this.
 PROMISE_ATTAINMENT = 0.985
@@ -52,8 +52,8 @@ def test_erlang_c_matches_known_values():
 
 def test_more_vgpus_at_equal_capacity_sustain_more():
     """Many small vGPUs queue less than one big one of the same capacity: the closed form must see it."""
-    one = [PipelineTerms(1, 1.0, (PoolTerms(1, 2_000.0),), 2_000.0)]
-    four = [PipelineTerms(1, 1.0, (PoolTerms(4, 8_000.0),), 8_000.0)]
+    one = [PipelineTerms(1, (PoolTerms(1, 2_000.0),), 2_000.0)]
+    four = [PipelineTerms(1, (PoolTerms(4, 8_000.0),), 8_000.0)]
     assert sustainable_rps(four, 20_000.0) > sustainable_rps(one, 20_000.0) * 0.9
     assert sustainable_rps(one, 2_500.0) < sustainable_rps(one, 20_000.0)
 

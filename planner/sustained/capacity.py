@@ -12,12 +12,11 @@ def pipeline_terms(model: ModelPlan, costs: Overheads) -> list[PipelineTerms]:
     """Each pipeline's pools (a vGPU is busy for the compute, slowed as measured, and the response's tail) and
     its unloaded latency (compute, transfers, and the lead and tail of every stage call)."""
     out = []
-    total = model.throughput_rps or 1.0
     for pl in model.pipelines:
         pools = tuple(PoolTerms(p.num_vgpus, p.latency_us * costs.slowdown + costs.tail_us) for p in pl.partitions)
         latency = sum(p.latency_us * costs.slowdown + costs.lead_us + costs.tail_us + p.transfer_us
                       for p in pl.partitions)
-        out.append(PipelineTerms(pl.batch, pl.throughput_rps / total, pools, latency))
+        out.append(PipelineTerms(pl.batch, pools, latency))
     return out
 
 

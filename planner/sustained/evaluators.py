@@ -25,11 +25,6 @@ NO_EVALUATOR = "none"  # plans that reproduce the paper's nominal figures may sk
 ENTRY_POINT_GROUP = "poolpipe.evaluators"  # where packages above the planner offer evaluators
 
 
-def register_evaluator(name: str, evaluate: Evaluator) -> None:
-    """Make ``evaluate`` available under ``name`` (a later registration replaces an earlier one)."""
-    EVALUATORS[name] = evaluate
-
-
 def _load_entry_points() -> None:
     from importlib.metadata import entry_points
 

@@ -33,7 +33,6 @@ class PipelineTerms:
     """A pipeline as the queueing estimate sees it."""
 
     batch: int
-    share: float  # fraction of the model's requests it serves (its nominal throughput / the model's)
     pools: tuple[PoolTerms, ...]
     latency_us: float  # one batch through every stage with no waiting (compute, transfers, per-stage costs)
 
@@ -81,10 +80,10 @@ def wait_mean_us(pool: PoolTerms, batches_per_us: float, arrival_scv: float) -> 
 
 
 def tail_latency_us(p: PipelineTerms, model_rps: float, q: float = TARGET, arrival_scv: float = 1.0) -> float:
-    """Estimated q-quantile of a request's latency through ``p`` when the model is offered ``model_rps``:
-    batch forming + the waits (the slowest pool's tail, the others' means) + the pipeline's latency."""
+    """Estimated q-quantile of a request's latency through ``p`` when it is offered ``model_rps``: batch forming
+    + the waits (the slowest pool's tail, the others' means) + the pipeline's latency."""
     per_us = model_rps / 1e6
-    batches = per_us * p.share / p.batch
+    batches = per_us / p.batch
     scv = arrival_scv / p.batch  # b arrivals per batch smooth the batch stream
     tails = [wait_quantile_us(pool, batches, q, scv) for pool in p.pools]
     worst = max(range(len(tails)), key=tails.__getitem__)
@@ -102,11 +101,10 @@ def pipeline_sustainable_rps(p: PipelineTerms, slo_us: float, q: float = TARGET,
     the closed form's forming term (full batches) only holds near the capacity, where the answer lies."""
     if p.latency_us > slo_us:
         return 0.0
-    alone = PipelineTerms(p.batch, 1.0, p.pools, p.latency_us)
     capacity = p.capacity_rps()
     for i in range(1, SCAN_STEPS + 1):
         rps = capacity * (1.0 - i / SCAN_STEPS)
-        if rps > 0 and tail_latency_us(alone, rps, q, arrival_scv) <= slo_us:
+        if rps > 0 and tail_latency_us(p, rps, q, arrival_scv) <= slo_us:
             return rps
     return 0.0
 
@@ -121,13 +119,15 @@ def pooled(pipelines: list[PipelineTerms]) -> PipelineTerms:
     vgpus = sum(n.vgpus for n in necks)
     service = vgpus / sum(n.vgpus / n.service_us for n in necks)
     latency = sum(c * p.latency_us for c, p in zip(caps, pipelines)) / total
-    return PipelineTerms(min(p.batch for p in pipelines), 1.0, (PoolTerms(vgpus, service),), latency)
+    return PipelineTerms(min(p.batch for p in pipelines), (PoolTerms(vgpus, service),), latency)
 
 
 def sustainable_rps(pipelines: list[PipelineTerms], slo_us: float, q: float = TARGET,
                     arrival_scv: float = 1.0) -> float:
     """A model's sustainable rate: its pipelines that fit the SLO at all, pooled (:func:`pooled`)."""
     usable = [p for p in pipelines if p.latency_us <= slo_us and p.capacity_rps() > 0]
-    if len(usable) == 1:  # every pool of its own (the others' waits count too)
-        return pipeline_sustainable_rps(usable[0], slo_us, q, arrival_scv)
-    return pipeline_sustainable_rps(pooled(usable), slo_us, q, arrival_scv) if usable else 0.0
+    if not usable:
+        return 0.0
+    # one pipeline keeps every pool of its own (the other pools' waits count too); pooling keeps only bottlenecks
+    one = usable[0] if len(usable) == 1 else pooled(usable)
+    return pipeline_sustainable_rps(one, slo_us, q, arrival_scv)

@@ -10,7 +10,6 @@ margin the sidecar's driver keeps, so none is shed whole at serve time.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -92,16 +91,13 @@ def with_sustainable(plan: Plan, rates: dict[str, float], arrivals: Arrivals, ev
 
 
 def plan_sustained(spec: PlanningSpec, solves: Sequence[Solve], arrivals: Arrivals, costs: Overheads,
-                   evaluator_name: str | None = None, progress: Callable[[str], None] | None = None
-                   ) -> tuple[Plan, tuple[str, ...]]:
+                   evaluator_name: str | None = None) -> tuple[Plan, tuple[str, ...]]:
     """The candidate plan that sustains the most (max-min over models), with its sustainable rates recorded."""
     cands = candidates(spec, solves, arrivals, costs)
     name, evaluate = evaluator(evaluator_name)
     if name != "analytic":
         # the spec's own plan is always measured, so the kept plan never sustains less than it
         for c in [c for i, c in enumerate(cands) if i < MEASURED_CANDIDATES or c.margin is None]:
-            if progress:
-                progress(f"measuring the candidate planned with margin {c.margin} ({name})")
             c.measured = evaluate(c.plan, arrivals, costs)
     pool = [c for c in cands if c.measured is not None] or cands
     best = max(pool, key=lambda c: (score(c.plan, c.rates()), -(c.margin or 0.0)))
@@ -118,5 +114,4 @@ def plan_sustained(spec: PlanningSpec, solves: Sequence[Solve], arrivals: Arriva
 def annotate(plan: Plan, arrivals: Arrivals, costs: Overheads, evaluator_name: str | None = None) -> Plan:
     """Any plan with its sustainable rates measured (for the objectives that do not plan for them)."""
     name, evaluate = evaluator(evaluator_name)
-    rates = evaluate(plan, arrivals, costs)
-    return with_sustainable(plan, {k: (0.0 if math.isnan(v) else v) for k, v in rates.items()}, arrivals, name)
+    return with_sustainable(plan, evaluate(plan, arrivals, costs), arrivals, name)

@@ -39,9 +39,11 @@ def simulated_rps(plan: Plan, arrivals: Arrivals, costs: Overheads, seed: int = 
         lf = round(0.5 * (lo[widest] + hi[widest]), 4)
         summary, _ = run_point(PointJob(plan, rates, "ppipe", trace, lf, duration, seed, driver="live",
                                         overheads=costs))
-        for m, point in summary["models"].items():
+        for m, point in summary["models"].items():  # a point outside a model's bracket tells it nothing new
+            if not lo[m] < lf < hi[m]:
+                continue
             if point["slo_attainment"] + 1e-12 >= TARGET_ATTAINMENT:
-                lo[m] = max(lo[m], lf) if lf < hi[m] else lo[m]
+                lo[m] = lf
             else:
-                hi[m] = min(hi[m], lf) if lf > lo[m] else hi[m]
+                hi[m] = lf
     return {m: lo[m] * rates[m] for m in rates}
