@@ -68,6 +68,10 @@ def _comparable(d: dict[str, Any]) -> dict[str, Any]:
     return d
 
 
+def _stable(line: str) -> str:
+    return line.split("; ")[-1] if line.startswith("sustained objective:") else line
+
+
 @pytest.mark.parametrize("case", [_apps_case, _cost_case, _np_case, _paris_case])
 def test_plan_equals_what_the_cli_wrote(tmp_path: Path, case) -> None:
     spec_doc, flags, request = case(tmp_path)
@@ -78,7 +82,8 @@ def test_plan_equals_what_the_cli_wrote(tmp_path: Path, case) -> None:
     written = json.loads((tmp_path / "plan.json").read_text())
     assert _comparable(written) == _comparable(outcome.plan.to_dict())
     assert written["request"] == request.to_dict() and request_of(load_plan(tmp_path / "plan.json")) == request
-    assert all(line in r.stdout for line in outcome.lines)
+    # the sustained objective's line counts and names the candidates it weighed, which may differ (see _comparable)
+    assert all(_stable(line) in r.stdout for line in outcome.lines)
     # PARIS, the applications and the objectives that measure what the plan holds each say how in a line
     assert bool(outcome.lines) == bool(spec_doc.get("applications") or request.paris_batch_pdf
                                        or request.objective in ("sustained", "cost"))
