@@ -8,7 +8,7 @@ recover to >= 99 % attainment; attainment outside the fault windows; RSS, open f
 process and the shm regions at start (after warm-up) and end; and whether any process or /dev/shm entry is left
 after the run.
 
-    python -P benchmarks/chaos.py            # 20 minutes
+    python -P benchmarks/chaos.py            # 20 minutes, real time
     python -P benchmarks/chaos.py --quick    # 3 minutes
 """
 
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import os
 import random
@@ -27,10 +26,11 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
+import psutil
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 from tritonclient.grpc import InferInput
@@ -39,7 +39,7 @@ from tritonclient.utils import InferenceServerException
 from planner.entry import plan
 from planner.request import PlanRequest
 from poolpipe.paper_experiment import PaperExperiment, PaperRun, paper_spec
-from runtime.sidecar_process import ROOT, SidecarProcess
+from runtime.sidecar_process import PORTS, ROOT, SidecarProcess
 from runtime.supervise import STATE_DIR, pid_alive
 from runtime.tritonserver import SHM_PREFIX
 from scheduler.server.planned.shm_pool import PREFIX as SIDECAR_SHM_PREFIX
@@ -106,10 +106,10 @@ class Cluster:
     def start_sidecar(self) -> float:
         """A sidecar on the first one's ports; returns seconds from its start to ready."""
         old = self.sidecar
-        ports = {} if old is None else {"grpc_port": old.grpc_port, "http_port": old.http_port,
-                                        "metrics_port": old.metrics_port}
+        ports = {} if old is None else {k: getattr(old, k) for k in PORTS}
         t0 = time.monotonic()
-        self.sidecar = SidecarProcess(manifest=self.deploy, log_path=self.work / "sidecar.log", **ports).start()
+        self.sidecar = SidecarProcess(manifest=self.deploy, log_path=self.work / "sidecar.log", **ports,
+                                      extra_args=("--batch-log", str(self.work / "batches.jsonl"))).start()
         assert self.sidecar.proc is not None
         self.sidecar_pids.append(self.sidecar.proc.pid)
         self.sidecar.wait_ready()
@@ -151,7 +151,6 @@ def kill_server(c: Cluster, rng: random.Random) -> str:
 
 
 def kill_sidecar(c: Cluster, _rng: random.Random) -> str:
-    assert c.sidecar is not None and c.sidecar.proc is not None
     c.sidecar.proc.kill()
     c.sidecar.proc.wait()
     return f"ready {c.start_sidecar():.1f} s after restart"
@@ -160,15 +159,13 @@ def kill_sidecar(c: Cluster, _rng: random.Random) -> str:
 def reload(c: Cluster, _rng: random.Random) -> str:
     log = c.work / "sidecar.log"
     before = log.read_text(errors="replace").count("event=reloaded")
-    assert c.sidecar is not None and c.sidecar.proc is not None
     c.sidecar.proc.send_signal(signal.SIGHUP)
     deadline = time.monotonic() + 90
     while log.read_text(errors="replace").count("event=reloaded") <= before:
         if time.monotonic() > deadline:
             raise RuntimeError("the sidecar did not reload")
         time.sleep(0.05)
-    line = [ln for ln in log.read_text(errors="replace").splitlines() if "event=reloaded" in ln][-1]
-    return next((w for w in line.split() if w.startswith("pause_ms=")), "")
+    return next((w for w in reversed(log.read_text(errors="replace").split()) if w.startswith("pause_ms=")), "")
 
 
 def run_faults(c: Cluster, schedule: list[tuple[float, str]], burst_s: float, t0: float,
@@ -226,9 +223,7 @@ async def run_load(url: str, model: str, valid: list[float], storm: list[float],
     events = sorted([(t, 0) for t in valid] + [(t, 1) for t in storm])
     tasks = []
     for t, kind in events:
-        wait = t0 + t - time.monotonic()
-        if wait > 0:
-            await asyncio.sleep(wait)
+        await asyncio.sleep(max(0.0, t0 + t - time.monotonic()))
         if kind == 0:
             out.sent_s.append(time.monotonic() - t0)
             out.result.append("pending")
@@ -242,14 +237,13 @@ async def run_load(url: str, model: str, valid: list[float], storm: list[float],
 
 # -- process statistics ----------------------------------------------------------------------------------------
 def proc_stats(pid: int) -> tuple[int, int, int] | None:
-    """(RSS KiB, open fds, threads) of ``pid`` from /proc, or None when it is gone."""
+    """(RSS KiB, open fds, threads) of ``pid``, or None when it is gone."""
     try:
-        status = Path(f"/proc/{pid}/status").read_text()
-        fds = len(os.listdir(f"/proc/{pid}/fd"))
-    except OSError:
+        p = psutil.Process(pid)
+        with p.oneshot():
+            return p.memory_info().rss // 1024, p.num_fds(), p.num_threads()
+    except psutil.Error:
         return None
-    v = {k: rest.split()[0] for k, _, rest in (ln.partition(":") for ln in status.splitlines()) if rest.split()}
-    return int(v.get("VmRSS", 0)), fds, int(v.get("Threads", 0))
 
 
 def shm_regions(c: Cluster) -> list[str]:
@@ -334,15 +328,20 @@ def main() -> int:
     ap.add_argument("--model", default=MODEL, help="a data/ppipe model (default: %(default)s)")
     ap.add_argument("--l4", type=int, default=2)
     ap.add_argument("--t4", type=int, default=6)
+    ap.add_argument("--time-scale", type=float, default=1.0,
+                    help="emulated latencies and the SLO multiplied by this (default 1: real time; 0: the demo's slow "
+                         "motion, the smallest whole scale >= 8 at which this machine drives the plan calmly)")
     ap.add_argument("--work", type=Path, help="keep deployment and logs here (default: a temporary directory)")
     args = ap.parse_args()
     minutes = args.minutes or (3.0 if args.quick else 20.0)
     duration = minutes * 60.0
     warmup, period, burst_s = (20.0, 30.0, 5.0) if minutes <= 5 else (60.0, 60.0, 10.0)
+    if args.time_scale < 0:
+        ap.error("--time-scale must be >= 0 (1: real time, 0: the demo's slow motion)")
     with tempfile.TemporaryDirectory(prefix="chaos_") as tmp:
         work = args.work or Path(tmp)
         exp = PaperExperiment(PaperRun(args.model, l4=args.l4, t4=args.t4, time_scale=0.0), work)
-        run = dataclasses.replace(exp.run, time_scale=exp.auto_time_scale())
+        run = replace(exp.run, time_scale=args.time_scale or exp.auto_time_scale())
         spec = paper_spec(run)
         p = plan(spec, PlanRequest("ppipe", time_limit_s=60)).plan
         exp.run = run

@@ -276,3 +276,22 @@ def test_a_batch_whose_callers_all_went_away_gives_its_reservations_back(monkeyp
     with monkeypatch.context() as m:
         kept_attained, _, _ = _storm(False, m)
     assert kept_attained < attained - 0.03, (kept_attained, attained)
+
+
+def test_a_lead_learned_in_a_stall_cannot_shed_every_request():
+    """A CPU stall can teach the executor a send-to-compute lead beyond the SLO. Uncapped, the core's clock ran
+    that far ahead, every request's deadline had passed when it was queued, nothing was sent, so no calmer lead
+    could ever be measured (found live: 170 s of 0 % attainment after an overload until the sidecar restarted).
+    The lead is capped at the share of the slack the margin may take: requests are still dispatched."""
+    ex = _Recorder()
+    topo = two_stage_topology()
+    drv = Driver(make_scheduler("ppipe", topo), topo, ex, DriverConfig.live(clock_lead_us=1000.0))
+    fastest = sum(st.latency(1) for st in topo.pipelines["m"][0].stages)
+    assert drv.lead_us == 1000.0 and drv.lead_cap_us == pytest.approx(0.5 * (SLO_US - fastest))
+    drv.extra_lead_us = 2 * SLO_US  # what a stall taught
+    assert drv.lead_us == drv.lead_cap_us
+    for i in range(20):
+        t = 1e6 + i * 20_000.0
+        drv.submit(i, "m", t, t + SLO_US)
+        drv.step(t)
+    assert not ex.rejected and sum(len(items) for _, items, _ in ex.executed) == 20

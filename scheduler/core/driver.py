@@ -37,7 +37,9 @@ class DriverConfig:
     ``margin_fraction`` x SLO, raised to a robust high percentile of the measured lateness (completion
     against the core's prediction) once ``lateness_warmup`` batches have finished, capped at
     ``max_margin_fraction`` of the slack an idle pipeline leaves (a larger margin would shed everything,
-    and with nothing served the lateness could never come down again).
+    and with nothing served the lateness could never come down again). The core's clock lead (calibrated, plus
+    what the executor learns under load) is capped the same way, for the same reason: a lead a CPU stall taught
+    that leaves no slack would shed every request, and with nothing sent no calmer lead could be measured.
     """
 
     min_margin_us: float = DRIVER_MIN_MARGIN_US
@@ -150,14 +152,17 @@ class Driver:
         self.wake_us: float | None = None
         self.retries = 0
         self.extra_lead_us = 0.0  # the lead the executor learned under load (the sidecar's planned service sets it)
+        self.lead_cap_us = min((c.max_margin_fraction * max(0.0, slo - self._fastest_us(m))
+                                for m, slo in topology.slo_us.items() if topology.pipelines.get(m)), default=0.0)
         self.learned = 0
         self._next_id = 1
         self._in_flight: dict[int, list[Ticket]] = {}
 
     @property
     def lead_us(self) -> float:
-        """How far the core's clock runs ahead: the configured lead plus what the executor learned since."""
-        return self.config.clock_lead_us + self.extra_lead_us
+        """How far the core's clock runs ahead: the configured lead plus what the executor learned since, at most
+        ``max_margin_fraction`` of the least slack an idle pipeline leaves (see DriverConfig)."""
+        return min(self.config.clock_lead_us + self.extra_lead_us, self.lead_cap_us)
 
     # -- requests in --------------------------------------------------------------------------------------
     def submit(self, item: Any, model: str, arrival_us: float, deadline_us: float, priority: int = 0,
@@ -298,9 +303,12 @@ class Driver:
                          c.lateness_percentile, learned)
             self.margin_us[model] = new
 
+    def _fastest_us(self, model: str) -> float:
+        """The latency of the model's fastest pipeline at its smallest batch on idle vGPUs."""
+        return min(sum(st.latency(min(st.latency_us)) for st in p.stages) for p in self.topology.pipelines[model])
+
     def margin_cap_us(self, model: str) -> float:
         """At most a fraction of the slack an idle pipeline leaves under the SLO (see DriverConfig)."""
-        fastest = min(sum(st.latency(min(st.latency_us)) for st in p.stages) for p in self.topology.pipelines[model])
         slo = self.topology.slo_us[model]
-        slack = min(slo, slo - fastest - self.lead_us)
+        slack = min(slo, slo - self._fastest_us(model) - self.lead_us)
         return max(self.base_margin_us[model], self.config.max_margin_fraction * slack)

@@ -82,6 +82,7 @@ class PlannedModels:
         self._calibrating: asyncio.Task | None = None
         self._stopped = False  # set once the driver is no longer stepped (stop_dispatching, close)
         self._closing = False
+        self._logged_lead_us = 0.0  # the learned lead last logged
         self._step_waiters: list[asyncio.Future] = []
 
     # --- life cycle ----------------------------------------------------------------------------------------
@@ -154,8 +155,13 @@ class PlannedModels:
         self._kick_loop()
 
     def _lead_learned(self, extra_us: float) -> None:
-        """The executor measured a larger send-to-compute lead under load: the core's clock leads by it too."""
+        """The executor measured a larger send-to-compute lead under load: the core's clock leads by it too
+        (logged when it moved by 5 ms or more: a stalled host shows here first)."""
         self.driver.extra_lead_us = extra_us
+        if abs(extra_us - self._logged_lead_us) >= 5000.0:
+            self._logged_lead_us = extra_us
+            log.info("event=lead_learned extra_us=%.0f clock_lead_us=%.0f cap_us=%.0f", extra_us,
+                     self.driver.lead_us, self.driver.lead_cap_us)
 
     def _vgpu_changed(self, srv: VGpuServer, up: bool, why: str) -> None:
         """A vGPU left or rejoined; one that rejoins is calibrated first and then planned on (the core reserves
