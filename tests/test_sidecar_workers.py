@@ -30,7 +30,16 @@ CLIENTS = 16  # separate connections (the kernel spreads connections, not reques
 
 
 def _workers(sc: SidecarProcess) -> list[psutil.Process]:
-    return sorted(psutil.Process(sc.proc.pid).children(), key=lambda p: p.cmdline()[p.cmdline().index("--shard") + 1])
+    """The running workers, by shard (a child between fork and exec, or a zombie, is not one yet or any more)."""
+    found = []
+    for p in psutil.Process(sc.proc.pid).children():
+        try:
+            cmd = p.cmdline()
+            if "--worker-of" in cmd and p.status() != psutil.STATUS_ZOMBIE:
+                found.append((cmd[cmd.index("--shard") + 1], p))
+        except psutil.Error:
+            continue
+    return [p for _, p in sorted(found, key=lambda x: x[0])]
 
 
 def _private_port(p: psutil.Process) -> int:
@@ -76,9 +85,12 @@ class ShmClient:
         inp.set_shared_memory(self.names[0], self.in_bytes)
         out = grpcclient.InferRequestedOutput(self.out.name)
         out.set_shared_memory(self.names[1], self.out_bytes)
+        sentinel = np.full(self.out_bytes // 4, -7.0, np.float32)
         for _ in range(n):
-            r = c.infer(EMULATED_MODEL, [inp], outputs=[out], client_timeout=30)
-            assert r.get_output(self.out.name).parameters["shared_memory_region"].string_param == self.names[1]
+            shm.set_shared_memory_region(self.handles[1], [sentinel])
+            c.infer(EMULATED_MODEL, [inp], outputs=[out], client_timeout=30)
+            got = shm.get_contents_as_numpy(self.handles[1], np.float32, [self.out_bytes // 4])
+            assert not np.array_equal(got, sentinel)  # the worker wrote the answer into the client's region
         c.close()
 
     def close(self) -> None:
@@ -98,6 +110,7 @@ def test_two_workers_serve_as_one_triton_and_survive_a_killed_worker(tmp_path: P
     log = tmp_path / "sidecar.log"
     sc = SidecarProcess(manifest=deploy, log_path=log, extra_args=("--workers", "2"))
     seen: set[int] = set()
+    cleanup = []
     with Deployment(deploy, check_hardware=False, log_dir=tmp_path / "logs"):
         try:
             sc.start().wait_ready()
@@ -108,6 +121,7 @@ def test_two_workers_serve_as_one_triton_and_survive_a_killed_worker(tmp_path: P
                 listening = {c.laddr.port for c in w.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
                 assert {sc.grpc_port, sc.http_port} <= listening
             client = ShmClient(sc)
+            cleanup.append(client.close)
             for _ in range(CLIENTS):
                 client.infer(sc.grpc_url, 2)
             sent = 2 * CLIENTS
@@ -122,6 +136,9 @@ def test_two_workers_serve_as_one_triton_and_survive_a_killed_worker(tmp_path: P
             with urllib.request.urlopen(req, timeout=120) as r:
                 report = json.loads(r.read())
             assert [w["generation"] for w in report["workers"]] == [1, 1]
+            sc.proc.send_signal(signal.SIGHUP)  # to the parent: every worker reloads
+            _wait("SIGHUP did not reload every worker",
+                  lambda: len(re.findall(r"event=reloaded manifest=\S+ generation=2 ", log.read_text())) == 2)
 
             victim = workers[0]
             victim.send_signal(signal.SIGKILL)
@@ -135,9 +152,10 @@ def test_two_workers_serve_as_one_triton_and_survive_a_killed_worker(tmp_path: P
             assert _requests(_private_port(workers[0])) > 0
             merged = _get(f"http://127.0.0.1:{sc.metrics_port}/metrics")
             assert _metric(merged, "poolpipe_sidecar_requests_total") == sent + CLIENTS  # the dead one's kept
-            client.close()
         finally:
             code = sc.stop()
+            for close in cleanup:
+                close()
     assert code == 0
     text = log.read_text()
     assert len(re.findall(r"event=worker_exited worker=0 pid=\d+ status=-9", text)) == 1
