@@ -151,10 +151,11 @@ def p50_p99_ms(lat: list[float]) -> tuple[float, float]:
     return float(np.percentile(lat, 50) * 1e3), float(np.percentile(lat, 99) * 1e3)
 
 
-def cpu_seconds(pid: int) -> float:
-    """CPU seconds of the process and of every process below it (serve --workers: the parent and its workers)."""
+def cpu_seconds(pid: int, recursive: bool = True) -> float:
+    """CPU seconds of the process and of every process below it (serve --workers: the parent and its workers; a
+    tritonserver: its Python backend stubs)."""
     procs = [psutil.Process(pid)]
-    procs += procs[0].children(recursive=True)
+    procs += procs[0].children(recursive=True) if recursive else []
     return sum(t.user + t.system for t in (p.cpu_times() for p in procs))
 
 
@@ -253,11 +254,12 @@ def main() -> int:
     print(f"trivial model, 64 outstanding: sidecar {side_rps:.0f} req/s ({side_err} errors) using "
           f"{side_cores:.2f} of {os.cpu_count()} cores; Triton direct with dynamic batcher {direct_rps:.0f} req/s; "
           f"ratio {side_rps / direct_rps:.2f}x")
-    w_rps, w_err, w_cores, w_direct = workers
+    w_rps, w_err, w_cores, w_direct, w_others = workers
     print(f"trivial model, {OUTSTANDING} outstanding on {CONNECTIONS} connections, serve --workers 2: sidecar "
           f"{w_rps:.0f} req/s ({w_err} errors) using {w_cores:.2f} of {os.cpu_count()} cores (all its processes); "
           f"Triton direct with dynamic batcher {w_direct:.0f} req/s (same clients); ratio {w_rps / w_direct:.2f}x; "
-          f"per sidecar core {w_rps / max(w_cores, 1e-9) / w_direct:.2f}x")
+          f"per sidecar core {w_rps / max(w_cores, 1e-9) / w_direct:.2f}x (meanwhile the client used "
+          f"{w_others[0]:.2f} cores, the two tritonservers {w_others[1]:.2f})")
     return 0
 
 
@@ -265,9 +267,10 @@ OUTSTANDING, CONNECTIONS = 64, 16
 
 
 def trivial_workers(work: Path, tpath: Path, trepo: Path, t_in: grpcclient.InferInput, duration: float
-                    ) -> tuple[float, int, float, float]:
+                    ) -> tuple[float, int, float, float, tuple[float, float]]:
     """``serve --workers 2`` on the trivial model over a pool of two vGPUs, and Triton direct, both under
-    OUTSTANDING requests on CONNECTIONS connections: (sidecar req/s, errors, sidecar cores, direct req/s)."""
+    OUTSTANDING requests on CONNECTIONS connections: (sidecar req/s, errors, sidecar cores, direct req/s, and the
+    cores the client and the tritonservers used meanwhile)."""
     print("(d) trivial planned model, serve --workers 2 (one vGPU each), "
           f"{OUTSTANDING} outstanding on {CONNECTIONS} connections:", flush=True)
     with start_baseline(trepo, log_path=work / "trivial-baseline2.log") as triton:
@@ -275,14 +278,16 @@ def trivial_workers(work: Path, tpath: Path, trepo: Path, t_in: grpcclient.Infer
         direct, _, _ = asyncio.run(closed_loop(triton.grpc_url, "trivial", [t_in], OUTSTANDING, duration,
                                                CONNECTIONS))
     deploy, _ = trivial_deployment(work, gpus=2)
-    with Deployment(deploy, check_hardware=False, log_dir=work / "wlogs"), \
+    with Deployment(deploy, check_hardware=False, log_dir=work / "wlogs") as dep, \
             SidecarProcess(manifest=deploy, log_path=work / "wsidecar.log", extra_args=("--workers", "2")) as sc:
         sc.wait_ready()
         asyncio.run(closed_loop(sc.grpc_url, "trivial", [t_in], OUTSTANDING, 1.0, CONNECTIONS))
-        cpu0, t0 = cpu_seconds(sc.proc.pid), time.perf_counter()
+        servers = [s.proc.pid for s in dep.servers.values() if s.proc is not None]
+        pids = [sc.proc.pid, os.getpid(), *servers]
+        cpu0, t0 = [cpu_seconds(p, p != os.getpid()) for p in pids], time.perf_counter()
         rps, err, _ = asyncio.run(closed_loop(sc.grpc_url, "trivial", [t_in], OUTSTANDING, duration, CONNECTIONS))
-        cores = (cpu_seconds(sc.proc.pid) - cpu0) / (time.perf_counter() - t0)
-    return rps, err, cores, direct
+        used = [(cpu_seconds(p, p != os.getpid()) - c) / (time.perf_counter() - t0) for p, c in zip(pids, cpu0)]
+    return rps, err, used[0], direct, (used[1], sum(used[2:]))
 
 
 if __name__ == "__main__":
