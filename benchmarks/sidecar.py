@@ -24,8 +24,10 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -254,12 +256,13 @@ def main() -> int:
     print(f"trivial model, 64 outstanding: sidecar {side_rps:.0f} req/s ({side_err} errors) using "
           f"{side_cores:.2f} of {os.cpu_count()} cores; Triton direct with dynamic batcher {direct_rps:.0f} req/s; "
           f"ratio {side_rps / direct_rps:.2f}x")
-    w_rps, w_err, w_cores, w_direct, w_others = workers
+    w_rps, w_err, w_cores, w_direct, w_others, w_split = workers
     print(f"trivial model, {OUTSTANDING} outstanding on {CONNECTIONS} connections, serve --workers 2: sidecar "
           f"{w_rps:.0f} req/s ({w_err} errors) using {w_cores:.2f} of {os.cpu_count()} cores (all its processes); "
           f"Triton direct with dynamic batcher {w_direct:.0f} req/s (same clients); ratio {w_rps / w_direct:.2f}x; "
           f"per sidecar core {w_rps / max(w_cores, 1e-9) / w_direct:.2f}x (meanwhile the client used "
-          f"{w_others[0]:.2f} cores, the two tritonservers {w_others[1]:.2f})")
+          f"{w_others[0]:.2f} cores, the two tritonservers {w_others[1]:.2f}; requests per worker "
+          f"{'/'.join(f'{n:.0f}' for n in w_split)})")
     return 0
 
 
@@ -267,10 +270,10 @@ OUTSTANDING, CONNECTIONS = 64, 16
 
 
 def trivial_workers(work: Path, tpath: Path, trepo: Path, t_in: grpcclient.InferInput, duration: float
-                    ) -> tuple[float, int, float, float, tuple[float, float]]:
+                    ) -> tuple[float, int, float, float, tuple[float, float], list[float]]:
     """``serve --workers 2`` on the trivial model over a pool of two vGPUs, and Triton direct, both under
     OUTSTANDING requests on CONNECTIONS connections: (sidecar req/s, errors, sidecar cores, direct req/s, and the
-    cores the client and the tritonservers used meanwhile)."""
+    cores the client and the tritonservers used meanwhile, and each worker's requests)."""
     print("(d) trivial planned model, serve --workers 2 (one vGPU each), "
           f"{OUTSTANDING} outstanding on {CONNECTIONS} connections:", flush=True)
     with start_baseline(trepo, log_path=work / "trivial-baseline2.log") as triton:
@@ -284,10 +287,23 @@ def trivial_workers(work: Path, tpath: Path, trepo: Path, t_in: grpcclient.Infer
         asyncio.run(closed_loop(sc.grpc_url, "trivial", [t_in], OUTSTANDING, 1.0, CONNECTIONS))
         servers = [s.proc.pid for s in dep.servers.values() if s.proc is not None]
         pids = [sc.proc.pid, os.getpid(), *servers]
-        cpu0, t0 = [cpu_seconds(p, p != os.getpid()) for p in pids], time.perf_counter()
+        cpu0, t0, split0 = [cpu_seconds(p, p != os.getpid()) for p in pids], time.perf_counter(), worker_requests(sc)
         rps, err, _ = asyncio.run(closed_loop(sc.grpc_url, "trivial", [t_in], OUTSTANDING, duration, CONNECTIONS))
         used = [(cpu_seconds(p, p != os.getpid()) - c) / (time.perf_counter() - t0) for p, c in zip(pids, cpu0)]
-    return rps, err, used[0], direct, (used[1], sum(used[2:]))
+        split = [b - a for a, b in zip(split0, worker_requests(sc))]
+    return rps, err, used[0], direct, (used[1], sum(used[2:])), split
+
+
+def worker_requests(sc: SidecarProcess) -> list[float]:
+    """Requests each worker of ``serve --workers`` answered so far, from its own metrics (its private port)."""
+    counts = []
+    for p in sorted(psutil.Process(sc.proc.pid).children(), key=lambda p: p.cmdline()):
+        cmd = p.cmdline()
+        with urllib.request.urlopen(f"http://127.0.0.1:{cmd[cmd.index('--metrics-port') + 1]}/metrics") as r:
+            text = r.read().decode()
+        m = re.search(r'^poolpipe_sidecar_requests_total\{model="trivial",route="planned"\} (\S+)$', text, re.M)
+        counts.append(float(m.group(1)) if m else 0.0)
+    return counts
 
 
 if __name__ == "__main__":
