@@ -178,3 +178,14 @@ def test_combinations_that_cannot_work_are_refused(tmp_path: Path) -> None:
     assert r.returncode == 2 and "--workers needs --manifest" in r.stderr
     r = run_cli("serve", "--manifest", deploy, "--workers", "0")
     assert r.returncode == 2 and "expected a number of worker processes >= 1" in r.stderr
+
+
+def test_a_worker_that_fails_its_first_start_stops_serve_with_one_line(tmp_path: Path) -> None:
+    deploy = build_emulated_deployment(tmp_path, gpus=2)
+    free = SidecarProcess()  # three distinct free ports
+    r = run_cli("serve", "--manifest", deploy, "--workers", "2", "--batch-log", tmp_path / "missing" / "b.jsonl",
+                "--grpc-port", free.grpc_port, "--http-port", free.http_port, "--metrics-port", free.metrics_port,
+                timeout=120)
+    assert r.returncode == 2
+    assert re.search(r"poolpipe serve: error: sidecar worker \d exited with status 2 before it was ready",
+                     r.stderr.splitlines()[-1])

@@ -124,6 +124,7 @@ class Sidecar:
         self._runners.append(await start_http(app, "127.0.0.1", group.ports[group.index]))
         peers = Peers(group)
         copied = await copy_registrations(peers, self.client_shm)
+        await peers.close()  # none left open if the start fails from here on (the router's calls open them again)
         log.info("event=worker_started worker=%d of=%d shm_registrations_copied=%d", group.index, len(group.ports),
                  copied)
         return peers

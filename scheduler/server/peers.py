@@ -79,8 +79,10 @@ class Peers:
         return list(await asyncio.gather(*(self.call(u, path, body, timeout_s) for u in self.group.peers)))
 
     async def close(self) -> None:
+        """Close the connections (a later call opens new ones)."""
         if self._session is not None:
-            await self._session.close()
+            session, self._session = self._session, None
+            await session.close()
 
 
 def _repeated(f: Any) -> bool:

@@ -105,6 +105,7 @@ class Slot:
     due: float | None = None  # when its restart is due
     since: float = 0.0  # when it was last (re)started
     last: bytes = b""  # its last exposition
+    ready: bool = False  # it reported ready once (a worker that dies before that on the first start fails serve)
     retired: list[bytes] = field(default_factory=list)  # the counters of its dead predecessors
 
 
@@ -145,16 +146,30 @@ class WorkerPool:
                 pass  # restarting: its last exposition stands until it answers again
         await asyncio.gather(*(one(s) for s in self.slots))
 
+    async def check_started(self) -> None:
+        """Until every worker reported ready once: ask the ones that have not (their peer endpoint)."""
+        async def one(slot: Slot) -> None:
+            try:
+                async with self._session.get(f"http://127.0.0.1:{self.ports[slot.index]}/peer/ready") as r:
+                    slot.ready = r.status == 200
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                pass
+        await asyncio.gather(*(one(s) for s in self.slots if not s.ready))
+
     def poll(self) -> str | None:
         """Schedule and run due restarts; returns an error when a worker died more often than allowed."""
         now = time.monotonic()
         for s in self.slots:
             if s.proc is not None and s.proc.poll() is not None and s.due is None:
                 rc, pid = s.proc.returncode, s.proc.pid
+                if not s.ready and not s.restarts:  # the first start failed: a setting, not bad luck
+                    return (f"sidecar worker {s.index} exited with status {rc} before it was ready (its error is "
+                            "logged above); every worker stopped")
                 if now - s.since > self.policy.healthy_s:
                     s.restarts = 0
                 if s.restarts >= self.policy.max_restarts:
-                    return f"sidecar worker {s.index} (pid {pid}) exited with status {rc} after {s.restarts} restarts"
+                    return (f"sidecar worker {s.index} (pid {pid}) exited with status {rc} after {s.restarts} "
+                            "restarts; every worker stopped")
                 if s.last:  # its counters so far stay in the sums (a restart must not make them drop)
                     s.retired.append(counter_samples(s.last))
                     s.last = b""
@@ -200,6 +215,7 @@ class WorkerPool:
         log.info("event=workers_stopped shm_regions_removed=%d", len(removed))
 
     async def run(self) -> int:
+        """Until SIGTERM/SIGINT (0), or InputError when a worker fails its first start or dies too often."""
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -221,6 +237,8 @@ class WorkerPool:
                      c.http_port, c.bind, c.metrics_port)
             next_scrape = time.monotonic() + SCRAPE_EVERY_S
             while not stop.is_set() and error is None:
+                if not all(s.ready for s in self.slots):
+                    await self.check_started()
                 error = self.poll()
                 if time.monotonic() >= next_scrape:
                     await self.scrape()
@@ -235,8 +253,8 @@ class WorkerPool:
                 await runner.cleanup()
             await self._session.close()
         if error:
-            log.error("event=workers_failed reason=%s; stopped every worker", error)
-            return 1
+            log.error("event=workers_failed reason=%s", error)
+            raise InputError(error)
         return 0
 
 
