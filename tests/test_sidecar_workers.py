@@ -1,7 +1,8 @@
 """``serve --workers 2`` over one emulated deployment (two GPUs per pool, one host, so hops use the sidecar's
 shared-memory pool): both workers listen on the same ports and serve, a client shared-memory registration made
-through one connection works on either worker, metrics and statistics are summed once, a reload reaches every
-worker, a SIGKILLed worker is restarted and serves again, and after stop no process or shm region is left."""
+through one connection works on either worker, metrics and statistics are summed once, trace settings and a
+reload reach every worker, a SIGKILLed worker is restarted and serves again, and after stop no process or shm
+region is left."""
 
 from __future__ import annotations
 
@@ -131,6 +132,11 @@ def test_two_workers_serve_as_one_triton_and_survive_a_killed_worker(tmp_path: P
             assert _metric(merged, "poolpipe_sidecar_requests_total") == sent  # summed once
             stats = grpcclient.InferenceServerClient(sc.grpc_url).get_inference_statistics(EMULATED_MODEL)
             assert stats.model_stats[0].inference_count == sent
+            grpcclient.InferenceServerClient(sc.grpc_url).update_trace_settings(settings={"trace_rate": "7"})
+            for _ in range(CLIENTS):  # the trace extension's update reached every worker
+                c = grpcclient.InferenceServerClient(sc.grpc_url, channel_args=[("grpc.use_local_subchannel_pool", 1)])
+                assert c.get_trace_settings(as_json=True)["settings"]["trace_rate"]["value"] == ["7"]
+                c.close()
 
             req = urllib.request.Request(f"http://{sc.http_url}/v2/poolpipe/reload", data=b"", method="POST")
             with urllib.request.urlopen(req, timeout=120) as r:

@@ -3,8 +3,9 @@ client's next call may land on another (the kernel spreads connections over the 
 
 Each worker listens privately on 127.0.0.1:<its port> (its metrics port, scraped by the parent) with the peer
 endpoints below. Client shared-memory registrations are copied to every worker (a worker that starts copies the
-ones a live peer holds); reloads, readiness and statistics span every worker. Peer calls change only the worker
-they reach (no pass-through forwarding, no further broadcast).
+ones its live peers hold); updates of the trace and logging extensions reach every worker; reloads, readiness
+and statistics span them. Peer calls change only the worker they reach (no further broadcast; the shared-memory
+ones no pass-through forwarding either).
 """
 
 from __future__ import annotations
@@ -62,19 +63,21 @@ class Peers:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=PEER_TIMEOUT_S))
         return self._session
 
-    async def call(self, url: str, path: str, body: dict | None = None, timeout_s: float = PEER_TIMEOUT_S
+    async def call(self, url: str, path: str, body: dict | bytes | None = None, timeout_s: float = PEER_TIMEOUT_S
                    ) -> tuple[int, bytes] | None:
+        """GET without a body, else POST it (a dict as JSON, bytes as they are)."""
         timeout = aiohttp.ClientTimeout(total=timeout_s)
         try:
             if body is None:
                 async with self.session().get(url + path, timeout=timeout) as r:
                     return r.status, await r.read()
-            async with self.session().post(url + path, json=body, timeout=timeout) as r:
+            kw = {"data": body} if isinstance(body, bytes) else {"json": body}
+            async with self.session().post(url + path, timeout=timeout, **kw) as r:
                 return r.status, await r.read()
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
             return None
 
-    async def all(self, path: str, body: dict | None = None, timeout_s: float = PEER_TIMEOUT_S
+    async def all(self, path: str, body: dict | bytes | None = None, timeout_s: float = PEER_TIMEOUT_S
                   ) -> list[tuple[int, bytes] | None]:
         return list(await asyncio.gather(*(self.call(u, path, body, timeout_s) for u in self.group.peers)))
 
@@ -171,6 +174,16 @@ class WorkerRouter(Router):
         await self.peers.all("/peer/shm/unregister", {"name": request.name})
         return resp
 
+    async def _TraceSetting(self, request: Any, timeout_s: float | None) -> Any:
+        resp = await super()._TraceSetting(request, timeout_s)  # validated and applied here first
+        await self.peers.all("/peer/settings/TraceSetting", request.SerializeToString())
+        return resp
+
+    async def _LogSettings(self, request: Any, timeout_s: float | None) -> Any:
+        resp = await super()._LogSettings(request, timeout_s)
+        await self.peers.all("/peer/settings/LogSettings", request.SerializeToString())
+        return resp
+
     async def close(self) -> None:
         await super().close()
         await self.peers.close()
@@ -246,6 +259,19 @@ def peer_routes(app: web.Application, sidecar: Any) -> None:
             return web.json_response({"error": str(e)}, status=e.status)
         return web.json_response(report.to_dict())
 
+    async def settings(request: web.Request) -> web.Response:
+        """The trace or logging extension's update another worker received, applied here alone."""
+        method, router = request.match_info["method"], sidecar.router
+        if router is None:
+            return web.Response(status=503)
+        message = getattr(service_pb2, method + "Request").FromString(await request.read())
+        try:
+            await getattr(Router, "_" + method)(router, message, PEER_TIMEOUT_S)
+        except ServeError as e:
+            return _error(e)
+        return web.Response()
+
+    app.router.add_post(r"/peer/settings/{method:(TraceSetting|LogSettings)}", settings)
     app.router.add_get("/peer/ready", ready)
     app.router.add_post("/peer/statistics", statistics)
     app.router.add_get("/peer/shm", shm_status)
