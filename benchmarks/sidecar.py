@@ -9,7 +9,10 @@ Printed: the highest Poisson load each sustains at >= 99 % SLO attainment and th
 latency at low load through the sidecar and straight to Triton (the sidecar's planned path waits for
 batches by design, so its pure proxy cost is also shown: one request at a time on a trivial model,
 pass-through mode against the same Triton);
-and the sidecar's maximum request rate on a trivial planned model with the CPU its own process uses.
+and the sidecar's maximum request rate on a trivial planned model with the CPU its own process uses; then the
+same with ``serve --workers 2`` (a pool of two vGPUs, one per worker; clients on 16 connections, since the kernel
+spreads connections over the workers) with the CPU of all its processes, against Triton direct under the same
+clients.
 
     .venv/bin/python benchmarks/sidecar.py            # about 3-4 minutes on 2 cores
     .venv/bin/python benchmarks/sidecar.py --quick    # fewer, shorter points
@@ -21,13 +24,16 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnx
+import psutil
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 from onnx import TensorProto, helper
@@ -112,15 +118,17 @@ def highest_sustained(url: str, model: str, inputs: list, rates: list[float], du
     return best, results
 
 
-async def closed_loop(url: str, model: str, inputs: list, concurrency: int, duration_s: float
-                      ) -> tuple[float, int, list[float]]:
-    """``concurrency`` requests always outstanding; returns (requests/s, errors, latencies in s)."""
-    client = grpcaio.InferenceServerClient(url)
+async def closed_loop(url: str, model: str, inputs: list, concurrency: int, duration_s: float,
+                      connections: int = 1) -> tuple[float, int, list[float]]:
+    """``concurrency`` requests always outstanding over ``connections`` gRPC connections; returns (requests/s,
+    errors, latencies in s)."""
+    clients = [grpcaio.InferenceServerClient(url, channel_args=[("grpc.use_local_subchannel_pool", 1)])
+               for _ in range(connections)]
     done = errors = 0
     lat: list[float] = []
     end = time.perf_counter() + duration_s
 
-    async def worker() -> None:
+    async def worker(client: grpcaio.InferenceServerClient) -> None:
         nonlocal done, errors
         while time.perf_counter() < end:
             t = time.perf_counter()
@@ -134,9 +142,10 @@ async def closed_loop(url: str, model: str, inputs: list, concurrency: int, dura
                     print(f"  first error: {e}", flush=True)
 
     t0 = time.perf_counter()
-    await asyncio.gather(*[worker() for _ in range(concurrency)])
+    await asyncio.gather(*[worker(clients[i % connections]) for i in range(concurrency)])
     elapsed = time.perf_counter() - t0
-    await client.close()
+    for client in clients:
+        await client.close()
     return done / elapsed, errors, lat
 
 
@@ -144,13 +153,16 @@ def p50_p99_ms(lat: list[float]) -> tuple[float, float]:
     return float(np.percentile(lat, 50) * 1e3), float(np.percentile(lat, 99) * 1e3)
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def cpu_seconds(pid: int, recursive: bool = True) -> float:
+    """CPU seconds of the process and of every process below it (serve --workers: the parent and its workers; a
+    tritonserver: its Python backend stubs)."""
+    procs = [psutil.Process(pid)]
+    procs += procs[0].children(recursive=True) if recursive else []
+    return sum(t.user + t.system for t in (p.cpu_times() for p in procs))
 
 
-def trivial_deployment(work: Path) -> tuple[Path, Path]:
-    """A one-partition plan of a Relu on 16 floats: the sidecar's own cost dominates."""
+def trivial_deployment(work: Path, gpus: int = 1) -> tuple[Path, Path]:
+    """A one-partition plan of a Relu on 16 floats on a pool of ``gpus`` vGPUs: the sidecar's own cost dominates."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])
     m = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "trivial", [x], [y]),
@@ -162,16 +174,16 @@ def trivial_deployment(work: Path) -> tuple[Path, Path]:
     profile = Profile("trivial", (Block("block0", 64, ("y",)),),
                       {"A": {1: DeviceTiming(batches, np.array([[200.0 + 10 * b for b in batches]]))}},
                       input_bytes=64, input_tensors=("x",))
-    part = PartitionPlan((0, 1), "A", 1, 32, 1, profile.latency_us("A", 1, 32))
-    pipe = PipelinePlan((part,), 32 / part.latency_us * 1e6, part.latency_us)
-    plan = Plan("bench", "manual", 0.0, ClusterSpec({"A": 1}, {"A": 1}, 10.0, {"A": 1}),
+    part = PartitionPlan((0, 1), "A", 1, 32, gpus, profile.latency_us("A", 1, 32))
+    pipe = PipelinePlan((part,), gpus * 32 / part.latency_us * 1e6, part.latency_us)
+    plan = Plan("bench", "manual", 0.0, ClusterSpec({"A": gpus}, {"A": gpus}, 10.0, {"A": 1}),
                 (ModelPlan("trivial", 1_000_000.0, pipe.throughput_rps, (pipe,), profile),))
-    cluster = work / "trivial-cluster.json"
-    cluster.write_text(json.dumps({"hosts": [{"name": "hostT", "address": "127.0.0.1", "gpu_type": "A", "gpus": 1,
-                                              "bandwidth_gbps": 10, "device": "cpu", "cpu_cores": 1,
+    cluster = work / f"trivial-cluster{gpus}.json"
+    cluster.write_text(json.dumps({"hosts": [{"name": "hostT", "address": "127.0.0.1", "gpu_type": "A", "gpus": gpus,
+                                              "bandwidth_gbps": 10, "device": "cpu", "cpu_cores": gpus,
                                               "base_port": 0}]}))
-    generate(plan, {"trivial": path}, cluster, work / "trivial-deploy")
-    return work / "trivial-deploy", path
+    generate(plan, {"trivial": path}, cluster, work / f"trivial-deploy{gpus}")
+    return work / f"trivial-deploy{gpus}", path
 
 
 def main() -> int:
@@ -228,6 +240,7 @@ def main() -> int:
             cpu0, t0 = cpu_seconds(sc.proc.pid), time.perf_counter()
             side_rps, side_err, _ = asyncio.run(closed_loop(sc.grpc_url, "trivial", [t_in], 64, duration))
             side_cores = (cpu_seconds(sc.proc.pid) - cpu0) / (time.perf_counter() - t0)
+        workers = trivial_workers(work, tpath, trepo, t_in, duration)
 
     print("\n=== results ===")
     ratio = f"{side_max / base_max:.2f}x" if base_max else "n/a (baseline sustained none of the rates)"
@@ -243,7 +256,54 @@ def main() -> int:
     print(f"trivial model, 64 outstanding: sidecar {side_rps:.0f} req/s ({side_err} errors) using "
           f"{side_cores:.2f} of {os.cpu_count()} cores; Triton direct with dynamic batcher {direct_rps:.0f} req/s; "
           f"ratio {side_rps / direct_rps:.2f}x")
+    w_rps, w_err, w_cores, w_direct, w_others, w_split = workers
+    print(f"trivial model, {OUTSTANDING} outstanding on {CONNECTIONS} connections, serve --workers 2: sidecar "
+          f"{w_rps:.0f} req/s ({w_err} errors) using {w_cores:.2f} of {os.cpu_count()} cores (all its processes); "
+          f"Triton direct with dynamic batcher {w_direct:.0f} req/s (same clients); ratio {w_rps / w_direct:.2f}x; "
+          f"per sidecar core {w_rps / max(w_cores, 1e-9) / w_direct:.2f}x (meanwhile the client used "
+          f"{w_others[0]:.2f} cores, the two tritonservers {w_others[1]:.2f}; requests per worker "
+          f"{'/'.join(f'{n:.0f}' for n in w_split)})")
     return 0
+
+
+OUTSTANDING, CONNECTIONS = 64, 16
+
+
+def trivial_workers(work: Path, tpath: Path, trepo: Path, t_in: grpcclient.InferInput, duration: float
+                    ) -> tuple[float, int, float, float, tuple[float, float], list[float]]:
+    """``serve --workers 2`` on the trivial model over a pool of two vGPUs, and Triton direct, both under
+    OUTSTANDING requests on CONNECTIONS connections: (sidecar req/s, errors, sidecar cores, direct req/s, and the
+    cores the client and the tritonservers used meanwhile, and each worker's requests)."""
+    print("(d) trivial planned model, serve --workers 2 (one vGPU each), "
+          f"{OUTSTANDING} outstanding on {CONNECTIONS} connections:", flush=True)
+    with start_baseline(trepo, log_path=work / "trivial-baseline2.log") as triton:
+        asyncio.run(closed_loop(triton.grpc_url, "trivial", [t_in], OUTSTANDING, 1.0, CONNECTIONS))
+        direct, _, _ = asyncio.run(closed_loop(triton.grpc_url, "trivial", [t_in], OUTSTANDING, duration,
+                                               CONNECTIONS))
+    deploy, _ = trivial_deployment(work, gpus=2)
+    with Deployment(deploy, check_hardware=False, log_dir=work / "wlogs") as dep, \
+            SidecarProcess(manifest=deploy, log_path=work / "wsidecar.log", extra_args=("--workers", "2")) as sc:
+        sc.wait_ready()
+        asyncio.run(closed_loop(sc.grpc_url, "trivial", [t_in], OUTSTANDING, 1.0, CONNECTIONS))
+        servers = [s.proc.pid for s in dep.servers.values() if s.proc is not None]
+        pids = [sc.proc.pid, os.getpid(), *servers]
+        cpu0, t0, split0 = [cpu_seconds(p, p != os.getpid()) for p in pids], time.perf_counter(), worker_requests(sc)
+        rps, err, _ = asyncio.run(closed_loop(sc.grpc_url, "trivial", [t_in], OUTSTANDING, duration, CONNECTIONS))
+        used = [(cpu_seconds(p, p != os.getpid()) - c) / (time.perf_counter() - t0) for p, c in zip(pids, cpu0)]
+        split = [b - a for a, b in zip(split0, worker_requests(sc))]
+    return rps, err, used[0], direct, (used[1], sum(used[2:])), split
+
+
+def worker_requests(sc: SidecarProcess) -> list[float]:
+    """Requests each worker of ``serve --workers`` answered so far, from its own metrics (its private port)."""
+    counts = []
+    for p in sorted(psutil.Process(sc.proc.pid).children(), key=lambda p: p.cmdline()):
+        cmd = p.cmdline()
+        with urllib.request.urlopen(f"http://127.0.0.1:{cmd[cmd.index('--metrics-port') + 1]}/metrics") as r:
+            text = r.read().decode()
+        m = re.search(r'^poolpipe_sidecar_requests_total\{model="trivial",route="planned"\} (\S+)$', text, re.M)
+        counts.append(float(m.group(1)) if m else 0.0)
+    return counts
 
 
 if __name__ == "__main__":

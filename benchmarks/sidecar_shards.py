@@ -3,7 +3,9 @@
 A trivial planned model (a Relu on 16 floats, so the sidecar's own cost dominates) on two tritonservers (one
 pool of two vGPUs): (a) one sidecar in front of both, (b) two shards, each serving one of them, clients split
 between the shards as a Service would. Printed per setup: requests/s with 64 requests outstanding, the CPU the
-sidecar processes used (cores), requests/s per sidecar core, and the ratios two shards / one sidecar.
+sidecar processes used (cores), requests/s per sidecar core, and the ratios two shards / one sidecar. Then what
+sharding costs in sustained load (what ``serve --workers 2`` and ``--shard I/2`` give up in pooling):
+``poolpipe simulate --shards 2`` against one sidecar on PPipe's googlenet profile planned on emulated 4 L4 + 12 T4.
 
     .venv/bin/python -P benchmarks/sidecar_shards.py            # about a minute
     .venv/bin/python -P benchmarks/sidecar_shards.py --quick
@@ -15,6 +17,8 @@ import argparse
 import asyncio
 import json
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -103,6 +107,23 @@ def measure(sidecars: list[SidecarProcess], inputs: list, duration_s: float) -> 
     return {"rps": done / elapsed, "errors": errors, "cores": cores, "rps_per_core": done / elapsed / max(cores, 1e-9)}
 
 
+def simulated_shard_cost(work: Path, quick: bool) -> list[str]:
+    """``poolpipe simulate --shards 2`` (one sidecar vs two shards) on PPipe's googlenet profile planned by ppipe
+    (nominal objective) on 4 L4 + 12 T4; returns its comparison lines."""
+    from planner.entry import plan
+    from planner.request import PlanRequest
+    from poolpipe.paper_experiment import PaperRun, paper_spec
+    from runtime.testbed import EMULATED_MODEL
+
+    spec = paper_spec(PaperRun(EMULATED_MODEL, l4=4, t4=12))
+    plan(spec, PlanRequest("ppipe", objective="throughput", time_limit_s=60)).plan.save(work / "plan.json")
+    lfs = "0.1:1.0:0.1" if quick else "0.05:1.2:0.05"
+    r = subprocess.run([sys.executable, "-m", "poolpipe", "simulate", "--plan", str(work / "plan.json"), "--shards",
+                        "2", "--load-factors", lfs, "--duration-s", "5" if quick else "10", "--out",
+                        str(work / "sim.json")], capture_output=True, text=True, check=True)
+    return [line for line in r.stdout.splitlines() if "shards sustain" in line or "sharding cost" in line]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="3 s per setup instead of 8")
@@ -132,6 +153,10 @@ def main() -> int:
     print(f"two shards / one sidecar: req/s {two['rps'] / one['rps']:.2f}x, req/s per sidecar core "
           f"{two['rps_per_core'] / one['rps_per_core']:.2f}x ({os.cpu_count()} cores on this machine, client "
           "included)")
+    with tempfile.TemporaryDirectory(prefix="poolpipe-bench-shards-sim-") as tmp:
+        print("simulated (PPipe's googlenet profile, ppipe plan on emulated 4 L4 + 12 T4, Poisson):")
+        for line in simulated_shard_cost(Path(tmp), args.quick):
+            print("  " + line, flush=True)
     return 0
 
 

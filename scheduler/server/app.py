@@ -8,6 +8,7 @@ import signal
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -19,6 +20,9 @@ from scheduler.server.common.tracing import Tracer
 from scheduler.server.front.grpc_front import start_grpc
 from scheduler.server.front.http_front import HttpFront, start_http
 from scheduler.server.front.router import Router
+
+if TYPE_CHECKING:
+    from scheduler.server.peers import WorkerGroup
 
 log = logging.getLogger("poolpipe.sidecar")
 
@@ -40,6 +44,7 @@ class SidecarConfig:
     grpc_restricted: tuple[str, ...] = ()  # --grpc-restricted-protocol SPECs (scheduler/server/common/restricted.py)
     http_restricted: tuple[str, ...] = ()  # --http-restricted-api SPECs
     trace: TraceConfig | None = None  # serve --trace-config: traces of planned requests (None: off)
+    group: WorkerGroup | None = None  # a worker of serve --workers N (scheduler/server/workers.py), else None
 
 
 class Sidecar:
@@ -58,6 +63,7 @@ class Sidecar:
 
     async def start(self) -> None:
         c = self.config
+        peers = await self._join_group() if c.group is not None else None
         if c.replan is not None:  # servers a dead re-planning sidecar started: stopped before we plan on them
             from runtime.supervise import reclaim_predecessors  # noqa: PLC0415
             gone = reclaim_predecessors("sidecar")
@@ -76,24 +82,52 @@ class Sidecar:
                 from scheduler.server.control.replanner import AutoReplanner, load_settings  # noqa: PLC0415
                 self.replanner = AutoReplanner(load_settings(c.replan), self.planned, self.metrics)
                 self.replanner.start()
-        self.router = Router(c.passthrough, self.planned, self.metrics, self.client_shm,
-                             self.tracer if self.planned is not None else None)  # else trace settings pass through
+        router_args = (c.passthrough, self.planned, self.metrics, self.client_shm,
+                       self.tracer if self.planned is not None else None)  # else trace settings pass through
+        if peers is None:
+            self.router = Router(*router_args)
+        else:
+            from scheduler.server.peers import WorkerRouter  # noqa: PLC0415
+            self.router = WorkerRouter(*router_args, peers=peers)
         await self.router.start()
         grpc_rules = RestrictedApis.parse(c.grpc_restricted, "--grpc-restricted-protocol", grpc_prefix=True)
         http_rules = RestrictedApis.parse(c.http_restricted, "--http-restricted-api", grpc_prefix=False)
-        self._grpc = await start_grpc(self.router, c.bind, c.grpc_port, grpc_rules)
+        shared = peers is not None  # the workers of serve --workers listen on the same ports (SO_REUSEPORT)
+        self._grpc = await start_grpc(self.router, c.bind, c.grpc_port, grpc_rules, reuse_port=shared)
         http_app = HttpFront(self.router, http_rules).app()
         if self.planned is not None:
             from scheduler.server.front.admin import plan_handler, reload_handler  # noqa: PLC0415
-            http_app.router.add_post("/v2/poolpipe/reload", reload_handler(self.planned, c.bind))
+            run = None
+            if peers is not None:
+                from scheduler.server.peers import reload_everywhere  # noqa: PLC0415
+                run = reload_everywhere(self, peers)
+            http_app.router.add_post("/v2/poolpipe/reload", reload_handler(self.planned, c.bind, run))
             http_app.router.add_get("/v2/poolpipe/plan", plan_handler(self.planned))
-        self._runners.append(await start_http(http_app, c.bind, c.http_port, c.drain_timeout_s))
-        metrics_app = web.Application()
-        metrics_app.router.add_get("/metrics", self._metrics)
-        self._runners.append(await start_http(metrics_app, c.bind, c.metrics_port))
+        self._runners.append(await start_http(http_app, c.bind, c.http_port, c.drain_timeout_s, reuse_port=shared))
+        if peers is None:
+            metrics_app = web.Application()
+            metrics_app.router.add_get("/metrics", self._metrics)
+            self._runners.append(await start_http(metrics_app, c.bind, c.metrics_port))
         log.info("event=listening grpc=%s:%d http=%s:%d metrics=%s:%d planned=%s passthrough=%s", c.bind,
                  c.grpc_port, c.bind, c.http_port, c.bind, c.metrics_port,
                  ",".join(self.planned.names()) if self.planned else "-", c.passthrough or "-")
+
+    async def _join_group(self):  # -> Peers
+        """A worker of serve --workers: its private port (metrics for the parent, the peer endpoints) opens first,
+        so that registrations other workers broadcast while it starts reach it; then it copies theirs."""
+        from scheduler.server.peers import Peers, copy_registrations, peer_routes  # noqa: PLC0415
+
+        group = self.config.group
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        peer_routes(app, self)
+        self._runners.append(await start_http(app, "127.0.0.1", group.ports[group.index]))
+        peers = Peers(group)
+        copied = await copy_registrations(peers, self.client_shm)
+        await peers.close()  # none left open if the start fails from here on (the router's calls open them again)
+        log.info("event=worker_started worker=%d of=%d shm_registrations_copied=%d", group.index, len(group.ports),
+                 copied)
+        return peers
 
     async def _metrics(self, request: web.Request) -> web.Response:
         if self.planned is None:

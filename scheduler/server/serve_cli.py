@@ -15,6 +15,22 @@ def _hostport(value: str) -> str:
     return value
 
 
+def _workers(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"expected a number of worker processes >= 1, got {value!r}")
+    return int(value)
+
+
+def _worker_of(value: str):  # -> WorkerGroup
+    from scheduler.server.peers import WorkerGroup  # noqa: PLC0415
+
+    index, _, ports = value.partition(":")
+    try:
+        return WorkerGroup(int(index), tuple(int(p) for p in ports.split(",")))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected I:PORT,PORT,... (set by serve --workers), got {value!r}") from e
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "serve", help="serve planned models (and pass others through) as a Triton-compatible endpoint",
@@ -44,6 +60,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "balanced by planned throughput); N such sidecars behind one load balancer serve the whole "
                         "plan with no shared state, each taking 1/N of the requests ('poolpipe simulate --shards N' "
                         "shows what it costs)")
+    p.add_argument("--workers", type=_workers, default=1, metavar="N",
+                   help="run N sidecar worker processes that listen on the same gRPC and HTTP ports (SO_REUSEPORT: "
+                        "the kernel spreads client connections over them) and split the plan's vGPUs as --shard "
+                        "does, so one command uses N cores; one parent serves --metrics-port (the workers' metrics "
+                        "summed), restarts a worker that dies and drains them all on SIGTERM; client shared-memory "
+                        "registrations, reloads, readiness and statistics span every worker (default: 1, one "
+                        "process). Needs --manifest; a plan supports at most as many workers as its smallest pool "
+                        "has physical GPUs")
+    p.add_argument("--worker-of", type=_worker_of, help=argparse.SUPPRESS)  # I:PORT0,PORT1,...: set by the parent
     p.add_argument("--replan", type=Path, metavar="FILE",
                    help="re-plan automatically when the measured mix of models leaves the plan's headroom: FILE "
                         "names the planning spec, the cluster file and where to generate (see "
@@ -79,10 +104,11 @@ def config_from_args(args: argparse.Namespace):  # -> SidecarConfig
     RestrictedApis.parse(args.grpc_restricted_protocol, "--grpc-restricted-protocol", grpc_prefix=True)
     RestrictedApis.parse(args.http_restricted_api, "--http-restricted-api", grpc_prefix=False)
     ports = {"--grpc-port": args.grpc_port, "--http-port": args.http_port, "--metrics-port": args.metrics_port}
+    shared = ("--grpc-port", "--http-port") if args.worker_of else ()  # a worker shares them with its siblings
     for flag, port in ports.items():
         if not 0 < port < 65536:
             raise InputError(f"{flag}: {port} is not a TCP port (1-65535)")
-        if port_in_use(port, args.bind):
+        if flag not in shared and port_in_use(port, args.bind):
             raise InputError(f"{flag}: port {port} on {args.bind} is already in use; choose another port")
     if len(set(ports.values())) != len(ports):
         raise InputError("--grpc-port, --http-port and --metrics-port must differ")
@@ -94,6 +120,8 @@ def config_from_args(args: argparse.Namespace):  # -> SidecarConfig
 
     trace = parse_trace_config(args.trace_config) if args.trace_config else None
     manifest, shard = None, (0, 1)
+    if args.workers > 1:
+        _check_workers(args)
     if args.replan is not None:
         if args.manifest is None:
             raise InputError("--replan needs --manifest (the plan it starts from)")
@@ -110,6 +138,9 @@ def config_from_args(args: argparse.Namespace):  # -> SidecarConfig
         if args.shard:
             shard = parse_shard(args.shard)
             manifest_shard(loaded, *shard)  # a shard without a complete pipeline fails now, in one line
+        if args.workers > 1:
+            from scheduler.server.workers import check_workers  # noqa: PLC0415
+            check_workers(loaded, args.workers)
     elif args.shard:
         raise InputError("--shard needs --manifest: it splits the manifest's vGPUs")
     return SidecarConfig(manifest=manifest, passthrough=args.passthrough, grpc_port=args.grpc_port,
@@ -118,7 +149,20 @@ def config_from_args(args: argparse.Namespace):  # -> SidecarConfig
                          batch_log=args.batch_log, overheads_out=args.overheads_out, shard=shard, replan=args.replan,
                          grpc_restricted=tuple(args.grpc_restricted_protocol),
                          http_restricted=tuple(args.http_restricted_api),
-                         trace=trace)
+                         trace=trace, group=args.worker_of)
+
+
+def _check_workers(args: argparse.Namespace) -> None:
+    """--workers N > 1: refuse what cannot span several processes, in one line."""
+    if args.manifest is None:
+        raise InputError("--workers needs --manifest: the workers split the manifest's vGPUs (a pass-through-only "
+                         "sidecar runs as one process)")
+    if args.shard:
+        raise InputError("--workers and --shard do not combine: --workers N already serves N shards, one per "
+                         "worker (for sidecars on several hosts, give each host --shard I/N instead)")
+    if args.replan is not None:
+        raise InputError("--workers and --replan do not combine: the re-planner runs in one sidecar process and "
+                         "cannot reload the workers' shares together; use --workers 1 with --replan")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -127,8 +171,20 @@ def run(args: argparse.Namespace) -> int:
     from scheduler.server.app import Sidecar  # noqa: PLC0415
 
     config = config_from_args(args)
+    if args.workers > 1:
+        from scheduler.server.workers import run_workers  # noqa: PLC0415
+        return run_workers(args, config)
+    if config.group is not None:  # a worker of serve --workers: its log lines name it
+        _name_worker_in_log(config.group.index)
     try:
         asyncio.run(Sidecar(config).run_until_signal())
     except OSError as e:
         raise InputError(f"cannot start the sidecar: {e}") from None
     return 0
+
+
+def _name_worker_in_log(index: int) -> None:
+    import logging  # noqa: PLC0415
+
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(logging.Formatter(f"%(asctime)s %(levelname)s %(name)s[worker {index}]: %(message)s"))

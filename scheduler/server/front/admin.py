@@ -32,11 +32,18 @@ def is_loopback(address: str) -> bool:
         return address == "localhost"
 
 
-def reload_handler(planned: ReloadablePlanned, bind: str) -> Callable[[web.Request], Awaitable[web.Response]]:
+def reload_handler(planned: ReloadablePlanned, bind: str,
+                   run: Callable[[Path | None], Awaitable[dict]] | None = None
+                   ) -> Callable[[web.Request], Awaitable[web.Response]]:
     """``POST /v2/poolpipe/reload`` (optional JSON body ``{"manifest": PATH}``): the report, or an error.
 
     Only loopback clients may reload while the sidecar listens on loopback (the default ``--bind``); a sidecar
-    bound elsewhere accepts it from wherever it is reachable."""
+    bound elsewhere accepts it from wherever it is reachable. ``run`` does the reload (default: this process's
+    plan; ``serve --workers``: every worker's) and returns the report, or raises ReloadError."""
+    async def this_process(path: Path | None) -> dict:
+        return (await planned.reload(path)).to_dict()
+    run = run or this_process
+
     async def handle(request: web.Request) -> web.Response:
         if not is_loopback(request.remote or "") and is_loopback(bind):
             return web.json_response({"error": "reload is accepted from loopback only"}, status=403)
@@ -47,9 +54,9 @@ def reload_handler(planned: ReloadablePlanned, bind: str) -> Callable[[web.Reque
         if not isinstance(body, dict) or set(body) - {"manifest"} or not isinstance(body.get("manifest", ""), str):
             return web.json_response({"error": "the body may hold only {\"manifest\": PATH} (a string)"}, status=400)
         try:
-            report = await planned.reload(Path(body["manifest"]) if body.get("manifest") else None)
+            report = await run(Path(body["manifest"]) if body.get("manifest") else None)
         except ReloadError as e:
             log.warning("event=reload_failed reason=%s", e)
             return web.json_response({"error": str(e)}, status=e.status)
-        return web.json_response(report.to_dict())
+        return web.json_response(report)
     return handle

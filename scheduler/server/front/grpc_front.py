@@ -161,9 +161,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 backend_call.cancel()
 
 
-async def start_grpc(router: Router, bind: str, port: int, restricted: RestrictedApis | None = None
-                     ) -> grpc.aio.Server:
-    server = grpc.aio.server(options=GRPC_OPTIONS)
+async def start_grpc(router: Router, bind: str, port: int, restricted: RestrictedApis | None = None,
+                     reuse_port: bool = False) -> grpc.aio.Server:
+    """``reuse_port``: several processes listen on the port (serve --workers), the kernel spreads connections."""
+    server = grpc.aio.server(options=GRPC_OPTIONS + ([("grpc.so_reuseport", 1)] if reuse_port else []))
     server.add_generic_rpc_handlers((service_handler(InferenceServicer(router, restricted)),))
     if server.add_insecure_port(f"{bind}:{port}") == 0:
         raise OSError(f"cannot listen for gRPC on {bind}:{port}")

@@ -225,8 +225,10 @@ class HttpFront:
         return infer_response_to_http(resp, binary, default_binary, shm_outputs)
 
 
-async def start_http(app: web.Application, bind: str, port: int, drain_timeout_s: float = 30.0) -> web.AppRunner:
+async def start_http(app: web.Application, bind: str, port: int, drain_timeout_s: float = 30.0,
+                     reuse_port: bool = False) -> web.AppRunner:
+    """``reuse_port``: several processes listen on the port (serve --workers), the kernel spreads connections."""
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=drain_timeout_s)
     await runner.setup()
-    await web.TCPSite(runner, bind, port).start()
+    await web.TCPSite(runner, bind, port, reuse_port=reuse_port or None).start()
     return runner
