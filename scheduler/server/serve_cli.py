@@ -122,13 +122,16 @@ def config_from_args(args: argparse.Namespace):  # -> SidecarConfig
 
 
 def run(args: argparse.Namespace) -> int:
-    import asyncio  # noqa: PLC0415
-
     from scheduler.server.app import Sidecar  # noqa: PLC0415
+    from scheduler.server.common import event_loop  # noqa: PLC0415
 
     config = config_from_args(args)
     try:
-        asyncio.run(Sidecar(config).run_until_signal())
+        loop = event_loop.loop_kind()
+    except ValueError as e:
+        raise InputError(str(e)) from None
+    try:
+        event_loop.run(Sidecar(config).run_until_signal(), loop)
     except OSError as e:
         raise InputError(f"cannot start the sidecar: {e}") from None
     return 0
