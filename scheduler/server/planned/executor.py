@@ -17,7 +17,6 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
-import numpy as np
 
 from model_repository_gen.manifest import ModelInfo, PipelineInfo, StageInfo
 from model_repository_gen.triton_config import COMPUTE_END_OUTPUT, COMPUTE_START_OUTPUT
@@ -290,8 +289,8 @@ class LiveExecutor:
         start, end = raw.get(COMPUTE_START_OUTPUT), raw.get(COMPUTE_END_OUTPUT)
         if start is None or end is None:
             return outputs, None
-        s_us = wall_ns_to_mono_us(float(np.frombuffer(start[1], np.int64).min()))
-        e_us = wall_ns_to_mono_us(float(np.frombuffer(end[1], np.int64).max()))
+        s_us = wall_ns_to_mono_us(float(min(memoryview(start[1]).cast("q"))))  # INT64, one per row
+        e_us = wall_ns_to_mono_us(float(max(memoryview(end[1]).cast("q"))))
         return outputs, StageTiming(t_ready, t_send, s_us, e_us, t_recv)
 
     def _outputs(self, stage: StageInfo, raw: dict[str, tuple[list[int], bytes]], batch: int,
