@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import math
 
-from scheduler.server.planned.lead import LEAD_HORIZON_US, LEAD_MIN_SAMPLES, LeadLearner
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from scheduler.server.planned.lead import LEAD_HORIZON_US, LEAD_MIN_SAMPLES, LeadLearner, percentile
 
 
 def _burst_then_calm(learner: LeadLearner) -> tuple[float, float]:
@@ -38,3 +43,8 @@ def test_at_a_low_rate_the_newest_samples_are_kept_whatever_their_age():
         learner.observe(i * 5e6, 3_000.0)
     assert learner.extra_us == 3_000.0
     assert learner.observe(LEAD_MIN_SAMPLES * 5e6, 3_000.0) is None and learner.extra_us == 3_000.0
+
+
+@given(st.lists(st.floats(0.0, 1e7), min_size=1, max_size=300), st.floats(0.0, 100.0))
+def test_percentile_is_numpys(values: list[float], q: float) -> None:
+    assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)), rel=1e-12, abs=1e-9)

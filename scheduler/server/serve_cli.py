@@ -166,9 +166,8 @@ def _check_workers(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import asyncio  # noqa: PLC0415
-
     from scheduler.server.app import Sidecar  # noqa: PLC0415
+    from scheduler.server.common import event_loop  # noqa: PLC0415
 
     config = config_from_args(args)
     if args.workers > 1:
@@ -177,7 +176,11 @@ def run(args: argparse.Namespace) -> int:
     if config.group is not None:  # a worker of serve --workers: its log lines name it
         _name_worker_in_log(config.group.index)
     try:
-        asyncio.run(Sidecar(config).run_until_signal())
+        loop = event_loop.loop_kind()
+    except ValueError as e:
+        raise InputError(str(e)) from None
+    try:
+        event_loop.run(Sidecar(config).run_until_signal(), loop)
     except OSError as e:
         raise InputError(f"cannot start the sidecar: {e}") from None
     return 0

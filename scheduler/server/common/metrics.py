@@ -59,6 +59,16 @@ class SidecarMetrics:
         self._window: dict[str, deque[bool]] = {}
         self._met_in_window: dict[str, int] = {}
         self._series: dict[tuple[str, str], RequestSeries] = {}
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+    def child(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, looked up once: the request path counts per batch and per shed request
+        without labels()'s validation, hashing and lock on every call."""
+        key = (id(metric), labels)
+        got = self._children.get(key)
+        if got is None:
+            got = self._children[key] = metric.labels(*labels)
+        return got
 
     def series(self, model: str, route: str) -> RequestSeries:
         """The per-request series of (model, route), looked up once (``labels()`` hashes and locks per call)."""

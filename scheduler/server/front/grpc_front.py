@@ -14,6 +14,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from scheduler.server.common.channels import GRPC_OPTIONS
 from scheduler.server.common.errors import ServeError
 from scheduler.server.common.restricted import GRPC_METHODS, RestrictedApis
+from scheduler.server.common.wire import serialize_response
 from scheduler.server.front.router import Router
 
 log = logging.getLogger("poolpipe.sidecar.grpc")
@@ -52,6 +53,9 @@ def service_handler(servicer: Any) -> grpc.GenericRpcHandler:
         handlers[m.name] = make(getattr(servicer, m.name),
                                 request_deserializer=_deserializer(getattr(service_pb2, m.input_type.name)),
                                 response_serializer=getattr(service_pb2, m.output_type.name).SerializeToString)
+    # ModelInfer takes the request as received: a pass-through one is forwarded without decoding its tensors
+    handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(servicer.ModelInfer,
+                                                                 response_serializer=serialize_response)
     return grpc.method_handlers_generic_handler(service.full_name, handlers)
 
 
@@ -89,12 +93,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 await context.abort(e.code, e.message)
         return handler
 
-    async def ModelInfer(self, request: service_pb2.ModelInferRequest, context: grpc.aio.ServicerContext) -> Any:
-        if isinstance(request, Undecodable):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
+    async def ModelInfer(self, request: bytes, context: grpc.aio.ServicerContext) -> Any:
+        """The serialized request: the router decodes a planned model's, forwards another's as received."""
         try:
             self._check("ModelInfer", context)
-            return await self.router.infer(request, _deadline(context))
+            return await self.router.infer_wire(request, _deadline(context))
         except ServeError as e:
             await context.abort(e.code, e.message)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable
 from typing import Any, Protocol
 
 import grpc
@@ -19,6 +20,7 @@ from scheduler.server.common.log_settings import LogSettings
 from scheduler.server.common.metrics import SidecarMetrics
 from scheduler.server.common.trace_settings import settings_from_request
 from scheduler.server.common.tracing import Tracer
+from scheduler.server.common.wire import INFER_METHOD, model_name, parse_request
 
 log = logging.getLogger("poolpipe.sidecar")
 
@@ -65,11 +67,13 @@ class Router:
         self.log_settings = LogSettings()  # the logging extension, for the sidecar's own log
         self._channel: grpc.aio.Channel | None = None
         self.stub: service_pb2_grpc.GRPCInferenceServiceStub | None = None
+        self._infer_raw: grpc.aio.UnaryUnaryMultiCallable | None = None  # ModelInfer, bytes in and out
 
     async def start(self) -> None:
         if self.passthrough_url:
             self._channel = grpc.aio.insecure_channel(self.passthrough_url, options=GRPC_OPTIONS)
             self.stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
+            self._infer_raw = self._channel.unary_unary(INFER_METHOD)
 
     async def close(self) -> None:
         if self.stub is not None and self.shm.regions:
@@ -248,22 +252,39 @@ class Router:
 
     # --- inference -----------------------------------------------------------------------------------------
 
+    async def infer_wire(self, data: bytes, deadline_s: float | None) -> service_pb2.ModelInferResponse | bytes:
+        """One serialized inference (gRPC): a pass-through model's goes to Triton as received and its answer comes
+        back as Triton's bytes; a planned model's is decoded and answered by :meth:`infer`."""
+        model = model_name(data)
+        if self._infer_raw is None or self.is_planned(model):
+            return await self.infer(parse_request(data), deadline_s)
+        return await self._measured(model, "passthrough", self._forward_raw(data, deadline_s))
+
     async def infer(self, request: service_pb2.ModelInferRequest, deadline_s: float | None
                     ) -> service_pb2.ModelInferResponse:
         """One inference; ``deadline_s`` is the client's absolute deadline on time.monotonic() (None: none)."""
         model = request.model_name
-        planned = self.is_planned(model)
-        series = self.metrics.series(model, "planned" if planned else "passthrough")
+        if self.is_planned(model):
+            return await self._measured(model, "planned", self.planned.infer(request, deadline_s))
+        timeout = None if deadline_s is None else max(deadline_s - time.monotonic(), 0.0)
+        return await self._measured(model, "passthrough", self.forward("ModelInfer", request, timeout))
+
+    async def _forward_raw(self, data: bytes, deadline_s: float | None) -> bytes:
+        timeout = None if deadline_s is None else max(deadline_s - time.monotonic(), 0.0)
+        try:
+            return await self._infer_raw(data, timeout=timeout)  # type: ignore[misc]
+        except grpc.aio.AioRpcError as e:
+            raise from_rpc_error(e) from None
+
+    async def _measured(self, model: str, route: str, answer: Awaitable[Any]) -> Any:
+        """Await ``answer`` and count it in the request metrics of (model, route)."""
+        series = self.metrics.series(model, route)
         series.requests.inc()
         t0 = time.monotonic()
         try:
-            if planned:
-                resp = await self.planned.infer(request, deadline_s)
-            else:
-                timeout = None if deadline_s is None else max(deadline_s - t0, 0.0)
-                resp = await self.forward("ModelInfer", request, timeout)
+            resp = await answer
         except ServeError as e:
-            self.metrics.failures.labels(model, e.code.name).inc()
+            self.metrics.child(self.metrics.failures, model, e.code.name).inc()
             raise
         series.successes.inc()
         series.latency.observe(time.monotonic() - t0)

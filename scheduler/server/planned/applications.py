@@ -115,7 +115,8 @@ class Applications:
             call.future.exception()
             raise
         result = app_outputs(app, outputs, checked.batch)
-        call.rows = [{n: a[i:i + 1] for n, a in result.items()} for i in range(checked.batch)]
+        call.rows = [{n: np.ascontiguousarray(a[i:i + 1]).tobytes() for n, a in result.items()}
+                     for i in range(checked.batch)]
         call.left = 0
         self.answers.answer(call)
         return await call.future

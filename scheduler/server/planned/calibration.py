@@ -14,7 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from tritonclient.utils import triton_to_np_dtype
 
 from model_repository_gen.manifest import ModelInfo, PipelineInfo
 from poolpipe_common.overheads import driver_margin_us
@@ -40,7 +39,7 @@ class StageOverheads:
 
 async def _one_run(ex: LiveExecutor, p: PipelineInfo, model: ModelInfo, vgpus: list[str], batch: int
                    ) -> np.ndarray:
-    hops = [HopTensor(t, [batch, *t.shape], array=np.zeros([batch, *t.shape], triton_to_np_dtype(t.datatype)))
+    hops = [HopTensor(t, [batch, *t.shape], bytes(batch * t.bytes_per_request()))
             for t in model.inputs]
     deadline = now_us() + CALIBRATION_TIMEOUT_S * 1e6
     timings: list[StageTiming] = []
@@ -94,7 +93,7 @@ async def recalibrate_vgpu(ex: LiveExecutor, p: PipelineInfo, vgpu: str, previou
         for b in sorted({1, p.batch}):
             runs = []
             for _ in range(CALIBRATION_RUNS):
-                hops = [HopTensor(t, [b, *t.shape], array=np.zeros([b, *t.shape], triton_to_np_dtype(t.datatype)))
+                hops = [HopTensor(t, [b, *t.shape], bytes(b * t.bytes_per_request()))
                         for t in stage.inputs]
                 out, t = await ex.run_stage(vgpu, stage, hops, None, now_us() + CALIBRATION_TIMEOUT_S * 1e6,
                                             f"calibrate.{p.id}.{k}")

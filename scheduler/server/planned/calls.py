@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 from tritonclient.grpc import service_pb2
+from tritonclient.utils import triton_to_np_dtype
 
 from model_repository_gen.manifest import ModelInfo
 from scheduler.server.common.client_shm import ClientShmRegistry
@@ -45,7 +46,7 @@ class ClientCall:
     future: asyncio.Future
     arrival_us: float
     deadline_us: float
-    rows: list[dict[str, np.ndarray] | None]
+    rows: list[dict[str, bytes] | None]  # each row's outputs, raw bytes
     left: int
     internal: bool = False  # an application module's request: answered with its output arrays, not a response
     marks: RequestMarks = field(default_factory=RequestMarks)  # measured by the executor, for the statistics
@@ -59,7 +60,7 @@ class Sample:
 
     call: ClientCall
     row: int
-    carry: dict[str, np.ndarray] | None = None
+    carry: dict[str, bytes] | None = None
 
     @property
     def wanted(self) -> bool:
@@ -79,13 +80,14 @@ class Answers:
     def __post_init__(self) -> None:
         self.stats = {m: ModelStats() for m in self.models}
 
-    def complete(self, samples: list[Sample], outputs: dict[str, np.ndarray]) -> None:
-        """Rows i of ``outputs`` belong to ``samples[i]``; a call is answered when its last row is in."""
+    def complete(self, samples: list[Sample], outputs: dict[str, tuple[bytes, int]]) -> None:
+        """``outputs``: name -> (the batch's raw bytes, bytes per row); row i belongs to ``samples[i]``. A call is
+        answered when its last row is in."""
         for i, s in enumerate(samples):
             call = s.call
             if call.future.done():
                 continue
-            call.rows[s.row] = {n: a[i:i + 1] for n, a in outputs.items()}
+            call.rows[s.row] = {n: data[i * rb:(i + 1) * rb] for n, (data, rb) in outputs.items()}
             call.left -= 1
             if call.left == 0:
                 self.answer(call)
@@ -94,15 +96,15 @@ class Answers:
         t = now_us()
         if call.internal:
             self._counted(call, t)
-            call.future.set_result({o.spec.name: np.concatenate([r[o.spec.name] for r in call.rows])  # type: ignore[index]
-                                    for o in call.checked.outputs})
+            call.future.set_result({o.spec.name: np.frombuffer(_joined(call.rows, o.spec.name), triton_to_np_dtype(
+                o.spec.datatype)).reshape(len(call.rows), *o.spec.shape) for o in call.checked.outputs})
             return
         resp = service_pb2.ModelInferResponse(model_name=call.model.name, model_version="1", id=call.request.id)
         try:
             for target in call.checked.outputs:
-                arr = np.concatenate([r[target.spec.name] for r in call.rows])  # type: ignore[index]
-                resp.outputs.add(name=target.spec.name, datatype=target.spec.datatype, shape=list(arr.shape))
-                data = np.ascontiguousarray(arr).tobytes()
+                data = _joined(call.rows, target.spec.name)
+                resp.outputs.add(name=target.spec.name, datatype=target.spec.datatype,
+                                 shape=[len(call.rows), *target.spec.shape])
                 if target.region is not None:
                     self.client_shm.get(target.region).view(target.offset, len(data),
                                                             f"output '{target.spec.name}'")[:] = data
@@ -132,6 +134,11 @@ class Answers:
 
     def statistics(self, model: str) -> service_pb2.ModelStatistics:
         return self.stats[model].to_proto(model)
+
+
+def _joined(rows: list[dict[str, bytes] | None], name: str) -> bytes:
+    """A call's output ``name``: its rows' bytes back to back."""
+    return rows[0][name] if len(rows) == 1 else b"".join(r[name] for r in rows)  # type: ignore[index]
 
 
 def failure_reason(error: ServeError) -> str:

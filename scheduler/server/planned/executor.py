@@ -17,8 +17,6 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
-import numpy as np
-from tritonclient.utils import triton_to_np_dtype
 
 from model_repository_gen.manifest import ModelInfo, PipelineInfo, StageInfo
 from model_repository_gen.triton_config import COMPUTE_END_OUTPUT, COMPUTE_START_OUTPUT
@@ -39,8 +37,8 @@ from scheduler.server.planned.stage_io import (
     StageFault,
     StageTiming,
     infer_request,
-    padded,
     raw_outputs,
+    stacked,
     wall_ns_to_mono_us,
 )
 
@@ -98,10 +96,10 @@ class LiveExecutor:
             self.answers.fail(sample.call, ServeError(grpc.StatusCode.UNAVAILABLE, f"request failed: {reason}"),
                               "BACKEND")
         elif reason in (QUEUE_FULL, QUEUE_TIMEOUT):  # the queue policy's refusals, in Triton's words
-            self.metrics.drops.labels(model, reason).inc()
+            self.metrics.child(self.metrics.drops, model, reason).inc()
             self.answers.fail(sample.call, ServeError(grpc.StatusCode.UNAVAILABLE, reason), "REJECTED")
         else:
-            self.metrics.drops.labels(model, reason).inc()
+            self.metrics.child(self.metrics.drops, model, reason).inc()
             self.answers.fail(sample.call, shed(model, reason))
 
     # -- one dispatch ---------------------------------------------------------------------------------------
@@ -127,15 +125,16 @@ class LiveExecutor:
             self.meter.learned_lead(self.extra_lead_us)
 
     def _inputs(self, d: Dispatch, live: list[Sample]) -> list[HopTensor]:
-        """The batch's input: the model's inputs for stage 0, else what the previous dispatch carried."""
+        """The batch's input: the model's inputs for stage 0, else what the previous dispatch carried; each
+        tensor's rows joined as bytes, the padded model's dummy rows as zero bytes."""
         first = d.stages[0].stage
         pipe = self.pipelines[d.pipeline_id]
         if first == 0:
             pad = max(0, pipe.batch - len(live)) if d.model in self.padded else 0
-            return [HopTensor(t, [len(live) + pad, *t.shape], array=padded(
-                np.concatenate([s.call.checked.inputs[t.name][s.row:s.row + 1] for s in live]), pad))
+            return [HopTensor(t, [len(live) + pad, *t.shape], stacked(
+                [s.call.checked.inputs[t.name][s.row] for s in live], pad * t.bytes_per_request()))
                     for t in self.models[d.model].inputs]
-        return [HopTensor(t, [len(live), *t.shape], array=np.concatenate([s.carry[t.name] for s in live]))  # type: ignore[index]
+        return [HopTensor(t, [len(live), *t.shape], stacked([s.carry[t.name] for s in live]))  # type: ignore[index]
                 for t in pipe.stages[first].inputs]
 
     async def _run(self, d: Dispatch, samples: list[Sample], report: Report) -> None:
@@ -145,7 +144,7 @@ class LiveExecutor:
             report(StageOutcome(d, 0, now_us(), gave_up=True))
             return
         pipe = self.pipelines[d.pipeline_id]
-        self.metrics.batch_size.labels(d.model).observe(len(live))
+        self.metrics.child(self.metrics.batch_size, d.model).observe(len(live))
         self.answers.stats[d.model].executions += 1
         hops: list[HopTensor] = []
         k, step = 0, NextStep(Action.STOP)
@@ -165,7 +164,7 @@ class LiveExecutor:
                 nxt = d.stages[k + 1].vgpu if k + 1 < len(d.stages) else None
                 hop = None if a.stage == 0 or not hops else "shm" if hops[0].region is not None else "grpc"
                 if hop is not None:
-                    self.metrics.hops.labels(hop).inc()
+                    self.metrics.child(self.metrics.hops, hop).inc()
                 hops, timing = await self.run_stage(a.vgpu, pipe.stages[a.stage], hops, nxt, deadline_us,
                                                     f"{d.id}.{a.stage}")
                 if timing is not None:
@@ -200,16 +199,17 @@ class LiveExecutor:
         self.kick()
 
     def _hand_on(self, d: Dispatch, live: list[Sample], hops: list[HopTensor]) -> None:
-        """A finished dispatch's outputs: its calls' answers (a final dispatch), else the next dispatch's input."""
-        outputs = {h.spec.name: h.array for h in hops}
+        """A finished dispatch's outputs: its calls' answers (a final dispatch), else the next dispatch's input
+        (each sample carries its rows' bytes)."""
+        outputs = {h.spec.name: (h.data, h.spec.bytes_per_request()) for h in hops}
         if d.final:
             self.answers.complete(live, outputs)  # type: ignore[arg-type]
         else:
             for i, s in enumerate(live):
-                s.carry = {n: a[i:i + 1] for n, a in outputs.items()}  # type: ignore[index]
+                s.carry = {n: data[i * rb:(i + 1) * rb] for n, (data, rb) in outputs.items()}  # type: ignore[index]
 
     def _record(self, d: Dispatch, stage: int, vgpu: str, batch: int, t: StageTiming) -> None:
-        self.metrics.vgpu_busy.labels(vgpu).inc(max(t.end_us - t.start_us, 0.0) / 1e6)
+        self.metrics.child(self.metrics.vgpu_busy, vgpu).inc(max(t.end_us - t.start_us, 0.0) / 1e6)
         planned = self.pipelines[d.pipeline_id].stages[stage].latency_us.get(batch, 0.0)
         self.meter.stage(planned, t.start_us, t.end_us, t.recv_us)
         self._learn_lead(d, stage, vgpu, batch, t)
@@ -289,8 +289,8 @@ class LiveExecutor:
         start, end = raw.get(COMPUTE_START_OUTPUT), raw.get(COMPUTE_END_OUTPUT)
         if start is None or end is None:
             return outputs, None
-        s_us = wall_ns_to_mono_us(float(np.frombuffer(start[1], np.int64).min()))
-        e_us = wall_ns_to_mono_us(float(np.frombuffer(end[1], np.int64).max()))
+        s_us = wall_ns_to_mono_us(float(min(memoryview(start[1]).cast("q"))))  # INT64, one per row
+        e_us = wall_ns_to_mono_us(float(max(memoryview(end[1]).cast("q"))))
         return outputs, StageTiming(t_ready, t_send, s_us, e_us, t_recv)
 
     def _outputs(self, stage: StageInfo, raw: dict[str, tuple[list[int], bytes]], batch: int,
@@ -301,8 +301,7 @@ class LiveExecutor:
             if out_region is not None:
                 out.append(HopTensor(spec, shape, region=out_region, offset=offsets[spec.name]))
             else:
-                arr = np.frombuffer(raw[spec.name][1], dtype=triton_to_np_dtype(spec.datatype)).reshape(shape)
-                out.append(HopTensor(spec, shape, array=arr))
+                out.append(HopTensor(spec, shape, raw[spec.name][1]))
         if out_region is not None and not out:
             self.fleet.give_region(out_region)
         return out

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
-import numpy as np
 from tritonclient.grpc import service_pb2
 
 from model_repository_gen.manifest import StageInfo
@@ -22,11 +22,12 @@ def wall_ns_to_mono_us(ns: float) -> float:
 
 @dataclass
 class HopTensor:
-    """A boundary tensor between stages: bytes in the sidecar, or a region of a machine's pool."""
+    """A boundary tensor between stages: its raw bytes in the sidecar (rows back to back, as Triton sends them:
+    stacked, sliced and forwarded without a numpy round trip), or a region of a machine's pool."""
 
     spec: TensorSpec
     shape: list[int]
-    array: np.ndarray | None = None
+    data: bytes | None = None
     region: Region | None = None
     offset: int = 0
 
@@ -57,12 +58,12 @@ class StageFault(Exception):
         self.error = error
 
 
-def padded(rows: np.ndarray, pad: int) -> np.ndarray:
-    """``rows`` and ``pad`` zero rows after them (the dummy requests; every stage carries them, the answers skip
-    them: only the first len(live) rows of an output are given out)."""
-    if not pad:
-        return rows
-    return np.concatenate([rows, np.zeros((pad, *rows.shape[1:]), rows.dtype)])
+def stacked(rows: list[Any], pad_bytes: int = 0) -> bytes:
+    """The rows' bytes back to back (one copy; a row is any contiguous buffer), and ``pad_bytes`` zero bytes after
+    them: the dummy requests of a padded batch (every stage carries them, the answers skip them: only the first
+    len(live) rows of an output are given out)."""
+    data = rows[0] if len(rows) == 1 and isinstance(rows[0], bytes) else b"".join(rows)
+    return data + bytes(pad_bytes) if pad_bytes else data
 
 
 def infer_request(stage: StageInfo, inputs: list[HopTensor], out_region: Region | None, batch: int,
@@ -77,7 +78,7 @@ def infer_request(stage: StageInfo, inputs: list[HopTensor], out_region: Region 
             t.parameters["shared_memory_byte_size"].int64_param = h.nbytes
             t.parameters["shared_memory_offset"].int64_param = h.offset
         else:
-            req.raw_input_contents.append(h.array.tobytes())  # type: ignore[union-attr]
+            req.raw_input_contents.append(h.data)  # type: ignore[arg-type]
     offsets: dict[str, int] = {}
     off = 0
     for spec in stage.outputs:

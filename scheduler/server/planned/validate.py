@@ -29,7 +29,7 @@ class OutputTarget:
 @dataclass(frozen=True)
 class CheckedRequest:
     batch: int
-    inputs: dict[str, np.ndarray]  # name -> [batch, *shape], a private copy
+    inputs: dict[str, np.ndarray]  # name -> [batch, *shape], read-only (the request's bytes, or a copy of shm)
     outputs: tuple[OutputTarget, ...]
     timeout_us: float | None  # the client's "timeout" parameter, if any
     priority: int = 0  # the client's "priority" parameter (0: the model's default level)
@@ -109,7 +109,8 @@ def check_request(req: service_pb2.ModelInferRequest, model: ModelInfo, shm: Cli
                               f"Expected {expected}, got {len(data)}")
         else:
             data = _typed_contents(inp, spec, expected)
-        arrays[inp.name] = np.frombuffer(data, dtype=triton_to_np_dtype(spec.datatype)).reshape(shape).copy()
+        arr = np.frombuffer(data, dtype=triton_to_np_dtype(spec.datatype)).reshape(shape)
+        arrays[inp.name] = arr if isinstance(data, bytes) else arr.copy()  # client shm can change: copy it
     outputs = _check_outputs(req, model, shm, batch or 1)
     timeout = _int_param(req.parameters, "timeout", ("int64_param",))
     priority = _int_param(req.parameters, "priority", ("int64_param", "uint64_param"))

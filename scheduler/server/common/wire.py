@@ -1,0 +1,73 @@
+"""KServe v2 inference requests as they arrive on the wire: the model name read from the serialized bytes without
+decoding the tensors, so that a pass-through request is forwarded as received (no protobuf decode, no re-encode)."""
+
+from __future__ import annotations
+
+from google.protobuf.message import DecodeError
+from tritonclient.grpc import service_pb2
+
+from scheduler.server.common.errors import ServeError, invalid
+
+INFER_METHOD = "/inference.GRPCInferenceService/ModelInfer"
+_REQUEST = service_pb2.ModelInferRequest.DESCRIPTOR.full_name
+_MODEL_NAME_FIELD = service_pb2.ModelInferRequest.DESCRIPTOR.fields_by_name["model_name"].number
+_LENGTH_DELIMITED, _VARINT, _FIXED64, _FIXED32 = 2, 0, 1, 5
+
+
+def _undecodable(why: str) -> ServeError:
+    return invalid(f"the request is not a valid {_REQUEST} message: {why}")
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    """The varint at ``pos`` and the position after it."""
+    value = shift = 0
+    while True:
+        if pos >= len(data) or shift > 63:
+            raise _undecodable("truncated varint")
+        b = data[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, pos
+        shift += 7
+
+
+def model_name(data: bytes) -> str:
+    """The ``model_name`` of a serialized ModelInferRequest (the last one, as protobuf's parse keeps), found by
+    walking its top-level fields and skipping the others (tensors included) without copying them."""
+    name, pos, end = b"", 0, len(data)
+    while pos < end:
+        tag, pos = _varint(data, pos)
+        field, kind = tag >> 3, tag & 7
+        if kind == _LENGTH_DELIMITED:
+            size, pos = _varint(data, pos)
+            if pos + size > end:
+                raise _undecodable("a field runs past the end of the message")
+            if field == _MODEL_NAME_FIELD:
+                name = data[pos:pos + size]
+            pos += size
+        elif kind == _VARINT:
+            _, pos = _varint(data, pos)
+        elif kind in (_FIXED64, _FIXED32):
+            pos += 8 if kind == _FIXED64 else 4
+        else:
+            raise _undecodable(f"unsupported wire type {kind}")
+        if field == 0 or pos > end:
+            raise _undecodable("truncated message" if pos > end else "field number 0")
+    try:
+        return name.decode()
+    except UnicodeDecodeError:
+        raise _undecodable("model_name is not UTF-8") from None
+
+
+def parse_request(data: bytes) -> service_pb2.ModelInferRequest:
+    """The whole request (a planned model's, whose tensors the sidecar reads); INVALID_ARGUMENT when malformed."""
+    try:
+        return service_pb2.ModelInferRequest.FromString(data)
+    except DecodeError as e:
+        raise _undecodable(str(e)) from None
+
+
+def serialize_response(resp: service_pb2.ModelInferResponse | bytes) -> bytes:
+    """A response built here, or one forwarded from Triton as it came (already bytes)."""
+    return resp if isinstance(resp, bytes) else resp.SerializeToString()
