@@ -54,7 +54,9 @@ static TRITONSERVER_Error* read_inputs(model_state* s, TRITONBACKEND_Request* re
     const int64_t* shape = NULL;
     uint32_t n_dims = 0;
     uint64_t bytes = 0;
-    if (TRITONBACKEND_RequestInput(request, t->name, &inputs[k]) != NULL) {
+    TRITONSERVER_Error* missing = TRITONBACKEND_RequestInput(request, t->name, &inputs[k]);
+    if (missing != NULL) {
+      TRITONSERVER_ErrorDelete(missing);
       return error(TRITONSERVER_ERROR_INVALID_ARG, "bad request: input '%s' is missing%s", t->name, NULL);
     }
     TRITONSERVER_Error* err = TRITONBACKEND_InputProperties(inputs[k], NULL, &dt, &shape, &n_dims, &bytes, &n_bufs[k]);

@@ -4,7 +4,8 @@
  * emulated.py) without the Python stub's round trip: each execute holds the batch for the profiled latency
  * (asleep, no CPU), returns the config's outputs (zeros, each row led by the CRC-32 checksum of its inputs) and
  * POOLPIPE_COMPUTE_START_NS / POOLPIPE_COMPUTE_END_NS. One execute at a time per instance: a GPU with instance
- * count 1. Built from this directory by backends/native/build.py; the headers are Triton's own (include/). */
+ * count 1 (the generated configs' instance_group; more instances would share one random state unguarded).
+ * Built from this directory by backends/native/__init__.py; the headers are Triton's own (include/). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -98,6 +99,11 @@ static TRITONSERVER_Error* read_config(model_state* s, const json_value* config)
   if (engine == NULL || strcmp(engine, "emulated") != 0) {
     return error(TRITONSERVER_ERROR_INVALID_ARG, "model %s: the poolpipe_emulated backend runs only config "
                  "parameter engine=emulated (got '%s'); use backend \"python\" for engines", s->name, engine);
+  }
+  const json_value* max_batch = json_get(config, "max_batch_size");
+  if (max_batch == NULL || (max_batch->type == JSON_NUMBER ? max_batch->number : atof(max_batch->string)) < 1) {
+    return error(TRITONSERVER_ERROR_INVALID_ARG, "model %s: the poolpipe_emulated backend needs max_batch_size >= 1 "
+                 "(its tensors' first dimension is the batch)%s", s->name, NULL);
   }
   TRITONSERVER_Error* err = read_tensors(json_get(config, "input"), &s->inputs, &s->n_inputs, 0);
   if (err == NULL) err = read_tensors(json_get(config, "output"), &s->outputs, &s->n_outputs, 1);
