@@ -16,10 +16,13 @@ from tritonclient.utils import InferenceServerException, triton_to_np_dtype
 from backends import native
 from backends.partition.emulated import emulated_outputs, latency_at
 from model_repository_gen import triton_config as tc
+from model_repository_gen.generate import generate
 from poolpipe_common.errors import InputError
 from poolpipe_common.tensors import TensorSpec
 from runtime.tritonserver import TritonProcess
-from tests.test_emulated import _cpu_seconds
+from tests.conftest import run_cli
+from tests.deploy_helpers import write_cluster
+from tests.test_emulated import MODEL, SCALE, _cpu_seconds, emulated_hosts, ppipe_plan
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason="no C compiler here: the Python backend serves")
 
@@ -136,3 +139,19 @@ def test_generate_falls_back_to_the_python_backend_with_one_log_line(tmp_path: P
         tc.emulated_backend("fast")
     with pytest.raises(ValueError, match="emulated backend 'onnx'"):
         tc.EmulatedSettings(TABLE, 0, backend="onnx")
+
+
+def test_generate_chooses_the_emulated_backend(tmp_path: Path) -> None:
+    cluster = write_cluster(tmp_path / "cluster.json", emulated_hosts())
+    for choice, backend, files in (("auto", native.BACKEND, [native.LIBRARY]),
+                                   ("python", "python", ["emulated.py", "engines.py", "model.py"])):
+        manifest = generate(ppipe_plan(), {}, cluster, tmp_path / choice, emulated_tensor_scale=SCALE,
+                            emulated_backend=choice)
+        configs = sorted((tmp_path / choice).glob("*/*/model_repository/*/config.pbtxt"))
+        assert len(configs) == sum(len(s.vgpus) for p in manifest.model(MODEL).pipelines for s in p.stages)
+        for path in configs:
+            assert tc.parse_config(path).backend == backend
+            assert sorted(p.name for p in (path.parent / "1").iterdir()) == files
+    r = run_cli("generate", "--plan", tmp_path / "none.json", "--cluster", cluster, "--out", tmp_path / "x",
+                "--emulated-backend", "fast")
+    assert r.returncode == 2 and "--emulated-backend: invalid choice: 'fast'" in r.stderr, r.stderr
