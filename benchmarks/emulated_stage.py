@@ -164,6 +164,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--concurrency", type=int, default=4, help="calls outstanding under load")
     ap.add_argument("--seconds", type=float, default=5.0, help="duration of the loaded run per row")
     ap.add_argument("--quick", action="store_true", help="150 idle calls and 2 s loaded per row")
+    ap.add_argument("--only", default="", metavar="TEXT", help="measure only the rows whose label contains TEXT")
     args = ap.parse_args(argv)
     if args.quick:
         args.calls, args.seconds = 150, 2.0
@@ -173,6 +174,7 @@ def main(argv: list[str] | None = None) -> None:
             Row("python emulated, shm 64M", "emu_py", shm=True)]
     if native_ok:
         rows += [Row("native emulated", "emu_native"), Row("native nothing (hold 0)", "nothing_native")]
+    rows = [r for r in rows if args.only in r.label]
     print(f"emulated stage cost: hold {args.hold_us:.0f} µs (0 for trivial/nothing), batch 1, idle {args.calls} "
           f"calls, loaded {args.concurrency} outstanding for {args.seconds:g} s; times in µs; gap: the device's idle "
           "time between batches under load")
@@ -182,7 +184,7 @@ def main(argv: list[str] | None = None) -> None:
         repo = Path(tmp) / "repo"
         for kib in sizes:
             _write_models(repo, kib, args.hold_us, 8, native_ok)
-        for shm in (False, True):
+        for shm in sorted({r.shm for r in rows}):
             with _server(repo, Path(tmp) / f"triton-{shm}.log", shm) as server:
                 for kib in sizes:
                     x = np.random.default_rng(0).standard_normal((1, kib * 256)).astype(np.float32)
