@@ -63,13 +63,23 @@ def build(root: Path | None = None, cc: str | None = None) -> Path:
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired) as e:
+        _discard(tmp)
         raise BuildError(f"cannot run the C compiler {cc!r}: {e}") from None
     if r.returncode != 0:
-        tmp.unlink(missing_ok=True)
+        _discard(tmp)
         tail = " | ".join(r.stderr.strip().splitlines()[-3:])
         raise BuildError(f"{cc} failed (exit {r.returncode}): {tail}")
     os.replace(tmp, dest)
     return dest
+
+
+def _discard(tmp: Path) -> None:
+    """Remove a failed build's output and its directory when nothing else is in it."""
+    tmp.unlink(missing_ok=True)
+    try:
+        tmp.parent.rmdir()
+    except OSError:
+        pass  # another build's files are there
 
 
 @functools.cache
