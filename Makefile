@@ -8,9 +8,14 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench venv clean perf-analyzer
+.PHONY: demo test lint bench venv clean perf-analyzer native
 
-venv: $(STAMP)
+venv: $(STAMP) native
+
+# The native emulated-device backend (backends/native, C): built by cc once per source version; where it cannot be
+# built, one line says so and emulated partitions run the Python backend (make goes on).
+native: $(STAMP)
+	$(PY) -m backends.native
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,10 +37,10 @@ lint: $(if $(and $(wildcard $(VENV)/bin/ruff),$(wildcard $(VENV)/bin/lint-import
 	$(VENV)/bin/ruff check .
 	PYTHONPATH=$(CURDIR) $(VENV)/bin/lint-imports --no-logo
 
-test: $(STAMP) lint $(PERF_ANALYZER)
+test: $(STAMP) lint $(PERF_ANALYZER) native
 	$(PY) -m pytest -q -p no:cacheprovider
 
-demo: $(STAMP)
+demo: $(STAMP) native
 	$(VENV)/bin/poolpipe demo --out demo-out
 
 bench: $(STAMP)
@@ -43,4 +48,4 @@ bench: $(STAMP)
 
 # Only this tree's own .venv: an environment named on the command line (VENV=...) is never removed.
 clean:
-	rm -rf .venv demo-out out .pytest_cache .ruff_cache .import_linter_cache
+	rm -rf .venv demo-out out .pytest_cache .ruff_cache .import_linter_cache backends/native/build

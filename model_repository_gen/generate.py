@@ -12,8 +12,9 @@ slot). A GPU split into V vGPUs runs V servers, each with ``CUDA_VISIBLE_DEVICES
 config says ``gpus: [0]``) and ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100/V``. On CPU devices the
 vGPUs of a host share its cores: each gets ``cores // vGPUs on the host`` engine threads. On emulated
 devices the partition backend holds each batch for the profiled latency of its (GPU type, V, batch)
-(``1/model.py`` with no ONNX file); a model served only by emulated hosts needs no ONNX file, its
-tensors are invented from the profile (``emulated_io.py``, scaled by ``emulated_tensor_scale``).
+(the native ``poolpipe_emulated`` backend where it builds, else ``1/model.py``; no ONNX file); a model
+served only by emulated hosts needs no ONNX file, its tensors are invented from the profile
+(``emulated_io.py``, scaled by ``emulated_tensor_scale``).
 Unequal vGPU sizes (plan ``gpu_splits``, planner/sizing/split_slots.py) take the first GPUs of their type: an MPS
 share's server gets ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` = its percentage; a MIG instance's server gets
 ``POOLPIPE_MIG_PROFILE`` / ``POOLPIPE_MIG_PLACEMENT`` and a ``CUDA_VISIBLE_DEVICES`` placeholder that the
@@ -235,17 +236,17 @@ def _check_onnx_args(plan: Plan, onnx_paths: Mapping[str, Path], assignment: dic
                          "to scale; leave out the flag, or the --onnx of models that only emulated hosts serve")
 
 
-def _slot_settings(s: Slot, stage: int, p: PartitionPlan, m: ModelPlan, threads: int
+def _slot_settings(s: Slot, stage: int, p: PartitionPlan, m: ModelPlan, threads: int, emulated_backend: str
                    ) -> tuple[tc.BackendSettings, str, int | None]:
-    """The partition backend's settings, instance kind and GPU index for one vGPU."""
+    """The partition backend's settings, instance kind and GPU index for one vGPU (emulated: ``emulated_backend``)."""
     dev = p.timing_device
     if s.host.emulated:
         sizes = m.profile.batch_sizes(dev, p.v)
         lat = tuple((b, m.profile.latency_us(dev, p.v, b, *p.blocks)) for b in sizes)
         qs = [(b, m.profile.latency_quantiles_us(dev, p.v, b, *p.blocks)) for b in sizes]
         dist = (qs[0][1][0], tuple((b, q[1]) for b, q in qs if q is not None)) if qs[0][1] is not None else None
-        return (tc.BackendSettings(emulated=tc.EmulatedSettings(lat, stage, s.host.latency_cv, dist)), "KIND_CPU",
-                None)
+        emulated = tc.EmulatedSettings(lat, stage, s.host.latency_cv, dist, emulated_backend)
+        return tc.BackendSettings(emulated=emulated), "KIND_CPU", None
     if s.host.on_cpu:
         return (tc.BackendSettings(engine="ort", intra_op_threads=threads, emulate_slowdown=s.host.emulate_slowdown),
                 "KIND_CPU", None)
@@ -257,8 +258,9 @@ class _Writer:
 
     def __init__(self, out: Path, work: Path, onnx_paths: Mapping[str, Path], fp16_boundaries: bool,
                  invented: dict[str, EmulatedTensors], ports: dict[str, tuple[int, int, int]],
-                 vgpus_per_host: dict[str, int], generation: int = 0) -> None:
+                 vgpus_per_host: dict[str, int], generation: int = 0, emulated_backend: str = "python") -> None:
         self.out, self.work, self.onnx_paths, self.fp16 = out, work, onnx_paths, fp16_boundaries
+        self.emulated_backend = emulated_backend
         self.suffix = generation_suffix(generation)
         self.invented, self.ports, self.vgpus_per_host = invented, ports, vgpus_per_host
         self.cut_cache: dict[tuple[str, int, int], tuple[Path | None, list[TensorSpec], list[TensorSpec]]] = {}
@@ -285,7 +287,7 @@ class _Writer:
         name = partition_model_name(m.name, *p.blocks) + self.suffix
         for s in pool:
             threads = max(1, cpu_cores(s.host) // self.vgpus_per_host[s.host.name]) if s.host.on_cpu else 0
-            settings, kind, gpu = _slot_settings(s, k, p, m, threads)
+            settings, kind, gpu = _slot_settings(s, k, p, m, threads, self.emulated_backend)
             cfg = tc.partition_config(name, ins, outs, batch, kind=kind, gpu=gpu, settings=settings)
             tc.write_model(self.out / s.host.name / s.id / "model_repository", cfg,
                            None if settings.emulated is not None else f)
@@ -335,18 +337,21 @@ def _write_launch_files(out: Path, cluster: Cluster, servers: dict[str, dict[str
 
 def generate(plan: Plan, onnx_paths: Mapping[str, Path], cluster: Cluster | str | Path, out_dir: str | Path,
              fp16_boundaries: bool = False, emulated_tensor_scale: float = 1.0,
-             previous: Manifest | None = None, batcher: Mapping[str, BatcherControls] | None = None) -> Manifest:
+             previous: Manifest | None = None, batcher: Mapping[str, BatcherControls] | None = None,
+             emulated_backend: str = "auto") -> Manifest:
     """Write repositories, launch files and manifest.json for ``plan`` under ``out_dir``; returns the manifest.
 
     ``onnx_paths`` may leave out models that only emulated hosts serve; their tensors are invented from the
     profile, their bytes scaled by ``emulated_tensor_scale`` (0 < scale <= 1). ``previous``: the deployment that
     runs now; the new one is generated to migrate from it (model_repository_gen.generations). ``batcher``: Triton's
-    dynamic-batcher controls per model (priority levels, queue policy) for the sidecar."""
+    dynamic-batcher controls per model (priority levels, queue policy) for the sidecar. ``emulated_backend``: what
+    serves emulated partitions (auto: the native backend where it builds, else the Python one; native; python)."""
     from model_repository_gen.cut import partition_io  # onnx graph work only when generating
 
     if not isinstance(cluster, Cluster):
         cluster = load_cluster(cluster)
     scale = check_scale(emulated_tensor_scale)
+    backend = tc.emulated_backend(emulated_backend) if any(h.emulated for h in cluster.hosts) else "python"
     io: dict[str, tuple[list[TensorSpec], list[TensorSpec]]] = {}
     for m in plan.models:
         if m.name in onnx_paths:
@@ -374,7 +379,7 @@ def generate(plan: Plan, onnx_paths: Mapping[str, Path], cluster: Cluster | str 
     _prepare_out_dir(out)
     work = Path(tempfile.mkdtemp(prefix=".partitions-", dir=out))
     try:
-        writer = _Writer(out, work, onnx_paths, fp16_boundaries, invented, ports, vgpus_per_host, generation)
+        writer = _Writer(out, work, onnx_paths, fp16_boundaries, invented, ports, vgpus_per_host, generation, backend)
         models = [writer.model(m, io[m.name], assignment) for m in plan.models]
         models = [replace(m, dynamic_batching=batcher[m.name]) if batcher and m.name in batcher else m for m in models]
     finally:

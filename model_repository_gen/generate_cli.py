@@ -24,6 +24,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--emulated-tensor-scale", type=float, default=1.0, metavar="F",
                    help="0 < F <= 1: scale the bytes of the invented inputs, boundary tensors and outputs of models "
                         "generated without --onnx (the plan's NIC times stay as profiled); default 1")
+    p.add_argument("--emulated-backend", choices=("auto", "native", "python"), default="auto",
+                   help="what serves partitions on hosts with device: emulated: 'native' the poolpipe_emulated C "
+                        "backend (built from backends/native by the C compiler; the lowest cost per stage call), "
+                        "'python' the Python partition backend, 'auto' (default) native where it builds, else python")
     p.add_argument("--previous", type=Path, metavar="DIR",
                    help="the running deployment's directory: generate this one to migrate from it ('poolpipe "
                         "launch' on SIGHUP): vGPUs both have on the same device keep their servers and ports, the "
@@ -72,7 +76,7 @@ def _run(args: argparse.Namespace) -> int:
     plan = load_plan(args.plan)
     controls = controls_for([m.name for m in plan.models], batcher)
     manifest = generate(plan, onnx_paths, load_cluster(args.cluster), args.out, args.fp16_boundaries,
-                        args.emulated_tensor_scale, previous, controls)
+                        args.emulated_tensor_scale, previous, controls, args.emulated_backend)
     for note in notes:
         print(note)
     per_host: dict[str, int] = {}

@@ -1,8 +1,10 @@
 """Triton ``config.pbtxt`` for partition models and ensembles, built as ``ModelConfig`` protobufs.
 
 Partition models run the poolpipe partition backend (``backends/partition/model.py``, a Python-based
-backend). poolpipe's own deployments have no ``dynamic_batching``: the sidecar forms every batch.
-The Triton-only baselines in ``ensembles/`` add Triton's dynamic batcher.
+backend); emulated partitions may run the native ``poolpipe_emulated`` backend instead (``backends/native/``,
+its library copied into the version directory, where Triton looks first). poolpipe's own deployments have no
+``dynamic_batching``: the sidecar forms every batch. The Triton-only baselines in ``ensembles/`` add Triton's
+dynamic batcher.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from backends import native
 from backends.partition import BACKEND_FILES, MODEL_PY  # noqa: F401 - MODEL_PY re-exported for tests
 from poolpipe_common.errors import InputError
 from poolpipe_common.tensors import TensorSpec
@@ -25,6 +28,7 @@ COMPUTE_START_OUTPUT = "POOLPIPE_COMPUTE_START_NS"
 COMPUTE_END_OUTPUT = "POOLPIPE_COMPUTE_END_NS"
 TIMING_OUTPUTS = (COMPUTE_START_OUTPUT, COMPUTE_END_OUTPUT)
 KINDS = ("KIND_CPU", "KIND_GPU")
+EMULATED_BACKENDS = ("python", native.BACKEND)  # the backends that emulate a device
 
 
 @dataclass(frozen=True)
@@ -38,13 +42,19 @@ class DynamicBatching:
 @dataclass(frozen=True)
 class EmulatedSettings:
     """An emulated device's parameters (backends/partition/emulated.py): the partition's profiled latency on
-    its (GPU type, vGPU level) per batch, its stage index (mixed into the checksum) and latency noise."""
+    its (GPU type, vGPU level) per batch, its stage index (mixed into the checksum) and latency noise; ``backend``
+    serves it: the Python partition backend or the native one (same parameters, same device)."""
 
     latency_us: tuple[tuple[int, float], ...]  # (batch, µs)
     stage: int
     latency_cv: float = 0.0
     # (levels, ((batch, latencies at the levels), ...)): the distribution of a variable-latency model, if profiled
     quantiles_us: tuple[tuple[float, ...], tuple[tuple[int, tuple[float, ...]], ...]] | None = None
+    backend: str = "python"
+
+    def __post_init__(self) -> None:
+        if self.backend not in EMULATED_BACKENDS:
+            raise ValueError(f"emulated backend {self.backend!r}: expected one of {', '.join(EMULATED_BACKENDS)}")
 
     def parameters(self) -> dict[str, str]:
         out = {"engine": "emulated",
@@ -55,6 +65,21 @@ class EmulatedSettings:
             out["emulated_latency_quantiles_us"] = json.dumps(
                 {"levels": list(levels), "latency_us": {str(b): [round(x, 3) for x in q] for b, q in sorted(table)}})
         return out
+
+
+def emulated_backend(choice: str) -> str:
+    """``--emulated-backend``: auto (native where it builds, else python, with one log line), native (an error
+    where it cannot build) or python -> the config.pbtxt ``backend`` of emulated partitions."""
+    if choice not in ("auto", "native", "python"):
+        raise InputError(f"--emulated-backend {choice!r}: expected auto, native or python")
+    if choice == "python":
+        return "python"
+    if native.library() is not None:
+        return native.BACKEND
+    if choice == "native":
+        raise InputError(f"--emulated-backend native: the {native.BACKEND} backend could not be built here (the "
+                         "log line above says why; it needs a C compiler, $CC or cc); use --emulated-backend python")
+    return "python"
 
 
 @dataclass(frozen=True)
@@ -95,7 +120,8 @@ def partition_config(name: str, inputs: Sequence[TensorSpec], outputs: Sequence[
         raise ValueError("KIND_GPU needs a gpu index")
     if max_batch_size < 1:
         raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
-    cfg = mc.ModelConfig(name=name, backend="python", max_batch_size=max_batch_size)
+    backend = settings.emulated.backend if settings.emulated is not None else "python"
+    cfg = mc.ModelConfig(name=name, backend=backend, max_batch_size=max_batch_size)
     for spec in inputs:
         _tensor(cfg.input.add(), spec)
     for spec in outputs:
@@ -176,7 +202,7 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 
 def write_model(repository: Path, cfg: mc.ModelConfig, onnx_file: Path | None = None) -> Path:
     """Write ``<repository>/<name>/config.pbtxt`` (+ for python models ``1/model.py`` with the modules it loads
-    from beside it, and ``1/<onnx>`` when given)."""
+    from beside it, and ``1/<onnx>`` when given; for native emulated ones the backend library in ``1/``)."""
     model_dir = repository / cfg.name
     model_dir.mkdir(parents=True, exist_ok=True)
     (model_dir / "config.pbtxt").write_text(config_text(cfg))
@@ -187,6 +213,13 @@ def write_model(repository: Path, cfg: mc.ModelConfig, onnx_file: Path | None = 
             shutil.copyfile(f, version / f.name)
         if onnx_file is not None:
             _link_or_copy(Path(onnx_file), version / cfg.parameters["onnx_file"].string_value)
+    elif cfg.backend == native.BACKEND:
+        lib = native.library()
+        if lib is None:
+            raise InputError(f"model {cfg.name}: the native {native.BACKEND} backend could not be built here (see the "
+                             "log line above); generate with --emulated-backend python")
+        (model_dir / "1").mkdir(exist_ok=True)
+        _link_or_copy(lib, model_dir / "1" / native.LIBRARY)
     elif cfg.platform == "ensemble":
         (model_dir / "1").mkdir(exist_ok=True)
     return model_dir

@@ -14,6 +14,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException, triton_to_np_dtype
 
+from backends import native
 from backends.partition.emulated import EmulatedDevice, emulated_outputs, latency_at, parse_latency_table
 from model_repository_gen import triton_config as tc
 from model_repository_gen.cluster_file import cluster_from_dict
@@ -153,8 +154,10 @@ def test_generate_needs_no_onnx_for_emulated_hosts_and_says_when_it_does(tmp_pat
     assert stages[0]["outputs"] == stages[1]["inputs"] == [{"name": "boundary2", "datatype": "FP32",
                                                              "shape": [8073600 // 4 // 100]}]
     version = next((tmp_path / "out" / "l4box").glob("*/model_repository/*_b2_5/1"))
-    assert sorted(p.name for p in version.iterdir()) == ["emulated.py", "engines.py", "model.py"]  # no ONNX
     cfg = tc.parse_config(version.parent / "config.pbtxt")
+    # no ONNX: the native backend's library where it builds (the default), else the Python backend's files
+    files = [native.LIBRARY] if cfg.backend == native.BACKEND else ["emulated.py", "engines.py", "model.py"]
+    assert sorted(p.name for p in version.iterdir()) == files and cfg.backend == tc.emulated_backend("auto")
     params = {k: v.string_value for k, v in cfg.parameters.items()}
     assert (params["engine"], params["emulated_stage"], params["emulated_latency_cv"]) == ("emulated", "1", "0.05")
     assert json.loads(params["emulated_latency_us"]) == {b: round(us, 3) for b, us in stages[1]["latency_us"].items()}

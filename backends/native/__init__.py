@@ -1,0 +1,92 @@
+"""The native emulated-device backend ``poolpipe_emulated``: C sources here, compiled by the C compiler (``$CC``,
+default ``cc``) into a Triton backend library that ``poolpipe generate`` copies beside each emulated partition.
+
+The library is built once per source version (``make venv``/``make test`` run ``python -m backends.native``; a
+missing one is built on first use) into ``build/<hash>/`` here, or the cache directory when this directory is
+read-only. Where it cannot be built, :func:`library` logs one line and returns None: emulated partitions then
+run the Python partition backend (backends/partition/), which emulates the same device at a higher cost per call.
+Imports nothing of the project (a backend package).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+BACKEND = "poolpipe_emulated"  # config.pbtxt ``backend:``; Triton loads libtriton_<backend>.so
+LIBRARY = f"libtriton_{BACKEND}.so"
+HERE = Path(__file__).resolve().parent
+SOURCES = tuple(sorted(HERE.glob("*.c")))
+HEADERS = tuple(sorted([*HERE.glob("*.h"), *(HERE / "include").rglob("*.h")]))
+CFLAGS = ("-std=gnu11", "-O2", "-Wall", "-fPIC", "-shared", "-fvisibility=hidden")
+_log = logging.getLogger("poolpipe.native")
+
+
+class BuildError(RuntimeError):
+    """The native backend could not be compiled here (the message says why)."""
+
+
+def source_hash(cc: str) -> str:
+    """A digest of the sources, headers, compiler and flags: a changed source builds a new library."""
+    h = hashlib.sha256(" ".join((cc, *CFLAGS)).encode())
+    for f in (*SOURCES, *HEADERS):
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _build_root() -> Path:
+    """``build/`` here when writable, else the cache directory runtime/ uses ($POOLPIPE_CACHE)."""
+    if os.access(HERE, os.W_OK):
+        return HERE / "build"
+    return Path(os.environ.get("POOLPIPE_CACHE", Path(tempfile.gettempdir()) / "poolpipe-triton")) / "native"
+
+
+def build(root: Path | None = None, cc: str | None = None) -> Path:
+    """The library built from the current sources under ``root`` (compiled now unless already there);
+    raises BuildError with the compiler's complaint when it cannot be built."""
+    cc = cc or os.environ.get("CC", "cc")
+    dest = (root or _build_root()) / source_hash(cc) / LIBRARY
+    if dest.is_file():
+        return dest
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise BuildError(f"cannot create {dest.parent}: {e.strerror or e}") from None
+    tmp = dest.with_name(f".{LIBRARY}.{os.getpid()}")  # built aside, then renamed: a concurrent build never sees half
+    cmd = [cc, *CFLAGS, f"-I{HERE / 'include'}", *map(str, SOURCES), "-lm", "-o", str(tmp)]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        _discard(tmp)
+        raise BuildError(f"cannot run the C compiler {cc!r}: {e}") from None
+    if r.returncode != 0:
+        _discard(tmp)
+        tail = " | ".join(r.stderr.strip().splitlines()[-3:])
+        raise BuildError(f"{cc} failed (exit {r.returncode}): {tail}")
+    os.replace(tmp, dest)
+    return dest
+
+
+def _discard(tmp: Path) -> None:
+    """Remove a failed build's output and its directory when nothing else is in it."""
+    tmp.unlink(missing_ok=True)
+    try:
+        tmp.parent.rmdir()
+    except OSError:
+        pass  # another build's files are there
+
+
+@functools.cache
+def library() -> Path | None:
+    """The built library, or None (after one log line saying why) where it cannot be built."""
+    try:
+        return build()
+    except BuildError as e:
+        _log.warning("native emulated backend not built (%s); emulated partitions use the Python backend", e)
+        return None
