@@ -22,7 +22,7 @@ BACKEND = "poolpipe_emulated"  # config.pbtxt ``backend:``; Triton loads libtrit
 LIBRARY = f"libtriton_{BACKEND}.so"
 HERE = Path(__file__).resolve().parent
 SOURCES = tuple(sorted(HERE.glob("*.c")))
-HEADERS = tuple(sorted([*HERE.glob("*.h"), *(HERE / "include").rglob("*.h")]))
+HEADERS = tuple(sorted(HERE.glob("*.h")))
 CFLAGS = ("-std=gnu11", "-O2", "-Wall", "-fPIC", "-shared", "-fvisibility=hidden")
 _log = logging.getLogger("poolpipe.native")
 
@@ -59,7 +59,7 @@ def build(root: Path | None = None, cc: str | None = None) -> Path:
     except OSError as e:
         raise BuildError(f"cannot create {dest.parent}: {e.strerror or e}") from None
     tmp = dest.with_name(f".{LIBRARY}.{os.getpid()}")  # built aside, then renamed: a concurrent build never sees half
-    cmd = [cc, *CFLAGS, f"-I{HERE / 'include'}", *map(str, SOURCES), "-lm", "-o", str(tmp)]
+    cmd = [cc, *CFLAGS, *map(str, SOURCES), "-lm", "-o", str(tmp)]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired) as e:
