@@ -24,6 +24,17 @@ def free_port(host: str = "127.0.0.1", low: int = 20_000) -> int:
     return _kernel_port(host)
 
 
+def free_ports(n: int, taken: set[int] = frozenset(), host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct free ports, none in ``taken`` (two picks of a free port can be the same port, since
+    neither is bound yet)."""
+    out: list[int] = []
+    while len(out) < n:
+        port = free_port(host)
+        if port not in taken and port not in out:
+            out.append(port)
+    return out
+
+
 def _kernel_port(host: str) -> int:
     with socket.socket() as s:
         s.bind((host, 0))

@@ -12,7 +12,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from poolpipe_common.net import free_port
+from poolpipe_common.net import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository root (runtime/..)
 
@@ -42,12 +42,8 @@ class SidecarProcess:
         """Free ports for the ones not given, distinct from each other and from the given ones (two random picks
         of a free port can be the same port, since neither is bound yet)."""
         taken = {getattr(self, k) for k in PORTS if k not in self.picked}
-        for k in self.picked:
-            port = free_port()
-            while port in taken:
-                port = free_port()
+        for k, port in zip(self.picked, free_ports(len(self.picked), taken)):
             setattr(self, k, port)
-            taken.add(port)
 
     @property
     def grpc_url(self) -> str:

@@ -119,6 +119,14 @@ class RestartPolicy:
         if self.max_restarts < 0 or self.backoff_s < 0 or self.max_backoff_s < self.backoff_s:
             raise ValueError("restart policy: max_restarts and backoff_s must be >= 0, max_backoff_s >= backoff_s")
 
+    def delay_s(self, restarts: int) -> float:
+        """The back-off before the next restart of a process restarted ``restarts`` times so far."""
+        return min(self.backoff_s * 2 ** restarts, self.max_backoff_s)
+
+    def counted(self, restarts: int, since: float, now: float) -> int:
+        """The restarts that still count: none once the process has served ``healthy_s`` since its last start."""
+        return 0 if now - since > self.healthy_s else restarts
+
 
 @dataclass
 class Supervisor:
@@ -137,13 +145,11 @@ class Supervisor:
         for vid, rc in self.dep.failed().items():
             if vid in self.due:
                 continue
-            if now - self.since.get(vid, -1e18) > self.policy.healthy_s:
-                self.restarts[vid] = 0
-            n = self.restarts.get(vid, 0)
+            n = self.restarts[vid] = self.policy.counted(self.restarts.get(vid, 0), self.since.get(vid, -1e18), now)
             if n >= self.policy.max_restarts:
                 return (f"tritonserver of vGPU {vid} exited with status {rc} after {n} restart(s) "
                         f"(log: {self.dep.servers[vid].log_path})")
-            delay = min(self.policy.backoff_s * 2 ** n, self.policy.max_backoff_s)
+            delay = self.policy.delay_s(n)
             self.due[vid] = now + delay
             self.say(f"tritonserver of vGPU {vid} exited with status {rc}; restarting it in {delay:.1f} s "
                      f"(restart {n + 1} of at most {self.policy.max_restarts})")
@@ -155,7 +161,7 @@ class Supervisor:
             except (InputError, OSError) as e:  # e.g. its port still held: try again later, counted
                 if n >= self.policy.max_restarts:
                     return f"tritonserver of vGPU {vid} could not be restarted: {e}"
-                self.due[vid] = now + min(self.policy.backoff_s * 2 ** n, self.policy.max_backoff_s)
+                self.due[vid] = now + self.policy.delay_s(n)
                 self.say(f"restart of vGPU {vid} failed ({e}); trying again")
                 continue
             del self.due[vid]

@@ -17,7 +17,8 @@ from scheduler.server import serve_cli
 from scheduler.server.common.metrics import SidecarMetrics
 from scheduler.server.common.metrics_merge import counter_samples, merge_expositions
 from scheduler.server.peers import add_statistics
-from scheduler.server.workers import PASSED_ON, check_workers, worker_command, worker_file
+from scheduler.server.planned.manifest_shard import check_split
+from scheduler.server.workers import PASSED_ON, worker_command, worker_file
 
 
 def _value(text: bytes, series: str) -> float:
@@ -103,6 +104,6 @@ def test_each_worker_gets_every_flag_its_share_and_its_own_files(tmp_path) -> No
 
 def test_a_plan_says_how_many_workers_it_supports(tmp_path) -> None:
     manifest = load_manifest(build_emulated_deployment(tmp_path, gpus=2))
-    check_workers(manifest, 2)
+    check_split(manifest, 2)
     with pytest.raises(InputError, match="this plan supports at most 2 workers"):
-        check_workers(manifest, 3)
+        check_split(manifest, 3)

@@ -29,7 +29,7 @@ from scheduler.server.common.client_shm import ClientShmRegistry
 from scheduler.server.common.errors import ServeError
 from scheduler.server.control.reload import FLUSH_TIMEOUT_S, READY_TIMEOUT_S, ReloadError
 from scheduler.server.front.router import Router
-from scheduler.server.planned.manifest_shard import manifest_shard
+from scheduler.server.planned.manifest_shard import check_split as check_shares
 
 log = logging.getLogger("poolpipe.sidecar.workers")
 PEER_TIMEOUT_S = 2.0
@@ -283,9 +283,7 @@ def peer_routes(app: web.Application, sidecar: Any) -> None:
 def check_split(manifest: Path, workers: int) -> None:
     """The manifest must split into ``workers`` shares with a complete pipeline each (ReloadError, 400, if not)."""
     try:
-        loaded = load_manifest(manifest)
-        for i in range(workers):
-            manifest_shard(loaded, i, workers)
+        check_shares(load_manifest(manifest), workers)
     except InputError as e:
         raise ReloadError(f"cannot reload onto {workers} sidecar workers: {e}", 400) from None
 

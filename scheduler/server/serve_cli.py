@@ -139,8 +139,8 @@ def config_from_args(args: argparse.Namespace):  # -> SidecarConfig
             shard = parse_shard(args.shard)
             manifest_shard(loaded, *shard)  # a shard without a complete pipeline fails now, in one line
         if args.workers > 1:
-            from scheduler.server.workers import check_workers  # noqa: PLC0415
-            check_workers(loaded, args.workers)
+            from scheduler.server.planned.manifest_shard import check_split  # noqa: PLC0415
+            check_split(loaded, args.workers)
     elif args.shard:
         raise InputError("--shard needs --manifest: it splits the manifest's vGPUs")
     return SidecarConfig(manifest=manifest, passthrough=args.passthrough, grpc_port=args.grpc_port,

@@ -25,37 +25,19 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from model_repository_gen.manifest import Manifest, load_manifest
+from model_repository_gen.manifest import load_manifest
 from poolpipe_common.errors import InputError
-from poolpipe_common.net import free_port
+from poolpipe_common.net import free_ports
 from runtime.supervise import RestartPolicy
 from scheduler.server.app import SidecarConfig
 from scheduler.server.common.metrics_merge import counter_samples, merge_expositions
 from scheduler.server.front.http_front import start_http
-from scheduler.server.planned.manifest_shard import manifest_shard
+from scheduler.server.planned.manifest_shard import check_split
 from scheduler.server.planned.shm_pool import remove_stale_regions
 
 log = logging.getLogger("poolpipe.sidecar.workers")
 POLL_S = 0.2
 SCRAPE_EVERY_S = 5.0  # the parent keeps each worker's last counters, so a dead worker's count is not lost
-
-
-def _splits(manifest: Manifest, n: int) -> bool:
-    try:
-        for i in range(n):
-            manifest_shard(manifest, i, n)
-    except InputError:
-        return False
-    return True
-
-
-def check_workers(manifest: Manifest, n: int) -> None:
-    """Every worker's share must hold a complete pipeline of every model; else say how many workers fit."""
-    if not _splits(manifest, n):
-        most = next((k for k in range(n - 1, 1, -1) if _splits(manifest, k)), 1)
-        raise InputError(f"--workers {n}: the plan cannot be split into {n} shares that each hold a complete "
-                         f"pipeline of every model (a pool has fewer physical GPUs than workers); this plan "
-                         f"supports at most {most} worker{'s' if most > 1 else ''}")
 
 
 def worker_command(args: argparse.Namespace, index: int, ports: tuple[int, ...]) -> list[str]:
@@ -115,14 +97,7 @@ class WorkerPool:
     def __init__(self, args: argparse.Namespace, config: SidecarConfig, policy: RestartPolicy | None = None) -> None:
         self.args, self.config = args, config
         self.policy = policy or RestartPolicy()
-        taken = {config.grpc_port, config.http_port, config.metrics_port}
-        ports: list[int] = []
-        while len(ports) < args.workers:
-            p = free_port()
-            if p not in taken:
-                taken.add(p)
-                ports.append(p)
-        self.ports = tuple(ports)
+        self.ports = tuple(free_ports(args.workers, {config.grpc_port, config.http_port, config.metrics_port}))
         self.slots = [Slot(i) for i in range(args.workers)]
         self.stopping = False
         self._session: aiohttp.ClientSession | None = None
@@ -165,15 +140,14 @@ class WorkerPool:
                 if not s.ready and not s.restarts:  # the first start failed: a setting, not bad luck
                     return (f"sidecar worker {s.index} exited with status {rc} before it was ready (its error is "
                             "logged above); every worker stopped")
-                if now - s.since > self.policy.healthy_s:
-                    s.restarts = 0
+                s.restarts = self.policy.counted(s.restarts, s.since, now)
                 if s.restarts >= self.policy.max_restarts:
                     return (f"sidecar worker {s.index} (pid {pid}) exited with status {rc} after {s.restarts} "
                             "restarts; every worker stopped")
                 if s.last:  # its counters so far stay in the sums (a restart must not make them drop)
                     s.retired.append(counter_samples(s.last))
                     s.last = b""
-                delay = min(self.policy.backoff_s * 2 ** s.restarts, self.policy.max_backoff_s)
+                delay = self.policy.delay_s(s.restarts)
                 s.due = now + delay
                 log.warning("event=worker_exited worker=%d pid=%d status=%s restart_in_s=%.1f restart=%d of=%d",
                             s.index, pid, rc, delay, s.restarts + 1, self.policy.max_restarts)
@@ -193,7 +167,7 @@ class WorkerPool:
         """SIGHUP: every worker reloads its share, once the manifest is known to split into them all."""
         try:
             manifest = await asyncio.to_thread(load_manifest, self.config.manifest)
-            await asyncio.to_thread(check_workers, manifest, len(self.slots))
+            await asyncio.to_thread(check_split, manifest, len(self.slots))
         except InputError as e:
             log.warning("event=reload_failed reason=%s (no worker reloaded)", e)
             return

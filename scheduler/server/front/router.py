@@ -35,6 +35,11 @@ EXTENSIONS = ["schedule_policy", "model_configuration", "system_shared_memory", 
               "statistics", "trace", "logging"]
 
 
+def _left_s(deadline_s: float | None) -> float | None:
+    """Seconds left until the client's deadline (on time.monotonic()), the timeout of a forwarded call."""
+    return None if deadline_s is None else max(deadline_s - time.monotonic(), 0.0)
+
+
 class PlannedService(Protocol):
     """The planned models (pooled pipelines) behind the sidecar; see scheduler/server/planned/service.py."""
 
@@ -266,13 +271,11 @@ class Router:
         model = request.model_name
         if self.is_planned(model):
             return await self._measured(model, "planned", self.planned.infer(request, deadline_s))
-        timeout = None if deadline_s is None else max(deadline_s - time.monotonic(), 0.0)
-        return await self._measured(model, "passthrough", self.forward("ModelInfer", request, timeout))
+        return await self._measured(model, "passthrough", self.forward("ModelInfer", request, _left_s(deadline_s)))
 
     async def _forward_raw(self, data: bytes, deadline_s: float | None) -> bytes:
-        timeout = None if deadline_s is None else max(deadline_s - time.monotonic(), 0.0)
         try:
-            return await self._infer_raw(data, timeout=timeout)  # type: ignore[misc]
+            return await self._infer_raw(data, timeout=_left_s(deadline_s))  # type: ignore[misc]
         except grpc.aio.AioRpcError as e:
             raise from_rpc_error(e) from None
 

@@ -18,6 +18,7 @@ from scheduler.server.common.errors import ServeError
 from scheduler.server.common.metrics import SidecarMetrics
 from scheduler.server.common.model_stats import ModelStats, RequestMarks
 from scheduler.server.common.tracing import CallTrace, Tracer
+from scheduler.server.planned.stage_io import row_of
 from scheduler.server.planned.validate import CheckedRequest
 
 
@@ -87,7 +88,7 @@ class Answers:
             call = s.call
             if call.future.done():
                 continue
-            call.rows[s.row] = {n: data[i * rb:(i + 1) * rb] for n, (data, rb) in outputs.items()}
+            call.rows[s.row] = row_of(outputs, i)
             call.left -= 1
             if call.left == 0:
                 self.answer(call)

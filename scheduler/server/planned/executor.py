@@ -38,6 +38,7 @@ from scheduler.server.planned.stage_io import (
     StageTiming,
     infer_request,
     raw_outputs,
+    row_of,
     stacked,
     wall_ns_to_mono_us,
 )
@@ -206,7 +207,7 @@ class LiveExecutor:
             self.answers.complete(live, outputs)  # type: ignore[arg-type]
         else:
             for i, s in enumerate(live):
-                s.carry = {n: data[i * rb:(i + 1) * rb] for n, (data, rb) in outputs.items()}  # type: ignore[index]
+                s.carry = row_of(outputs, i)  # type: ignore[arg-type]
 
     def _record(self, d: Dispatch, stage: int, vgpu: str, batch: int, t: StageTiming) -> None:
         self.metrics.child(self.metrics.vgpu_busy, vgpu).inc(max(t.end_us - t.start_us, 0.0) / 1e6)

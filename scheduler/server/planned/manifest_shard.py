@@ -19,6 +19,23 @@ def parse_shard(text: str) -> tuple[int, int]:
     return int(i), int(n)
 
 
+def check_split(manifest: Manifest, n: int) -> None:
+    """Every one of ``n`` shares must hold a complete pipeline of every model; else say how many shares fit."""
+    def splits(k: int) -> bool:
+        try:
+            for i in range(k):
+                manifest_shard(manifest, i, k)
+        except InputError:
+            return False
+        return True
+
+    if not splits(n):
+        most = next((k for k in range(n - 1, 1, -1) if splits(k)), 1)
+        raise InputError(f"--workers {n}: the plan cannot be split into {n} shares that each hold a complete "
+                         f"pipeline of every model (a pool has fewer physical GPUs than workers); this plan "
+                         f"supports at most {most} worker{'s' if most > 1 else ''}")
+
+
 def manifest_shard(manifest: Manifest, index: int, n: int) -> Manifest:
     """The manifest with only shard ``index``'s vGPUs, each pipeline's pools cut to them (pipelines left without
     a stage dropped) at the shard's planned throughput."""

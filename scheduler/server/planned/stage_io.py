@@ -66,6 +66,11 @@ def stacked(rows: list[Any], pad_bytes: int = 0) -> bytes:
     return data + bytes(pad_bytes) if pad_bytes else data
 
 
+def row_of(outputs: dict[str, tuple[bytes, int]], i: int) -> dict[str, bytes]:
+    """Row ``i`` of a batch's outputs (name -> (the batch's raw bytes, bytes per row)), as bytes per name."""
+    return {n: data[i * rb:(i + 1) * rb] for n, (data, rb) in outputs.items()}
+
+
 def infer_request(stage: StageInfo, inputs: list[HopTensor], out_region: Region | None, batch: int,
                    request_id: str) -> tuple[service_pb2.ModelInferRequest, dict[str, int]]:
     """The stage's ModelInferRequest: inputs as bytes or shm references, outputs (to shm where given) and
