@@ -152,8 +152,11 @@ class Driver:
         self.wake_us: float | None = None
         self.retries = 0
         self.extra_lead_us = 0.0  # the lead the executor learned under load (the sidecar's planned service sets it)
-        self.lead_cap_us = min((c.max_margin_fraction * max(0.0, slo - self._fastest_us(m))
-                                for m, slo in topology.slo_us.items() if topology.pipelines.get(m)), default=0.0)
+        # each model's fastest pipeline at its smallest batch on idle vGPUs (the slack the caps are shares of)
+        self.fastest_us = {m: min(sum(st.latency(min(st.latency_us)) for st in p.stages) for p in pipes)
+                           for m, pipes in topology.pipelines.items() if pipes}
+        self.lead_cap_us = min((c.max_margin_fraction * max(0.0, topology.slo_us[m] - f)
+                                for m, f in self.fastest_us.items()), default=0.0)
         self.learned = 0
         self._next_id = 1
         self._in_flight: dict[int, list[Ticket]] = {}
@@ -303,12 +306,8 @@ class Driver:
                          c.lateness_percentile, learned)
             self.margin_us[model] = new
 
-    def _fastest_us(self, model: str) -> float:
-        """The latency of the model's fastest pipeline at its smallest batch on idle vGPUs."""
-        return min(sum(st.latency(min(st.latency_us)) for st in p.stages) for p in self.topology.pipelines[model])
-
     def margin_cap_us(self, model: str) -> float:
         """At most a fraction of the slack an idle pipeline leaves under the SLO (see DriverConfig)."""
         slo = self.topology.slo_us[model]
-        slack = min(slo, slo - self._fastest_us(model) - self.lead_us)
+        slack = min(slo, slo - self.fastest_us[model] - self.lead_us)
         return max(self.base_margin_us[model], self.config.max_margin_fraction * slack)

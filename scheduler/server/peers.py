@@ -37,7 +37,7 @@ PEER_TIMEOUT_S = 2.0
 
 @dataclass(frozen=True)
 class WorkerGroup:
-    """This worker's index and every worker's private port (index -> port), from ``--worker-ports``."""
+    """This worker's index and every worker's private port (index -> port), from ``--worker-of``."""
 
     index: int
     ports: tuple[int, ...]
