@@ -6,9 +6,11 @@ from __future__ import annotations
 from collections import deque
 
 from scheduler.core.api import Drop, Request, StepResult
+from scheduler.core.policies.fifo_queue import FifoQueue
 from scheduler.core.policies.priority_queue import PriorityQueue
 from scheduler.core.topology import Topology
 
+ModelQueue = FifoQueue | PriorityQueue  # what the policies read a model's requests from
 EPS_US = 0.5  # timing slack below which "wait until t" means "now"
 
 
@@ -25,16 +27,16 @@ class QueueingPolicy:
         if controls and not self.honours_batcher:
             raise ValueError(f"model {next(iter(controls))!r} sets batcher controls (priority levels, queue policy), "
                              f"which policy {self.name!r} does not honour: use ppipe, fifs or elsa")
-        self.queues: dict[str, deque[Request]] = {
+        self.queues: dict[str, ModelQueue] = {
             m: PriorityQueue(controls[m]) if m in controls else self.new_queue()  # type: ignore[misc]
             for m in topology.pipelines}
         self._next_dispatch = 1
         self._unknown: list[Request] = []
 
     @staticmethod
-    def new_queue() -> deque[Request]:
-        """One model's queue (FIFO here; a policy may keep another order behind ``append`` and ``len``)."""
-        return deque()
+    def new_queue() -> FifoQueue:
+        """One model's queue (FIFO here; a policy may keep another order behind the same interface)."""
+        return FifoQueue()
 
     @property
     def probe_calls(self) -> int:
@@ -56,11 +58,8 @@ class QueueingPolicy:
         q = self.queues.get(request.model)
         if q is None:
             self._unknown.append(request)
-        elif type(q) is PriorityQueue:
-            return q.offer(request)
-        else:
-            q.append(request)
-        return None
+            return None
+        return q.offer(request)
 
     def take_unknown(self, result: StepResult) -> None:
         for r in self._unknown:
@@ -68,30 +67,24 @@ class QueueingPolicy:
         self._unknown.clear()
 
     @staticmethod
-    def drop_expired(q: deque[Request], now_us: float, result: StepResult) -> None:
+    def drop_expired(q: ModelQueue, now_us: float, result: StepResult) -> None:
         """Requests whose deadline has passed can only fail: answer them now (and apply the queue timeouts)."""
-        if type(q) is PriorityQueue:
-            q.expire(now_us, result)
-            return
-        while q and q[0].deadline_us <= now_us:
-            result.drops.append(Drop(q.popleft(), "deadline passed while queued"))
+        q.expire(now_us, result)
 
     @staticmethod
     def take(q: deque[Request], n: int) -> list[Request]:
         return [q.popleft() for _ in range(n)]
 
     @staticmethod
-    def take_meeting(q: deque[Request], n: int, completion_us: float) -> list[Request]:
+    def take_meeting(q: ModelQueue, n: int, completion_us: float) -> list[Request]:
         """A batch of up to ``n`` that completes at ``completion_us``: the head of a FIFO queue; from a priority
         queue, those of its first requests whose deadline that meets (a lower level's may be earlier)."""
-        if type(q) is PriorityQueue:
-            return q.take_meeting(n, completion_us)
-        return [q.popleft() for _ in range(min(n, len(q)))]
+        return q.take_meeting(n, completion_us)
 
     def queue_wake(self, wake: float | None) -> float | None:
         """``wake`` or, when sooner, the next queue timeout of any model (to apply it on time)."""
         for q in self.queues.values():
-            if type(q) is PriorityQueue and q:
+            if q:
                 t = q.next_expiry_us()
                 if t is not None and (wake is None or t < wake):
                     wake = t

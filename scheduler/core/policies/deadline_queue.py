@@ -26,6 +26,11 @@ class DeadlineQueue:
         self.deadlines.insert(i, r.deadline_us)
         self.requests.insert(i, r)
 
+    def offer(self, r: Request) -> str | None:
+        """Queue ``r`` (never refused: the policies that keep this order honour no batcher controls)."""
+        self.append(r)
+        return None
+
     def first_at_or_after(self, t: float) -> int:
         """Index of the first request whose deadline is >= t (len when none)."""
         return bisect_left(self.deadlines, t)

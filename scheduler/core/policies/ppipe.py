@@ -20,7 +20,6 @@ from collections import deque
 from scheduler.core.api import Dispatch, Drop, Request, StageAssignment, StepResult
 from scheduler.core.arrival_rate import ArrivalRate
 from scheduler.core.policies.base import EPS_US, QueueingPolicy
-from scheduler.core.policies.priority_queue import PriorityQueue
 from scheduler.core.probe import CompiledPipeline, ProbeResult, ReservationState
 from scheduler.core.topology import Topology
 
@@ -79,7 +78,7 @@ class PPipePolicy(QueueingPolicy):
                 w = held[0]  # still waiting for the batch to fill and nothing it depends on changed
             else:
                 w = self._decide(model, q, now_us, result)
-                if w is not None and type(q) is PriorityQueue:
+                if w is not None:
                     t = q.next_expiry_us()  # a queue timeout falls before the wake-up: decide again then
                     w = w if t is None else min(w, t)
                 dirty.discard(model)
