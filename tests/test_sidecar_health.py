@@ -57,3 +57,17 @@ def test_ready_within_a_second_of_its_servers_and_every_metric_exported(tmp_path
             assert ok and ok[0].value == 3
     finally:
         assert sc.stop() == 0
+
+
+def test_liveness_checks_are_spread_over_the_ticks_each_server_once_per_period() -> None:
+    from scheduler.server.planned.fleet import HEALTH_PERIOD_S, PROBE_PERIOD_S, live_slice
+
+    servers = [f"s{i}" for i in range(16)]
+    ticks = round(HEALTH_PERIOD_S / PROBE_PERIOD_S) + 1  # the ticks of one health period
+    turn, seen = 0, []
+    for _ in range(ticks):
+        turn, live = live_slice(servers, turn)
+        assert len(live) < len(servers)  # never the whole fleet at once
+        seen += live
+    assert set(seen) == set(servers)
+    assert live_slice([], 5) == (0, []) and live_slice(["a"], 7)[1] == ["a"]

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from scheduler.server.common import event_loop
 from scheduler.server.common.client_shm import ClientShmRegistry
 from scheduler.server.common.metrics import SidecarMetrics
 from scheduler.server.common.restricted import RestrictedApis
@@ -158,6 +159,7 @@ class Sidecar:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await self.start()
+        event_loop.freeze_heap()
         reloads: list[asyncio.Task] = []
         if self.planned is not None:
             from scheduler.server.control.reload import reload_on_signal  # noqa: PLC0415

@@ -5,6 +5,7 @@ the loop, take most of a request's time (docs/serving.md, "Where a request's tim
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -32,3 +33,14 @@ def run(main: Coroutine[Any, Any, T], choice: str | None = None) -> T:
         import uvloop  # noqa: PLC0415
         return uvloop.run(main)
     return asyncio.run(main)
+
+
+def freeze_heap() -> None:
+    """Move everything alive now (the started sidecar: modules, the plan, channels, metrics) out of the cyclic
+    collector's reach. A full collection otherwise walks that whole heap on the event loop: 26-31 ms stalls every
+    few seconds at ~370 req/s (measured with gc.callbacks), each answering a burst of requests late or shedding
+    them. Called again after a reload: the old plan's objects are unfrozen first, so its cycles are collected
+    once instead of kept for good, and the new plan's join the frozen heap."""
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()

@@ -25,6 +25,7 @@ from tritonclient.grpc import service_pb2
 from model_repository_gen.manifest import load_manifest
 from poolpipe_common.errors import InputError
 from scheduler.server.common.errors import ServeError
+from scheduler.server.common.event_loop import freeze_heap
 from scheduler.server.planned.calls import now_us
 from scheduler.server.planned.service import PlannedModels
 
@@ -151,6 +152,7 @@ class ReloadablePlanned:
             self.manifest_path = path
             self.serving = directory
             self.reloads += 1
+            freeze_heap()  # once the new plan serves: one full collection, not one per few seconds of serving
             return report
 
     async def _ready(self, new: PlannedModels) -> None:
