@@ -63,7 +63,7 @@ def test_liveness_checks_are_spread_over_the_ticks_each_server_once_per_period()
     from scheduler.server.planned.fleet import HEALTH_PERIOD_S, PROBE_PERIOD_S, live_slice
 
     servers = [f"s{i}" for i in range(16)]
-    ticks = round(HEALTH_PERIOD_S / PROBE_PERIOD_S) + 1  # the ticks of one health period
+    ticks = int(HEALTH_PERIOD_S / PROBE_PERIOD_S)  # the ticks within one health period
     turn, seen = 0, []
     for _ in range(ticks):
         turn, live = live_slice(servers, turn)

@@ -37,10 +37,10 @@ def run(main: Coroutine[Any, Any, T], choice: str | None = None) -> T:
 
 def freeze_heap() -> None:
     """Move everything alive now (the started sidecar: modules, the plan, channels, metrics) out of the cyclic
-    collector's reach. A full collection otherwise walks that whole heap on the event loop: 26-31 ms stalls every
-    few seconds at ~370 req/s (measured with gc.callbacks), each answering a burst of requests late or shedding
-    them. Called again after a reload: the old plan's objects are unfrozen first, so its cycles are collected
-    once instead of kept for good, and the new plan's join the frozen heap."""
+    collector's reach. A full collection otherwise walks that whole heap on the event loop, a pause of tens of
+    milliseconds every few seconds under load that answers a burst of requests late or sheds them. Called again
+    after a reload: the old plan's objects are unfrozen first, so its cycles are collected once instead of kept
+    for good, and the new plan's join the frozen heap."""
     gc.unfreeze()
     gc.collect()
     gc.freeze()

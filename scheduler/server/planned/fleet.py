@@ -28,13 +28,13 @@ CHANNEL_OPTIONS = [*GRPC_OPTIONS, ("grpc.initial_reconnect_backoff_ms", 150), ("
 
 
 def live_slice(servers: list, turn: int) -> tuple[int, list]:
-    """The next turn and the servers whose liveness is checked at this tick: each of ``servers`` once every
-    HEALTH_PERIOD_S, round-robin over the PROBE_PERIOD_S ticks."""
-    if not servers:
+    """The next turn and the servers whose liveness is checked at this tick: round-robin over the PROBE_PERIOD_S
+    ticks, enough per tick that each of ``servers`` is checked at least every HEALTH_PERIOD_S."""
+    n = len(servers)
+    if not n:
         return 0, []
-    per_tick = math.ceil(len(servers) * PROBE_PERIOD_S / HEALTH_PERIOD_S)
-    start = turn % len(servers)
-    return start + per_tick, (servers + servers)[start:start + min(per_tick, len(servers))]
+    per_tick = math.ceil(n / max(1, int(HEALTH_PERIOD_S / PROBE_PERIOD_S)))
+    return (turn + per_tick) % n, [servers[(turn + i) % n] for i in range(min(per_tick, n))]
 
 
 def is_local_address(address: str) -> bool:
