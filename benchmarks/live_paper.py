@@ -26,8 +26,10 @@ from rich.table import Table
 
 from poolpipe.paper_experiment import PaperRun, run_all
 
-# Three families at SLOs where the T4 cannot serve the whole model alone (so np idles the T4s and ppipe pools
-# them): a one-stage detector, a classification CNN and a segmentation network.
+# Three families at 3x their batch-1 latency on an L4: a one-stage detector, a classification CNN and a segmentation
+# network. A T4 is 3.5x (convnext_large) and 3.8x (apcnet) slower than an L4 on the whole model, so there np idles
+# the T4s and ppipe pools them; centernet's T4 is only 2.5x slower and serves it whole at batch 1 (the issue's own
+# setting, where the sustained objective may keep the whole-model plan np also makes).
 MODELS = {"centernet-update_r50-caffe_fpn_ms-1x_coco": 3.0, "convnext_large": 3.0,
           "apcnet_r101-d8_4xb2-40k_cityscapes-512x1024": 3.0}
 TARGETS = "targets: a/a0 >= 1.15, a/c >= 1.6, a/b >= 1.4, live/promise within 5 %"

@@ -22,7 +22,8 @@ def pipeline_terms(model: ModelPlan, costs: Overheads) -> list[PipelineTerms]:
 
 def predicted_rps(plan: Plan, arrivals: Arrivals, costs: Overheads) -> dict[str, float]:
     """Per model, the closed form's sustainable rate at >= 99 % SLO attainment under ``arrivals``: the SLO less
-    the margin the sidecar's driver keeps, and less the per-stage costs."""
-    return {m.name: sustainable_rps(pipeline_terms(m, costs), m.slo_us - driver_margin_us(m.slo_us),
+    the margin the sidecar's driver keeps and the way outside its clock, and less the per-stage costs."""
+    return {m.name: sustainable_rps(pipeline_terms(m, costs),
+                                    costs.client_slo_us(m.slo_us) - driver_margin_us(m.slo_us),
                                     arrival_scv=arrivals.scv)
             for m in plan.models}

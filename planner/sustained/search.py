@@ -47,10 +47,11 @@ def score(plan: Plan, rates: dict[str, float]) -> float:
 
 
 def costed(spec: PlanningSpec, margin: float, costs: Overheads) -> PlanningSpec:
-    """``spec`` with each model's margin = the driver's + ``margin`` x SLO (at least the spec's own) and the
-    per-stage cost of serving added to every partition's latency."""
+    """``spec`` with each model's margin = the driver's + the way outside the sidecar's clock + ``margin`` x SLO
+    (at least the spec's own) and the per-stage cost of serving added to every partition's latency."""
     return replace(spec, models=tuple(
-        replace(m, slo_margin_us=max(m.slo_margin_us, driver_margin_us(m.slo_us) + margin * m.slo_us),
+        replace(m, slo_margin_us=max(m.slo_margin_us,
+                                     driver_margin_us(m.slo_us) + costs.front_us + margin * m.slo_us),
                 stage_overhead_us=costs.lead_us + costs.tail_us)
         for m in spec.models))
 

@@ -40,6 +40,7 @@ class SidecarConfig:
     drain_timeout_s: float = 30.0
     batch_log: Path | None = None
     overheads_out: Path | None = None
+    front_us: float = 0.0  # serve --front-us: deadlines come this much before the SLO (the way outside our clock)
     shard: tuple[int, int] = (0, 1)  # (I, N): serve shard I of N (scheduler/core/shards.py)
     replan: Path | None = None  # serve --replan FILE: automatic re-planning settings
     grpc_restricted: tuple[str, ...] = ()  # --grpc-restricted-protocol SPECs (scheduler/server/common/restricted.py)
@@ -77,7 +78,7 @@ class Sidecar:
 
             def open_plan(path: Path, generation: int = 0) -> Awaitable[PlannedModels]:
                 return PlannedModels.create(path, c.policy, self.metrics, self.client_shm, c.batch_log,
-                                            c.overheads_out, c.shard, generation, self.tracer)
+                                            c.overheads_out, c.shard, generation, self.tracer, c.front_us)
             self.planned = ReloadablePlanned(await open_plan(c.manifest), c.manifest, open_plan)
             if c.replan is not None:
                 from scheduler.server.control.replanner import AutoReplanner, load_settings  # noqa: PLC0415

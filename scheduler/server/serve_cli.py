@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from poolpipe_common.errors import InputError
+from poolpipe_common.overheads import DEFAULT_FRONT_US
 
 
 def _hostport(value: str) -> str:
@@ -19,6 +20,16 @@ def _workers(value: str) -> int:
     if not value.isdigit() or int(value) < 1:
         raise argparse.ArgumentTypeError(f"expected a number of worker processes >= 1, got {value!r}")
     return int(value)
+
+
+def _front_us(value: str) -> float:
+    try:
+        us = float(value)
+    except ValueError:
+        us = -1.0
+    if not 0.0 <= us < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected microseconds >= 0, got {value!r}")
+    return us
 
 
 def _worker_of(value: str):  # -> WorkerGroup
@@ -53,6 +64,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--overheads-out", type=Path, metavar="FILE",
                    help="on shutdown, write what serving added beyond the profiled compute (lead, tail, wake "
                         "lateness, slowdown) for 'poolpipe simulate --overheads FILE' to predict this sidecar")
+    p.add_argument("--front-us", type=_front_us, default=DEFAULT_FRONT_US, metavar="US",
+                   help="microseconds a request spends outside the sidecar's clock (the client's send and gRPC up "
+                        "to the handler, the answer's way back); each deadline comes this much before the SLO so "
+                        "that the client's own latency meets it (default: %(default)g, measured on loopback with "
+                        "a Python tritonclient; raise it for clients across a network)")
     p.add_argument("--batch-log", type=Path, metavar="FILE",
                    help="append one JSON line per executed stage (dispatch, vGPU, batch, measured start/end)")
     p.add_argument("--shard", metavar="I/N",
@@ -146,7 +162,8 @@ def config_from_args(args: argparse.Namespace):  # -> SidecarConfig
     return SidecarConfig(manifest=manifest, passthrough=args.passthrough, grpc_port=args.grpc_port,
                          http_port=args.http_port, metrics_port=args.metrics_port, bind=args.bind,
                          policy=args.policy, drain_timeout_s=args.drain_timeout,
-                         batch_log=args.batch_log, overheads_out=args.overheads_out, shard=shard, replan=args.replan,
+                         batch_log=args.batch_log, overheads_out=args.overheads_out, front_us=args.front_us,
+                         shard=shard, replan=args.replan,
                          grpc_restricted=tuple(args.grpc_restricted_protocol),
                          http_restricted=tuple(args.http_restricted_api),
                          trace=trace, group=args.worker_of)

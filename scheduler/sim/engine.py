@@ -68,10 +68,12 @@ class SimResult:
 class _Outcomes:
     """Counts every request's end exactly once."""
 
-    def __init__(self, models: Sequence[str], arrivals: Sequence[tuple[float, str]], slo_us: dict[str, float]):
+    def __init__(self, models: Sequence[str], arrivals: Sequence[tuple[float, str]], slo_us: dict[str, float],
+                 front_us: float = 0.0):
         self.stats = {m: ModelStats() for m in models}
         self.arrivals = arrivals
         self.slo_us = slo_us
+        self.front_us = front_us  # the way outside the sidecar's clock: the client sees each answer this much later
         self.outcomes: dict[int, str] = {}
         self.drop_reasons: Counter = Counter()
         self.finish_us: dict[int, float] = {}
@@ -90,6 +92,7 @@ class _Outcomes:
     def done(self, rid: int, t: float) -> None:
         if self.outcomes.get(rid) == "cancelled":
             return
+        t += self.front_us
         at, model = self.arrivals[rid]
         s = self.stats.setdefault(model, ModelStats())
         met = t <= at + self.slo_us.get(model, 0.0)
@@ -123,7 +126,8 @@ def simulate(topology: Topology, scheduler: Scheduler, arrivals: Sequence[tuple[
     each arrival's ``priority`` parameter (Triton's; the topology's ``batcher`` controls say what it means).
     ``cancels``: (time_us, request index) at which a client goes away; a batch all of whose callers are gone
     before its next stage starts is abandoned and its reservations go back to the core, as live."""
-    out = _Outcomes(list(topology.pipelines), arrivals, topology.slo_us)
+    front = overheads.front_us if overheads is not None else 0.0
+    out = _Outcomes(list(topology.pipelines), arrivals, topology.slo_us, front)
     run = VirtualRun(topology, scheduler, driver or DriverConfig.ideal(), duration_us, noise_cv=noise_cv, seed=seed,
                      overheads=overheads, faults=faults, record_timeline=record_timeline, on_done=out.done,
                      on_reject=out.dropped, interference=interference, cancels=cancels,
@@ -139,7 +143,8 @@ def simulate(topology: Topology, scheduler: Scheduler, arrivals: Sequence[tuple[
         while ai < n_arr and arrivals[ai][0] <= t:  # all arrivals at t, then all events at t
             at, model = arrivals[ai]
             out.stats.setdefault(model, ModelStats()).offered += 1
-            drv.submit(ai, model, at, at + topology.slo_us.get(model, 0.0), priorities[ai] if priorities else 0)
+            drv.submit(ai, model, at, at + max(0.0, topology.slo_us.get(model, 0.0) - front),
+                       priorities[ai] if priorities else 0)
             ai += 1
         ex.run_due(t)
         before = ex.dispatches

@@ -73,11 +73,13 @@ def app_outputs(app: ApplicationInfo, outputs: dict[str, Arrays], batch: int) ->
 class Applications:
     """The apps of one manifest; ``run_module`` runs one module's request through its planned model."""
 
-    def __init__(self, apps: tuple[ApplicationInfo, ...], answers: Answers, run_module: RunModule) -> None:
+    def __init__(self, apps: tuple[ApplicationInfo, ...], answers: Answers, run_module: RunModule,
+                 front_us: float = 0.0) -> None:
         self.apps = {a.name: a for a in apps}
         self.infos = {a.name: app_model_info(a) for a in apps}
         self.answers = answers
         self.run_module = run_module
+        self.front_us = front_us  # serve --front-us: the way outside the sidecar's clock
 
     def has(self, name: str) -> bool:
         return name in self.apps
@@ -105,7 +107,7 @@ class Applications:
         app, info = self.apps[request.model_name], self.infos[request.model_name]
         t = now_us()
         checked = check_request(request, info, client_shm)
-        deadline = request_deadline_us(t, app.slo_us, checked.timeout_us, deadline_s)
+        deadline = request_deadline_us(t, max(0.0, app.slo_us - self.front_us), checked.timeout_us, deadline_s)
         call = ClientCall(info, request, checked, asyncio.get_running_loop().create_future(), t, deadline,
                           [None] * checked.batch, checked.batch)
         try:

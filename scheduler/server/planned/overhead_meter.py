@@ -32,6 +32,7 @@ class OverheadMeter:
     wake_late: _Mean = field(default_factory=_Mean)
     slowdown: _Mean = field(default_factory=_Mean)
     extra_lead_us: float = 0.0
+    front_us: float = 0.0  # not measured here: serve --front-us, written so the simulator and planner use it too
 
     def calibrated(self, lead_us: float) -> None:
         self.lead.add(lead_us)
@@ -50,7 +51,7 @@ class OverheadMeter:
 
     def overheads(self) -> Overheads:
         lead = self.lead.value() + self.extra_lead_us
-        return Overheads(lead, self.tail.value(), self.wake_late.value(), self.slowdown.value(1.0))
+        return Overheads(lead, self.tail.value(), self.wake_late.value(), self.slowdown.value(1.0), self.front_us)
 
     def write(self, path: Path) -> None:
         doc = self.overheads().to_dict()

@@ -54,8 +54,10 @@ class PlannedModels:
 
     def __init__(self, manifest: Manifest, policy: str, metrics: SidecarMetrics, client_shm: ClientShmRegistry,
                  batch_log: Path | None = None, overheads_out: Path | None = None, generation: int = 0,
-                 tracer: Tracer | None = None) -> None:
+                 tracer: Tracer | None = None, front_us: float = 0.0) -> None:
         self.manifest = manifest
+        # serve --front-us: a request's way outside the sidecar's clock; its deadline comes that much before the SLO
+        self.front_us = front_us
         self.policy = DEFAULT_POLICY if policy == "auto" else policy
         if self.policy not in LIVE_POLICIES:
             raise InputError(f"--policy {policy}: choose one of {', '.join(('auto',) + LIVE_POLICIES)}")
@@ -67,13 +69,14 @@ class PlannedModels:
         self.client_shm = client_shm  # the regions clients registered with the sidecar (the front end's registry)
         self.tracer = tracer or Tracer()
         self.answers = Answers(metrics, list(self.models) + apps, client_shm, tracer=self.tracer)
-        self.apps = Applications(manifest.applications, self.answers, self.run_module)
+        self.apps = Applications(manifest.applications, self.answers, self.run_module, front_us)
         self._kick = asyncio.Event()
         self.fleet = Fleet(manifest, self._vgpu_changed, generation)
         self.executor = LiveExecutor(self.fleet, self.models, self.pipelines, self.answers, metrics, self._kick_loop,
                                      self._lead_learned, BatchLog(batch_log) if batch_log else None,
                                      padded_models(manifest.applications), self.tracer)
         self.meter = self.executor.meter
+        self.meter.front_us = front_us
         self.overheads_out = overheads_out
         self.overheads: dict[str, StageOverheads] = {}  # pipeline id -> calibrated lead/tail
         self.driver = self._new_driver()
@@ -90,9 +93,9 @@ class PlannedModels:
     async def create(cls, manifest_path: Path, policy: str, metrics: SidecarMetrics, client_shm: ClientShmRegistry,
                      batch_log: Path | None = None, overheads_out: Path | None = None,
                      shard: tuple[int, int] = (0, 1), generation: int = 0,
-                     tracer: Tracer | None = None) -> "PlannedModels":
+                     tracer: Tracer | None = None, front_us: float = 0.0) -> "PlannedModels":
         self = cls(manifest_shard(load_manifest(manifest_path), *shard), policy, metrics, client_shm, batch_log,
-                   overheads_out, generation, tracer)
+                   overheads_out, generation, tracer, front_us)
         removed = remove_stale_regions()
         await self.fleet.connect()
         log_reclaimed(removed, self.fleet.reclaimed)
@@ -134,7 +137,7 @@ class PlannedModels:
                 log.warning("event=calibration_skipped pipeline=%s reason=%s", p.id, e)
                 continue
             log.info("event=calibrated pipeline=%s rejoined=%s", p.id, rejoined or "-")
-            slo_us = self.models[p.id.rsplit("/", 1)[0]].slo_us
+            slo_us = max(0.0, self.models[p.id.rsplit("/", 1)[0]].slo_us - self.front_us)
             if p.id not in self.overheads and (warning := no_slack_warning(p, slo_us, o)):
                 log.warning("event=no_slack %s", warning)
             new = new or p.id not in self.overheads
@@ -318,7 +321,8 @@ class PlannedModels:
         checked = check_request(request, model, self.client_shm)
         # with Triton's batcher controls, "timeout" is their queue timeout; without, it tightens the deadline
         controlled = model.dynamic_batching.active
-        deadline = request_deadline_us(t, model.slo_us, None if controlled else checked.timeout_us, deadline_s)
+        deadline = request_deadline_us(t, max(0.0, model.slo_us - self.front_us),
+                                       None if controlled else checked.timeout_us, deadline_s)
         call = ClientCall(model, request, checked, asyncio.get_running_loop().create_future(), t, deadline,
                           [None] * checked.batch, checked.batch)
         if self.tracer.on:
