@@ -93,6 +93,25 @@ def test_late_wake_ups_are_stepped_at_the_time_asked_for():
     assert res.models["m"].attainment >= 0.99
 
 
+@pytest.mark.parametrize("front_us", [3000.0, 12_000.0])
+def test_the_way_outside_the_sidecars_clock_counts_in_every_deadline_and_answer(front_us: float):
+    """With ``front_us`` (serve --front-us) each answer reaches its client that much later than the driver sees it,
+    so the simulated driver plans against deadlines that much sooner: every answer counted in time is in time for
+    the client, and at a load that fills the SLO the front path costs attainment it did not cost before."""
+    base = run(0.8, driver=DriverConfig.live())
+    res = run(0.8, driver=DriverConfig.live(), overheads=Overheads(front_us=front_us))
+    for r in (base, res):
+        t = totals(r)
+        assert t["met"] + t["late"] + t["dropped"] == t["offered"]
+        lat = np.array(r.models["m"].latencies_us)
+        assert (lat <= SLO_US).sum() == t["met"]  # latencies are the client's: met means within its SLO
+    fast = np.array(res.models["m"].latencies_us)
+    assert fast.min() >= front_us + 7000.0  # the fastest path (batch 1) plus the way outside the clock
+    if front_us > 10_000.0:  # a quarter of the SLO: the driver sheds what it could otherwise have served
+        assert totals(res)["dropped"] > totals(base)["dropped"]
+        assert res.models["m"].attainment < base.models["m"].attainment
+
+
 def test_reactive_runs_through_the_driver_stage_by_stage():
     res = run(0.4, driver=DriverConfig.live(), policy="reactive")
     t = totals(res)

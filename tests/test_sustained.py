@@ -16,6 +16,7 @@ from planner.spec.planning_spec import ClusterSpec, check_spec
 from planner.sustained.arrivals import parse_arrivals
 from planner.sustained.capacity import predicted_rps
 from planner.sustained.queueing import PipelineTerms, PoolTerms, erlang_c, sustainable_rps
+from planner.sustained.search import costed
 from poolpipe_common.errors import InputError
 from poolpipe_common.overheads import DEFAULT_OVERHEADS
 from profiling.reference import import_ppipe_profile
@@ -84,6 +85,18 @@ def test_the_closed_form_ranks_within_its_stated_band(l4, t4, margin):
     simulated = simulated_rps(p, arrivals, DEFAULT_OVERHEADS)[MODEL]
     lo, hi = CLOSED_FORM_BAND
     assert lo * simulated <= predicted <= hi * simulated, (predicted, simulated)
+
+
+def test_plans_keep_the_way_outside_the_sidecars_clock_free():
+    """The front path (overheads front_us, serve --front-us) is kept free under the SLO by every candidate plan and
+    lowers the closed form's rate: the client's latency includes it."""
+    spec = small_spec(2, 3, margin=0.0)
+    none = dataclasses.replace(DEFAULT_OVERHEADS, front_us=0.0)
+    far = dataclasses.replace(DEFAULT_OVERHEADS, front_us=8_000.0)
+    assert costed(spec, 0.1, far).models[0].slo_margin_us == costed(spec, 0.1, none).models[0].slo_margin_us + 8_000
+    p = plan(spec, PlanRequest(objective="throughput", evaluator="none", time_limit_s=30)).plan
+    arrivals = parse_arrivals("poisson")
+    assert predicted_rps(p, arrivals, far)[MODEL] < predicted_rps(p, arrivals, none)[MODEL]
 
 
 def test_sustained_plan_records_what_it_holds_and_beats_the_fixed_margin():

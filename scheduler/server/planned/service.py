@@ -137,8 +137,8 @@ class PlannedModels:
                 log.warning("event=calibration_skipped pipeline=%s reason=%s", p.id, e)
                 continue
             log.info("event=calibrated pipeline=%s rejoined=%s", p.id, rejoined or "-")
-            slo_us = max(0.0, self.models[p.id.rsplit("/", 1)[0]].slo_us - self.front_us)
-            if p.id not in self.overheads and (warning := no_slack_warning(p, slo_us, o)):
+            slo_us = self.models[p.id.rsplit("/", 1)[0]].slo_us
+            if p.id not in self.overheads and (warning := no_slack_warning(p, slo_us, o, self.front_us)):
                 log.warning("event=no_slack %s", warning)
             new = new or p.id not in self.overheads
             self.overheads[p.id] = o
