@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from collections.abc import Callable
+from poolpipe_common.arg_types import non_negative
 
+if TYPE_CHECKING:
     from rich.console import Console
 
     from runtime.launch import Deployment
@@ -41,25 +41,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--retire-after", type=float, default=60.0, metavar="S",
                    help="without --sidecar: seconds from a migration's new servers being ready until the old "
                         "deployment's servers stop; reload the sidecar within them (default 60)")
-    p.add_argument("--max-restarts", type=_non_negative(int), default=5, metavar="N",
+    p.add_argument("--max-restarts", type=non_negative(int), default=5, metavar="N",
                    help="restarts of one server, in a row, before launch gives up and stops all (default 5; 0: "
                         "never restart, stop all when a server exits; a server that served 60 s starts over)")
-    p.add_argument("--restart-backoff", type=_non_negative(float), default=0.5, metavar="S",
+    p.add_argument("--restart-backoff", type=non_negative(float), default=0.5, metavar="S",
                    help="seconds before the first restart of a server; doubled for each further one, at most 30 "
                         "(default 0.5)")
     p.set_defaults(func=_run)
-
-
-def _non_negative(kind: type) -> "Callable[[str], float]":
-    def parse(text: str) -> float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if value < 0:
-            raise argparse.ArgumentTypeError(f"{text} must be >= 0")
-        return value
-    return parse
 
 
 def sidecar_serves(sidecar: str, directory: Path) -> bool:

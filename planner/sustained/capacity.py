@@ -5,7 +5,7 @@ from __future__ import annotations
 from planner.plan_json import ModelPlan, Plan
 from planner.sustained.arrivals import Arrivals
 from planner.sustained.queueing import PipelineTerms, PoolTerms, sustainable_rps
-from poolpipe_common.overheads import Overheads, driver_margin_us
+from poolpipe_common.overheads import Overheads, driver_margin_us, sidecar_slo_us
 
 
 def pipeline_terms(model: ModelPlan, costs: Overheads) -> list[PipelineTerms]:
@@ -24,6 +24,6 @@ def predicted_rps(plan: Plan, arrivals: Arrivals, costs: Overheads) -> dict[str,
     """Per model, the closed form's sustainable rate at >= 99 % SLO attainment under ``arrivals``: the SLO less
     the margin the sidecar's driver keeps and the way outside its clock, and less the per-stage costs."""
     return {m.name: sustainable_rps(pipeline_terms(m, costs),
-                                    costs.client_slo_us(m.slo_us) - driver_margin_us(m.slo_us),
+                                    sidecar_slo_us(m.slo_us, costs.front_us) - driver_margin_us(m.slo_us),
                                     arrival_scv=arrivals.scv)
             for m in plan.models}

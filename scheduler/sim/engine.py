@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from poolpipe_common.overheads import Overheads
+from poolpipe_common.overheads import Overheads, sidecar_slo_us
 from scheduler.core.api import Scheduler
 from scheduler.core.driver import DriverConfig
 from scheduler.core.topology import Topology
@@ -143,7 +143,7 @@ def simulate(topology: Topology, scheduler: Scheduler, arrivals: Sequence[tuple[
         while ai < n_arr and arrivals[ai][0] <= t:  # all arrivals at t, then all events at t
             at, model = arrivals[ai]
             out.stats.setdefault(model, ModelStats()).offered += 1
-            drv.submit(ai, model, at, at + max(0.0, topology.slo_us.get(model, 0.0) - front),
+            drv.submit(ai, model, at, at + sidecar_slo_us(topology.slo_us.get(model, 0.0), front),
                        priorities[ai] if priorities else 0)
             ai += 1
         ex.run_due(t)

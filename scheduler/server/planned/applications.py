@@ -107,7 +107,7 @@ class Applications:
         app, info = self.apps[request.model_name], self.infos[request.model_name]
         t = now_us()
         checked = check_request(request, info, client_shm)
-        deadline = request_deadline_us(t, max(0.0, app.slo_us - self.front_us), checked.timeout_us, deadline_s)
+        deadline = request_deadline_us(t, app.slo_us, checked.timeout_us, deadline_s, self.front_us)
         call = ClientCall(info, request, checked, asyncio.get_running_loop().create_future(), t, deadline,
                           [None] * checked.batch, checked.batch)
         try:

@@ -13,6 +13,7 @@ from tritonclient.grpc import service_pb2
 from tritonclient.utils import triton_to_np_dtype
 
 from model_repository_gen.manifest import ModelInfo
+from poolpipe_common.overheads import sidecar_slo_us
 from scheduler.server.common.client_shm import ClientShmRegistry
 from scheduler.server.common.errors import ServeError
 from scheduler.server.common.metrics import SidecarMetrics
@@ -27,9 +28,10 @@ def now_us() -> float:
 
 
 def request_deadline_us(arrival_us: float, slo_us: float, timeout_us: float | None,
-                        deadline_s: float | None) -> float:
-    """A request's deadline: its SLO from arrival, or sooner when the client's timeout or its RPC deadline says."""
-    deadline = arrival_us + slo_us
+                        deadline_s: float | None, front_us: float = 0.0) -> float:
+    """A request's deadline: its SLO from arrival less the time it spends outside the sidecar's clock
+    (``front_us``, serve --front-us), or sooner when the client's timeout or its RPC deadline says."""
+    deadline = arrival_us + sidecar_slo_us(slo_us, front_us)
     if timeout_us is not None:
         deadline = min(deadline, arrival_us + timeout_us)
     if deadline_s is not None:

@@ -321,8 +321,8 @@ class PlannedModels:
         checked = check_request(request, model, self.client_shm)
         # with Triton's batcher controls, "timeout" is their queue timeout; without, it tightens the deadline
         controlled = model.dynamic_batching.active
-        deadline = request_deadline_us(t, max(0.0, model.slo_us - self.front_us),
-                                       None if controlled else checked.timeout_us, deadline_s)
+        deadline = request_deadline_us(t, model.slo_us, None if controlled else checked.timeout_us, deadline_s,
+                                       self.front_us)
         call = ClientCall(model, request, checked, asyncio.get_running_loop().create_future(), t, deadline,
                           [None] * checked.batch, checked.batch)
         if self.tracer.on:
