@@ -161,6 +161,9 @@ class _OneShot:
     def release(self, dispatch_id, now_us):
         self.released.append((dispatch_id, now_us))
 
+    def advance(self, dispatch_id, stage, ready_us):
+        return None  # reserves nothing ahead: every stage keeps its assignment
+
     def queue_lengths(self):
         return {"m": len(self.queue)}
 
@@ -215,6 +218,23 @@ def test_one_report_per_stage_says_what_follows():
     assert report(StageOutcome(d, 0, 3500.0, gave_up=True)) == NextStep(Action.STOP)
     assert drv.learned == 1 and not ex.rejected and not drv.tickets
     assert core.released == [(d.id, 3500.0 + drv.lead_us)]  # what it held goes back to the core at once
+
+
+def test_a_stage_ready_before_its_reservation_runs_early_and_the_completion_follows():
+    """Stage 0 measured far faster than profiled: the executor's next stage starts when its input is ready (its
+    vGPU is free), not at the reserved start, and the dispatch's predicted completion moves with it."""
+    ex = _Recorder()
+    drv = Driver(make_scheduler("ppipe", two_stage_topology()), two_stage_topology(), ex, DriverConfig.live())
+    drv.submit("x", "m", 0.0, SLO_US)
+    drv.step(0.0)
+    d, _, report = ex.executed.pop()
+    reserved, completion = d.stages[1], d.completion_us
+    assert report(StageOutcome(d, 0, 1500.0, (0.0, 1000.0))).action is Action.NEXT_STAGE
+    moved = d.stages[1]
+    assert moved.start_us < reserved.start_us - 2000.0 and moved.start_us >= 1500.0 + drv.lead_us
+    assert moved.end_us - moved.start_us == pytest.approx(reserved.end_us - reserved.start_us)
+    assert d.completion_us == pytest.approx(completion - (reserved.end_us - moved.end_us))
+    assert report(StageOutcome(d, 1, moved.end_us + 500.0, (moved.start_us, moved.end_us))).action is Action.FINISH
 
 
 def test_a_bursts_lateness_is_forgotten_after_the_horizon():

@@ -258,6 +258,30 @@ def test_ppipe_feedback_moves_the_next_slot():
     assert d2.stages[0].start_us == 40.0
 
 
+def test_ppipe_runs_a_stage_early_when_the_one_before_ran_faster_and_its_vgpu_is_free():
+    """A stage whose input is ready before its reservation moves, with its transfer, to the earliest free slot;
+    where another batch holds the vGPU in between, nothing moves and the tables stay as they were."""
+    topo = two_stage_topology([("A0", "x")], [("B0", "y")], {1: 1000.0}, {1: 2000.0}, slo=100_000.0)
+    s = make_scheduler("ppipe", topo)
+    s.enqueue(req(0, 0.0, 100_000.0))
+    d = s.step(0.0).dispatches[0]
+    assert [(a.start_us, a.end_us) for a in d.stages] == [(0, 1000), (1005, 3005)]  # transfer 1000..1005
+    s.report(d.id, 0, 0.0, 200.0)  # ran five times faster than profiled
+    moved = s.advance(d.id, 1, 300.0)
+    assert (moved.start_us, moved.end_us, moved.transfer_start_us, moved.transfer_end_us) == (305, 2305, 300, 305)
+    assert s.state.vgpu_tables["B0"].intervals() == [(305, 2305, owner_key(d.id, 1))]
+    assert s.state.uplinks["x"].intervals() == [(300, 305, owner_key(d.id, 1, 1))]
+    assert s.advance(d.id, 1, 310.0) is None  # already as early as it gets
+
+    s.enqueue(req(1, 5000.0, 105_000.0))
+    d2 = s.step(5000.0).dispatches[0]
+    s.state.vgpu_tables["B0"].reserve(5400.0, 6000.0, owner_key(999, 1))  # another batch holds B0 in between
+    before = [t.intervals() for t in (s.state.vgpu_tables["B0"], s.state.uplinks["x"], s.state.downlinks["y"])]
+    s.report(d2.id, 0, 5000.0, 5200.0)
+    assert s.advance(d2.id, 1, 5300.0) is None
+    assert [t.intervals() for t in (s.state.vgpu_tables["B0"], s.state.uplinks["x"], s.state.downlinks["y"])] == before
+
+
 def test_reactive_hands_the_batch_from_pool_to_pool():
     topo = two_stage_topology([("A0", "x")], [("B0", "x")], {1: 10.0}, {1: 20.0}, slo=1000.0)
     s = make_scheduler("reactive", topo)

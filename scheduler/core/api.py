@@ -78,6 +78,10 @@ class Scheduler(Protocol):
     def report(self, dispatch_id: int, stage: int, start_us: float, end_us: float) -> None:
         """Measured start/end of one stage of a dispatched batch (feedback correction)."""
 
+    def advance(self, dispatch_id: int, stage: int, ready_us: float) -> StageAssignment | None:
+        """The stage's input is ready at ``ready_us`` (the stages before it ran faster than reserved): a policy
+        that reserves ahead moves the stage's reservation earlier when its vGPU is free; the new one, or None."""
+
     def release(self, dispatch_id: int, now_us: float) -> None:
         """The dispatch will not run on (every caller of its batch is gone): give back what it holds from
         ``now_us`` on (reservations, outstanding work); stages that already started keep theirs."""

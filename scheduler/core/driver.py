@@ -234,11 +234,22 @@ class Driver:
         if o.compute_us is not None:
             self.scheduler.report(d.id, d.stages[o.index].stage, *o.compute_us)
         if o.index + 1 < len(d.stages):
+            self._advance(d, o.index + 1, o.now_us + self.lead_us)
             return NextStep(Action.NEXT_STAGE)
         self._in_flight.pop(d.id, None)
         if d.final and self.config.learn_lateness:
             self._learn(d.model, o.now_us - d.completion_us, o.now_us)
         return NextStep(Action.FINISH)
+
+    def _advance(self, d: Dispatch, k: int, ready_us: float) -> None:
+        """Stage ``k`` of ``d`` can start at ``ready_us`` (core clock): the executor runs it at the core's answer."""
+        old = d.stages[k]
+        new = self.scheduler.advance(d.id, old.stage, ready_us)
+        if new is None:
+            return
+        d.stages[k] = new
+        if k == len(d.stages) - 1:
+            d.completion_us -= old.end_us - new.end_us
 
     def _failed(self, dispatch: Dispatch, items: Sequence[Any], now_us: float, reason: str) -> int:
         """A server failed the batch: re-enqueue ``items`` (those still wanted) that have attempts and time

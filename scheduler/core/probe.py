@@ -22,6 +22,8 @@ from scheduler.core.reservations import (
 from scheduler.core.topology import Pipeline, Topology
 
 INF = float("inf")
+# A reservation is moved earlier only by more than this: less is within the event loop's own jitter.
+ADVANCE_MIN_US = 100.0
 
 
 class Leg:
@@ -234,6 +236,47 @@ class ReservationState:
         tab = self.vgpu_tables.get(vgpu)
         if tab is not None and tab.correct(owner_key(dispatch_id, stage, COMPUTE), start_us, end_us):
             self._touch(tab)
+
+    def advance(self, dispatch_id: int, stages: list[StageAssignment], k: int, ready_us: float
+                ) -> StageAssignment | None:
+        """Stage ``k``'s input is ready at ``ready_us``, before its reservation: move the reservation (and its
+        transfer's) to the earliest free slot from then on, if that is earlier. The new assignment, else None."""
+        a = stages[k]
+        tab = self.vgpu_tables.get(a.vgpu)
+        if tab is None or a.vgpu not in self.up_vgpus or a.start_us <= ready_us + ADVANCE_MIN_US:
+            return None
+        key, xkey = owner_key(dispatch_id, a.stage, COMPUTE), owner_key(dispatch_id, a.stage, TRANSFER)
+        links = self._links(stages, k)
+        held = [(t, t.find(o)) for t, o in ((tab, key), *((x, xkey) for x in links or ()))]
+        if any(i < 0 for _, i in held):
+            return None  # already pruned or released: nothing held to move
+        # what the tables hold (feedback may have pushed it since the assignment was made)
+        (s0, e0), *xfer = [(t.starts[i], t.ends[i]) for t, i in held]
+        for t, i in held:
+            t.remove_at(i)
+        ts = te = None
+        ready = ready_us
+        if links is not None:
+            ts = earliest_common(links, ready_us, xfer[0][1] - xfer[0][0])
+            te = ready = ts + xfer[0][1] - xfer[0][0]
+        s = tab.earliest(ready, e0 - s0)
+        if s >= s0 - ADVANCE_MIN_US:  # no earlier slot: everything back as it was
+            for (t, _), (a_s, a_e) in zip(held, [(s0, e0), *xfer]):
+                t.reserve(a_s, a_e, key if t is tab else xkey)
+            return None
+        tab.reserve(s, s + e0 - s0, key)
+        for x in links or ():
+            x.reserve(ts, te, xkey)  # type: ignore[arg-type]
+        for t, _ in held:
+            self._touch(t)
+        return StageAssignment(a.stage, a.vgpu, s, s + e0 - s0, ts, te)
+
+    def _links(self, stages: list[StageAssignment], k: int) -> tuple[ResourceTable, ResourceTable] | None:
+        """The (uplink, downlink) pair stage ``k``'s transfer holds, or None when it has none."""
+        if k == 0 or stages[k].transfer_start_us is None:
+            return None
+        vgpus = self.topology.vgpus
+        return self.uplinks[vgpus[stages[k - 1].vgpu].server], self.downlinks[vgpus[stages[k].vgpu].server]
 
     def release(self, dispatch_id: int, stages: list[StageAssignment], now_us: float) -> None:
         """Give back the reservations of ``stages`` (one dispatch) that start at or after ``now_us``: compute

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from scheduler.core.api import Drop, Request, StepResult
+from scheduler.core.api import Drop, Request, StageAssignment, StepResult
 from scheduler.core.policies.fifo_queue import FifoQueue
 from scheduler.core.policies.priority_queue import PriorityQueue
 from scheduler.core.topology import Topology
@@ -45,6 +45,10 @@ class QueueingPolicy:
 
     def release(self, dispatch_id: int, now_us: float) -> None:
         """An abandoned dispatch gives back what it holds (nothing, unless a policy keeps books of dispatches)."""
+
+    def advance(self, dispatch_id: int, stage: int, ready_us: float) -> StageAssignment | None:
+        """A stage's input is ready at ``ready_us``; policies that reserve ahead may move it earlier (None: kept)."""
+        return None
 
     def queue_lengths(self) -> dict[str, int]:
         return {m: len(q) for m, q in self.queues.items()}

@@ -108,6 +108,21 @@ class PPipePolicy(QueueingPolicy):
         if stage == stages[-1].stage:
             del self.live[dispatch_id]
 
+    def advance(self, dispatch_id: int, stage: int, ready_us: float) -> StageAssignment | None:
+        """The stage's input is ready before its reservation (the stages before it ran faster than profiled):
+        run it as soon as its vGPU is free rather than idle until the reserved start."""
+        entry = self.live.get(dispatch_id)
+        if entry is None:
+            return None
+        completion, stages = entry
+        k = next((i for i, a in enumerate(stages) if a.stage == stage), -1)
+        new = self.state.advance(dispatch_id, stages, k, ready_us) if k >= 0 else None
+        if new is not None:
+            if k == len(stages) - 1:
+                completion -= stages[k].end_us - new.end_us
+            self.live[dispatch_id] = (completion, stages[:k] + [new] + stages[k + 1:])
+        return new
+
     def release(self, dispatch_id: int, now_us: float) -> None:
         """An abandoned dispatch: its reservations that have not started by ``now_us`` go back to the tables."""
         entry = self.live.pop(dispatch_id, None)
