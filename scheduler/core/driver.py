@@ -28,6 +28,11 @@ from scheduler.core.topology import Topology
 
 log = logging.getLogger("poolpipe.driver")
 
+# An executor sends a reserved stage at once when it is due in less than this: an event loop sleeps at a
+# millisecond's resolution (epoll's timeout), so a shorter wait costs up to a millisecond, while a stage sent that
+# much early at worst waits in its server's queue behind the vGPU's batch before it.
+EARLY_SEND_US = 1000.0
+
 
 @dataclass(frozen=True)
 class DriverConfig:
@@ -92,7 +97,8 @@ class StageOutcome:
     ``compute_us``: the stage's measured compute interval (None: not measured). ``failed``: the stage's server
     failed (why); the driver retries or rejects the ``wanted`` items (those whose callers still wait).
     ``gave_up``: the executor abandoned the dispatch (no caller waits, or it answered them itself): nothing to
-    learn from it."""
+    learn from it. ``next_lead_us``: how long after ``now_us`` the next stage could start computing if sent now
+    (None: the core's clock lead), for moving it earlier when its input is ready before its reservation."""
 
     dispatch: Dispatch
     index: int  # which of dispatch.stages
@@ -101,6 +107,7 @@ class StageOutcome:
     failed: str | None = None
     wanted: Sequence[Any] = ()
     gave_up: bool = False
+    next_lead_us: float | None = None
 
 
 class Action(Enum):
@@ -234,7 +241,7 @@ class Driver:
         if o.compute_us is not None:
             self.scheduler.report(d.id, d.stages[o.index].stage, *o.compute_us)
         if o.index + 1 < len(d.stages):
-            self._advance(d, o.index + 1, o.now_us + self.lead_us)
+            self._advance(d, o.index + 1, o.now_us + (self.lead_us if o.next_lead_us is None else o.next_lead_us))
             return NextStep(Action.NEXT_STAGE)
         self._in_flight.pop(d.id, None)
         if d.final and self.config.learn_lateness:

@@ -26,7 +26,7 @@ import numpy as np
 
 from poolpipe_common.overheads import Overheads
 from scheduler.core.api import Dispatch, Scheduler
-from scheduler.core.driver import Action, Driver, DriverConfig, Report, StageOutcome
+from scheduler.core.driver import EARLY_SEND_US, Action, Driver, DriverConfig, Report, StageOutcome
 from scheduler.core.topology import Pipeline, Topology
 
 ARRIVE, WAKE, XFER, READY, END, DOWN, UP, CANCEL = range(8)
@@ -225,7 +225,7 @@ class VirtualExecutor:
         """Send stage k no earlier than its reserved start less the lead; it reaches the server a lead later."""
         a = fl.d.stages[k]
         lead = self.ov.lead_us
-        send = a.start_us - lead if fl.d.reserved and a.start_us - lead > t else t
+        send = a.start_us - lead if fl.d.reserved and a.start_us - lead >= t + EARLY_SEND_US else t
         fl.send_at = send
         self.push(send + lead, READY, fl, k)
 

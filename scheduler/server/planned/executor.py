@@ -22,7 +22,7 @@ from model_repository_gen.manifest import ModelInfo, PipelineInfo, StageInfo
 from model_repository_gen.triton_config import COMPUTE_END_OUTPUT, COMPUTE_START_OUTPUT
 from poolpipe_common.batcher import QUEUE_FULL, QUEUE_TIMEOUT
 from scheduler.core.api import Dispatch
-from scheduler.core.driver import Action, NextStep, Report, StageOutcome
+from scheduler.core.driver import EARLY_SEND_US, Action, NextStep, Report, StageOutcome
 from scheduler.server.common.errors import ServeError, shed
 from scheduler.server.common.metrics import SidecarMetrics
 from scheduler.server.common.tracing import DispatchTraces, Tracer
@@ -156,9 +156,9 @@ class LiveExecutor:
             deadline_us = max(s.call.deadline_us for s in live)
             for k, a in enumerate(d.stages):
                 if d.reserved:  # send ahead of the reserved compute start by the stage's lead time
-                    wait = (a.start_us - self._lead(d.pipeline_id, a.stage, len(live)) - now_us()) / 1e6
-                    if wait > 0:
-                        await _until_all_gone(live, wait)
+                    wait_us = a.start_us - self._lead(d.pipeline_id, a.stage, len(live)) - now_us()
+                    if wait_us >= EARLY_SEND_US:
+                        await _until_all_gone(live, wait_us / 1e6)
                 if not any(s.wanted for s in live):  # every caller went away before this stage was sent
                     step = report(StageOutcome(d, k, now_us(), gave_up=True))  # its reservations go back
                     break
@@ -174,7 +174,10 @@ class LiveExecutor:
                     if traces is not None:
                         traces.stage(a.stage, pipe.stages[a.stage].triton_model, a.vgpu,
                                      self.fleet.servers[a.vgpu].grpc_url, hop, timing)
-                step = report(StageOutcome(d, k, now_us(), None if timing is None else timing.compute_us))
+                nxt_lead = (self._lead(d.pipeline_id, d.stages[k + 1].stage, len(live)) if k + 1 < len(d.stages)
+                            else None)
+                step = report(StageOutcome(d, k, now_us(), None if timing is None else timing.compute_us,
+                                           next_lead_us=nxt_lead))
                 if step.action is not Action.NEXT_STAGE:
                     break
         except StageFault as f:
