@@ -40,6 +40,7 @@ from onnx import TensorProto, helper
 from tritonclient.utils import InferenceServerException
 
 from ensembles.triton_baseline import start_baseline, write_whole_model
+from loadtest.open_loop import no_collector_pauses
 from model_repository_gen import triton_config as tc
 from model_repository_gen.generate import generate
 from planner.plan_json import ModelPlan, PartitionPlan, PipelinePlan, Plan
@@ -199,7 +200,8 @@ def main() -> int:
     inp = grpcclient.InferInput("input", list(x.shape), "FP32")
     inp.set_data_from_numpy(x)
 
-    with tempfile.TemporaryDirectory(prefix="poolpipe-bench-sidecar-") as tmp:
+    # the load clients below run in this process: no pauses of their own collector counted against a system
+    with no_collector_pauses(), tempfile.TemporaryDirectory(prefix="poolpipe-bench-sidecar-") as tmp:
         work = Path(tmp)
         deploy, onnx_path, _ = build_deployment(work / "tb", name=MODEL, slo_us=args.slo_ms * 1e3)
         repo = work / "baseline"
