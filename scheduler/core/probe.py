@@ -245,29 +245,28 @@ class ReservationState:
         tab = self.vgpu_tables.get(a.vgpu)
         if tab is None or a.vgpu not in self.up_vgpus or a.start_us <= ready_us + ADVANCE_MIN_US:
             return None
+        links = self._links(stages, k) or ()
         key, xkey = owner_key(dispatch_id, a.stage, COMPUTE), owner_key(dispatch_id, a.stage, TRANSFER)
-        links = self._links(stages, k)
-        held = [(t, t.find(o)) for t, o in ((tab, key), *((x, xkey) for x in links or ()))]
-        if any(i < 0 for _, i in held):
+        held = [(tab, key, tab.find(key)), *((x, xkey, x.find(xkey)) for x in links)]
+        if any(i < 0 for _, _, i in held):
             return None  # already pruned or released: nothing held to move
         # what the tables hold (feedback may have pushed it since the assignment was made)
-        (s0, e0), *xfer = [(t.starts[i], t.ends[i]) for t, i in held]
-        for t, i in held:
+        spans = [(t.starts[i], t.ends[i]) for t, _, i in held]
+        for t, _, i in held:
             t.remove_at(i)
-        ts = te = None
-        ready = ready_us
-        if links is not None:
-            ts = earliest_common(links, ready_us, xfer[0][1] - xfer[0][0])
-            te = ready = ts + xfer[0][1] - xfer[0][0]
-        s = tab.earliest(ready, e0 - s0)
+        (s0, e0), ts, te = spans[0], None, None
+        if links:
+            ts = earliest_common(links, ready_us, spans[1][1] - spans[1][0])
+            te = ts + spans[1][1] - spans[1][0]
+        s = tab.earliest(ready_us if te is None else te, e0 - s0)
         if s >= s0 - ADVANCE_MIN_US:  # no earlier slot: everything back as it was
-            for (t, _), (a_s, a_e) in zip(held, [(s0, e0), *xfer]):
-                t.reserve(a_s, a_e, key if t is tab else xkey)
+            for (t, owner, _), (b, e) in zip(held, spans):
+                t.reserve(b, e, owner)
             return None
         tab.reserve(s, s + e0 - s0, key)
-        for x in links or ():
+        for x in links:
             x.reserve(ts, te, xkey)  # type: ignore[arg-type]
-        for t, _ in held:
+        for t, _, _ in held:
             self._touch(t)
         return StageAssignment(a.stage, a.vgpu, s, s + e0 - s0, ts, te)
 
@@ -281,14 +280,13 @@ class ReservationState:
     def release(self, dispatch_id: int, stages: list[StageAssignment], now_us: float) -> None:
         """Give back the reservations of ``stages`` (one dispatch) that start at or after ``now_us``: compute
         intervals on their vGPUs, transfers on both NICs."""
-        vgpus = self.topology.vgpus
         for i, a in enumerate(stages):
             if a.start_us >= now_us:
                 self._release(self.vgpu_tables.get(a.vgpu), owner_key(dispatch_id, a.stage, COMPUTE))
-            if i > 0 and a.transfer_start_us is not None and a.transfer_start_us >= now_us:
-                key = owner_key(dispatch_id, a.stage, TRANSFER)
-                self._release(self.uplinks.get(vgpus[stages[i - 1].vgpu].server), key)
-                self._release(self.downlinks.get(vgpus[a.vgpu].server), key)
+            links = self._links(stages, i)
+            if links is not None and a.transfer_start_us >= now_us:  # type: ignore[operator]
+                for x in links:
+                    self._release(x, owner_key(dispatch_id, a.stage, TRANSFER))
 
     def _release(self, tab: ResourceTable | None, owner: int) -> None:
         if tab is not None and tab.release(owner):

@@ -114,13 +114,11 @@ class PPipePolicy(QueueingPolicy):
         entry = self.live.get(dispatch_id)
         if entry is None:
             return None
-        completion, stages = entry
+        stages = entry[1]
         k = next((i for i, a in enumerate(stages) if a.stage == stage), -1)
         new = self.state.advance(dispatch_id, stages, k, ready_us) if k >= 0 else None
         if new is not None:
-            if k == len(stages) - 1:
-                completion -= stages[k].end_us - new.end_us
-            self.live[dispatch_id] = (completion, stages[:k] + [new] + stages[k + 1:])
+            stages[k] = new  # the completion it keeps only ages the entry out: the driver keeps the prediction
         return new
 
     def release(self, dispatch_id: int, now_us: float) -> None:
