@@ -465,7 +465,8 @@ def test_overload_gets_explicit_shed_errors(testbed: dict) -> None:
         if new_shed:
             break
     assert ok and shed
-    assert all(r.status() == "StatusCode.UNAVAILABLE" and "shed to protect the SLO" in r.message() for r in shed)
+    assert all(r.status() == "StatusCode.UNAVAILABLE" and "shed to protect the SLO" in r.message() for r in shed), \
+        {(r.status(), r.message()) for r in shed}
     ref = _ref(testbed, _x(1, 5))
     for r in ok:
         np.testing.assert_allclose(r, ref, atol=1e-4)
