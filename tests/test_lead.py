@@ -1,4 +1,5 @@
-"""The live executor's learned send-to-compute lead cannot outlive the burst that taught it."""
+"""The live executor's learned send-to-compute lead cannot outlive the burst that taught it; what a stage holds its
+vGPU for includes its server's turnaround."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from scheduler.server.planned.lead import LEAD_HORIZON_US, LEAD_MIN_SAMPLES, LeadLearner, percentile
+from scheduler.server.planned.vgpu_occupancy import WEIGHT as OCCUPANCY_WEIGHT
+from scheduler.server.planned.vgpu_occupancy import VgpuOccupancy
 
 
 def _burst_then_calm(learner: LeadLearner) -> tuple[float, float]:
@@ -48,3 +51,17 @@ def test_at_a_low_rate_the_newest_samples_are_kept_whatever_their_age():
 @given(st.lists(st.floats(0.0, 1e7), min_size=1, max_size=300), st.floats(0.0, 100.0))
 def test_percentile_is_numpys(values: list[float], q: float) -> None:
     assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)), rel=1e-12, abs=1e-9)
+
+
+def test_a_vgpu_is_held_for_its_servers_turnaround_between_back_to_back_batches():
+    """A batch sent while the one before it computed waited in the server's queue: its start less that end is the
+    server's turnaround, and every later compute on that vGPU is reported held that much longer; a batch sent to
+    an idle vGPU measures the lead instead and leaves the turnaround alone."""
+    occ = VgpuOccupancy()
+    assert occ.measured("g0", 0.0, 1000.0, 5000.0)  # idle at the send
+    assert occ.held("g0", 1000.0, 5000.0) == (1000.0, 5000.0)  # nothing known yet
+    assert not occ.measured("g0", 4000.0, 7000.0, 9000.0)  # queued behind it: 2 ms turnaround
+    assert occ.held("g0", 7000.0, 9000.0) == (7000.0, 11000.0)
+    assert not occ.measured("g0", 8000.0, 10_000.0, 12_000.0)  # 1 ms this time: smoothed, not replaced
+    assert occ.turnaround_us["g0"] == pytest.approx(2000.0 + OCCUPANCY_WEIGHT * (1000.0 - 2000.0))
+    assert occ.measured("g0", 20_000.0, 21_000.0, 22_000.0) and occ.held("g1", 0.0, 1.0) == (0.0, 1.0)

@@ -94,7 +94,8 @@ class Ticket:
 class StageOutcome:
     """What became of one stage of a dispatch: the executor's one report to the driver (executor clock).
 
-    ``compute_us``: the stage's measured compute interval (None: not measured). ``failed``: the stage's server
+    ``compute_us``: the interval the stage held its vGPU, as measured: its compute, plus the server's turnaround
+    to its next batch where the executor knows it (None: not measured). ``failed``: the stage's server
     failed (why); the driver retries or rejects the ``wanted`` items (those whose callers still wait).
     ``gave_up``: the executor abandoned the dispatch (no caller waits, or it answered them itself): nothing to
     learn from it. ``next_lead_us``: how long after ``now_us`` the next stage could start computing if sent now

@@ -42,6 +42,7 @@ from scheduler.server.planned.stage_io import (
     stacked,
     wall_ns_to_mono_us,
 )
+from scheduler.server.planned.vgpu_occupancy import VgpuOccupancy
 
 log = logging.getLogger("poolpipe.sidecar.executor")
 
@@ -81,7 +82,7 @@ class LiveExecutor:
         # and the sidecar's CPU is shared): learned from stages sent to an idle server, added to every lead.
         self.extra_lead_us = 0.0
         self._lead_learner = LeadLearner()
-        self._last_end: dict[str, float] = {}  # vGPU -> end of its last measured compute
+        self.occupancy = VgpuOccupancy()  # what a stage holds its vGPU for: compute and the server's turnaround
         self.tasks: set[asyncio.Task] = set()
         self.meter = OverheadMeter()
 
@@ -113,9 +114,9 @@ class LiveExecutor:
 
     def _learn_lead(self, d: Dispatch, stage: int, vgpu: str, batch: int, t: StageTiming) -> None:
         """A stage sent to an idle server shows the real send-to-compute lead: keep the excess over the
-        calibrated one, and lead by a high percentile of its recent values (the core's clock with it)."""
-        idle = self._last_end.get(vgpu, 0.0) < t.send_us
-        self._last_end[vgpu] = t.end_us
+        calibrated one, and lead by a high percentile of its recent values (the core's clock with it). One that
+        waited in the server's queue shows the server's turnaround between batches instead."""
+        idle = self.occupancy.measured(vgpu, t.send_us, t.start_us, t.end_us)
         if not idle or d.pipeline_id not in self.lead_us:
             return
         base = self._calibrated_lead(d.pipeline_id, stage, batch)
@@ -176,8 +177,8 @@ class LiveExecutor:
                                      self.fleet.servers[a.vgpu].grpc_url, hop, timing)
                 nxt_lead = (self._lead(d.pipeline_id, d.stages[k + 1].stage, len(live)) if k + 1 < len(d.stages)
                             else None)
-                step = report(StageOutcome(d, k, now_us(), None if timing is None else timing.compute_us,
-                                           next_lead_us=nxt_lead))
+                held = None if timing is None else self.occupancy.held(a.vgpu, *timing.compute_us)
+                step = report(StageOutcome(d, k, now_us(), held, next_lead_us=nxt_lead))
                 if step.action is not Action.NEXT_STAGE:
                     break
         except StageFault as f:
