@@ -2,7 +2,8 @@
 
 Per model and arrival trace, each through the sidecar unless said: (a0) the fixed-margin plan (PPipe's nominal
 objective keeping 30 % of the SLO free: the old default), (a) the plan for the rate it sustains (the default
-objective, planned with the per-stage costs the sidecar measured serving a0), (b) np planned the same way,
+objective, planned with the per-stage costs the sidecar measured serving a0 and the way outside its clock the
+client measured at a0's knee), (b) np planned the same way,
 (c) Triton-native (np's whole-model servers behind Triton's dynamic batcher, round-robin), and the simulator's
 prediction of (a) with those costs. Printed: each system's absolute req/s held at >= 99 % SLO attainment (load
 factors in steps of 0.025 of a0's nominal rate), the ratios a/a0, a/c, a/b, and how the plan's promise

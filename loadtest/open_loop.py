@@ -17,6 +17,8 @@ import tritonclient.grpc.aio as grpcaio
 from tritonclient.grpc import InferInput
 from tritonclient.utils import InferenceServerException, triton_to_np_dtype
 
+from poolpipe_common.overheads import SIDECAR_LATENCY_PARAMETER
+
 
 @dataclass(frozen=True)
 class RunResult:
@@ -27,6 +29,9 @@ class RunResult:
     latencies_ms: tuple[float, ...]  # of answered requests
     first_error: str | None
     send_lag_ms_p99: float  # how late requests left after their scheduled time (the client's own lateness)
+    # per answer that reported the sidecar's own time (poolpipe_common.overheads.SIDECAR_LATENCY_PARAMETER): the
+    # client's latency less it, the way outside the sidecar's clock (Overheads.with_front_samples takes them)
+    front_us: tuple[float, ...] = ()
 
     @property
     def attainment(self) -> float:
@@ -79,11 +84,12 @@ async def run_open_loop(urls: Sequence[str], model: str, arrivals_s: Sequence[fl
         lags: list[float] = []
         counts = {"met": 0, "late": 0, "errors": 0}
         first_error: list[str] = []
+        fronts: list[float] = []
 
         async def one(i: int) -> None:
             t0 = time.perf_counter()
             try:
-                await clients[i % len(clients)].infer(model, inputs, client_timeout=timeout_s)
+                result = await clients[i % len(clients)].infer(model, inputs, client_timeout=timeout_s)
             except InferenceServerException as e:
                 counts["errors"] += 1
                 if not first_error:
@@ -92,6 +98,9 @@ async def run_open_loop(urls: Sequence[str], model: str, arrivals_s: Sequence[fl
             ms = (time.perf_counter() - t0) * 1e3
             latencies.append(ms)
             counts["met" if ms <= slo_ms else "late"] += 1
+            params = result.get_response().parameters
+            if SIDECAR_LATENCY_PARAMETER in params:
+                fronts.append(ms * 1e3 - params[SIDECAR_LATENCY_PARAMETER].int64_param)
 
         start = time.perf_counter()
         tasks = []
@@ -106,7 +115,8 @@ async def run_open_loop(urls: Sequence[str], model: str, arrivals_s: Sequence[fl
         for c in clients:
             await c.close()
     return RunResult(len(arrivals_s), counts["met"], counts["late"], counts["errors"], tuple(latencies),
-                     first_error[0] if first_error else None, float(np.percentile(lags, 99)) if lags else 0.0)
+                     first_error[0] if first_error else None, float(np.percentile(lags, 99)) if lags else 0.0,
+                     tuple(fronts))
 
 
 def open_loop(urls: Sequence[str], model: str, arrivals_s: Sequence[float], slo_ms: float,

@@ -3,11 +3,13 @@
 One model per run: plans of a small L4:T4 = 1:3 cluster, served on emulated devices (real tritonservers that
 hold each batch for its profiled latency, costing no CPU), measured with open-loop arrivals: (a0) the fixed-margin
 plan (PPipe's nominal objective with 30 % of the SLO kept free: the old default), (a) the ppipe plan for the
-rate it sustains (the default objective; planned with the per-stage costs the sidecar measured serving a0), (b)
+rate it sustains (the default objective; planned with the per-stage costs the sidecar measured serving a0 and
+the way outside the sidecar's clock the client measured at a0's knee, answer by answer), (b)
 the np plan planned the same way, each through the sidecar; (c) Triton-native: the np plan's whole-model servers
 behind Triton's dynamic batcher, requests spread round-robin; and (d) the simulator's prediction of (a) and (b),
-given the overheads the sidecar measured. Per system: the largest load factor (steps of STEP; 1.0 = the
-fixed-margin plan's nominal rate, so rows compare absolute rates) with >= 99 % SLO attainment.
+given the overheads the sidecar measured and the way outside its clock the client measured. Per system: the
+largest load factor (steps of STEP; 1.0 = the fixed-margin plan's nominal rate, so rows compare absolute rates)
+with >= 99 % SLO attainment.
 Used by benchmarks/live_paper.py and `poolpipe demo`.
 """
 
@@ -54,7 +56,8 @@ class PaperRun:
     # choose their own margin.
     slo_margin: float = 0.3
     # Plan the sustained plans with the per-stage costs the sidecar measured serving the fixed-margin plan (as a
-    # user does: serve --overheads-out, then plan --overheads); False: this project's default costs.
+    # user does: serve --overheads-out, then plan --overheads) and the way outside the sidecar's clock the client
+    # measured at its knee (front_quantiles_us); False: this project's default costs.
     measured_overheads: bool = True
 
 
@@ -156,6 +159,9 @@ class PaperExperiment:
         self.log = log
         self.manifests: dict = {}  # sidecar system -> its manifest, for the prediction
         self.records: list[dict] = []  # one per measured (system, load factor): what the client saw
+        # per sidecar system and load factor: the way outside the sidecar's clock, per answer, as the client saw it
+        self.fronts: dict[tuple[str, float], list[float]] = {}
+        self.knees: dict[str, float] = {}  # per sidecar system: the load factor it held live
         work.mkdir(parents=True, exist_ok=True)
         (work / "cluster.json").write_text(json.dumps(cluster_doc(run)))
 
@@ -203,8 +209,7 @@ class PaperExperiment:
         for name, p in (("ppipe", self.ppipe), ("np", self.np_plan)):
             m = p.models[0]
             self.log(f"  sustained {name} plan: sustains {m.sustainable_rps:.1f} req/s ({m.arrivals}; nominal "
-                     f"{m.throughput_rps:.1f})" + (f", per-stage costs measured: lead {overheads.lead_us:.0f} us, "
-                                                   f"tail {overheads.tail_us:.0f} us" if overheads else ""))
+                     f"{m.throughput_rps:.1f})" + (_costs_text(overheads) if overheads else ""))
 
     def promise_lf(self, plan) -> float:
         """The load factor of a plan's sustainable rate (where the search starts)."""
@@ -226,10 +231,29 @@ class PaperExperiment:
         self.records.append({"system": system, "load_factor": lf, "offered_rps": lf * self.rate,
                              "attainment": r.attainment, "offered": r.offered, "late": r.late, "errors": r.errors,
                              "p50_ms": r.latency_ms(50), "p99_ms": r.latency_ms(99), "first_error": r.first_error})
+        front = (f"  outside the sidecar p50/p99 {np.percentile(r.front_us, 50) / 1e3:.1f}/"
+                 f"{np.percentile(r.front_us, 99) / 1e3:.1f} ms" if r.front_us else "")
         self.log(f"  {system:13s} lf {lf:.2f} ({lf * self.rate:5.1f} req/s): attainment {100 * r.attainment:6.2f} % "
                  f"p50 {r.latency_ms(50) or 0:6.1f} ms  p99 {r.latency_ms(99) or 0:6.1f} ms  shed {r.errors}  "
-                 f"late {r.late}")
+                 f"late {r.late}{front}")
+        if r.front_us:
+            self.fronts.setdefault((system, lf), []).extend(r.front_us)
         return r.attainment
+
+    def front_samples(self, system: str, lf: float) -> list[float]:
+        """What the client measured outside ``system``'s sidecar at load factor ``lf`` (its knee), else at the
+        nearest load it measured (none: an empty list)."""
+        near = sorted((abs(x - lf), x) for s, x in self.fronts if s == system)
+        return self.fronts[(system, near[0][1])] if near else []
+
+    def measured_overheads(self, system: str, lf: float):
+        """The per-stage costs the sidecar of ``system`` wrote (defaults where it wrote none), with the way outside
+        its clock as the client measured it at load factor ``lf``."""
+        from poolpipe_common.overheads import Overheads
+
+        path = self.work / f"{system}-overheads.json"
+        ov = Overheads.from_dict(json.loads(path.read_text())) if path.exists() else Overheads()
+        return ov.with_front_samples(self.front_samples(system, lf))
 
     def deploy(self, plan, name: str):
         from model_repository_gen.generate import generate
@@ -267,6 +291,7 @@ class PaperExperiment:
                 return self._record(name, lf, r)
             best, points = self.search(at, self.promise_lf(plan))
         self.manifests[name] = manifest
+        self.knees[name] = best
         return SystemResult(name, best, points)
 
     def measure_triton_native(self) -> SystemResult:
@@ -292,15 +317,13 @@ class PaperExperiment:
     def predict(self, name: str) -> SystemResult:
         """The simulator's prediction for a sidecar system: its manifest's topology, the live driver, and the
         overheads that sidecar measured, on the same arrivals."""
-        from poolpipe_common.overheads import Overheads
         from scheduler.core import make_scheduler
         from scheduler.core.topology import with_stage_overhead
         from scheduler.server.planned.manifest_topology import topology_from_manifest
         from scheduler.sim.engine import simulate
         from scheduler.sim.sweep import driver_config
 
-        ov_path = self.work / f"{name}-overheads.json"
-        ov = Overheads.from_dict(json.loads(ov_path.read_text())) if ov_path.exists() else Overheads()
+        ov = self.measured_overheads(name, self.knees.get(name, 0.0))
         topo = with_stage_overhead(topology_from_manifest(self.manifests[name]), ov.tail_us)
         model = self.manifests[name].models[0].name
 
@@ -315,6 +338,13 @@ class PaperExperiment:
         best, points = self.search(at, self.promise_lf(self.ppipe if name == "ppipe" else self.np_plan), live=False)
         return SystemResult(f"simulated {name}", best, points,
                             {"lead_us": ov.lead_us, "tail_us": ov.tail_us, "slowdown": ov.slowdown})
+
+
+def _costs_text(ov) -> str:
+    q = ov.front_quantiles_us
+    front = (f", outside the sidecar (client-measured) median {ov.front_at(0.5) / 1e3:.1f} ms, p99 "
+             f"{ov.front_at(0.99) / 1e3:.1f} ms" if q else "")
+    return f", per-stage costs measured: lead {ov.lead_us:.0f} us, tail {ov.tail_us:.0f} us{front}"
 
 
 def _arrivals_of(trace: str) -> str:
@@ -339,13 +369,12 @@ def _wait_ready(url: str, model: str, timeout_s: float = 30.0) -> None:
 def run_all(run: PaperRun, work: Path, log: Callable[[str], None] = print) -> dict:
     """Every system of the comparison for one model and trace (SystemResults by name), the load factor 1.0's
     rate (``rate``) and the sustained ppipe plan's promise (``promise``, req/s)."""
-    from poolpipe_common.overheads import read_overheads
-
     ex = PaperExperiment(run, work, log)
     ex.plan_fixed()
     out = {"fixed": ex.measure_sidecar("fixed", ex.fixed)}
     measured = work / "fixed-overheads.json"
-    ex.plan_sustained(read_overheads(measured) if run.measured_overheads and measured.exists() else None)
+    ex.plan_sustained(ex.measured_overheads("fixed", out["fixed"].max_lf)
+                      if run.measured_overheads and measured.exists() else None)
     out.update({"ppipe": ex.measure_sidecar("ppipe", ex.ppipe), "np": ex.measure_sidecar("np", ex.np_plan),
                 "triton-native": ex.measure_triton_native()})
     out["sim-ppipe"] = ex.predict("ppipe")

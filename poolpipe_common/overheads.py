@@ -6,12 +6,18 @@ the margin the driver keeps before each deadline. Shared by the planner and the 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 OVERHEADS_FORMAT = "poolpipe.overheads/1"
-OVERHEADS_FIELDS = ("format", "source", "lead_us", "tail_us", "wake_late_us", "slowdown", "front_us")
+OVERHEADS_FIELDS = ("format", "source", "lead_us", "tail_us", "wake_late_us", "slowdown", "front_us",
+                    "front_quantiles_us")
+# The response parameter (int64, µs) in which the sidecar reports a planned request's time on its own clock, from
+# its handler to its answer: a client's latency less it is the way outside the sidecar's clock (front_quantiles_us).
+SIDECAR_LATENCY_PARAMETER = "poolpipe_sidecar_latency_us"
+FRONT_QUANTILES = 41  # how many evenly spaced quantiles describe a measured front path (0, 2.5 %, ..., 100 %)
 # The driver plans every batch against its deadline less max(DRIVER_MIN_MARGIN_US, DRIVER_MARGIN_FRACTION x SLO)
 # (scheduler.core.driver.DriverConfig.live); a plan must leave at least that free.
 DRIVER_MIN_MARGIN_US = 3000.0
@@ -38,11 +44,16 @@ class Overheads:
     # back): the client's latency is the sidecar's plus this, so deadlines (live and simulated) come this much
     # sooner than the SLO from the client's send. Not measurable by the sidecar; `serve --front-us` sets it.
     front_us: float = 0.0
+    # The same way as a client measured it, request by request: evenly spaced quantiles (the first at 0 %, the last
+    # at 100 %) of its latency less the sidecar's own (the sidecar reports it in each answer). When given, every
+    # simulated answer draws its way outside the sidecar's clock from them, so the simulator and the planner see
+    # the answers a client counts late that the sidecar cannot (its deadlines still use front_us). Empty: front_us.
+    front_quantiles_us: tuple[float, ...] = ()
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], where: str = "overheads") -> "Overheads":
         """Validated: known fields, non-negative times, slowdown > 0 (ValueError names the bad field)."""
-        fields = OVERHEADS_FIELDS[2:]
+        fields = OVERHEADS_FIELDS[2:-1]
         unknown = sorted(set(raw) - set(OVERHEADS_FIELDS))
         if unknown:
             raise ValueError(f"{where}: unknown field(s) {', '.join(unknown)} (known: {', '.join(fields)})")
@@ -55,11 +66,58 @@ class Overheads:
                     raise ValueError(f"{where}: {k} must be a number, got {raw[k]!r}") from None
                 if not (vals[k] > 0 if k == "slowdown" else vals[k] >= 0) or math.isinf(vals[k]):
                     raise ValueError(f"{where}: {k} must be {'> 0' if k == 'slowdown' else '>= 0'}, got {raw[k]!r}")
-        return cls(**vals)
+        return cls(**vals, front_quantiles_us=_quantiles(raw.get("front_quantiles_us", ()), where))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": OVERHEADS_FORMAT, "lead_us": self.lead_us, "tail_us": self.tail_us,
-                "wake_late_us": self.wake_late_us, "slowdown": self.slowdown, "front_us": self.front_us}
+        doc = {"format": OVERHEADS_FORMAT, "lead_us": self.lead_us, "tail_us": self.tail_us,
+               "wake_late_us": self.wake_late_us, "slowdown": self.slowdown, "front_us": self.front_us}
+        if self.front_quantiles_us:
+            doc["front_quantiles_us"] = list(self.front_quantiles_us)
+        return doc
+
+    def with_front_samples(self, samples_us: Sequence[float]) -> "Overheads":
+        """These overheads with the front path's quantiles taken from a client's measured samples (none: as is)."""
+        return replace(self, front_quantiles_us=front_quantiles(samples_us)) if samples_us else self
+
+    def front_at(self, u: float) -> float:
+        """The way outside the sidecar's clock at probability ``u`` in [0, 1] of the measured distribution
+        (linear between quantiles); front_us where none was measured."""
+        q = self.front_quantiles_us
+        if not q:
+            return self.front_us
+        if len(q) == 1:
+            return q[0]
+        x = min(max(u, 0.0), 1.0) * (len(q) - 1)
+        i = min(int(x), len(q) - 2)
+        return q[i] + (x - i) * (q[i + 1] - q[i])
+
+
+def front_quantiles(samples_us: Sequence[float], n: int = FRONT_QUANTILES) -> tuple[float, ...]:
+    """``n`` evenly spaced quantiles (0 % to 100 %, linear interpolation) of measured front-path times; negative
+    samples (clock noise between the client and the sidecar) count as 0."""
+    xs = sorted(max(0.0, float(x)) for x in samples_us)
+    if not xs:
+        return ()
+    out = []
+    for k in range(n):
+        pos = k * (len(xs) - 1) / (n - 1)
+        i = int(pos)
+        out.append(xs[i] if i + 1 >= len(xs) else xs[i] + (pos - i) * (xs[i + 1] - xs[i]))
+    return tuple(out)
+
+
+def _quantiles(raw: Any, where: str) -> tuple[float, ...]:
+    """front_quantiles_us validated: a list of finite, non-negative, non-decreasing numbers."""
+    if not isinstance(raw, (list, tuple)):
+        raise ValueError(f"{where}: front_quantiles_us must be a list of microseconds, got {raw!r}")
+    try:
+        q = tuple(float(x) for x in raw)
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: front_quantiles_us must hold numbers, got {raw!r}") from None
+    if any(not math.isfinite(x) or x < 0 for x in q) or any(b < a for a, b in zip(q, q[1:])):
+        raise ValueError(f"{where}: front_quantiles_us must be finite, >= 0 and non-decreasing "
+                         "(quantiles from 0 % to 100 %)")
+    return q
 
 
 def sidecar_slo_us(slo_us: float, front_us: float) -> float:

@@ -112,6 +112,25 @@ def test_the_way_outside_the_sidecars_clock_counts_in_every_deadline_and_answer(
         assert res.models["m"].attainment < base.models["m"].attainment
 
 
+def test_a_measured_front_path_makes_the_answers_late_that_its_tail_delays():
+    """Overheads with the front path's measured quantiles: every simulated answer draws its way outside the
+    sidecar's clock from them (deadlines still use front_us), so a tail longer than the slack the driver leaves
+    turns answers late that a constant front_us counts in time; a distribution at front_us changes nothing."""
+    const = Overheads(front_us=3000.0)
+    same = replace(const, front_quantiles_us=(3000.0,) * 5)
+    tail = const.with_front_samples([1000.0] * 90 + [3000.0] * 5 + [15_000.0] * 5)
+    runs = {name: run(0.8, driver=DriverConfig.live(), overheads=ov, duration_s=3.0)
+            for name, ov in (("const", const), ("same", same), ("tail", tail))}
+    assert totals(runs["same"]) == totals(runs["const"])
+    lat = np.array(runs["tail"].models["m"].latencies_us)
+    assert totals(runs["tail"])["late"] > 0.02 * totals(runs["tail"])["offered"]
+    assert totals(runs["const"])["late"] == 0
+    assert lat.min() >= 1000.0 + 7000.0  # the shortest front plus the fastest path
+    t = totals(runs["tail"])
+    assert t["met"] + t["late"] + t["dropped"] == t["offered"]
+    assert (lat <= SLO_US).sum() == t["met"]
+
+
 def test_reactive_runs_through_the_driver_stage_by_stage():
     res = run(0.4, driver=DriverConfig.live(), policy="reactive")
     t = totals(res)

@@ -26,7 +26,8 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from poolpipe_common.overheads import Overheads
+from loadtest.open_loop import open_loop
+from poolpipe_common.overheads import SIDECAR_LATENCY_PARAMETER, Overheads
 from runtime.launch import Deployment
 from runtime.sidecar_process import SidecarProcess
 from runtime.testbed import build_deployment
@@ -108,6 +109,25 @@ def test_answers_equal_onnxruntime_over_grpc_and_http(testbed: dict) -> None:
     vgpus = {v.id for v in testbed["manifest"].vgpus}
     assert stages and all(s["vgpu"] in vgpus and s["end_s"] >= s["start_s"] and s["batch"] >= 1 for s in stages)
     assert {s["stage"] for s in stages} == {0, 1, 2}  # every partition of the 3-stage pipeline ran and was logged
+
+
+def test_answers_report_the_sidecars_own_time_so_a_client_measures_the_way_outside_it(testbed: dict) -> None:
+    """Each planned answer carries the sidecar's time from its handler to its answer (gRPC and HTTP alike); the
+    open-loop client takes its latency less that as the way outside the sidecar's clock, per answer, which the
+    overheads file carries as quantiles for the simulator and the planner."""
+    sc = testbed["sc"]
+    x = _x(1, 7)
+    h = httpclient.InferenceServerClient(sc.http_url)
+    hi = httpclient.InferInput("input", [1, 3, 112, 112], "FP32")
+    hi.set_data_from_numpy(x)
+    reported = h.infer(MODEL, [hi]).get_response()["parameters"][SIDECAR_LATENCY_PARAMETER]
+    assert 0 < reported < SLO_US
+    r = open_loop([sc.grpc_url], MODEL, [0.02 * i for i in range(12)], SLO_US / 1e3)
+    assert r.errors == 0 and len(r.front_us) == len(r.latencies_ms) == 12
+    assert all(f < ms * 1e3 for f, ms in zip(r.front_us, r.latencies_ms))  # the sidecar's own time is > 0
+    assert all(f >= 0.0 for f in r.front_us)  # the sidecar's time lies within the client's
+    ov = Overheads(front_us=2000.0).with_front_samples(r.front_us)
+    assert len(ov.front_quantiles_us) == 41 and ov.front_at(1.0) == max(0.0, max(r.front_us))
 
 
 def test_stage_lead_times_are_calibrated_at_start(testbed: dict) -> None:

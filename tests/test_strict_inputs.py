@@ -88,6 +88,14 @@ def test_overheads_and_trace_files(tmp_path: Path) -> None:
     (tmp_path / "ov.json").write_text('{"lead_uss": 5}')
     with pytest.raises(InputError, match=r"unknown field 'lead_uss' \(did you mean 'lead_us'\?\)"):
         load_overheads(str(tmp_path / "ov.json"))
+    for bad in ('[3000, 2000]', '"fast"', '[1000, -1]', '[1000, "x"]'):
+        (tmp_path / "ov.json").write_text('{"front_us": 2000, "front_quantiles_us": %s}' % bad)
+        with pytest.raises(InputError, match="front_quantiles_us must"):
+            load_overheads(str(tmp_path / "ov.json"))
+    (tmp_path / "ov.json").write_text('{"front_us": 2000, "front_quantiles_us": [500, 1500, 9000]}')
+    ov = load_overheads(str(tmp_path / "ov.json"))
+    assert (ov.front_at(0.0), ov.front_at(0.5), ov.front_at(0.75), ov.front_at(1.0)) == (500, 1500, 5250, 9000)
+    assert ov.to_dict()["front_quantiles_us"] == [500, 1500, 9000]
     (tmp_path / "trace.csv").write_bytes(b"HashOwner,HashApp,HashFunction,Trigger,1\n\xff\xfe,\xff\n")
     for kind in ("maf19", "maf21", "replay"):
         with pytest.raises(InputError, match="cannot read"):

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import random
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -69,11 +70,14 @@ class _Outcomes:
     """Counts every request's end exactly once."""
 
     def __init__(self, models: Sequence[str], arrivals: Sequence[tuple[float, str]], slo_us: dict[str, float],
-                 front_us: float = 0.0):
+                 overheads: Overheads | None = None, seed: int = 0):
         self.stats = {m: ModelStats() for m in models}
         self.arrivals = arrivals
         self.slo_us = slo_us
-        self.front_us = front_us  # the way outside the sidecar's clock: the client sees each answer this much later
+        # the way outside the sidecar's clock: the client sees each answer this much later (a draw from its
+        # measured distribution where the overheads carry one)
+        self.overheads = overheads or Overheads()
+        self.rng = random.Random(seed)
         self.outcomes: dict[int, str] = {}
         self.drop_reasons: Counter = Counter()
         self.finish_us: dict[int, float] = {}
@@ -92,7 +96,7 @@ class _Outcomes:
     def done(self, rid: int, t: float) -> None:
         if self.outcomes.get(rid) == "cancelled":
             return
-        t += self.front_us
+        t += self.overheads.front_at(self.rng.random())
         at, model = self.arrivals[rid]
         s = self.stats.setdefault(model, ModelStats())
         met = t <= at + self.slo_us.get(model, 0.0)
@@ -127,7 +131,7 @@ def simulate(topology: Topology, scheduler: Scheduler, arrivals: Sequence[tuple[
     ``cancels``: (time_us, request index) at which a client goes away; a batch all of whose callers are gone
     before its next stage starts is abandoned and its reservations go back to the core, as live."""
     front = overheads.front_us if overheads is not None else 0.0
-    out = _Outcomes(list(topology.pipelines), arrivals, topology.slo_us, front)
+    out = _Outcomes(list(topology.pipelines), arrivals, topology.slo_us, overheads, seed)
     run = VirtualRun(topology, scheduler, driver or DriverConfig.ideal(), duration_us, noise_cv=noise_cv, seed=seed,
                      overheads=overheads, faults=faults, record_timeline=record_timeline, on_done=out.done,
                      on_reject=out.dropped, interference=interference, cancels=cancels,

@@ -13,7 +13,7 @@ from tritonclient.grpc import service_pb2
 from tritonclient.utils import triton_to_np_dtype
 
 from model_repository_gen.manifest import ModelInfo
-from poolpipe_common.overheads import sidecar_slo_us
+from poolpipe_common.overheads import SIDECAR_LATENCY_PARAMETER, sidecar_slo_us
 from scheduler.server.common.client_shm import ClientShmRegistry
 from scheduler.server.common.errors import ServeError
 from scheduler.server.common.metrics import SidecarMetrics
@@ -103,6 +103,7 @@ class Answers:
                 o.spec.datatype)).reshape(len(call.rows), *o.spec.shape) for o in call.checked.outputs})
             return
         resp = service_pb2.ModelInferResponse(model_name=call.model.name, model_version="1", id=call.request.id)
+        resp.parameters[SIDECAR_LATENCY_PARAMETER].int64_param = int(t - call.arrival_us)
         try:
             for target in call.checked.outputs:
                 data = _joined(call.rows, target.spec.name)
