@@ -265,8 +265,8 @@ def _paper(opts: DemoOptions, out: Path, result: DemoResult, console) -> None:
     result.paper = {"model": opts.paper_model, "slo_ms": ex.slo_ms, "ppipe_rps": ex.rate,
                     "np_rps": ex.np_plan.models[0].throughput_rps, "time_scale": ex.run.time_scale,
                     "cluster": f"{opts.l4} L4 + {opts.t4} T4 (emulated)"}
-    ex.measure_sidecar("ppipe", ex.ppipe)
+    ppipe = ex.measure_sidecar("ppipe", ex.ppipe)
     ex.measure_sidecar("np", ex.np_plan)
     ex.measure_triton_native()
-    ex.predict("ppipe")
+    ex.predict("ppipe", ppipe.max_lf)
     result.runs = ex.records

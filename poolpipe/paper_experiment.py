@@ -161,7 +161,6 @@ class PaperExperiment:
         self.records: list[dict] = []  # one per measured (system, load factor): what the client saw
         # per sidecar system and load factor: the way outside the sidecar's clock, per answer, as the client saw it
         self.fronts: dict[tuple[str, float], list[float]] = {}
-        self.knees: dict[str, float] = {}  # per sidecar system: the load factor it held live
         work.mkdir(parents=True, exist_ok=True)
         (work / "cluster.json").write_text(json.dumps(cluster_doc(run)))
 
@@ -246,13 +245,13 @@ class PaperExperiment:
         near = sorted((abs(x - lf), x) for s, x in self.fronts if s == system)
         return self.fronts[(system, near[0][1])] if near else []
 
-    def measured_overheads(self, system: str, lf: float):
-        """The per-stage costs the sidecar of ``system`` wrote (defaults where it wrote none), with the way outside
-        its clock as the client measured it at load factor ``lf``."""
-        from poolpipe_common.overheads import Overheads
+    def overheads_of(self, system: str, lf: float):
+        """The per-stage costs the sidecar of ``system`` wrote (none measured where it wrote none), with the way
+        outside its clock as the client measured it at load factor ``lf``."""
+        from poolpipe_common.overheads import Overheads, read_overheads
 
         path = self.work / f"{system}-overheads.json"
-        ov = Overheads.from_dict(json.loads(path.read_text())) if path.exists() else Overheads()
+        ov = read_overheads(path) if path.exists() else Overheads()
         return ov.with_front_samples(self.front_samples(system, lf))
 
     def deploy(self, plan, name: str):
@@ -291,7 +290,6 @@ class PaperExperiment:
                 return self._record(name, lf, r)
             best, points = self.search(at, self.promise_lf(plan))
         self.manifests[name] = manifest
-        self.knees[name] = best
         return SystemResult(name, best, points)
 
     def measure_triton_native(self) -> SystemResult:
@@ -314,16 +312,17 @@ class PaperExperiment:
             best, points = self.search(at, 0.5 * self.promise_lf(self.np_plan))
         return SystemResult("triton-native", best, points)
 
-    def predict(self, name: str) -> SystemResult:
+    def predict(self, name: str, knee_lf: float) -> SystemResult:
         """The simulator's prediction for a sidecar system: its manifest's topology, the live driver, and the
-        overheads that sidecar measured, on the same arrivals."""
+        overheads that sidecar measured (the way outside its clock as at ``knee_lf``, the load it held live), on
+        the same arrivals."""
         from scheduler.core import make_scheduler
         from scheduler.core.topology import with_stage_overhead
         from scheduler.server.planned.manifest_topology import topology_from_manifest
         from scheduler.sim.engine import simulate
         from scheduler.sim.sweep import driver_config
 
-        ov = self.measured_overheads(name, self.knees.get(name, 0.0))
+        ov = self.overheads_of(name, knee_lf)
         topo = with_stage_overhead(topology_from_manifest(self.manifests[name]), ov.tail_us)
         model = self.manifests[name].models[0].name
 
@@ -373,10 +372,10 @@ def run_all(run: PaperRun, work: Path, log: Callable[[str], None] = print) -> di
     ex.plan_fixed()
     out = {"fixed": ex.measure_sidecar("fixed", ex.fixed)}
     measured = work / "fixed-overheads.json"
-    ex.plan_sustained(ex.measured_overheads("fixed", out["fixed"].max_lf)
+    ex.plan_sustained(ex.overheads_of("fixed", out["fixed"].max_lf)
                       if run.measured_overheads and measured.exists() else None)
     out.update({"ppipe": ex.measure_sidecar("ppipe", ex.ppipe), "np": ex.measure_sidecar("np", ex.np_plan),
                 "triton-native": ex.measure_triton_native()})
-    out["sim-ppipe"] = ex.predict("ppipe")
-    out["sim-np"] = ex.predict("np")
+    out["sim-ppipe"] = ex.predict("ppipe", out["ppipe"].max_lf)
+    out["sim-np"] = ex.predict("np", out["np"].max_lf)
     return {**out, "rate": ex.rate, "promise": ex.ppipe.models[0].sustainable_rps}

@@ -11,9 +11,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 OVERHEADS_FORMAT = "poolpipe.overheads/1"
-OVERHEADS_FIELDS = ("format", "source", "lead_us", "tail_us", "wake_late_us", "slowdown", "front_us",
-                    "front_quantiles_us")
+NUMBER_FIELDS = ("lead_us", "tail_us", "wake_late_us", "slowdown", "front_us")
+OVERHEADS_FIELDS = ("format", "source", *NUMBER_FIELDS, "front_quantiles_us")
 # The response parameter (int64, µs) in which the sidecar reports a planned request's time on its own clock, from
 # its handler to its answer: a client's latency less it is the way outside the sidecar's clock (front_quantiles_us).
 SIDECAR_LATENCY_PARAMETER = "poolpipe_sidecar_latency_us"
@@ -53,12 +55,12 @@ class Overheads:
     @classmethod
     def from_dict(cls, raw: dict[str, Any], where: str = "overheads") -> "Overheads":
         """Validated: known fields, non-negative times, slowdown > 0 (ValueError names the bad field)."""
-        fields = OVERHEADS_FIELDS[2:-1]
         unknown = sorted(set(raw) - set(OVERHEADS_FIELDS))
         if unknown:
-            raise ValueError(f"{where}: unknown field(s) {', '.join(unknown)} (known: {', '.join(fields)})")
+            raise ValueError(f"{where}: unknown field(s) {', '.join(unknown)} "
+                             f"(known: {', '.join(OVERHEADS_FIELDS[2:])})")
         vals: dict[str, float] = {}
-        for k in fields:
+        for k in NUMBER_FIELDS:
             if k in raw:
                 try:
                     vals[k] = float(raw[k])
@@ -77,33 +79,24 @@ class Overheads:
 
     def with_front_samples(self, samples_us: Sequence[float]) -> "Overheads":
         """These overheads with the front path's quantiles taken from a client's measured samples (none: as is)."""
-        return replace(self, front_quantiles_us=front_quantiles(samples_us)) if samples_us else self
+        return replace(self, front_quantiles_us=front_quantiles(samples_us)) if len(samples_us) else self
 
-    def front_at(self, u: float) -> float:
-        """The way outside the sidecar's clock at probability ``u`` in [0, 1] of the measured distribution
-        (linear between quantiles); front_us where none was measured."""
+    def front_at(self, u: float | np.ndarray) -> float | np.ndarray:
+        """The way outside the sidecar's clock at probability (or probabilities) ``u`` in [0, 1] of the measured
+        distribution (linear between quantiles); front_us where none was measured."""
         q = self.front_quantiles_us
         if not q:
-            return self.front_us
-        if len(q) == 1:
-            return q[0]
-        x = min(max(u, 0.0), 1.0) * (len(q) - 1)
-        i = min(int(x), len(q) - 2)
-        return q[i] + (x - i) * (q[i + 1] - q[i])
+            return np.full(np.shape(u), self.front_us) if np.ndim(u) else self.front_us
+        return np.interp(u, np.linspace(0.0, 1.0, len(q)), q)
 
 
 def front_quantiles(samples_us: Sequence[float], n: int = FRONT_QUANTILES) -> tuple[float, ...]:
-    """``n`` evenly spaced quantiles (0 % to 100 %, linear interpolation) of measured front-path times; negative
-    samples (clock noise between the client and the sidecar) count as 0."""
-    xs = sorted(max(0.0, float(x)) for x in samples_us)
-    if not xs:
+    """``n`` evenly spaced quantiles (0 % to 100 %, linear interpolation) of measured front-path times (a sample
+    below 0, which the sidecar's time lying within the client's rules out, counts as 0)."""
+    if not len(samples_us):
         return ()
-    out = []
-    for k in range(n):
-        pos = k * (len(xs) - 1) / (n - 1)
-        i = int(pos)
-        out.append(xs[i] if i + 1 >= len(xs) else xs[i] + (pos - i) * (xs[i + 1] - xs[i]))
-    return tuple(out)
+    xs = np.maximum(np.asarray(samples_us, dtype=float), 0.0)
+    return tuple(float(x) for x in np.quantile(xs, np.linspace(0.0, 1.0, n)))
 
 
 def _quantiles(raw: Any, where: str) -> tuple[float, ...]:

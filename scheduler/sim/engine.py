@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import random
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -74,10 +73,10 @@ class _Outcomes:
         self.stats = {m: ModelStats() for m in models}
         self.arrivals = arrivals
         self.slo_us = slo_us
-        # the way outside the sidecar's clock: the client sees each answer this much later (a draw from its
-        # measured distribution where the overheads carry one)
-        self.overheads = overheads or Overheads()
-        self.rng = random.Random(seed)
+        # the way outside the sidecar's clock, per request: the client sees its answer this much later (a draw
+        # from its measured distribution where the overheads carry one)
+        ov = overheads or Overheads()
+        self.front_us: list[float] = ov.front_at(np.random.default_rng(seed).random(len(arrivals))).tolist()
         self.outcomes: dict[int, str] = {}
         self.drop_reasons: Counter = Counter()
         self.finish_us: dict[int, float] = {}
@@ -96,7 +95,7 @@ class _Outcomes:
     def done(self, rid: int, t: float) -> None:
         if self.outcomes.get(rid) == "cancelled":
             return
-        t += self.overheads.front_at(self.rng.random())
+        t += self.front_us[rid]
         at, model = self.arrivals[rid]
         s = self.stats.setdefault(model, ModelStats())
         met = t <= at + self.slo_us.get(model, 0.0)
