@@ -14,7 +14,8 @@ vGPUs of a host share its cores: each gets ``cores // vGPUs on the host`` engine
 devices the partition backend holds each batch for the profiled latency of its (GPU type, V, batch)
 (the native ``poolpipe_emulated`` backend where it builds, else ``1/model.py``; no ONNX file); a model
 served only by emulated hosts needs no ONNX file, its tensors are invented from the profile
-(``emulated_io.py``, scaled by ``emulated_tensor_scale``).
+(``emulated_io.py``, scaled by ``emulated_tensor_scale``; the manifest keeps their profiled size as each stage's
+``link_bytes_per_request``, so the scheduler reserves a NIC for as long as the planned cluster's would take).
 Unequal vGPU sizes (plan ``gpu_splits``, planner/sizing/split_slots.py) take the first GPUs of their type: an MPS
 share's server gets ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` = its percentage; a MIG instance's server gets
 ``POOLPIPE_MIG_PROFILE`` / ``POOLPIPE_MIG_PLACEMENT`` and a ``CUDA_VISIBLE_DEVICES`` placeholder that the
@@ -258,8 +259,10 @@ class _Writer:
 
     def __init__(self, out: Path, work: Path, onnx_paths: Mapping[str, Path], fp16_boundaries: bool,
                  invented: dict[str, EmulatedTensors], ports: dict[str, tuple[int, int, int]],
-                 vgpus_per_host: dict[str, int], generation: int = 0, emulated_backend: str = "python") -> None:
+                 vgpus_per_host: dict[str, int], generation: int = 0, emulated_backend: str = "python",
+                 profiled: dict[str, EmulatedTensors] | None = None) -> None:
         self.out, self.work, self.onnx_paths, self.fp16 = out, work, onnx_paths, fp16_boundaries
+        self.profiled = profiled or {}  # invented models' tensors at their profiled sizes, where ``invented`` shrank
         self.emulated_backend = emulated_backend
         self.suffix = generation_suffix(generation)
         self.invented, self.ports, self.vgpus_per_host = invented, ports, vgpus_per_host
@@ -299,7 +302,9 @@ class _Writer:
             srv["models"].append(name)
         dev = p.timing_device  # 'GPU@size' for an unequal share, so the sidecar finds its timings
         lat = {b: m.profile.latency_us(dev, p.v, b, *p.blocks) for b in m.profile.batch_sizes(dev, p.v)}
-        return StageInfo(name, p.blocks, dev, p.v, tuple(s.id for s in pool), tuple(ins), tuple(outs), lat)
+        link = (sum(t.bytes_per_request() for t in self.profiled[m.name].stage_io(*p.blocks)[0])
+                if m.name in self.profiled else None)
+        return StageInfo(name, p.blocks, dev, p.v, tuple(s.id for s in pool), tuple(ins), tuple(outs), lat, link)
 
     def model(self, m: ModelPlan, io: tuple[list[TensorSpec], list[TensorSpec]],
               assignment: dict[StageKey, list[Slot]]) -> ModelInfo:
@@ -365,6 +370,9 @@ def generate(plan: Plan, onnx_paths: Mapping[str, Path], cluster: Cluster | str 
                 if m.name not in onnx_paths}
     for name, t in invented.items():
         io[name] = (list(t.inputs), list(t.outputs))
+    # shrunk tensors cross links at their profiled size: the scheduler reserves NICs as on the planned cluster
+    profiled = {m.name: emulated_tensors(m.profile, 1.0, fp16_boundaries) for m in plan.models
+                if m.name in invented and scale != 1.0}
     apps = applications_from_list(plan.applications, {  # checked against the real tensors before writing
         m.name: ModelInfo(m.name, m.slo_us, max(pl.batch for pl in m.pipelines), tuple(io[m.name][0]),
                           tuple(io[m.name][1]), ()) for m in plan.models}, "plan")
@@ -379,7 +387,8 @@ def generate(plan: Plan, onnx_paths: Mapping[str, Path], cluster: Cluster | str 
     _prepare_out_dir(out)
     work = Path(tempfile.mkdtemp(prefix=".partitions-", dir=out))
     try:
-        writer = _Writer(out, work, onnx_paths, fp16_boundaries, invented, ports, vgpus_per_host, generation, backend)
+        writer = _Writer(out, work, onnx_paths, fp16_boundaries, invented, ports, vgpus_per_host, generation, backend,
+                         profiled)
         models = [writer.model(m, io[m.name], assignment) for m in plan.models]
         models = [replace(m, dynamic_batching=batcher[m.name]) if batcher and m.name in batcher else m for m in models]
     finally:

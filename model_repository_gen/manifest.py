@@ -56,6 +56,15 @@ class StageInfo:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     latency_us: dict[int, float]  # batch -> latency of this stage (from the profile)
+    # Bytes of one request's input that a link carries on the planned cluster, where they differ from the inputs'
+    # own (emulated tensors shrunk by --emulated-tensor-scale keep the profiled NIC time); None: the inputs' bytes.
+    link_bytes_per_request: int | None = None
+
+    def network_bytes_per_request(self) -> int:
+        """What the scheduler reserves a NIC for when this stage's input crosses servers."""
+        if self.link_bytes_per_request is not None:
+            return self.link_bytes_per_request
+        return sum(t.bytes_per_request() for t in self.inputs)
 
 
 @dataclass(frozen=True)
@@ -124,6 +133,8 @@ class Manifest:
                                 "v": s.v, "vgpus": list(s.vgpus), "inputs": tensors(s.inputs),
                                 "outputs": tensors(s.outputs),
                                 "latency_us": {str(b): x for b, x in sorted(s.latency_us.items())}}
+                               | ({"link_bytes_per_request": s.link_bytes_per_request}
+                                  if s.link_bytes_per_request is not None else {})
                                for s in p.stages]} for p in m.pipelines]}
                        | ({"dynamic_batching": m.dynamic_batching.to_dict()} if m.dynamic_batching.active else {})
                        for m in self.models],
@@ -138,7 +149,8 @@ class Manifest:
 MANIFEST_FIELDS = ("format", "hosts", "vgpus", "models", "plan", "generation", "applications")
 MODEL_FIELDS = ("name", "slo_us", "max_batch_size", "inputs", "outputs", "pipelines", "dynamic_batching")
 PIPELINE_FIELDS = ("id", "batch", "throughput_rps", "latency_us", "stages")
-STAGE_FIELDS = ("triton_model", "blocks", "gpu_type", "v", "vgpus", "inputs", "outputs", "latency_us")
+STAGE_FIELDS = ("triton_model", "blocks", "gpu_type", "v", "vgpus", "inputs", "outputs", "latency_us",
+                "link_bytes_per_request")
 TENSOR_FIELDS = ("name", "datatype", "shape")  # inputs[] and outputs[] of models and stages
 
 
@@ -204,7 +216,9 @@ def _stage(s: Any, vgpu_ids: set[str], ws: str) -> StageInfo:
                      tuple(as_int(b, f"{ws}.blocks", 0) for b in blocks),
                      as_str(need(s, "gpu_type", ws), f"{ws}.gpu_type"), as_int(need(s, "v", ws), f"{ws}.v", 1), pool,
                      _tensors(need(s, "inputs", ws), f"{ws}.inputs"), _tensors(need(s, "outputs", ws), f"{ws}.outputs"),
-                     {int(b): as_float(x, f"{ws}.latency_us.{b}", 0) for b, x in lat.items()})
+                     {int(b): as_float(x, f"{ws}.latency_us.{b}", 0) for b, x in lat.items()},
+                     None if s.get("link_bytes_per_request") is None
+                     else as_int(s["link_bytes_per_request"], f"{ws}.link_bytes_per_request", 0))
 
 
 def _pipeline(p: Any, vgpu_ids: set[str], wp: str) -> PipelineInfo:

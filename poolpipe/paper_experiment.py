@@ -43,7 +43,7 @@ class PaperRun:
     slo_factor: float = 3.0  # SLO = this x the model's batch-1 latency on a whole L4
     l4: int = 2
     t4: int = 6
-    tensor_scale: float = 0.01  # bytes of the emulated tensors (the plan's NIC times stay as profiled)
+    tensor_scale: float = 0.01  # bytes of the emulated tensors (the sidecar reserves links for the profiled bytes)
     trace: str = "poisson"
     duration_s: float = 5.0  # per load point
     seed: int = 0
@@ -94,13 +94,14 @@ def paper_spec(run: PaperRun, slo_margin: float | None = None):
     return check_spec(time_dilated(spec, run.time_scale))
 
 
-def cluster_doc(run: PaperRun) -> dict:
+def cluster_doc(run: PaperRun, bandwidth_gbps: float = 10.0) -> dict:
     """Two emulated machines on loopback: the L4s at 127.0.0.1 and the T4s at 127.0.0.2 (hops between them go
-    over gRPC, hops within one through shared memory)."""
+    over gRPC, hops within one through shared memory), with the planned cluster's NIC bandwidth (slow motion
+    divides it), for which the sidecar reserves each hop's link."""
     return {"hosts": [
-        {"name": "l4", "address": "127.0.0.1", "gpu_type": "L4", "gpus": run.l4, "bandwidth_gbps": 10,
+        {"name": "l4", "address": "127.0.0.1", "gpu_type": "L4", "gpus": run.l4, "bandwidth_gbps": bandwidth_gbps,
          "device": "emulated", "base_port": 0},
-        {"name": "t4", "address": "127.0.0.2", "gpu_type": "T4", "gpus": run.t4, "bandwidth_gbps": 10,
+        {"name": "t4", "address": "127.0.0.2", "gpu_type": "T4", "gpus": run.t4, "bandwidth_gbps": bandwidth_gbps,
          "device": "emulated", "base_port": 0}]}
 
 
@@ -162,7 +163,6 @@ class PaperExperiment:
         # per sidecar system and load factor: the way outside the sidecar's clock, per answer, as the client saw it
         self.fronts: dict[tuple[str, float], list[float]] = {}
         work.mkdir(parents=True, exist_ok=True)
-        (work / "cluster.json").write_text(json.dumps(cluster_doc(run)))
 
     def search(self, attainment_at: Callable[[float], float], start: float = 0.7, live: bool = True
                ) -> tuple[float, dict[float, float]]:
@@ -260,6 +260,7 @@ class PaperExperiment:
         out = self.work / name
         if out.exists():
             shutil.rmtree(out)
+        (self.work / "cluster.json").write_text(json.dumps(cluster_doc(self.run, plan.cluster.bandwidth_gbps)))
         return generate(plan, {}, self.work / "cluster.json", out, emulated_tensor_scale=self.run.tensor_scale)
 
     def arrivals(self, lf: float) -> np.ndarray:

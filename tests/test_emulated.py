@@ -19,7 +19,7 @@ from backends.partition.emulated import EmulatedDevice, emulated_outputs, latenc
 from model_repository_gen import triton_config as tc
 from model_repository_gen.cluster_file import cluster_from_dict
 from model_repository_gen.generate import generate
-from model_repository_gen.manifest import Manifest, PipelineInfo
+from model_repository_gen.manifest import Manifest, PipelineInfo, load_manifest
 from planner.plan_json import Plan
 from poolpipe_common.errors import InputError
 from poolpipe_common.tensors import TensorSpec
@@ -27,6 +27,7 @@ from profiling.reference import import_ppipe_profile
 from runtime.launch import Deployment
 from runtime.sidecar_process import SidecarProcess
 from runtime.tritonserver import TritonProcess
+from scheduler.server.planned.manifest_topology import topology_from_manifest
 from scheduler.server.planned.shm_pool import PREFIX
 from tests.conftest import REFERENCE_DIR, run_cli
 from tests.deploy_helpers import make_plan, write_cluster
@@ -153,6 +154,14 @@ def test_generate_needs_no_onnx_for_emulated_hosts_and_says_when_it_does(tmp_pat
     stages = model["pipelines"][0]["stages"]
     assert stages[0]["outputs"] == stages[1]["inputs"] == [{"name": "boundary2", "datatype": "FP32",
                                                              "shape": [8073600 // 4 // 100]}]
+    # the shrunk tensors cross links at their profiled size: the scheduler reserves the NIC for those bytes
+    assert [s.get("link_bytes_per_request") for s in stages] == [3 * 224 * 224 * 4, 8073600, 1881600]
+    topo = topology_from_manifest(load_manifest(tmp_path / "out"))
+    assert [s.in_bytes_per_request for s in topo.pipelines[MODEL][0].stages] == [0, 8073600, 1881600]
+    stages[1]["link_bytes_per_request"] = -1
+    (tmp_path / "out" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(InputError, match=r"stages\[1\]\.link_bytes_per_request: must be >= 0"):
+        load_manifest(tmp_path / "out")
     version = next((tmp_path / "out" / "l4box").glob("*/model_repository/*_b2_5/1"))
     cfg = tc.parse_config(version.parent / "config.pbtxt")
     # no ONNX: the native backend's library where it builds (the default), else the Python backend's files
@@ -197,7 +206,9 @@ def test_emulated_ppipe_model_answers_through_the_sidecar_with_checksums_of_ever
                 x = rng.standard_normal((n, 3, 22, 22)).astype(np.float32)
                 t0 = time.monotonic()
                 y = _infer(sc.grpc_url, x)
-                assert time.monotonic() - t0 >= sum(s.latency_us[n] for s in pipe.stages) / 1e6  # held as profiled
+                # held as profiled, and the T4 -> L4 hop for its profiled bytes over a 10 Gbps link (80 kB moved)
+                link_us = n * pipe.stages[1].network_bytes_per_request() * 8 / 10e3
+                assert time.monotonic() - t0 >= (sum(s.latency_us[n] for s in pipe.stages) + link_us) / 1e6
                 np.testing.assert_array_equal(y, expected_chain(pipe, x))
                 # the checksum has teeth: a skipped, repeated or swapped hop, or another input, gives another answer
                 for order in ([0, 2], [0, 1, 1, 2], [1, 0, 2]):

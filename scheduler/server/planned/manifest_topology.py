@@ -23,7 +23,7 @@ def topology_from_manifest(manifest: Manifest,
             stages = tuple(Stage(s.blocks, s.vgpus,
                                  {b: t + (extra[k].get(b, 0.0) if k < len(extra) else 0.0)
                                   for b, t in s.latency_us.items() if b <= p.batch},
-                                 0 if k == 0 else sum(t.bytes_per_request() for t in s.inputs),
+                                 0 if k == 0 else s.network_bytes_per_request(),
                                  _distributions(profiles.get(m.name), s, p.batch,
                                                 extra[k] if k < len(extra) else {}))
                            for k, s in enumerate(p.stages))
