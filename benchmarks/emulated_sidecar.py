@@ -24,11 +24,13 @@ import tritonclient.grpc as grpcclient
 
 from backends import native
 from model_repository_gen.generate import generate
+from model_repository_gen.manifest import Manifest
 from planner.plan_json import ModelPlan, PartitionPlan, PipelinePlan, Plan
 from planner.spec.planning_spec import ClusterSpec
 from profiling.reference import import_ppipe_profile
 from runtime.launch import Deployment
 from runtime.sidecar_process import SidecarProcess
+from scheduler.server.planned.manifest_topology import topology_from_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "googlenet-v3-pytorch"
@@ -58,7 +60,7 @@ def _serve(work: Path, backend: str, args: argparse.Namespace) -> str:
     manifest = generate(plan, {}, _cluster(work / "cluster.json"), work / "deploy",
                         emulated_tensor_scale=args.scale, emulated_backend=backend)
     model = manifest.model(MODEL)
-    profiled_ms = sum(s.latency_us[args.batch] for s in model.pipelines[0].stages) / 1e3
+    profiled_ms = _profiled_ms(manifest, args.batch)
     spec = model.inputs[0]
     x = np.random.default_rng(0).standard_normal((args.batch, *spec.shape)).astype(np.float32)
     overheads = work / "overheads.json"
@@ -74,6 +76,17 @@ def _serve(work: Path, backend: str, args: argparse.Namespace) -> str:
     p50, p99 = np.percentile(times, 50), np.percentile(times, 99)
     return (f"{backend:<8} {p50:8.2f} {p99:8.2f} {profiled_ms:9.2f} {p50 - profiled_ms:9.2f} "
             f"{o['lead_us']:8.0f} {o['tail_us']:8.0f}")
+
+
+def _profiled_ms(manifest: Manifest, batch: int) -> float:
+    """The stages' profiled compute plus each hop between hosts at the profiled bytes over the cluster's link."""
+    topo = topology_from_manifest(manifest)
+    stages = topo.pipelines[MODEL][0].stages
+    us = sum(s.latency_us[batch] for s in stages)
+    for prev, s in zip(stages, stages[1:]):
+        if topo.vgpus[prev.pool[0]].server != topo.vgpus[s.pool[0]].server:
+            us += batch * s.in_bytes_per_request * topo.us_per_byte
+    return us / 1e3
 
 
 def _requests(url: str, name: str, x: np.ndarray, n: int) -> np.ndarray:

@@ -8,7 +8,8 @@ client measured at a0's knee), (b) np planned the same way,
 prediction of (a) with those costs. Printed: each system's absolute req/s held at >= 99 % SLO attainment (load
 factors in steps of 0.025 of a0's nominal rate), the ratios a/a0, a/c, a/b, and how the plan's promise
 (plan.json's sustainable_rps) compares with what (a) held live. All devices are emulated (real tritonservers that
-hold each batch for its profiled latency) on 4 L4 + 12 T4, in real time by default (--time-scale 0: the old slow
+hold each batch for its profiled latency; the sidecar holds each hop between hosts for its profiled bytes over
+the cluster's 10 Gbps links) on 4 L4 + 12 T4, in real time by default (--time-scale 0: the old slow
 motion, where per-request CPU costs of this 2-core machine weigh less).
 
     python -P benchmarks/live_paper.py                     # 3 families (centernet at 3x and 2.6x) x

@@ -1,7 +1,8 @@
 """The paper's comparison, live, on an emulated L4 + T4 cluster built from PPipe's measured profiles.
 
 One model per run: plans of a small L4:T4 = 1:3 cluster, served on emulated devices (real tritonservers that
-hold each batch for its profiled latency, costing no CPU), measured with open-loop arrivals: (a0) the fixed-margin
+hold each batch for its profiled latency, costing no CPU; hops between hosts are reserved for their profiled
+bytes over the planned links, as the planner counts them), measured with open-loop arrivals: (a0) the fixed-margin
 plan (PPipe's nominal objective with 30 % of the SLO kept free: the old default), (a) the ppipe plan for the
 rate it sustains (the default objective; planned with the per-stage costs the sidecar measured serving a0 and
 the way outside the sidecar's clock the client measured at a0's knee, answer by answer), (b)
