@@ -34,11 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import onnx
 import psutil
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
-from onnx import TensorProto, helper
 from tritonclient.utils import InferenceServerException
 
 from ensembles.triton_baseline import start_baseline, write_whole_model
@@ -50,7 +48,7 @@ from planner.spec.planning_spec import ClusterSpec
 from profiling.profile import Block, DeviceTiming, Profile
 from runtime.launch import Deployment
 from runtime.sidecar_process import SidecarProcess
-from runtime.testbed import build_deployment
+from runtime.testbed import build_deployment, write_trivial_onnx
 
 MODEL = "resnet"
 MAX_BATCH = 8  # the largest batch either side runs (Triton's max_batch_size; the plan's batch)
@@ -173,13 +171,7 @@ def cpu_seconds(pid: int, recursive: bool = True) -> float:
 
 def trivial_deployment(work: Path, gpus: int = 1) -> tuple[Path, Path]:
     """A one-partition plan of a Relu on 16 floats on a pool of ``gpus`` vGPUs: the sidecar's own cost dominates."""
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])
-    m = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "trivial", [x], [y]),
-                          opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
-    path = work / "trivial.onnx"
-    onnx.save(m, str(path))
+    path = write_trivial_onnx(work / "trivial.onnx")
     batches = (1, 2, 4, 8, 16, 32)
     profile = Profile("trivial", (Block("block0", 64, ("y",)),),
                       {"A": {1: DeviceTiming(batches, np.array([[200.0 + 10 * b for b in batches]]))}},

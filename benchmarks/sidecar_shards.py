@@ -24,10 +24,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-import onnx
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
-from onnx import TensorProto, helper
 from tritonclient.utils import InferenceServerException
 
 from model_repository_gen.generate import generate
@@ -36,18 +34,14 @@ from planner.spec.planning_spec import ClusterSpec
 from profiling.profile import Block, DeviceTiming, Profile
 from runtime.launch import Deployment
 from runtime.sidecar_process import SidecarProcess
+from runtime.testbed import write_trivial_onnx
 
 OUTSTANDING = 64
 
 
 def trivial_deployment(work: Path) -> Path:
     """One partition (Relu on 16 floats) served by a pool of two vGPUs on two CPU tritonservers."""
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])
-    m = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "trivial", [x], [y]),
-                          opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
-    onnx.save(m, str(work / "trivial.onnx"))
+    write_trivial_onnx(work / "trivial.onnx")
     batches = (1, 2, 4, 8, 16, 32)
     profile = Profile("trivial", (Block("block0", 64, ("y",)),),
                       {"A": {1: DeviceTiming(batches, np.array([[200.0 + 10 * b for b in batches]]))}},

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from onnx import TensorProto, helper
 
 from model_repository_gen.generate import generate
 from model_repository_gen.manifest import Manifest
@@ -22,6 +23,18 @@ from profiling.zoo import build_zoo_model
 BATCHES = (1, 2, 3, 4, 6, 8)
 # (blocks, gpu type, vGPUs) per stage
 STAGES = (((0, 1), "A", 2), ((1, 2), "A", 1), ((2, 3), "B", 2))
+
+
+def write_trivial_onnx(path: Path) -> Path:
+    """A Relu on 16 floats, ``x`` [batch, 16] -> ``y``: a model whose serving costs next to nothing, so what is
+    measured around it is the cost of the calls and of the sidecar."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])
+    m = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "trivial", [x], [y]),
+                          opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(path))
+    return path
 
 
 def _boundary_bytes(model_path: Path, names: list[str]) -> list[int]:
