@@ -30,6 +30,7 @@ from planner.spec.planning_spec import ClusterSpec
 from profiling.reference import import_ppipe_profile
 from runtime.launch import Deployment
 from runtime.sidecar_process import SidecarProcess
+from scheduler.core.probe import ReservationState
 from scheduler.server.planned.manifest_topology import topology_from_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,14 +80,10 @@ def _serve(work: Path, backend: str, args: argparse.Namespace) -> str:
 
 
 def _profiled_ms(manifest: Manifest, batch: int) -> float:
-    """The stages' profiled compute plus each hop between hosts at the profiled bytes over the cluster's link."""
-    topo = topology_from_manifest(manifest)
-    stages = topo.pipelines[MODEL][0].stages
-    us = sum(s.latency_us[batch] for s in stages)
-    for prev, s in zip(stages, stages[1:]):
-        if topo.vgpus[prev.pool[0]].server != topo.vgpus[s.pool[0]].server:
-            us += batch * s.in_bytes_per_request * topo.us_per_byte
-    return us / 1e3
+    """The stages' profiled compute plus each hop between hosts at the profiled bytes over the cluster's link: what
+    the sidecar's core reserves for a batch on the idle deployment (its probe's completion time)."""
+    state = ReservationState(topology_from_manifest(manifest))
+    return state.probe(state.pipelines[MODEL][0], batch, 0.0).completion_us / 1e3
 
 
 def _requests(url: str, name: str, x: np.ndarray, n: int) -> np.ndarray:

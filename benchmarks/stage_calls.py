@@ -6,8 +6,8 @@ Printed per transport and number of calls in flight: the calling process's CPU p
 grpc.aio's polling thread, ``time.process_time``) and the wall time per call, then the ratios stream / unary. The
 sidecar keeps a handful of stage calls in flight per server (one per vGPU batch), so 1 and 4 are measured.
 
-    python -P benchmarks/stage_calls.py            # 3,000 calls per row, two rounds (about 40 s)
-    python -P benchmarks/stage_calls.py --quick    # 1,000 calls per row, one round
+    python -P benchmarks/stage_calls.py            # 3,000 calls per row, two rounds (about 20 s)
+    python -P benchmarks/stage_calls.py --quick    # 1,000 calls per row, one round (about 10 s)
 """
 
 from __future__ import annotations

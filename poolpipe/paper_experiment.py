@@ -95,7 +95,7 @@ def paper_spec(run: PaperRun, slo_margin: float | None = None):
     return check_spec(time_dilated(spec, run.time_scale))
 
 
-def cluster_doc(run: PaperRun, bandwidth_gbps: float = 10.0) -> dict:
+def cluster_doc(run: PaperRun, bandwidth_gbps: float) -> dict:
     """Two emulated machines on loopback: the L4s at 127.0.0.1 and the T4s at 127.0.0.2 (hops between them go
     over gRPC, hops within one through shared memory), with the planned cluster's NIC bandwidth (slow motion
     divides it), for which the sidecar reserves each hop's link."""
@@ -243,8 +243,8 @@ class PaperExperiment:
     def front_samples(self, system: str, lf: float) -> list[float]:
         """What the client measured outside ``system``'s sidecar at load factor ``lf`` (its knee), else at the
         nearest load it measured (none: an empty list)."""
-        near = sorted((abs(x - lf), x) for s, x in self.fronts if s == system)
-        return self.fronts[(system, near[0][1])] if near else []
+        measured = [x for s, x in self.fronts if s == system]
+        return self.fronts[(system, min(measured, key=lambda x: abs(x - lf)))] if measured else []
 
     def overheads_of(self, system: str, lf: float):
         """The per-stage costs the sidecar of ``system`` wrote (none measured where it wrote none), with the way
