@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from poolpipe.cli import build_parser
-from poolpipe_common.net import free_port
+from poolpipe_common.net import free_ports
 from tests.conftest import ROOT
 
 DOCS = ROOT / "docs"
@@ -109,14 +109,18 @@ class Session:
         (work / "data").symlink_to(ROOT / "data")
         self.env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(ROOT),
                     "COLUMNS": "120", "NO_COLOR": "1"}
-        ports: set[int] = set()
-        while len(ports) < 3:
-            ports.add(free_port())
-        self.ports = dict(zip(("8000", "8001", "8002"), map(str, sorted(ports))))
+        # the sidecar's ports (8000-8002 in the docs), picked when a command first names them: by then the
+        # deployment's tritonservers, whose ports generate picked free at random too, are bound and avoided
+        self.ports: dict[str, str] = {}
         self.jobs: list[tuple[subprocess.Popen, Path]] = []
 
+    def _port(self, doc_port: str) -> str:
+        if doc_port not in self.ports:
+            self.ports[doc_port] = str(free_ports(1, {int(p) for p in self.ports.values()})[0])
+        return self.ports[doc_port]
+
     def run(self, cmd: Command) -> None:
-        text = re.sub(r"\b800[012]\b", lambda m: self.ports[m[0]], cmd.text)
+        text = re.sub(r"\b800[012]\b", lambda m: self._port(m[0]), cmd.text)
         if text.endswith("&"):
             self._background(text[:-1], cmd)
             return
