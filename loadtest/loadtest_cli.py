@@ -20,8 +20,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--trace", default="poisson",
                    help="poisson | bursty[:CV] | maf19:FILE | maf21:FILE | replay:FILE (default: %(default)s). "
                         "replay:FILE: real arrivals (a CSV with a TIMESTAMP column of dates, or one time in seconds "
-                        "per line) with inter-arrival times scaled to --rate, so the burstiness is kept; cyclic; "
-                        "--seed picks where in the trace it starts. replay:azure-code (bursty, inter-arrival CV 13) "
+                        "per line) with inter-arrival times scaled so the run offers --rate, the stretch replayed "
+                        "keeping its burstiness; cyclic; --seed picks where in the trace it starts. replay:azure-code "
+                        "(bursty, inter-arrival CV 13) "
                         "and replay:azure-conv (CV 1.1): the shipped Azure LLM inference traces of 2023 "
                         "(data/traces/azure-llm-2023)")
     p.add_argument("--slo-ms", type=float, default=0.0,

@@ -34,8 +34,9 @@ from poolpipe_common.errors import InputError  # noqa: E402
 from workloads.arrivals import arrival_times  # noqa: E402
 
 TRACE_HELP = ("arrival process: poisson | bursty[:CV] | maf19:FILE | maf21:FILE | replay:FILE. replay: real "
-              "arrivals (a CSV with a TIMESTAMP column, or seconds one per line) scaled to --rate keeping their "
-              "burstiness, cyclic, the start in the trace chosen by --seed; replay:azure-code and replay:azure-conv "
+              "arrivals (a CSV with a TIMESTAMP column, or seconds one per line) scaled so the run offers --rate, "
+              "the stretch replayed keeping its burstiness, cyclic, the start in the trace chosen by --seed; "
+              "replay:azure-code and replay:azure-conv "
               "are the shipped Azure LLM inference traces (data/traces/azure-llm-2023)")
 
 

@@ -30,7 +30,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "PPipe paper's 'bursty' workload is maf21: the Azure Functions 2021 invocation trace, "
                    "folded to the target rate as the paper's simulator does. replay:FILE: real arrivals (a CSV "
                    "with a TIMESTAMP column of dates, or one time in seconds per line) with their inter-arrival "
-                   "times scaled to the target rate, so the burstiness is kept; cyclic; the seed picks the start, "
+                   "times scaled so the run offers the target rate, the stretch replayed keeping its burstiness; "
+                   "cyclic; the seed picks the start, "
                    "each model starts elsewhere in the trace. replay:azure-code (bursty, inter-arrival CV 13) and "
                    "replay:azure-conv (CV 1.1) are the shipped Azure LLM inference traces of 2023 "
                    "(data/traces/azure-llm-2023)")
