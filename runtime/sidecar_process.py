@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from poolpipe_common.net import free_ports
+from runtime.tritonserver import exit_on_sigterm
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository root (runtime/..)
 
@@ -78,6 +79,7 @@ class SidecarProcess:
     def _start_once(self, timeout_s: float) -> "SidecarProcess":
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        exit_on_sigterm()
         self.proc = subprocess.Popen(self.command(), env=env, stdout=log, stderr=subprocess.STDOUT)
         if self._health_ok("live", timeout_s, 1.0):
             return self

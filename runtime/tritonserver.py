@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -144,6 +145,7 @@ class TritonProcess:
             if port_in_use(port, self.host):
                 raise InputError(f"{self.name}: port {port} on {self.host} is already in use; choose another port")
         install = find_triton()
+        exit_on_sigterm()
         log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
         try:
             self.proc = subprocess.Popen(self.command(install), env=server_env(install, self.env),
@@ -222,6 +224,20 @@ class TritonProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def exit_on_sigterm() -> None:
+    """Make SIGTERM raise SystemExit in a program that starts servers, so that its ``with`` blocks and ``finally``
+    clauses stop them: a server leads a session of its own and outlives a parent that the default SIGTERM kills
+    outright (a benchmark stopped with ``kill`` left ten tritonservers and its sidecar running). Only from the main
+    thread, and only where the program has not chosen a handler of its own (``poolpipe launch``, the sidecar)."""
+    if threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _exit_on_signal)
+
+
+def _exit_on_signal(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def pid_alive(pid: int) -> bool:

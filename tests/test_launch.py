@@ -18,7 +18,7 @@ from model_repository_gen.generate import generate
 from poolpipe_common.errors import InputError
 from profiling.zoo import build_zoo_model
 from runtime.launch import Deployment
-from runtime.tritonserver import SHM_PREFIX
+from runtime.tritonserver import SHM_PREFIX, pid_alive, remove_shm_regions
 from tests.conftest import ROOT, run_cli
 from tests.deploy_helpers import (
     make_plan,
@@ -133,3 +133,44 @@ def test_launch_refuses_a_port_in_use_and_an_unknown_host(deployment_dir):
     assert r.returncode == 2 and "--host nosuch: not a host with servers" in r.stderr
     r = run_cli("launch", out.parent / "missing")
     assert r.returncode == 2 and "cannot read manifest" in r.stderr
+
+
+STOPPED_BY_KILL = """
+import sys, time
+from pathlib import Path
+from ensembles.triton_baseline import start_baseline, write_whole_model
+from runtime.sidecar_process import SidecarProcess
+from runtime.testbed import write_trivial_onnx
+work = Path(sys.argv[1])
+write_whole_model(work / "repo", write_trivial_onnx(work / "t.onnx"), "trivial", 8)
+with start_baseline(work / "repo", log_path=work / "triton.log") as triton, \\
+        SidecarProcess(passthrough=triton.grpc_url, log_path=work / "sidecar.log") as sidecar:
+    print(triton.proc.pid, sidecar.proc.pid, triton.shm_prefix, flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_program_stopped_with_sigterm_stops_the_servers_it_started(tmp_path):
+    """A benchmark or script killed with ``kill`` (SIGTERM) leaves no tritonserver, sidecar or shm region behind:
+    the servers lead sessions of their own, so only the program's own ``with`` blocks can stop them."""
+    prog = subprocess.Popen([sys.executable, "-c", STOPPED_BY_KILL, str(tmp_path)], stdout=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    triton_pid = sidecar_pid = 0
+    prefix = None
+    try:
+        line = prog.stdout.readline().split()
+        triton_pid, sidecar_pid, prefix = int(line[0]), int(line[1]), line[2]
+        assert pid_alive(triton_pid) and pid_alive(sidecar_pid)
+        prog.send_signal(signal.SIGTERM)
+        assert prog.wait(timeout=90) == 128 + signal.SIGTERM
+        left = [pid for pid in (triton_pid, sidecar_pid) if pid_alive(pid)]
+        assert not left, f"still running after the program stopped: {left}"
+        assert not list(Path("/dev/shm").glob(prefix + "*"))
+    finally:  # what a failure left, stopped here
+        if prog.poll() is None:
+            prog.kill()
+        for pid, stop in ((triton_pid, os.killpg), (sidecar_pid, os.kill)):
+            if pid and pid_alive(pid):
+                stop(pid, signal.SIGKILL)
+        if prefix:
+            remove_shm_regions(prefix)
