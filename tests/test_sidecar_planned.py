@@ -27,7 +27,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from loadtest.open_loop import open_loop
-from poolpipe_common.overheads import SIDECAR_LATENCY_PARAMETER, Overheads
+from poolpipe_common.overheads import FRONT_QUANTILES, SIDECAR_LATENCY_PARAMETER, Overheads
 from runtime.launch import Deployment
 from runtime.sidecar_process import SidecarProcess
 from runtime.testbed import build_deployment
@@ -127,7 +127,7 @@ def test_answers_report_the_sidecars_own_time_so_a_client_measures_the_way_outsi
     assert all(f < ms * 1e3 for f, ms in zip(r.front_us, r.latencies_ms))  # the sidecar's own time is > 0
     assert all(f >= 0.0 for f in r.front_us)  # the sidecar's time lies within the client's
     ov = Overheads(front_us=2000.0).with_front_samples(r.front_us)
-    assert len(ov.front_quantiles_us) == 41 and ov.front_at(1.0) == max(0.0, max(r.front_us))
+    assert len(ov.front_quantiles_us) == FRONT_QUANTILES and ov.front_at(1.0) == max(0.0, max(r.front_us))
 
 
 def test_stage_lead_times_are_calibrated_at_start(testbed: dict) -> None:
