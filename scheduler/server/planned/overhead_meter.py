@@ -37,12 +37,14 @@ class _WindowedMean:
     first window is full)."""
 
     window: int = WINDOW
-    n: int = 0
     _means: list[float] = field(default_factory=list)
     _current: _Mean = field(default_factory=_Mean)
 
+    @property
+    def n(self) -> int:
+        return len(self._means) * self.window + self._current.n
+
     def add(self, x: float) -> None:
-        self.n += 1
         self._current.add(x)
         if self._current.n == self.window:
             self._means.append(self._current.value())
