@@ -5,7 +5,9 @@ Why margins: a pooled pipeline needs slack under its SLO for batches to wait in 
 on the pools' sizes and batches, which the MILP picks. A plan made with no margin fills the SLO with compute
 and sustains little; one made with a large margin gives up throughput it could have held. Every candidate is
 planned with the per-stage costs of serving inside its latency (lead and tail of each stage call) and with the
-margin the sidecar's driver keeps, so none is shed whole at serve time.
+margin the sidecar's driver keeps, so none is shed whole at serve time. The best measured candidates that leave
+whole GPUs idle (a wide margin can rule out every pipeline on a slow GPU type) also have those GPUs planned at
+smaller margins (planner.sustained.fill), and the merged plans are measured too.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from planner.spec.planning_spec import PlanningSpec
 from planner.sustained.arrivals import Arrivals
 from planner.sustained.capacity import predicted_rps
 from planner.sustained.evaluators import evaluator
+from planner.sustained.fill import can_fill, fills, idle_gpus
 from poolpipe_common.errors import InputError
 from poolpipe_common.overheads import Overheads, driver_margin_us
 
@@ -25,6 +28,7 @@ from poolpipe_common.overheads import Overheads, driver_margin_us
 MARGIN_FRACTIONS = (0.0, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4)
 MEASURED_CANDIDATES = 6  # how many of the best-predicted candidates the evaluator measures (the closed form
 # ranks plans of one batch size well, but undervalues larger batches, so most candidates are measured)
+FILLED_CANDIDATES = 3  # how many of the best measured candidates that leave whole GPUs idle get them filled
 
 Solve = Callable[[PlanningSpec], tuple[Plan, tuple[str, ...]]]
 
@@ -36,6 +40,7 @@ class Candidate:
     lines: tuple[str, ...]
     predicted: dict[str, float]
     measured: dict[str, float] | None = None
+    fill_margin: float | None = None  # the plan's idle GPUs were planned at this margin (planner.sustained.fill)
 
     def rates(self) -> dict[str, float]:
         return self.measured if self.measured is not None else self.predicted
@@ -100,16 +105,40 @@ def plan_sustained(spec: PlanningSpec, solves: Sequence[Solve], arrivals: Arriva
         # the spec's own plan is always measured, so the kept plan never sustains less than it
         for c in [c for i, c in enumerate(cands) if i < MEASURED_CANDIDATES or c.margin is None]:
             c.measured = evaluate(c.plan, arrivals, costs)
+        cands += filled(spec, cands, solves, arrivals, costs, evaluate)
     pool = [c for c in cands if c.measured is not None] or cands
     best = max(pool, key=lambda c: (score(c.plan, c.rates()), -(c.margin or 0.0)))
-    table = [{"margin_fraction": c.margin, "nominal_rps": {m.name: m.throughput_rps for m in c.plan.models},
+    table = [{"margin_fraction": c.margin, "fill_margin_fraction": c.fill_margin,
+              "nominal_rps": {m.name: m.throughput_rps for m in c.plan.models},
               "predicted_rps": c.predicted, "measured_rps": c.measured, "chosen": c is best} for c in cands]
     how = ("the spec's own margin" if best.margin is None
            else f"margin {best.margin:g} x SLO (+ the driver's) and serving's costs")
+    if best.fill_margin is not None:
+        how += f", its idle GPUs planned at margin {best.fill_margin:g}"
     lines = [f"sustained objective: {len(cands)} candidate plan(s) over SLO margins; kept the one planned with "
              f"{how}; {name} sustains "
              + ", ".join(f"{m} {r:,.1f} req/s" for m, r in best.rates().items()) + f" under {arrivals}"]
     return with_sustainable(best.plan, best.rates(), arrivals, name, table), (*best.lines, *lines)
+
+
+def filled(spec: PlanningSpec, cands: Sequence[Candidate], solves: Sequence[Solve], arrivals: Arrivals,
+           costs: Overheads, evaluate) -> list[Candidate]:
+    """The best measured candidates that leave whole GPUs idle, those GPUs planned at each smaller margin
+    (planner.sustained.fill), measured; plans equal to a candidate's dropped."""
+    seen = {_signature(c.plan) for c in cands}
+    idle = [c for c in cands if c.measured is not None and c.margin is not None and can_fill(c.plan)
+            and idle_gpus(c.plan, spec.cluster.gpus)]
+    bases = sorted(idle, key=lambda c: -score(c.plan, c.rates()))[:FILLED_CANDIDATES]
+    out = []
+    for base in bases:
+        smaller = [m for m in MARGIN_FRACTIONS if m < base.margin]
+        for fill_margin, plan, lines in fills(spec, base.plan, smaller, solves, lambda s, m: costed(s, m, costs)):
+            if _signature(plan) in seen:
+                continue
+            seen.add(_signature(plan))
+            out.append(Candidate(base.margin, plan, base.lines + lines, predicted_rps(plan, arrivals, costs),
+                                 evaluate(plan, arrivals, costs), fill_margin))
+    return out
 
 
 def annotate(plan: Plan, arrivals: Arrivals, costs: Overheads, evaluator_name: str | None = None) -> Plan:

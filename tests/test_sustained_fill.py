@@ -1,0 +1,63 @@
+"""Filling what a candidate plan leaves idle (planner.sustained.fill): idle whole GPUs, the merged plan, and that a
+wide-margin plan with its idle T4s planned at a smaller margin sustains more than either plan alone."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from planner import PlanRequest, plan
+from planner.planners import run_planner
+from planner.solvers.milp_solvers import SolverOptions
+from planner.sustained.arrivals import parse_arrivals
+from planner.sustained.fill import can_fill, fills, idle_gpus, merged
+from planner.sustained.search import costed
+from poolpipe_common.overheads import DEFAULT_OVERHEADS
+from scheduler.sim.sustain import simulated_rps
+from tests.test_sustained import MODEL, small_spec
+
+OPTS = SolverOptions("highs", 30.0, 1e-4)
+
+
+def _solve(planner: str):
+    return lambda s: (run_planner(s, planner, OPTS), ())
+
+
+def test_idle_gpus_counts_whole_gpus_no_vgpu_sits_on_and_merging_adds_pipelines():
+    spec = small_spec(4, 12, margin=0.0)
+    base = run_planner(costed(spec, 0.3, DEFAULT_OVERHEADS), "ppipe", OPTS)
+    used = base.physical_gpus_used()
+    idle = idle_gpus(base, spec.cluster.gpus)
+    # at 3x a margin of 0.3 rules out a T4 serving centernet whole, and the pipelines' T4 stages are fewer than 12
+    assert idle.get("T4", 0) > 0 and all(used[t] + idle.get(t, 0) <= spec.cluster.gpus[t] for t in used)
+    assert can_fill(base)
+    extra = run_planner(replace(costed(spec, 0.0, DEFAULT_OVERHEADS),
+                                cluster=replace(spec.cluster, gpus=idle)), "np", OPTS)
+    both = merged(base, extra)
+    m, b, e = both.models[0], base.models[0], extra.models[0]
+    assert m.pipelines == b.pipelines + e.pipelines
+    assert abs(m.throughput_rps - (b.throughput_rps + e.throughput_rps)) < 1e-6 and both.objective == m.throughput_rps
+    assert both.bound is None and idle_gpus(both, spec.cluster.gpus) == {}
+    assert all(both.physical_gpus_used()[t] <= spec.cluster.gpus[t] for t in spec.cluster.gpus)
+
+
+def test_filling_idle_gpus_sustains_more_than_the_plan_that_left_them_idle():
+    """centernet at 3x on 4 L4 + 12 T4: the margin-0.3 plan's pipelines keep slack but leave T4s idle; the same
+    plan with those T4s serving the model whole (margin 0) sustains more, simulated, than it does alone."""
+    spec = small_spec(4, 12, margin=0.0)
+    arrivals = parse_arrivals("poisson")
+    base = run_planner(costed(spec, 0.3, DEFAULT_OVERHEADS), "ppipe", OPTS)
+    out = fills(spec, base, (0.0,), [_solve("ppipe"), _solve("np")], lambda s, m: costed(s, m, DEFAULT_OVERHEADS))
+    assert out and all(margin == 0.0 for margin, _, _ in out)
+    alone = simulated_rps(base, arrivals, DEFAULT_OVERHEADS)[MODEL]
+    with_fill = max(simulated_rps(p, arrivals, DEFAULT_OVERHEADS)[MODEL] for _, p, _ in out)
+    assert with_fill > 1.05 * alone, (with_fill, alone)
+
+
+def test_the_sustained_objective_weighs_filled_candidates_and_records_them():
+    sustained = plan(small_spec(4, 12, margin=0.0), PlanRequest(time_limit_s=30)).plan
+    table = sustained.to_dict()["sustained"]["candidates"]
+    filled = [c for c in table if c["fill_margin_fraction"] is not None]
+    assert filled and all(c["measured_rps"] is not None for c in filled)
+    assert all(c["fill_margin_fraction"] < c["margin_fraction"] for c in filled)
+    best = max(c["measured_rps"][MODEL] for c in table if c["measured_rps"] is not None)
+    assert sustained.models[0].sustainable_rps == best
