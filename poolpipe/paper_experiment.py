@@ -4,13 +4,13 @@ One model per run: plans of a small L4:T4 = 1:3 cluster, served on emulated devi
 hold each batch for its profiled latency, costing no CPU; hops between hosts are reserved for their profiled
 bytes over the planned links, as the planner counts them), measured with open-loop arrivals: (a0) the fixed-margin
 plan (PPipe's nominal objective with 30 % of the SLO kept free: the old default), (a) the ppipe plan for the
-rate it sustains (the default objective; planned with the per-stage costs the sidecar measured serving a0 and
-the way outside the sidecar's clock the client measured at a0's knee, answer by answer), (b)
-the np plan planned the same way, each through the sidecar; (c) Triton-native: the np plan's whole-model servers
-behind Triton's dynamic batcher, requests spread round-robin; and (d) the simulator's prediction of (a) and (b),
-given the overheads the sidecar measured and the way outside its clock the client measured. Per system: the
-largest load factor (steps of STEP; 1.0 = the fixed-margin plan's nominal rate, so rows compare absolute rates)
-with >= 99 % SLO attainment.
+rate it sustains (the default objective; planned with the per-stage costs the sidecar measured serving a0, the
+median over the points a0 held, and the way outside the sidecar's clock the client measured at a0's knee,
+answer by answer), (b) the np plan planned the same way, each through the sidecar; (c) Triton-native: the np
+plan's whole-model servers behind Triton's dynamic batcher, requests spread round-robin; and (d) the
+simulator's prediction of (a) and (b), given the overheads the sidecar measured and the way outside its clock
+the client measured. Per system: the largest load factor (steps of STEP; 1.0 = the fixed-margin plan's nominal
+rate, so rows compare absolute rates) with >= 99 % SLO attainment.
 Used by benchmarks/live_paper.py and `poolpipe demo`.
 """
 
@@ -152,6 +152,15 @@ def search_max_lf(attainment_at: Callable[[float], float], hi: float, step: floa
     return (grid[lo_i] if lo_i >= 0 else 0.0), points
 
 
+
+def held_costs(costs: list[tuple[float, Path]]):
+    """(Overheads, files): the median of the costs the sidecar wrote at the points that held >= 99 % (all if none
+    did; None: none written). One point's moved with the host by up to 1.8x; an overloaded one's are the overload's."""
+    from poolpipe_common.overheads import median_overheads, read_overheads
+
+    files = [p for a, p in costs if a >= TARGET and p.exists()] or [p for _, p in costs if p.exists()]
+    return (median_overheads([read_overheads(p) for p in files]), files) if files else None
+
 class PaperExperiment:
     """Plans, deployments and measurements of one PaperRun under ``work``."""
 
@@ -277,20 +286,27 @@ class PaperExperiment:
 
         manifest = self.deploy(plan, name)
         deploy = self.work / name
-        overheads = self.work / f"{name}-overheads.json"
+        costs = []  # (attainment, the point's overheads file)
         model = manifest.models[0].name
         with Deployment(deploy, check_hardware=False, log_dir=self.work / f"{name}-logs"):
             def at(lf: float) -> float:
+                point = self.work / f"{name}-overheads" / f"{len(self.records):03d}-lf{lf:.4f}.json"
+                point.parent.mkdir(exist_ok=True)
                 sc = SidecarProcess(manifest=deploy, log_path=self.work / f"{name}-sidecar.log",
-                                    extra_args=("--overheads-out", str(overheads))).start()
+                                    extra_args=("--overheads-out", str(point))).start()
                 try:
                     _wait_ready(sc.grpc_url, model)
                     open_loop([sc.grpc_url], model, self.arrivals(0.2)[:50], self.slo_ms)  # warm-up
                     r = open_loop([sc.grpc_url], model, self.arrivals(lf), self.slo_ms)
                 finally:
                     sc.stop()
+                costs.append((r.attainment, point))
                 return self._record(name, lf, r)
             best, points = self.search(at, self.promise_lf(plan))
+        held = held_costs(costs)
+        if held is not None:  # what plans made from this system's serving use (--work keeps it)
+            (self.work / f"{name}-overheads.json").write_text(json.dumps({**held[0].to_dict(), "source": {
+                "median_of": [p.name for p in held[1]]}}, indent=1))
         self.manifests[name] = manifest
         return SystemResult(name, best, points)
 

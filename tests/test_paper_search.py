@@ -3,7 +3,17 @@ second run a point gets when it falls just short (a stall of the host), never wh
 
 from __future__ import annotations
 
-from poolpipe.paper_experiment import RECHECK_SHORTFALL, TARGET, max_passing, rechecked, search_max_lf
+import json
+from pathlib import Path
+
+from poolpipe.paper_experiment import (
+    RECHECK_SHORTFALL,
+    TARGET,
+    held_costs,
+    max_passing,
+    rechecked,
+    search_max_lf,
+)
 
 
 def curve(knee: float):
@@ -46,3 +56,19 @@ def test_an_overloaded_point_is_measured_once():
 
     assert rechecked(at)(1.2) == 0.5 and calls == [1.2]
     assert max_passing({0.5: 0.999, 0.6: 0.98, 0.7: 0.995}) == 0.5  # the first failure ends the curve
+
+
+def test_plans_are_made_with_the_median_costs_of_the_points_that_held(tmp_path):
+    """An overloaded point's costs (and one run's) do not set what the sustained plans are made with."""
+    def point(i: int, lead: float, tail: float) -> Path:
+        p = tmp_path / f"{i}.json"
+        p.write_text(json.dumps({"format": "poolpipe.overheads/1", "lead_us": lead, "tail_us": tail, "slowdown": 1.0}))
+        return p
+
+    costs = [(0.70, point(0, 2000.0, 3000.0)), (0.995, point(1, 500.0, 400.0)), (0.991, point(2, 800.0, 700.0)),
+             (0.999, point(3, 520.0, 380.0)), (0.992, tmp_path / "never-written.json")]
+    ov, used = held_costs(costs)
+    assert (ov.lead_us, ov.tail_us) == (520.0, 400.0) and len(used) == 3
+    ov, used = held_costs([(0.5, point(4, 900.0, 800.0)), (0.6, point(5, 700.0, 600.0))])  # none held: every point
+    assert ov.lead_us == 800.0 and len(used) == 2
+    assert held_costs([(0.995, tmp_path / "none.json")]) is None
