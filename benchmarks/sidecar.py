@@ -10,7 +10,8 @@ Printed: the highest Poisson load each sustains at >= 99 % SLO attainment (both 
 run on (a), then on (b), so that the host's speed drifting weighs on both alike) and their ratio; p50/p99
 latency at low load through the sidecar and straight to Triton (the sidecar's planned path waits for
 batches by design, so its pure proxy cost is also shown: one request at a time on a trivial model,
-pass-through mode against the same Triton);
+pass-through mode against the same Triton), and straight to Triton computing on one thread as each stage server
+does (what the sidecar adds per stage);
 and the sidecar's maximum request rate on a trivial planned model with the CPU its own process uses; then the
 same with ``serve --workers 2`` (a pool of two vGPUs, one per worker; clients on 16 connections, since the kernel
 spreads connections over the workers) with the CPU of all its processes, against Triton direct under the same
@@ -48,7 +49,7 @@ from planner.spec.planning_spec import ClusterSpec
 from profiling.profile import Block, DeviceTiming, Profile
 from runtime.launch import Deployment
 from runtime.sidecar_process import SidecarProcess
-from runtime.testbed import build_deployment, write_trivial_onnx
+from runtime.testbed import STAGES, build_deployment, write_trivial_onnx
 
 MODEL = "resnet"
 MAX_BATCH = 8  # the largest batch either side runs (Triton's max_batch_size; the plan's batch)
@@ -211,6 +212,11 @@ def main() -> int:
         repo = work / "baseline"
         write_whole_model(repo, onnx_path, MODEL, MAX_BATCH, tc.DynamicBatching((4, MAX_BATCH), 5000),
                           settings=tc.BackendSettings(engine="ort", intra_op_threads=os.cpu_count() or 2))
+        # the same, computing on one thread as each stage server of the testbed does (cpu_cores 1 per host): at low
+        # load a request computes alone, and two threads halve it, which is not the sidecar's to add or save
+        repo1 = work / "baseline-one-thread"
+        write_whole_model(repo1, onnx_path, MODEL, MAX_BATCH, tc.DynamicBatching((4, MAX_BATCH), 5000),
+                          settings=tc.BackendSettings(engine="ort", intra_op_threads=1))
         print(f"model {MODEL} (zoo), SLO {args.slo_ms:.0f} ms, {os.cpu_count()} cores, Poisson load "
               f"{duration:.0f} s per point\n")
 
@@ -224,6 +230,9 @@ def main() -> int:
             base_max, side_max = best["triton"], best["sidecar"]
             low_direct = asyncio.run(poisson_load(triton.grpc_url, MODEL, [inp], 5, 2 * duration, slo_s, seed=5))
             low_side = asyncio.run(poisson_load(sc.grpc_url, MODEL, [inp], 5, 2 * duration, slo_s, seed=5))
+            with start_baseline(repo1, log_path=work / "baseline-one-thread.log") as triton1:
+                low_direct1 = asyncio.run(poisson_load(triton1.grpc_url, MODEL, [inp], 5, 2 * duration, slo_s,
+                                                       seed=5))
 
         print("(c) trivial planned model (Relu on 16 floats, one tritonserver), 64 requests outstanding:", flush=True)
         tdeploy, tpath = trivial_deployment(work)
@@ -256,6 +265,11 @@ def main() -> int:
           f"sidecar planned {low_side.p50_ms:.1f}/{low_side.p99_ms:.1f} ms "
           f"(added {low_side.p50_ms - low_direct.p50_ms:+.1f}/{low_side.p99_ms - low_direct.p99_ms:+.1f} ms; "
           "includes waiting for a batch up to the SLO)")
+    added1 = low_side.p50_ms - low_direct1.p50_ms
+    print(f"  the same model computing on one thread, as each stage server does: Triton direct "
+          f"{low_direct1.p50_ms:.1f}/{low_direct1.p99_ms:.1f} ms; the sidecar adds {added1:+.1f}/"
+          f"{low_side.p99_ms - low_direct1.p99_ms:+.1f} ms, {added1 / len(STAGES):+.2f} ms p50 per stage "
+          f"({len(STAGES)} stages)")
     (d50, d99), (p50, p99) = p50_p99_ms(seq_direct), p50_p99_ms(seq_proxy)
     print(f"sidecar proxy cost (trivial model, one request at a time) p50/p99: Triton direct {d50:.2f}/{d99:.2f} ms, "
           f"through the sidecar (pass-through) {p50:.2f}/{p99:.2f} ms (added {p50 - d50:+.2f}/{p99 - d99:+.2f} ms)")
