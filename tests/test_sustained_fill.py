@@ -10,7 +10,7 @@ from planner.planners import run_planner
 from planner.solvers.milp_solvers import SolverOptions
 from planner.sustained.arrivals import parse_arrivals
 from planner.sustained.fill import can_fill, fills, idle_gpus, merged
-from planner.sustained.search import costed
+from planner.sustained.search import costed, fill_margins
 from poolpipe_common.overheads import DEFAULT_OVERHEADS
 from scheduler.sim.sustain import simulated_rps
 from tests.test_sustained import MODEL, small_spec
@@ -51,6 +51,11 @@ def test_filling_idle_gpus_sustains_more_than_the_plan_that_left_them_idle():
     alone = simulated_rps(base, arrivals, DEFAULT_OVERHEADS)[MODEL]
     with_fill = max(simulated_rps(p, arrivals, DEFAULT_OVERHEADS)[MODEL] for _, p, _ in out)
     assert with_fill > 1.05 * alone, (with_fill, alone)
+
+
+def test_idle_gpus_are_planned_at_no_margin_and_halfway_down_to_the_candidates():
+    assert fill_margins(0.3) == (0.0, 0.15) and fill_margins(0.05) == (0.0, 0.025)
+    assert fill_margins(0.025) == (0.0,) and fill_margins(0.0) == ()
 
 
 def test_the_sustained_objective_weighs_filled_candidates_and_records_them():

@@ -121,6 +121,14 @@ def plan_sustained(spec: PlanningSpec, solves: Sequence[Solve], arrivals: Arriva
     return with_sustainable(best.plan, best.rates(), arrivals, name, table), (*best.lines, *lines)
 
 
+def fill_margins(margin: float) -> tuple[float, ...]:
+    """The margins a candidate's idle GPUs are planned at: none (their pools are small, so this is the most
+    they add) and the grid's margin halfway down to it (slack for those small pools), each merged plan being one
+    more simulation."""
+    half = max((m for m in MARGIN_FRACTIONS if m <= margin / 2), default=0.0)
+    return tuple(sorted({0.0, half})) if margin > 0 else ()
+
+
 def filled(spec: PlanningSpec, cands: Sequence[Candidate], solves: Sequence[Solve], arrivals: Arrivals,
            costs: Overheads, evaluate) -> list[Candidate]:
     """The best measured candidates that leave whole GPUs idle, those GPUs planned at each smaller margin
@@ -131,7 +139,7 @@ def filled(spec: PlanningSpec, cands: Sequence[Candidate], solves: Sequence[Solv
     bases = sorted(idle, key=lambda c: -score(c.plan, c.rates()))[:FILLED_CANDIDATES]
     out = []
     for base in bases:
-        smaller = [m for m in MARGIN_FRACTIONS if m < base.margin]
+        smaller = fill_margins(base.margin)
         for fill_margin, plan, lines in fills(spec, base.plan, smaller, solves, lambda s, m: costed(s, m, costs)):
             if _signature(plan) in seen:
                 continue
