@@ -6,7 +6,7 @@ objective, planned with the per-stage costs the sidecar measured serving a0 and 
 client measured at a0's knee), (b) np planned the same way,
 (c) Triton-native (np's whole-model servers behind Triton's dynamic batcher, round-robin), and the simulator's
 prediction of (a) with those costs. Printed: each system's absolute req/s held at >= 99 % SLO attainment (load
-factors in steps of 0.025 of a0's nominal rate), the ratios a/a0, a/c, a/b, and how the plan's promise
+factors in steps of 0.0125 of a0's nominal rate), the ratios a/a0, a/c, a/b, and how the plan's promise
 (plan.json's sustainable_rps) compares with what (a) held live. All devices are emulated (real tritonservers that
 hold each batch for its profiled latency; the sidecar holds each hop between hosts for its profiled bytes over
 the cluster's 10 Gbps links) on 4 L4 + 12 T4, in real time by default (--time-scale 0: the old slow
