@@ -94,7 +94,6 @@ class Overheads:
         return np.interp(u, np.linspace(0.0, 1.0, len(q)), q)
 
 
-
 def median_overheads(runs: Sequence[Overheads]) -> Overheads:
     """Several serving runs' costs as one: the median of each cost, so that a run a host stall or a short burst
     inflated does not set them (the front path: the first run's, as its quantiles do not combine)."""
@@ -103,6 +102,7 @@ def median_overheads(runs: Sequence[Overheads]) -> Overheads:
     med = {k: float(np.median([getattr(r, k) for r in runs])) for k in ("lead_us", "tail_us", "wake_late_us",
                                                                         "slowdown")}
     return replace(runs[0], **med)
+
 
 def front_quantiles(samples_us: Sequence[float], n: int = FRONT_QUANTILES) -> tuple[float, ...]:
     """``n`` evenly spaced quantiles (0 % to 100 %, linear interpolation) of measured front-path times (a sample

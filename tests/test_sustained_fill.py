@@ -9,7 +9,7 @@ from planner import PlanRequest, plan
 from planner.planners import run_planner
 from planner.solvers.milp_solvers import SolverOptions
 from planner.sustained.arrivals import parse_arrivals
-from planner.sustained.fill import can_fill, fills, idle_gpus, merged
+from planner.sustained.fill import fills, idle_gpus, merged
 from planner.sustained.search import costed, fill_margins
 from poolpipe_common.overheads import DEFAULT_OVERHEADS
 from scheduler.sim.sustain import simulated_rps
@@ -29,7 +29,6 @@ def test_idle_gpus_counts_whole_gpus_no_vgpu_sits_on_and_merging_adds_pipelines(
     idle = idle_gpus(base, spec.cluster.gpus)
     # at 3x a margin of 0.3 rules out a T4 serving centernet whole, and the pipelines' T4 stages are fewer than 12
     assert idle.get("T4", 0) > 0 and all(used[t] + idle.get(t, 0) <= spec.cluster.gpus[t] for t in used)
-    assert can_fill(base)
     extra = run_planner(replace(costed(spec, 0.0, DEFAULT_OVERHEADS),
                                 cluster=replace(spec.cluster, gpus=idle)), "np", OPTS)
     both = merged(base, extra)
@@ -46,7 +45,8 @@ def test_filling_idle_gpus_sustains_more_than_the_plan_that_left_them_idle():
     spec = small_spec(4, 12, margin=0.0)
     arrivals = parse_arrivals("poisson")
     base = run_planner(costed(spec, 0.3, DEFAULT_OVERHEADS), "ppipe", OPTS)
-    out = fills(spec, base, (0.0,), [_solve("ppipe"), _solve("np")], lambda s, m: costed(s, m, DEFAULT_OVERHEADS))
+    out = fills(spec, base, idle_gpus(base, spec.cluster.gpus), (0.0,), [_solve("ppipe"), _solve("np")],
+                lambda s, m: costed(s, m, DEFAULT_OVERHEADS))
     assert out and all(margin == 0.0 for margin, _, _ in out)
     alone = simulated_rps(base, arrivals, DEFAULT_OVERHEADS)[MODEL]
     with_fill = max(simulated_rps(p, arrivals, DEFAULT_OVERHEADS)[MODEL] for _, p, _ in out)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.plan_json import ModelPlan, PartitionPlan, PipelinePlan, Plan
+from planner.plan_json import ModelPlan, PartitionPlan, PipelinePlan, Plan, nominal_objective
 from planner.ppipe import whole_gpu
 from planner.ppipe.candidates import Candidates, enumerate_candidates
 from planner.ppipe.column_milp import ChosenPipeline, Objective, column_start, relaxation_bound, solve_columns
@@ -154,8 +154,7 @@ def assemble_plan(spec: PlanningSpec, planner: str, solver: str, seconds: float,
     """The throughput Plan: objective = throughput (one model) or smallest throughput/weight, with the
     solver's status, bound and gap (None where the planner has no bound, e.g. dart-r)."""
     mplans = model_plans(models)
-    objective = (mplans[0].throughput_rps if len(mplans) == 1
-                 else min(m.throughput_rps / m.weight for m in mplans))
+    objective = nominal_objective(mplans)
     bound = None if res.bound is None else max(res.bound, objective)  # whole vGPUs may carry a bit more than x
     gap = None if bound is None else (bound - objective) / max(objective, 1e-9)
     return Plan(planner, solver, seconds, spec.cluster, mplans, spec.to_dict(), res.status, objective,

@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from planner.plan_json import Plan
+from planner.plan_json import Plan, nominal_objective
 from planner.spec.planning_spec import PlanningSpec
 from poolpipe_common.errors import InputError
 
@@ -22,17 +22,14 @@ Solve = Callable[[PlanningSpec], tuple[Plan, tuple[str, ...]]]
 
 
 def idle_gpus(plan: Plan, gpus: dict[str, int]) -> dict[str, int]:
-    """Whole GPUs of each type (of ``gpus``, the cluster's counts) that none of the plan's vGPUs sit on."""
+    """Whole GPUs of each type (of ``gpus``, the cluster's counts) that none of the plan's vGPUs sit on; none for
+    plans whose GPUs are named or split unequally (co-location, unequal vGPU sizes), whose names a leftover plan's
+    would collide with."""
+    if plan.colocation is not None or plan.gpu_splits is not None:
+        return {}
     used = plan.physical_gpus_used()
-    return {t: n - math.ceil(used.get(t, 0.0) - 1e-9) for t, n in gpus.items()
-            if n - math.ceil(used.get(t, 0.0) - 1e-9) > 0}
-
-
-def can_fill(plan: Plan) -> bool:
-    """Plans whose GPUs are named or split unequally (co-location, unequal vGPU sizes) are not filled: a
-    leftover plan's GPU names would collide with theirs."""
-    return plan.colocation is None and plan.gpu_splits is None and not any(
-        p.placement for m in plan.models for pl in m.pipelines for p in pl.partitions)
+    idle = {t: n - math.ceil(used.get(t, 0.0) - 1e-9) for t, n in gpus.items()}
+    return {t: n for t, n in idle.items() if n > 0}
 
 
 def merged(base: Plan, extra: Plan) -> Plan:
@@ -43,19 +40,14 @@ def merged(base: Plan, extra: Plan) -> Plan:
                    replace(m, pipelines=m.pipelines + more[m.name].pipelines,
                            throughput_rps=m.throughput_rps + more[m.name].throughput_rps)
                    for m in base.models)
-    objective = (models[0].throughput_rps if len(models) == 1
-                 else min(m.throughput_rps / (m.weight or 1.0) for m in models))
-    return replace(base, models=models, objective=objective, bound=None, gap=None,
+    return replace(base, models=models, objective=nominal_objective(models), bound=None, gap=None,
                    solve_seconds=base.solve_seconds + extra.solve_seconds)
 
 
-def fills(spec: PlanningSpec, plan: Plan, margins: Sequence[float], solves: Sequence[Solve],
+def fills(spec: PlanningSpec, plan: Plan, idle: dict[str, int], margins: Sequence[float], solves: Sequence[Solve],
           costed: Callable[[PlanningSpec, float], PlanningSpec]) -> list[tuple[float, Plan, tuple[str, ...]]]:
-    """``plan`` with its idle GPUs planned at each of ``margins`` by each solve: (fill margin, merged plan, the
-    fill's lines); none where nothing is idle or no model fits on the idle GPUs within a margin."""
-    idle = idle_gpus(plan, spec.cluster.gpus) if can_fill(plan) else {}
-    if not idle:
-        return []
+    """``plan`` with its ``idle`` GPUs (:func:`idle_gpus`) planned at each of ``margins`` by each solve: (fill
+    margin, merged plan, the fill's lines); none where no model fits on them within a margin."""
     rest = replace(spec, cluster=replace(spec.cluster, gpus=idle))
     out = []
     for margin in margins:

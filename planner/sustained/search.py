@@ -12,15 +12,15 @@ smaller margins (planner.sustained.fill), and the merged plans are measured too.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from planner.plan_json import Plan
 from planner.spec.planning_spec import PlanningSpec
 from planner.sustained.arrivals import Arrivals
 from planner.sustained.capacity import predicted_rps
-from planner.sustained.evaluators import evaluator
-from planner.sustained.fill import can_fill, fills, idle_gpus
+from planner.sustained.evaluators import Evaluator, evaluator
+from planner.sustained.fill import Solve, fills, idle_gpus
 from poolpipe_common.errors import InputError
 from poolpipe_common.overheads import Overheads, driver_margin_us
 
@@ -29,8 +29,6 @@ MARGIN_FRACTIONS = (0.0, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4)
 MEASURED_CANDIDATES = 6  # how many of the best-predicted candidates the evaluator measures (the closed form
 # ranks plans of one batch size well, but undervalues larger batches, so most candidates are measured)
 FILLED_CANDIDATES = 3  # how many of the best measured candidates that leave whole GPUs idle get them filled
-
-Solve = Callable[[PlanningSpec], tuple[Plan, tuple[str, ...]]]
 
 
 @dataclass
@@ -130,17 +128,17 @@ def fill_margins(margin: float) -> tuple[float, ...]:
 
 
 def filled(spec: PlanningSpec, cands: Sequence[Candidate], solves: Sequence[Solve], arrivals: Arrivals,
-           costs: Overheads, evaluate) -> list[Candidate]:
-    """The best measured candidates that leave whole GPUs idle, those GPUs planned at each smaller margin
-    (planner.sustained.fill), measured; plans equal to a candidate's dropped."""
+           costs: Overheads, evaluate: Evaluator) -> list[Candidate]:
+    """The best measured candidates that leave whole GPUs idle, those GPUs planned at smaller margins
+    (:func:`fill_margins`, planner.sustained.fill), measured; plans equal to a candidate's dropped."""
     seen = {_signature(c.plan) for c in cands}
-    idle = [c for c in cands if c.measured is not None and c.margin is not None and can_fill(c.plan)
-            and idle_gpus(c.plan, spec.cluster.gpus)]
-    bases = sorted(idle, key=lambda c: -score(c.plan, c.rates()))[:FILLED_CANDIDATES]
+    idle = [(c, gpus) for c in cands if c.measured is not None and c.margin is not None
+            for gpus in [idle_gpus(c.plan, spec.cluster.gpus)] if gpus]
+    bases = sorted(idle, key=lambda cg: -score(cg[0].plan, cg[0].rates()))[:FILLED_CANDIDATES]
     out = []
-    for base in bases:
-        smaller = fill_margins(base.margin)
-        for fill_margin, plan, lines in fills(spec, base.plan, smaller, solves, lambda s, m: costed(s, m, costs)):
+    for base, gpus in bases:
+        for fill_margin, plan, lines in fills(spec, base.plan, gpus, fill_margins(base.margin), solves,
+                                              lambda s, m: costed(s, m, costs)):
             if _signature(plan) in seen:
                 continue
             seen.add(_signature(plan))
