@@ -6,17 +6,31 @@ and lateness learning) with the per-stage costs the sidecar measures. Offered to
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 from planner.plan_json import Plan
 from planner.sustained.arrivals import Arrivals
 from poolpipe_common.overheads import Overheads
 from scheduler.sim.sweep import TARGET_ATTAINMENT, PointJob, run_point
-from workloads.arrivals import parse_trace
+from workloads.arrivals import TraceSpec, parse_trace
 
 MIN_REQUESTS = 12_000  # per point, so that 1 % of misses is > 100 requests
 MIN_DURATION_S, MAX_DURATION_S = 15.0, 60.0
 RESOLUTION = 0.01  # of the nominal rate
 MAX_POINTS = 12
 HIGHEST = 1.05  # a plan may sustain slightly more than its nominal rate (its pools are rounded up)
+# A replayed trace is judged stretch by stretch: at least this long and this many requests (1 % of it is 20).
+STRETCH_MIN_S, STRETCH_REQUESTS, MIN_STRETCHES = 6.0, 2_000, 3
+
+
+@dataclass(frozen=True)
+class Run:
+    """One simulated run a load point is judged on: its seed (for a replay, where in the trace it starts:
+    seed 0 at the trace's first arrival) and its length."""
+
+    seed: int
+    duration_s: float
 
 
 def _duration_s(plan: Plan) -> float:
@@ -24,12 +38,42 @@ def _duration_s(plan: Plan) -> float:
     return min(MAX_DURATION_S, max(MIN_DURATION_S, MIN_REQUESTS / total))
 
 
+def point_runs(plan: Plan, trace: TraceSpec, seed: int = 0) -> list[Run]:
+    """A stationary process (Poisson, gamma gaps) is judged on one long run. A recorded trace is not stationary:
+    its bursts cluster (azure-conv's first 2,000 gaps have a CV of 1.14, later stretches 0.99-1.06), and one long
+    run both dilutes a burst among lulls and, scaled to the whole run's mean, offers a busy stretch less than the
+    rate. So the same amount of trace is cut into stretches, each offered the point's rate on its own, the first at
+    the trace's start, and the point holds only where every stretch holds: what a load test of any one of them
+    measures."""
+    duration = _duration_s(plan)
+    if trace.kind != "replay":
+        return [Run(seed, duration)]
+    total = sum(m.throughput_rps for m in plan.models) or 1.0
+    stretch = min(duration, max(STRETCH_MIN_S, STRETCH_REQUESTS / total))
+    n = max(MIN_STRETCHES, math.ceil(duration / stretch - 1e-9))
+    return [Run(seed + k, stretch) for k in range(n)]
+
+
+def _attainment(plan: Plan, rates: dict[str, float], trace: TraceSpec, lf: float, runs: list[Run],
+                costs: Overheads, open_: set[str]) -> dict[str, float]:
+    """Per model, the least attainment over the runs; stops once every model still bracketed has missed."""
+    least = {m: 1.0 for m in rates}
+    for run in runs:
+        summary, _ = run_point(PointJob(plan, rates, "ppipe", trace, lf, run.duration_s, run.seed, driver="live",
+                                        overheads=costs))
+        for m, point in summary["models"].items():
+            least[m] = min(least[m], point["slo_attainment"])
+        if all(least[m] + 1e-12 < TARGET_ATTAINMENT for m in open_):
+            break
+    return least
+
+
 def simulated_rps(plan: Plan, arrivals: Arrivals, costs: Overheads, seed: int = 0) -> dict[str, float]:
     """Per model, the largest rate (to RESOLUTION of its nominal one) the simulator serves at >= 99 %, every
     model offered the same fraction of its nominal rate (as the max-min objective weighs them)."""
     rates = {m.name: m.throughput_rps for m in plan.models}
     trace = parse_trace(arrivals.text)
-    duration = _duration_s(plan)
+    runs = point_runs(plan, trace, seed)
     lo = {m: 0.0 for m in rates}
     hi = {m: HIGHEST for m in rates}
     for _ in range(MAX_POINTS):
@@ -37,12 +81,10 @@ def simulated_rps(plan: Plan, arrivals: Arrivals, costs: Overheads, seed: int = 
         if hi[widest] - lo[widest] <= RESOLUTION:
             break
         lf = round(0.5 * (lo[widest] + hi[widest]), 4)
-        summary, _ = run_point(PointJob(plan, rates, "ppipe", trace, lf, duration, seed, driver="live",
-                                        overheads=costs))
-        for m, point in summary["models"].items():  # a point outside a model's bracket tells it nothing new
-            if not lo[m] < lf < hi[m]:
-                continue
-            if point["slo_attainment"] + 1e-12 >= TARGET_ATTAINMENT:
+        open_ = {m for m in rates if lo[m] < lf < hi[m]}  # a point outside a model's bracket tells it nothing new
+        least = _attainment(plan, rates, trace, lf, runs, costs, open_)
+        for m in open_:
+            if least[m] + 1e-12 >= TARGET_ATTAINMENT:
                 lo[m] = lf
             else:
                 hi[m] = lf
