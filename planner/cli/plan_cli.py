@@ -44,7 +44,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--arrivals", default="poisson", metavar="poisson|bursty:CV|replay:FILE",
                    help="the arrivals a plan must sustain: poisson (default), bursty:CV (gamma gaps with that "
                         "coefficient of variation, e.g. bursty:2) or replay:NAME_OR_FILE (a recorded trace, e.g. "
-                        "replay:azure-conv, scaled to each rate)")
+                        "replay:azure-conv, scaled to each rate and held in each stretch of it simulated, the first "
+                        "at its start)")
     c.add_argument("--overheads", metavar="FILE",
                    help="what serving adds per stage call beyond compute, as 'poolpipe serve --overheads-out FILE' "
                         "measured it on your servers (lead, tail, slowdown); plans count it in every partition's "
