@@ -107,10 +107,10 @@ class ModelPlan:
         return {**d, "pipelines": [p.to_dict() for p in self.pipelines], "profile": self.profile.to_dict()}
 
 
-
 def nominal_objective(models: tuple[ModelPlan, ...]) -> float:
     """PPipe's objective over a plan's models: the throughput of one, else the smallest throughput / weight."""
     return models[0].throughput_rps if len(models) == 1 else min(m.throughput_rps / m.weight for m in models)
+
 
 @dataclass(frozen=True)
 class Plan:

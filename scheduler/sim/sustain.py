@@ -54,6 +54,10 @@ def point_runs(plan: Plan, trace: TraceSpec, seed: int = 0) -> list[Run]:
     return [Run(seed + k, stretch) for k in range(n)]
 
 
+def _holds(attainment: float) -> bool:
+    return attainment + 1e-12 >= TARGET_ATTAINMENT
+
+
 def _attainment(plan: Plan, rates: dict[str, float], trace: TraceSpec, lf: float, runs: list[Run],
                 costs: Overheads, open_: set[str]) -> dict[str, float]:
     """Per model, the least attainment over the runs; stops once every model still bracketed has missed."""
@@ -63,7 +67,7 @@ def _attainment(plan: Plan, rates: dict[str, float], trace: TraceSpec, lf: float
                                         overheads=costs))
         for m, point in summary["models"].items():
             least[m] = min(least[m], point["slo_attainment"])
-        if all(least[m] + 1e-12 < TARGET_ATTAINMENT for m in open_):
+        if not any(_holds(least[m]) for m in open_):
             break
     return least
 
@@ -84,7 +88,7 @@ def simulated_rps(plan: Plan, arrivals: Arrivals, costs: Overheads, seed: int = 
         open_ = {m for m in rates if lo[m] < lf < hi[m]}  # a point outside a model's bracket tells it nothing new
         least = _attainment(plan, rates, trace, lf, runs, costs, open_)
         for m in open_:
-            if least[m] + 1e-12 >= TARGET_ATTAINMENT:
+            if _holds(least[m]):
                 lo[m] = lf
             else:
                 hi[m] = lf
