@@ -8,7 +8,7 @@ from scheduler.core import make_scheduler
 from scheduler.core.api import Request
 from scheduler.core.arrival_rate import ArrivalRate
 from scheduler.core.probe import ReservationState
-from scheduler.core.reservations import ResourceTable, earliest_common, owner_key
+from scheduler.core.reservations import OVERLAP_TOLERANCE_US, ResourceTable, earliest_common, owner_key
 from scheduler.core.topology import Pipeline, Stage, Topology, VGpu
 
 BW = 8.0  # Gbit/s: 1000 bytes take 1 µs
@@ -280,6 +280,27 @@ def test_ppipe_runs_a_stage_early_when_the_one_before_ran_faster_and_its_vgpu_is
     s.report(d2.id, 0, 5000.0, 5200.0)
     assert s.advance(d2.id, 1, 5300.0) is None
     assert [t.intervals() for t in (s.state.vgpu_tables["B0"], s.state.uplinks["x"], s.state.downlinks["y"])] == before
+
+
+def test_ppipe_runs_a_stage_early_into_a_gap_that_fits_exactly_on_a_clock_of_long_uptime():
+    """A sidecar's clock is the host's monotonic clock in µs (5e10 after 13 hours: ulps of 8e-6 µs). Moving a
+    stage into a gap exactly its length must not end it an ulp past the next interval (it once computed the end
+    as (s + e0) - s0 and the dispatch failed with "overlaps an existing one"; these values did)."""
+    t, d, q = 46797951117.42589, 7667.3, 5680.6
+    s = make_scheduler("ppipe", two_stage_topology([("A0", "x")], [("B0", "x")], {1: 1000.0}, {1: d},
+                                                   slo=1e6))
+    b0 = s.state.vgpu_tables["B0"]
+    b0.reserve(t + 100.0, t + 300.0, owner_key(900, 1))
+    b0.reserve(t + 300.0 + d, t + 300.0 + d + q, owner_key(901, 1))  # the gap between is exactly d long
+    s.enqueue(req(0, t, 1e6))
+    dispatch = s.step(t).dispatches[0]
+    assert dispatch.stages[1].start_us == t + 300.0 + d + q  # after both: stage 0 ends after the gap starts
+    s.report(dispatch.id, 0, t, t + 150.0)
+    moved = s.advance(dispatch.id, 1, t + 200.0)
+    assert moved is not None and moved.start_us == t + 300.0
+    spans = b0.intervals()
+    assert [o for _, _, o in spans] == [owner_key(900, 1), owner_key(dispatch.id, 1), owner_key(901, 1)]
+    assert all(e <= nxt + OVERLAP_TOLERANCE_US for (_, e, _), (nxt, _, _) in zip(spans, spans[1:]))
 
 
 def test_reactive_hands_the_batch_from_pool_to_pool():

@@ -258,17 +258,20 @@ class ReservationState:
         if links:
             ts = earliest_common(links, ready_us, spans[1][1] - spans[1][0])
             te = ts + spans[1][1] - spans[1][0]
-        s = tab.earliest(ready_us if te is None else te, e0 - s0)
+        d = e0 - s0
+        s = tab.earliest(ready_us if te is None else te, d)
         if s >= s0 - ADVANCE_MIN_US:  # no earlier slot: everything back as it was
             for (t, owner, _), (b, e) in zip(held, spans):
                 t.reserve(b, e, owner)
             return None
-        tab.reserve(s, s + e0 - s0, key)
+        # s + d exactly as earliest() computed it: (s + e0) - s0 can round one ulp past a slot that ends
+        # where the next interval starts (clock values near 5e10 µs have ulps of 8e-6 µs)
+        tab.reserve(s, s + d, key)
         for x in links:
             x.reserve(ts, te, xkey)  # type: ignore[arg-type]
         for t, _, _ in held:
             self._touch(t)
-        return StageAssignment(a.stage, a.vgpu, s, s + e0 - s0, ts, te)
+        return StageAssignment(a.stage, a.vgpu, s, s + d, ts, te)
 
     def _links(self, stages: list[StageAssignment], k: int) -> tuple[ResourceTable, ResourceTable] | None:
         """The (uplink, downlink) pair stage ``k``'s transfer holds, or None when it has none."""

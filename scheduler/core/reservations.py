@@ -12,6 +12,9 @@ from bisect import bisect_left, bisect_right
 from typing import Sequence
 
 COMPUTE, TRANSFER = 0, 1
+# Overlap ``reserve`` tolerates (µs): times are floats on a monotonic clock in µs, whose ulp after days of
+# uptime is 1e-5..1e-3 µs; arithmetic on them can end a slot that ulp past where the next one starts.
+OVERLAP_TOLERANCE_US = 0.01
 
 
 def owner_key(dispatch_id: int, stage: int, kind: int = COMPUTE) -> int:
@@ -54,7 +57,8 @@ class ResourceTable:
         if e <= s:
             return
         i = bisect_left(self.starts, s)
-        if (i > 0 and self.ends[i - 1] > s + 1e-6) or (i < len(self.starts) and self.starts[i] < e - 1e-6):
+        tol = OVERLAP_TOLERANCE_US
+        if (i > 0 and self.ends[i - 1] > s + tol) or (i < len(self.starts) and self.starts[i] < e - tol):
             raise ValueError(f"reservation [{s:.1f}, {e:.1f}) on {self.name} overlaps an existing one")
         self.starts.insert(i, s)
         self.ends.insert(i, e)
