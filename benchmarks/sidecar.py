@@ -41,6 +41,7 @@ import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 
 from ensembles.triton_baseline import start_baseline, write_whole_model
+from loadtest.grpc_floor import bare_proxy
 from loadtest.open_loop import no_collector_pauses
 from model_repository_gen import triton_config as tc
 from model_repository_gen.generate import generate
@@ -251,6 +252,9 @@ def main() -> int:
             with SidecarProcess(passthrough=triton.grpc_url, log_path=work / "proxy.log") as proxy:
                 asyncio.run(closed_loop(proxy.grpc_url, "trivial", [t_in], 1, 1.0))
                 _, _, seq_proxy = asyncio.run(closed_loop(proxy.grpc_url, "trivial", [t_in], 1, duration))
+            with bare_proxy(triton.grpc_url) as bare_url:  # the floor under any proxy on Python's gRPC stack
+                asyncio.run(closed_loop(bare_url, "trivial", [t_in], 1, 1.0))
+                _, _, seq_bare = asyncio.run(closed_loop(bare_url, "trivial", [t_in], 1, duration))
         with Deployment(tdeploy, check_hardware=False, log_dir=work / "tlogs"), \
                 SidecarProcess(manifest=tdeploy, log_path=work / "tsidecar.log") as sc:
             asyncio.run(closed_loop(sc.grpc_url, "trivial", [t_in], 64, 1.0))
@@ -275,6 +279,10 @@ def main() -> int:
     (d50, d99), (p50, p99) = p50_p99_ms(seq_direct), p50_p99_ms(seq_proxy)
     print(f"sidecar proxy cost (trivial model, one request at a time) p50/p99: Triton direct {d50:.2f}/{d99:.2f} ms, "
           f"through the sidecar (pass-through) {p50:.2f}/{p99:.2f} ms (added {p50 - d50:+.2f}/{p99 - d99:+.2f} ms)")
+    b50, b99 = p50_p99_ms(seq_bare)
+    print(f"  a bare Python gRPC proxy (grpc.aio, raw bytes, nothing else; loadtest/grpc_floor.py) adds "
+          f"{b50 - d50:+.2f}/{b99 - d99:+.2f} ms: the floor under any proxy on Python's gRPC stack here; the sidecar's "
+          f"pass-through adds {p50 - b50:+.2f} ms p50 beyond it")
     print(f"trivial model, 64 outstanding: sidecar {side_rps:.0f} req/s ({side_err} errors) using "
           f"{side_cores:.2f} of {os.cpu_count()} cores; Triton direct with dynamic batcher {direct_rps:.0f} req/s; "
           f"ratio {side_rps / direct_rps:.2f}x")
