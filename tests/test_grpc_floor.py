@@ -1,0 +1,38 @@
+"""loadtest/grpc_floor.py: the bare Python gRPC proxy whose cost benchmarks/sidecar.py prints as the floor under the
+sidecar's pass-through forwards Triton's answers unchanged and is gone once its block ends."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from ensembles.triton_baseline import start_baseline, write_whole_model
+from loadtest.grpc_floor import bare_proxy
+from model_repository_gen.triton_config import BackendSettings, DynamicBatching
+from runtime.testbed import write_trivial_onnx
+
+pytestmark = pytest.mark.triton
+
+
+def _infer(url: str, x: np.ndarray) -> np.ndarray:
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        i = grpcclient.InferInput("x", list(x.shape), "FP32")
+        i.set_data_from_numpy(x)
+        return client.infer("trivial", [i], client_timeout=10).as_numpy("y")
+    finally:
+        client.close()
+
+
+def test_the_bare_proxy_forwards_triton_answers_and_stops(tmp_path):
+    repo = tmp_path / "repo"
+    write_whole_model(repo, write_trivial_onnx(tmp_path / "trivial.onnx"), "trivial", 8, DynamicBatching((), 0),
+                      settings=BackendSettings(engine="ort", intra_op_threads=1))
+    x = np.linspace(-1.0, 1.0, 32, dtype=np.float32).reshape(2, 16)
+    with start_baseline(repo, log_path=tmp_path / "triton.log") as triton:
+        with bare_proxy(triton.grpc_url) as url:
+            np.testing.assert_array_equal(_infer(url, x), np.maximum(x, 0.0))
+        with pytest.raises(InferenceServerException):  # its process is gone: nothing listens on its port
+            _infer(url, x)
