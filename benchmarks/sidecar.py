@@ -10,8 +10,9 @@ Printed: the highest Poisson load each sustains at >= 99 % SLO attainment (both 
 run on (a), then on (b), so that the host's speed drifting weighs on both alike) and their ratio; p50/p99
 latency at low load through the sidecar and straight to Triton (the sidecar's planned path waits for
 batches by design, so its pure proxy cost is also shown: one request at a time on a trivial model,
-pass-through mode against the same Triton), and straight to Triton computing on one thread as each stage server
-does, with no queue delay (what the sidecar's path adds per stage);
+pass-through mode against the same Triton, beside a bare Python gRPC proxy: the floor under any proxy in Python),
+and straight to Triton computing on one thread as each stage server does, with no queue delay (what the sidecar's
+path adds per stage), beside the same stage calls chained by a bare Python client (what the calls alone cost);
 and the sidecar's maximum request rate on a trivial planned model with the CPU its own process uses; then the
 same with ``serve --workers 2`` (a pool of two vGPUs, one per worker; clients on 16 connections, since the kernel
 spreads connections over the workers) with the CPU of all its processes, against Triton direct under the same
@@ -41,7 +42,7 @@ import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 
 from ensembles.triton_baseline import start_baseline, write_whole_model
-from loadtest.grpc_floor import bare_proxy
+from loadtest.grpc_floor import bare_proxy, chained_stage_calls
 from loadtest.open_loop import no_collector_pauses
 from model_repository_gen import triton_config as tc
 from model_repository_gen.generate import generate
@@ -209,7 +210,8 @@ def main() -> int:
     with no_collector_pauses(), tempfile.TemporaryDirectory(prefix="poolpipe-bench-sidecar-") as tmp:
         work = Path(tmp)
         # the plan's batch is the baseline's largest: neither side is given larger batches than the other
-        deploy, onnx_path, _ = build_deployment(work / "tb", name=MODEL, slo_us=args.slo_ms * 1e3, batch=MAX_BATCH)
+        deploy, onnx_path, manifest = build_deployment(work / "tb", name=MODEL, slo_us=args.slo_ms * 1e3,
+                                                       batch=MAX_BATCH)
         repo = work / "baseline"
         write_whole_model(repo, onnx_path, MODEL, MAX_BATCH, tc.DynamicBatching((4, MAX_BATCH), 5000),
                           settings=tc.BackendSettings(engine="ort", intra_op_threads=os.cpu_count() or 2))
@@ -233,6 +235,8 @@ def main() -> int:
             base_max, side_max = best["triton"], best["sidecar"]
             low_direct = asyncio.run(poisson_load(triton.grpc_url, MODEL, [inp], 5, 2 * duration, slo_s, seed=5))
             low_side = asyncio.run(poisson_load(sc.grpc_url, MODEL, [inp], 5, 2 * duration, slo_s, seed=5))
+            # the floor of the planned path: its stage calls chained by a bare client, no sidecar
+            chained, _ = asyncio.run(chained_stage_calls(manifest, MODEL, x, int(5 * 2 * duration)))
             with start_baseline(repo1, log_path=work / "baseline-one-thread.log") as triton1:
                 low_direct1 = asyncio.run(poisson_load(triton1.grpc_url, MODEL, [inp], 5, 2 * duration, slo_s,
                                                        seed=5))
@@ -276,6 +280,11 @@ def main() -> int:
           f"{low_direct1.p50_ms:.1f}/{low_direct1.p99_ms:.1f} ms; the sidecar adds {added1:+.1f}/"
           f"{low_side.p99_ms - low_direct1.p99_ms:+.1f} ms, {added1 / len(STAGES):+.2f} ms p50 per stage "
           f"({len(STAGES)} stages)")
+    c50, c99 = p50_p99_ms(chained)
+    print(f"  its {len(STAGES)} stage calls chained by a bare Python gRPC client, no sidecar (raw bytes, each pool's "
+          f"first vGPU; loadtest/grpc_floor.py): {c50:.1f}/{c99:.1f} ms, "
+          f"{(c50 - low_direct1.p50_ms) / len(STAGES):+.2f} ms p50 per stage; the sidecar adds "
+          f"{low_side.p50_ms - c50:+.1f} ms p50 beyond them (its front hop and decisions)")
     (d50, d99), (p50, p99) = p50_p99_ms(seq_direct), p50_p99_ms(seq_proxy)
     print(f"sidecar proxy cost (trivial model, one request at a time) p50/p99: Triton direct {d50:.2f}/{d99:.2f} ms, "
           f"through the sidecar (pass-through) {p50:.2f}/{p99:.2f} ms (added {p50 - d50:+.2f}/{p99 - d99:+.2f} ms)")

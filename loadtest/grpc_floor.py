@@ -1,20 +1,30 @@
-"""The floor under the sidecar's pass-through: a bare Python gRPC proxy that forwards Triton's ``ModelInfer`` as raw
-bytes (no decode, no checks, no metrics) on grpc.aio, as the sidecar's front end and stage calls do. What it adds
-over calling Triton directly is what any proxy written on Python's gRPC stack adds on this machine, so
-``benchmarks/sidecar.py`` prints it beside the sidecar's own pass-through cost.
+"""Floors under the sidecar's costs, on Python's gRPC stack (grpc.aio, raw bytes, as the sidecar's calls are):
+
+- ``bare_proxy``: a proxy that forwards Triton's ``ModelInfer`` and does nothing else (no decode, no checks, no
+  metrics): what it adds over calling Triton directly is what any proxy in Python adds on this machine;
+- ``chained_stage_calls``: a pipeline's stages called one after the other by a bare client, each stage's output
+  bytes sent on as the next one's input: what splitting a model into stage calls costs before any scheduler.
+
+``benchmarks/sidecar.py`` prints both beside the sidecar's pass-through and planned-path latencies.
 """
 
 from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import grpc
+import numpy as np
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from model_repository_gen.manifest import Manifest
 
 SERVICE = "inference.GRPCInferenceService"
 START_TIMEOUT_S = 30.0
+WARMUP = 5  # requests through the chain before it is timed
 
 
 def _identity(b: bytes) -> bytes:
@@ -61,3 +71,38 @@ def bare_proxy(target: str) -> Iterator[str]:
         if proc.is_alive():
             proc.kill()
             proc.join()
+
+
+async def chained_stage_calls(manifest: Manifest, model: str, x: np.ndarray, n: int, gap_s: float = 0.2
+                              ) -> tuple[list[float], bytes]:
+    """``n`` requests of input ``x`` through ``model``'s first pipeline, each stage called on the first vGPU of its
+    pool by one grpc.aio client (a few warm-up requests first), one request every ``gap_s``: their latencies (s)
+    and the last answer's bytes."""
+    urls = {v.id: v.grpc_url for v in manifest.vgpus}
+    stages = next(m for m in manifest.models if m.name == model).pipelines[0].stages
+    for st in stages:
+        if len(st.inputs) != 1 or len(st.outputs) != 1:
+            raise ValueError(f"stage {st.triton_model} has {len(st.inputs)} inputs and {len(st.outputs)} outputs: "
+                             "chained_stage_calls sends one tensor from stage to stage")
+    channels = [grpc.aio.insecure_channel(urls[st.vgpus[0]]) for st in stages]
+    stubs = [service_pb2_grpc.GRPCInferenceServiceStub(c) for c in channels]
+    lat: list[float] = []
+    data = b""
+    try:
+        for i in range(n + WARMUP):
+            t0 = time.perf_counter()
+            data = x.tobytes()
+            for st, stub in zip(stages, stubs):
+                req = service_pb2.ModelInferRequest(model_name=st.triton_model)
+                spec = st.inputs[0]
+                req.inputs.add(name=spec.name, datatype=spec.datatype, shape=[x.shape[0], *spec.shape])
+                req.raw_input_contents.append(data)
+                req.outputs.add(name=st.outputs[0].name)
+                data = (await stub.ModelInfer(req)).raw_output_contents[0]
+            if i >= WARMUP:
+                lat.append(time.perf_counter() - t0)
+            await asyncio.sleep(gap_s)
+    finally:
+        for c in channels:
+            await c.close()
+    return lat, data

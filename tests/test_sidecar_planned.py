@@ -26,6 +26,7 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
+from loadtest.grpc_floor import chained_stage_calls
 from loadtest.open_loop import open_loop
 from poolpipe_common.overheads import FRONT_QUANTILES, SIDECAR_LATENCY_PARAMETER, Overheads
 from runtime.launch import Deployment
@@ -437,6 +438,15 @@ def test_reactive_policy_runs_live_stage_by_stage(testbed: dict) -> None:
     # On shutdown it wrote what serving added to the profiled compute, for `simulate --overheads`.
     ov = Overheads.from_dict(json.loads((work / "overheads.json").read_text()))
     assert 0 < ov.lead_us < SLO_US and 0 < ov.tail_us < SLO_US and ov.slowdown > 0
+
+
+def test_the_bare_chain_of_stage_calls_computes_the_model(testbed: dict) -> None:
+    """The floor benchmarks/sidecar.py prints under the planned path (its stage calls chained by a bare client)
+    does the planned path's work: its answer is the whole model's."""
+    x = _x(1, 3)
+    lat, out = asyncio.run(chained_stage_calls(testbed["manifest"], MODEL, x, 2, gap_s=0.0))
+    assert len(lat) == 2 and all(t > 0 for t in lat)
+    np.testing.assert_allclose(np.frombuffer(out, np.float32).reshape(1, -1), _ref(testbed, x), atol=1e-4)
 
 
 # Last: its burst teaches the sidecar a large margin, which would make later tests shed.
