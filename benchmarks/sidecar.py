@@ -240,6 +240,8 @@ def main() -> int:
             with start_baseline(repo1, log_path=work / "baseline-one-thread.log") as triton1:
                 low_direct1 = asyncio.run(poisson_load(triton1.grpc_url, MODEL, [inp], 5, 2 * duration, slo_s,
                                                        seed=5))
+                with bare_proxy(triton1.grpc_url) as bare_url:  # the front hop's floor with this input
+                    low_bare1 = asyncio.run(poisson_load(bare_url, MODEL, [inp], 5, 2 * duration, slo_s, seed=5))
 
         print("(c) trivial planned model (Relu on 16 floats, one tritonserver), 64 requests outstanding:", flush=True)
         tdeploy, tpath = trivial_deployment(work)
@@ -284,7 +286,8 @@ def main() -> int:
     print(f"  its {len(STAGES)} stage calls chained by a bare Python gRPC client, no sidecar (raw bytes, each pool's "
           f"first vGPU; loadtest/grpc_floor.py): {c50:.1f}/{c99:.1f} ms, "
           f"{(c50 - low_direct1.p50_ms) / len(STAGES):+.2f} ms p50 per stage; the sidecar adds "
-          f"{low_side.p50_ms - c50:+.1f} ms p50 beyond them (its front hop and decisions)")
+          f"{low_side.p50_ms - c50:+.1f} ms p50 beyond them, of which a bare Python gRPC proxy's hop with this input "
+          f"is {low_bare1.p50_ms - low_direct1.p50_ms:+.1f} ms (the rest: its decisions and waits)")
     (d50, d99), (p50, p99) = p50_p99_ms(seq_direct), p50_p99_ms(seq_proxy)
     print(f"sidecar proxy cost (trivial model, one request at a time) p50/p99: Triton direct {d50:.2f}/{d99:.2f} ms, "
           f"through the sidecar (pass-through) {p50:.2f}/{p99:.2f} ms (added {p50 - d50:+.2f}/{p99 - d99:+.2f} ms)")

@@ -11,7 +11,8 @@
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,46 +32,42 @@ def _identity(b: bytes) -> bytes:
     return b
 
 
-def _serve(target: str, ports: multiprocessing.Queue, stop: multiprocessing.Event) -> None:
-    """The proxy's process: forward every ModelInfer to ``target`` until ``stop``; its port goes to ``ports``."""
-    async def main() -> None:
-        channel = grpc.aio.insecure_channel(target)
-        call = channel.unary_unary(f"/{SERVICE}/ModelInfer", request_serializer=_identity,
-                                   response_deserializer=_identity)
+async def _serve(target: str) -> None:
+    """The proxy: forward every ModelInfer to ``target`` until terminated; prints its port once listening."""
+    channel = grpc.aio.insecure_channel(target)
+    call = channel.unary_unary(f"/{SERVICE}/ModelInfer", request_serializer=_identity,
+                               response_deserializer=_identity)
 
-        async def model_infer(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-            return await call(request)
+    async def model_infer(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        return await call(request)
 
-        handler = grpc.method_handlers_generic_handler(SERVICE, {"ModelInfer": grpc.unary_unary_rpc_method_handler(
-            model_infer, request_deserializer=_identity, response_serializer=_identity)})
-        server = grpc.aio.server()
-        server.add_generic_rpc_handlers((handler,))
-        ports.put(server.add_insecure_port("127.0.0.1:0"))
-        await server.start()
-        while not stop.is_set():
-            await asyncio.sleep(0.05)
-        await server.stop(0)
-        await channel.close()
-
-    asyncio.run(main())
+    handler = grpc.method_handlers_generic_handler(SERVICE, {"ModelInfer": grpc.unary_unary_rpc_method_handler(
+        model_infer, request_deserializer=_identity, response_serializer=_identity)})
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    print(port, flush=True)
+    await server.wait_for_termination()
 
 
 @contextmanager
 def bare_proxy(target: str) -> Iterator[str]:
     """A bare grpc.aio proxy to the Triton at ``target`` ("host:port") in its own process; yields its URL and
     stops it (by its PID) on the way out, also on failure."""
-    ctx = multiprocessing.get_context("spawn")
-    ports, stop = ctx.Queue(), ctx.Event()
-    proc = ctx.Process(target=_serve, args=(target, ports, stop), daemon=True)
-    proc.start()
+    proc = subprocess.Popen([sys.executable, "-m", "loadtest.grpc_floor", target], stdout=subprocess.PIPE, text=True)
     try:
-        yield f"127.0.0.1:{ports.get(timeout=START_TIMEOUT_S)}"
+        line = proc.stdout.readline() if proc.stdout else ""  # its port, once it listens (empty: it died)
+        if not line.strip().isdigit():
+            raise RuntimeError(f"the bare gRPC proxy did not start (exit code {proc.wait(START_TIMEOUT_S)})")
+        yield f"127.0.0.1:{int(line)}"
     finally:
-        stop.set()
-        proc.join(5.0)
-        if proc.is_alive():
+        proc.terminate()
+        try:
+            proc.wait(5.0)
+        except subprocess.TimeoutExpired:
             proc.kill()
-            proc.join()
+            proc.wait()
 
 
 async def chained_stage_calls(manifest: Manifest, model: str, x: np.ndarray, n: int, gap_s: float = 0.2
@@ -106,3 +103,7 @@ async def chained_stage_calls(manifest: Manifest, model: str, x: np.ndarray, n: 
         for c in channels:
             await c.close()
     return lat, data
+
+
+if __name__ == "__main__":
+    asyncio.run(_serve(sys.argv[1]))
