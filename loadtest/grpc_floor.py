@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import asyncio
+import select
 import subprocess
 import sys
 import time
@@ -57,9 +58,12 @@ def bare_proxy(target: str) -> Iterator[str]:
     stops it (by its PID) on the way out, also on failure."""
     proc = subprocess.Popen([sys.executable, "-m", "loadtest.grpc_floor", target], stdout=subprocess.PIPE, text=True)
     try:
-        line = proc.stdout.readline() if proc.stdout else ""  # its port, once it listens (empty: it died)
+        # its port, once it listens (nothing within the timeout, or an empty line: it did not start)
+        ready, _, _ = select.select([proc.stdout], [], [], START_TIMEOUT_S)
+        line = proc.stdout.readline() if ready and proc.stdout else ""
         if not line.strip().isdigit():
-            raise RuntimeError(f"the bare gRPC proxy did not start (exit code {proc.wait(START_TIMEOUT_S)})")
+            raise RuntimeError(f"the bare gRPC proxy to {target} did not start within {START_TIMEOUT_S:.0f} s "
+                               f"(exit code {proc.poll()})")
         yield f"127.0.0.1:{int(line)}"
     finally:
         proc.terminate()
