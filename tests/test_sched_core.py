@@ -7,6 +7,7 @@ import pytest
 from scheduler.core import make_scheduler
 from scheduler.core.api import Request
 from scheduler.core.arrival_rate import ArrivalRate
+from scheduler.core.executor_load import ExecutorLoad
 from scheduler.core.probe import ReservationState
 from scheduler.core.reservations import OVERLAP_TOLERANCE_US, ResourceTable, earliest_common, owner_key
 from scheduler.core.topology import Pipeline, Stage, Topology, VGpu
@@ -169,6 +170,30 @@ def test_ppipe_holds_a_batch_only_when_the_arrival_rate_can_fill_it():
         t += 8.0
     assert batches == [1, 2, 2, 2]  # the first goes alone (no rate known yet), then in pairs
     assert not r.dispatches and r.wake_at_us is not None and r.wake_at_us > t - 8.0  # the 8th waits
+
+
+def test_ppipe_holds_for_a_fuller_batch_while_the_executor_is_saturated():
+    """At a rate the vGPU serves at batch 1 a lone request goes at once, unless the executor itself is saturated
+    (each dispatch costs it a stage call): then it waits for the batch, and goes at once again when it is not."""
+    s = make_scheduler("ppipe", one_stage({1: 10.0, 2: 15.0}, 2, 10_000.0))
+    t, batches = 0.0, []
+    for i in range(6):  # one request every 100 µs: 0.01/µs against a capacity of 0.1/µs at batch 1
+        if i == 2:
+            s.set_executor_saturated(True)
+        if i == 4:
+            s.set_executor_saturated(False)
+        s.enqueue(req(i, t, 10_000.0))
+        batches.append([d.batch for d in s.step(t).dispatches])
+        t += 100.0
+    assert batches == [[1], [1], [], [2], [1], [1]]  # the third waits for the fourth while saturated
+
+
+def test_executor_load_turns_saturated_on_high_and_off_only_well_below():
+    load = ExecutorLoad(on=0.9, off=0.5)
+    changes = [load.update(b) for b in (0.3, 0.92, 0.7, 0.6, 0.45, 0.8)]
+    assert changes == [False, True, False, False, True, False] and not load.saturated
+    with pytest.raises(ValueError, match="off < on"):
+        ExecutorLoad(on=0.5, off=0.6)
 
 
 def test_ppipe_releases_a_held_request_when_its_stream_falls_silent():

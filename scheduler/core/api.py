@@ -92,6 +92,9 @@ class Scheduler(Protocol):
     def queue_lengths(self) -> dict[str, int]:
         """Requests waiting per model (not yet dispatched)."""
 
+    def set_executor_saturated(self, saturated: bool) -> None:
+        """The executor (not the vGPUs) limits the rate, or no longer does (scheduler.core.executor_load)."""
+
     @property
     def probe_calls(self) -> int:
         """probe() calls so far (0 for policies that do not probe reservations)."""

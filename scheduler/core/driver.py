@@ -24,6 +24,7 @@ import numpy as np
 
 from poolpipe_common.overheads import DRIVER_MARGIN_FRACTION, DRIVER_MIN_MARGIN_US
 from scheduler.core.api import Dispatch, Request, Scheduler
+from scheduler.core.executor_load import ExecutorLoad
 from scheduler.core.topology import Topology
 
 log = logging.getLogger("poolpipe.driver")
@@ -160,6 +161,7 @@ class Driver:
         self.wake_us: float | None = None
         self.retries = 0
         self.extra_lead_us = 0.0  # the lead the executor learned under load (the sidecar's planned service sets it)
+        self.executor_load = ExecutorLoad()
         # each model's fastest pipeline at its smallest batch on idle vGPUs (the slack the caps are shares of)
         self.fastest_us = {m: min(sum(st.latency(min(st.latency_us)) for st in p.stages) for p in pipes)
                            for m, pipes in topology.pipelines.items() if pipes}
@@ -303,6 +305,14 @@ class Driver:
 
     def queue_lengths(self) -> dict[str, int]:
         return self.scheduler.queue_lengths()
+
+    def executor_busy(self, fraction: float) -> None:
+        """How busy the executor was over its last window: a saturated one gets fuller batches (a simulated
+        executor costs nothing and never reports)."""
+        load = self.executor_load
+        if load.update(fraction):
+            self.scheduler.set_executor_saturated(load.saturated)
+            log.info("event=executor_%s busy=%.2f", "saturated" if load.saturated else "unsaturated", fraction)
 
     # -- margin learning ----------------------------------------------------------------------------------
     def _learn(self, model: str, late_us: float, now_us: float) -> None:

@@ -32,6 +32,7 @@ class QueueingPolicy:
             for m in topology.pipelines}
         self._next_dispatch = 1
         self._unknown: list[Request] = []
+        self.executor_saturated = False  # the executor, not the vGPUs, limits the rate (set_executor_saturated)
 
     @staticmethod
     def new_queue() -> FifoQueue:
@@ -52,6 +53,11 @@ class QueueingPolicy:
 
     def queue_lengths(self) -> dict[str, int]:
         return {m: len(q) for m, q in self.queues.items()}
+
+    def set_executor_saturated(self, saturated: bool) -> None:
+        """The executor reached (or left) saturation (scheduler.core.executor_load); policies that hold partial
+        batches may hold them for it too."""
+        self.executor_saturated = saturated
 
     def new_dispatch_id(self) -> int:
         i = self._next_dispatch

@@ -6,9 +6,10 @@ request's deadline; if not even batch 1 can, drop the oldest and start over. Wit
 requests than that batch, wait, but no later than the last moment they can still make the deadline;
 otherwise reserve the probed path and dispatch. Unlike the paper (``fill_aware`` off), waiting happens
 only when it pays: when the recent arrival rate expects another request by then and is too high for the
-pools to serve at the batch size at hand (with ``FILL_HEADROOM`` to spare). Below that rate a partial batch
-goes at once even if the stream would fill it: the vGPUs have the time, and holding only spends slack that a
-later stage (or the next module of an application) may need. A held batch goes as soon as its stream falls
+pools to serve at the batch size at hand (with ``FILL_HEADROOM`` to spare), or when the executor itself is
+saturated (each dispatch costs it a stage call). Below that a partial batch goes at once even if the stream
+would fill it: the vGPUs have the time, and holding only spends slack that a later stage (or the next module
+of an application) may need. A held batch goes as soon as its stream falls
 silent (a client that waits for its answers).
 Executors' measured timings correct the tables.
 """
@@ -131,6 +132,10 @@ class PPipePolicy(QueueingPolicy):
         self.state.set_vgpu_up(vgpu_id, up, now_us)
         self._capacity.clear()
 
+    def set_executor_saturated(self, saturated: bool) -> None:
+        super().set_executor_saturated(saturated)
+        self._waiting.clear()  # a held batch may now go (or a sent-at-once one wait): decide again
+
     # -- decisions -------------------------------------------------------------------------------
     def _housekeeping(self, now_us: float) -> None:
         self.state.prune(now_us)
@@ -215,6 +220,8 @@ class PPipePolicy(QueueingPolicy):
         expected = rate * (latest - now)
         if expected < 1.0:
             return False
+        if self.executor_saturated:
+            return True  # every dispatch costs the executor a stage call: only fuller batches let it keep up
         return rate * max(1.0, self.slowness) > FILL_HEADROOM * self._capacity_per_us(model, batch)
 
     def _capacity_per_us(self, model: str, batch: int) -> float:

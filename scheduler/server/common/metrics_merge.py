@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client.utils import floatToGoString
 
-MEAN = frozenset({"poolpipe_sidecar_slo_attainment"})  # fractions: a sum over workers would exceed 1
+# fractions: a sum over workers would exceed 1
+MEAN = frozenset({"poolpipe_sidecar_slo_attainment", "poolpipe_sidecar_event_loop_busy"})
 
 
 @dataclass

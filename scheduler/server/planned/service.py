@@ -22,6 +22,7 @@ from poolpipe_common.tensors import TensorSpec
 from scheduler.core import make_scheduler
 from scheduler.core.driver import Driver, DriverConfig
 from scheduler.server.common.client_shm import ClientShmRegistry
+from scheduler.server.common.loop_busy import LoopBusy
 from scheduler.server.common.metrics import SidecarMetrics
 from scheduler.server.common.tracing import Tracer
 from scheduler.server.common.triton_metrics import triton_exposition
@@ -232,6 +233,7 @@ class PlannedModels:
         self._kick.set()
 
     async def _scheduler_loop(self) -> None:
+        busy = LoopBusy()  # the event loop's load: a saturated sidecar gets fuller batches from the core
         while not self._stopped:
             timeout = None if self._wake_us is None else max(0.0, (self._wake_us - now_us()) / 1e6)
             try:
@@ -250,12 +252,19 @@ class PlannedModels:
                 log.exception("event=step_failed")
                 self._wake_us = None
             self.metrics.decision.observe(time.perf_counter() - t0)
+            if busy.due():
+                self._loop_load(busy.sample())
             if self._step_waiters:
                 t = now_us()
                 for f in self._step_waiters:
                     if not f.done():
                         f.set_result(t)
                 self._step_waiters.clear()
+
+    def _loop_load(self, busy: float) -> None:
+        self.driver.executor_busy(busy)
+        self.metrics.loop_busy.set(busy)
+        self.metrics.executor_saturated.set(1 if self.driver.executor_load.saturated else 0)
 
     # --- the Router's PlannedService -----------------------------------------------------------------------
     def has(self, model: str) -> bool:

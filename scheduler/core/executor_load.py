@@ -1,0 +1,36 @@
+"""Whether the executor itself (the sidecar's event loop), rather than the vGPUs, is what limits the rate.
+
+Each dispatch costs the executor about as much as several requests do (a stage call: building it, a gRPC
+round trip, reading its answer), so a saturated executor keeps up only with fewer, fuller batches, even where
+the vGPUs would serve every batch size at once. The executor reports how busy it was over each window; the
+state turns on above ``on`` and off below ``off`` (holding batches lowers the load it measures, so one
+threshold would flap)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SATURATED_ON = 0.9  # fraction of wall time the executor was busy
+SATURATED_OFF = 0.5
+
+
+@dataclass
+class ExecutorLoad:
+    on: float = SATURATED_ON
+    off: float = SATURATED_OFF
+    saturated: bool = False
+    busy: float = 0.0  # the last fraction reported
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.off < self.on <= 1.0:
+            raise ValueError(f"executor load thresholds: need 0 <= off < on <= 1, got off={self.off} on={self.on}")
+
+    def update(self, busy: float) -> bool:
+        """Take the busy fraction of the last window; True when the saturated state changed."""
+        self.busy = busy
+        was = self.saturated
+        if busy >= self.on:
+            self.saturated = True
+        elif busy <= self.off:
+            self.saturated = False
+        return self.saturated != was
