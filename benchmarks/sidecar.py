@@ -13,7 +13,8 @@ batches by design, so its pure proxy cost is also shown: one request at a time o
 pass-through mode against the same Triton, beside a bare Python gRPC proxy: the floor under any proxy in Python),
 and straight to Triton computing on one thread as each stage server does, with no queue delay (what the sidecar's
 path adds per stage), beside the same stage calls chained by a bare Python client (what the calls alone cost);
-and the sidecar's maximum request rate on a trivial planned model with the CPU its own process uses; then the
+and the sidecar's maximum request rate on a trivial planned model with the CPU its own process uses, beside a
+bare servicer that answers at once under the same client (the most requests per core on Python's gRPC stack); then the
 same with ``serve --workers 2`` (a pool of two vGPUs, one per worker; clients on 16 connections, since the kernel
 spreads connections over the workers) with the CPU of all its processes, against Triton direct under the same
 clients.
@@ -42,7 +43,7 @@ import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 
 from ensembles.triton_baseline import start_baseline, write_whole_model
-from loadtest.grpc_floor import bare_proxy, chained_stage_calls
+from loadtest.grpc_floor import bare_answerer, bare_proxy, chained_stage_calls
 from loadtest.open_loop import no_collector_pauses
 from model_repository_gen import triton_config as tc
 from model_repository_gen.generate import generate
@@ -267,6 +268,11 @@ def main() -> int:
             cpu0, t0 = cpu_seconds(sc.proc.pid), time.perf_counter()
             side_rps, side_err, _ = asyncio.run(closed_loop(sc.grpc_url, "trivial", [t_in], 64, duration))
             side_cores = (cpu_seconds(sc.proc.pid) - cpu0) / (time.perf_counter() - t0)
+        with bare_answerer() as (answerer_url, answerer_pid):  # the most any server on grpc.aio takes per core
+            asyncio.run(closed_loop(answerer_url, "trivial", [t_in], 64, 1.0))
+            cpu0, t0 = cpu_seconds(answerer_pid), time.perf_counter()
+            floor_rps, _, _ = asyncio.run(closed_loop(answerer_url, "trivial", [t_in], 64, duration))
+            floor_cores = (cpu_seconds(answerer_pid) - cpu0) / (time.perf_counter() - t0)
         workers = trivial_workers(work, tpath, trepo, t_in, duration)
 
     print("\n=== results ===")
@@ -298,6 +304,12 @@ def main() -> int:
     print(f"trivial model, 64 outstanding: sidecar {side_rps:.0f} req/s ({side_err} errors) using "
           f"{side_cores:.2f} of {os.cpu_count()} cores; Triton direct with dynamic batcher {direct_rps:.0f} req/s; "
           f"ratio {side_rps / direct_rps:.2f}x")
+    per_req_us = side_cores / side_rps * 1e6
+    print(f"  per sidecar core {side_rps / side_cores / direct_rps:.2f}x Triton direct ({per_req_us:.0f} "
+          f"us of CPU per request); a bare grpc.aio servicer that answers at once (nothing forwarded or computed; "
+          f"loadtest/grpc_floor.py), same client: {floor_rps:.0f} req/s using {floor_cores:.2f} cores, "
+          f"{floor_cores / floor_rps * 1e6:.0f} us per request, per core {floor_rps / floor_cores / direct_rps:.2f}x: "
+          "the most a server on Python's gRPC stack takes here")
     w_rps, w_err, w_cores, w_direct, w_others, w_split = workers
     print(f"trivial model, {OUTSTANDING} outstanding on {CONNECTIONS} connections, serve --workers 2: sidecar "
           f"{w_rps:.0f} req/s ({w_err} errors) using {w_cores:.2f} of {os.cpu_count()} cores (all its processes); "

@@ -2,6 +2,8 @@
 
 - ``bare_proxy``: a proxy that forwards Triton's ``ModelInfer`` and does nothing else (no decode, no checks, no
   metrics): what it adds over calling Triton directly is what any proxy in Python adds on this machine;
+- ``bare_answerer``: a servicer that answers every ``ModelInfer`` at once with one canned answer (nothing
+  forwarded, nothing computed): the most requests per core any server on Python's gRPC stack takes here;
 - ``chained_stage_calls``: a pipeline's stages called one after the other by a bare client, each stage's output
   bytes sent on as the next one's input: what splitting a model into stage calls costs before any scheduler.
 
@@ -33,14 +35,29 @@ def _identity(b: bytes) -> bytes:
     return b
 
 
-async def _serve(target: str) -> None:
-    """The proxy: forward every ModelInfer to ``target`` until terminated; prints its port once listening."""
-    channel = grpc.aio.insecure_channel(target)
-    call = channel.unary_unary(f"/{SERVICE}/ModelInfer", request_serializer=_identity,
-                               response_deserializer=_identity)
+def _canned_answer() -> bytes:
+    """What the answerer sends back: a ModelInferResponse with one FP32 output of 16 zeros."""
+    resp = service_pb2.ModelInferResponse(model_name="trivial", model_version="1")
+    resp.outputs.add(name="y", datatype="FP32", shape=[1, 16])
+    resp.raw_output_contents.append(bytes(64))
+    return resp.SerializeToString()
 
-    async def model_infer(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        return await call(request)
+
+async def _serve(target: str | None) -> None:
+    """Until terminated: forward every ModelInfer to ``target``, or answer it at once (None); prints its port
+    once listening."""
+    if target is None:
+        answer = _canned_answer()
+
+        async def model_infer(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            return answer
+    else:
+        channel = grpc.aio.insecure_channel(target)
+        call = channel.unary_unary(f"/{SERVICE}/ModelInfer", request_serializer=_identity,
+                                   response_deserializer=_identity)
+
+        async def model_infer(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            return await call(request)
 
     handler = grpc.method_handlers_generic_handler(SERVICE, {"ModelInfer": grpc.unary_unary_rpc_method_handler(
         model_infer, request_deserializer=_identity, response_serializer=_identity)})
@@ -56,15 +73,31 @@ async def _serve(target: str) -> None:
 def bare_proxy(target: str) -> Iterator[str]:
     """A bare grpc.aio proxy to the Triton at ``target`` ("host:port") in its own process; yields its URL and
     stops it (by its PID) on the way out, also on failure."""
-    proc = subprocess.Popen([sys.executable, "-m", "loadtest.grpc_floor", target], stdout=subprocess.PIPE, text=True)
+    with _floor_process(target, f"the bare gRPC proxy to {target}") as (url, _):
+        yield url
+
+
+@contextmanager
+def bare_answerer() -> Iterator[tuple[str, int]]:
+    """A bare grpc.aio servicer that answers every ModelInfer at once, in its own process; yields its URL and
+    PID (to read its CPU time) and stops it on the way out, also on failure."""
+    with _floor_process(ANSWER, "the bare gRPC answerer") as started:
+        yield started
+
+
+ANSWER = "--answer"  # the command line's word for "answer at once" instead of a target
+
+
+@contextmanager
+def _floor_process(arg: str, what: str) -> Iterator[tuple[str, int]]:
+    proc = subprocess.Popen([sys.executable, "-m", "loadtest.grpc_floor", arg], stdout=subprocess.PIPE, text=True)
     try:
         # its port, once it listens (nothing within the timeout, or an empty line: it did not start)
         ready, _, _ = select.select([proc.stdout], [], [], START_TIMEOUT_S)
         line = proc.stdout.readline() if ready else ""  # type: ignore[union-attr]
         if not line.strip().isdigit():
-            raise RuntimeError(f"the bare gRPC proxy to {target} did not start within {START_TIMEOUT_S:.0f} s "
-                               f"(exit code {proc.poll()})")
-        yield f"127.0.0.1:{int(line)}"
+            raise RuntimeError(f"{what} did not start within {START_TIMEOUT_S:.0f} s (exit code {proc.poll()})")
+        yield f"127.0.0.1:{int(line)}", proc.pid
     finally:
         proc.terminate()
         try:
@@ -110,4 +143,4 @@ async def chained_stage_calls(manifest: Manifest, model: str, x: np.ndarray, n: 
 
 
 if __name__ == "__main__":
-    asyncio.run(_serve(sys.argv[1]))
+    asyncio.run(_serve(None if sys.argv[1] == ANSWER else sys.argv[1]))

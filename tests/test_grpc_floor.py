@@ -4,12 +4,13 @@ sidecar's pass-through forwards Triton's answers unchanged and is gone once its 
 from __future__ import annotations
 
 import numpy as np
+import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from ensembles.triton_baseline import start_baseline, write_whole_model
-from loadtest.grpc_floor import bare_proxy
+from loadtest.grpc_floor import bare_answerer, bare_proxy
 from model_repository_gen.triton_config import BackendSettings, DynamicBatching
 from runtime.testbed import write_trivial_onnx
 
@@ -36,3 +37,13 @@ def test_the_bare_proxy_forwards_triton_answers_and_stops(tmp_path):
             np.testing.assert_array_equal(_infer(url, x), np.maximum(x, 0.0))
         with pytest.raises(InferenceServerException):  # its process is gone: nothing listens on its port
             _infer(url, x)
+
+
+def test_the_bare_answerer_answers_at_once_and_stops():
+    x = np.ones((1, 16), np.float32)
+    with bare_answerer() as (url, pid):
+        np.testing.assert_array_equal(_infer(url, x), np.zeros((1, 16), np.float32))
+        assert psutil.pid_exists(pid)
+    with pytest.raises(InferenceServerException):
+        _infer(url, x)
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
