@@ -38,11 +38,7 @@ def test_the_driver_tells_the_policy_when_its_executor_saturates_and_recovers():
     topo = one_stage({1: 10.0, 2: 15.0}, 2, 10_000.0)
     policy = make_scheduler("ppipe", topo)
     drv = Driver(policy, topo, executor=None)  # type: ignore[arg-type]  # no dispatch reaches it here
-    drv.executor_busy(0.7)
-    assert not policy.executor_saturated
-    drv.executor_busy(0.95)
-    assert policy.executor_saturated
-    drv.executor_busy(0.6)
-    assert policy.executor_saturated  # not yet: holding lowers the load it measures
-    drv.executor_busy(0.4)
-    assert not policy.executor_saturated
+    assert not drv.executor_busy(0.7) and not policy.executor_saturated
+    assert drv.executor_busy(0.95) and policy.executor_saturated  # changed: the caller steps again
+    assert not drv.executor_busy(0.6) and policy.executor_saturated  # not yet: holding lowers the load measured
+    assert drv.executor_busy(0.4) and not policy.executor_saturated

@@ -306,13 +306,15 @@ class Driver:
     def queue_lengths(self) -> dict[str, int]:
         return self.scheduler.queue_lengths()
 
-    def executor_busy(self, fraction: float) -> None:
+    def executor_busy(self, fraction: float) -> bool:
         """How busy the executor was over its last window: a saturated one gets fuller batches (a simulated
-        executor costs nothing and never reports)."""
+        executor costs nothing and never reports). True when the state changed: step again, held batches may go."""
         load = self.executor_load
-        if load.update(fraction):
-            self.scheduler.set_executor_saturated(load.saturated)
-            log.info("event=executor_%s busy=%.2f", "saturated" if load.saturated else "unsaturated", fraction)
+        if not load.update(fraction):
+            return False
+        self.scheduler.set_executor_saturated(load.saturated)
+        log.info("event=executor_%s busy=%.2f", "saturated" if load.saturated else "unsaturated", fraction)
+        return True
 
     # -- margin learning ----------------------------------------------------------------------------------
     def _learn(self, model: str, late_us: float, now_us: float) -> None:

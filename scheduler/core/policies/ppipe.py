@@ -9,9 +9,8 @@ only when it pays: when the recent arrival rate expects another request by then 
 pools to serve at the batch size at hand (with ``FILL_HEADROOM`` to spare), or when the executor itself is
 saturated (each dispatch costs it a stage call). Below that a partial batch goes at once even if the stream
 would fill it: the vGPUs have the time, and holding only spends slack that a later stage (or the next module
-of an application) may need. A held batch goes as soon as its stream falls
-silent (a client that waits for its answers).
-Executors' measured timings correct the tables.
+of an application) may need. A held batch goes as soon as its stream falls silent (a client that waits for its
+answers). Executors' measured timings correct the tables.
 """
 
 from __future__ import annotations

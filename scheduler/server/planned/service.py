@@ -262,7 +262,8 @@ class PlannedModels:
                 self._step_waiters.clear()
 
     def _loop_load(self, busy: float) -> None:
-        self.driver.executor_busy(busy)
+        if self.driver.executor_busy(busy):
+            self._kick_loop()  # decide again now: a batch held for the saturated loop may go
         self.metrics.loop_busy.set(busy)
         self.metrics.executor_saturated.set(1 if self.driver.executor_load.saturated else 0)
 
