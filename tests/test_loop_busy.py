@@ -8,7 +8,7 @@ import time
 
 from scheduler.core import make_scheduler
 from scheduler.core.driver import Driver
-from scheduler.server.common.loop_busy import LoopBusy
+from scheduler.server.common.loop_busy import MAX_WINDOW_S, LoopBusy
 from tests.test_sched_core import one_stage
 
 
@@ -34,11 +34,28 @@ def test_a_loop_that_computes_is_busy_and_one_that_waits_is_not():
     assert idle < 0.3 and spun > 0.9 and 0.5 < mixed < 0.95
 
 
+def test_a_window_longer_than_a_second_is_not_a_reading():
+    """Start-up work or a loop that stepped nothing for that long says nothing about saturation."""
+
+    async def main() -> tuple[float | None, float | None]:
+        busy = LoopBusy()
+        _spin(0.05)
+        await asyncio.sleep(MAX_WINDOW_S + 0.1)
+        first = busy.sample()
+        _spin(0.1)
+        return first, busy.sample()
+
+    first, second = asyncio.run(main())
+    assert first is None and second is not None and second > 0.9
+
+
 def test_the_driver_tells_the_policy_when_its_executor_saturates_and_recovers():
     topo = one_stage({1: 10.0, 2: 15.0}, 2, 10_000.0)
     policy = make_scheduler("ppipe", topo)
     drv = Driver(policy, topo, executor=None)  # type: ignore[arg-type]  # no dispatch reaches it here
-    assert not drv.executor_busy(0.7) and not policy.executor_saturated
-    assert drv.executor_busy(0.95) and policy.executor_saturated  # changed: the caller steps again
-    assert not drv.executor_busy(0.6) and policy.executor_saturated  # not yet: holding lowers the load measured
-    assert drv.executor_busy(0.4) and not policy.executor_saturated
+    assert not any(drv.executor_busy(0.7) for _ in range(20)) and not policy.executor_saturated
+    assert [drv.executor_busy(0.95) for _ in range(20)].count(True) == 1  # changed once: the caller steps again
+    assert policy.executor_saturated
+    assert not any(drv.executor_busy(0.6) for _ in range(20))  # not yet: holding lowers the load measured
+    assert policy.executor_saturated
+    assert [drv.executor_busy(0.3) for _ in range(20)].count(True) == 1 and not policy.executor_saturated

@@ -189,11 +189,19 @@ def test_ppipe_holds_for_a_fuller_batch_while_the_executor_is_saturated():
 
 
 def test_executor_load_turns_saturated_on_high_and_off_only_well_below():
-    load = ExecutorLoad(on=0.9, off=0.5)
+    load = ExecutorLoad(on=0.9, off=0.5, weight=1.0)  # unsmoothed: each window decides
     changes = [load.update(b) for b in (0.3, 0.92, 0.7, 0.6, 0.45, 0.8)]
     assert changes == [False, True, False, False, True, False] and not load.saturated
     with pytest.raises(ValueError, match="off < on"):
         ExecutorLoad(on=0.5, off=0.6)
+
+
+def test_one_busy_window_does_not_saturate_the_executor_but_a_busy_second_does():
+    load = ExecutorLoad()
+    for b in (0.2, 0.2, 1.0, 0.2, 0.2):  # a start-up or a collection: one busy window among quiet ones
+        assert not load.update(b)
+    turned = [load.update(0.95) for _ in range(10)]  # a second of a saturated loop
+    assert load.saturated and turned.count(True) == 1 and 3 <= turned.index(True) <= 8
 
 
 def test_ppipe_releases_a_held_request_when_its_stream_falls_silent():

@@ -313,7 +313,8 @@ class Driver:
         if not load.update(fraction):
             return False
         self.scheduler.set_executor_saturated(load.saturated)
-        log.info("event=executor_%s busy=%.2f", "saturated" if load.saturated else "unsaturated", fraction)
+        log.info("event=executor_%s busy=%.2f smoothed=%.2f", "saturated" if load.saturated else "unsaturated",
+                 fraction, load.busy)
         return True
 
     # -- margin learning ----------------------------------------------------------------------------------

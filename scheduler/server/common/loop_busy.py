@@ -12,6 +12,8 @@ import weakref
 from typing import Any
 
 SAMPLE_EVERY_S = 0.1  # the window one busy fraction covers
+# A longer window is not a reading: the loop stepped nothing for that long (idle), or it covers start-up work
+MAX_WINDOW_S = 1.0
 
 
 class _SelectTimer:
@@ -56,8 +58,8 @@ class LoopBusy:
     def due(self) -> bool:
         return time.perf_counter() - self._last_wall >= SAMPLE_EVERY_S
 
-    def sample(self) -> float:
-        """The busy fraction since the last sample, in [0, 1]."""
+    def sample(self) -> float | None:
+        """The busy fraction since the last sample, in [0, 1]; None when that was more than MAX_WINDOW_S ago."""
         wall = time.perf_counter()
         span = max(wall - self._last_wall, 1e-9)
         if self._timer is not None:
@@ -68,4 +70,4 @@ class LoopBusy:
             busy = (cpu - self._last_cpu) / span
             self._last_cpu = cpu
         self._last_wall = wall
-        return min(1.0, max(0.0, busy))
+        return None if span > MAX_WINDOW_S else min(1.0, max(0.0, busy))

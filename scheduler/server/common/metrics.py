@@ -38,7 +38,8 @@ class SidecarMetrics:
         self.loop_busy = Gauge(_P + "event_loop_busy", "Fraction of the last 0.1 s the sidecar's event loop was busy "
                                "(not waiting for I/O)", registry=r)
         self.executor_saturated = Gauge(_P + "executor_saturated", "1 while the sidecar's event loop is saturated "
-                                        "(busy >= 0.9 until <= 0.5): the scheduler holds fuller batches", registry=r)
+                                        "(smoothed busy >= 0.9 until <= 0.5): the scheduler holds fuller batches",
+                                        registry=r)
         self.batch_size = Histogram(_P + "batch_size", "Dispatched batch sizes", ["model"], registry=r,
                                     buckets=(1, 2, 4, 8, 16, 32, 64))
         self.latency = Histogram(_P + "request_latency_seconds", "End-to-end latency of answered requests",

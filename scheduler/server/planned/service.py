@@ -252,8 +252,8 @@ class PlannedModels:
                 log.exception("event=step_failed")
                 self._wake_us = None
             self.metrics.decision.observe(time.perf_counter() - t0)
-            if busy.due():
-                self._loop_load(busy.sample())
+            if busy.due() and (fraction := busy.sample()) is not None:
+                self._loop_load(fraction)
             if self._step_waiters:
                 t = now_us()
                 for f in self._step_waiters:
