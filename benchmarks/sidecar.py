@@ -161,6 +161,16 @@ async def closed_loop(url: str, model: str, inputs: list, concurrency: int, dura
     return done / elapsed, errors, lat
 
 
+def closed_loop_cores(url: str, pid: int, inputs: list, duration_s: float, concurrency: int = 64
+                      ) -> tuple[float, int, float]:
+    """The trivial model at ``concurrency`` outstanding on the server at ``url`` after a 1 s warm-up: (requests/s,
+    errors, cores its process ``pid`` and its children used meanwhile)."""
+    asyncio.run(closed_loop(url, "trivial", inputs, concurrency, 1.0))
+    cpu0, t0 = cpu_seconds(pid), time.perf_counter()
+    rps, errors, _ = asyncio.run(closed_loop(url, "trivial", inputs, concurrency, duration_s))
+    return rps, errors, (cpu_seconds(pid) - cpu0) / (time.perf_counter() - t0)
+
+
 def p50_p99_ms(lat: list[float]) -> tuple[float, float]:
     return float(np.percentile(lat, 50) * 1e3), float(np.percentile(lat, 99) * 1e3)
 
@@ -264,15 +274,9 @@ def main() -> int:
                 _, _, seq_bare = asyncio.run(closed_loop(bare_url, "trivial", [t_in], 1, duration))
         with Deployment(tdeploy, check_hardware=False, log_dir=work / "tlogs"), \
                 SidecarProcess(manifest=tdeploy, log_path=work / "tsidecar.log") as sc:
-            asyncio.run(closed_loop(sc.grpc_url, "trivial", [t_in], 64, 1.0))
-            cpu0, t0 = cpu_seconds(sc.proc.pid), time.perf_counter()
-            side_rps, side_err, _ = asyncio.run(closed_loop(sc.grpc_url, "trivial", [t_in], 64, duration))
-            side_cores = (cpu_seconds(sc.proc.pid) - cpu0) / (time.perf_counter() - t0)
+            side_rps, side_err, side_cores = closed_loop_cores(sc.grpc_url, sc.proc.pid, [t_in], duration)
         with bare_answerer() as (answerer_url, answerer_pid):  # the most any server on grpc.aio takes per core
-            asyncio.run(closed_loop(answerer_url, "trivial", [t_in], 64, 1.0))
-            cpu0, t0 = cpu_seconds(answerer_pid), time.perf_counter()
-            floor_rps, _, _ = asyncio.run(closed_loop(answerer_url, "trivial", [t_in], 64, duration))
-            floor_cores = (cpu_seconds(answerer_pid) - cpu0) / (time.perf_counter() - t0)
+            floor_rps, _, floor_cores = closed_loop_cores(answerer_url, answerer_pid, [t_in], duration)
         workers = trivial_workers(work, tpath, trepo, t_in, duration)
 
     print("\n=== results ===")

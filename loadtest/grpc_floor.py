@@ -7,7 +7,8 @@
 - ``chained_stage_calls``: a pipeline's stages called one after the other by a bare client, each stage's output
   bytes sent on as the next one's input: what splitting a model into stage calls costs before any scheduler.
 
-``benchmarks/sidecar.py`` prints both beside the sidecar's pass-through and planned-path latencies.
+``benchmarks/sidecar.py`` prints each beside the sidecar's figure it is the floor of (pass-through latency, cost
+per core, planned-path latency).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from model_repository_gen.manifest import Manifest
 SERVICE = "inference.GRPCInferenceService"
 START_TIMEOUT_S = 30.0
 WARMUP = 5  # requests through the chain before it is timed
+ANSWER = "--answer"  # the command line's word for "answer at once" instead of a target
 
 
 def _identity(b: bytes) -> bytes:
@@ -83,9 +85,6 @@ def bare_answerer() -> Iterator[tuple[str, int]]:
     PID (to read its CPU time) and stops it on the way out, also on failure."""
     with _floor_process(ANSWER, "the bare gRPC answerer") as started:
         yield started
-
-
-ANSWER = "--answer"  # the command line's word for "answer at once" instead of a target
 
 
 @contextmanager

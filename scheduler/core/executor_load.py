@@ -9,7 +9,7 @@ the host) from holding batches for the seconds it takes to fall back below ``off
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 SATURATED_ON = 0.9  # fraction of wall time the executor was busy
 SATURATED_OFF = 0.5
@@ -21,8 +21,8 @@ class ExecutorLoad:
     on: float = SATURATED_ON
     off: float = SATURATED_OFF
     weight: float = SMOOTHING
-    saturated: bool = False
-    busy: float = 0.0  # the smoothed busy fraction
+    saturated: bool = field(default=False, init=False)
+    busy: float = field(default=0.0, init=False)  # the smoothed busy fraction
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.off < self.on <= 1.0:
