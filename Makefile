@@ -12,10 +12,12 @@ STAMP  := $(VENV)/.installed
 
 venv: $(STAMP) native
 
-# The native emulated-device backend (backends/native, C): built by cc once per source version; where it cannot be
-# built, one line says so and emulated partitions run the Python backend (make goes on).
+# The native backends (C): the emulated device (backends/native) and the sidecar's front end (backends/native_front),
+# built by cc once per source version; where one cannot be built, one line says so (emulated partitions then run the
+# Python backend; serve --native-grpc-port is refused) and make goes on.
 native: $(STAMP)
 	$(PY) -m backends.native
+	$(PY) -m backends.native_front
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -48,4 +50,4 @@ bench: $(STAMP)
 
 # Only this tree's own .venv: an environment named on the command line (VENV=...) is never removed.
 clean:
-	rm -rf .venv demo-out out .pytest_cache .ruff_cache .import_linter_cache backends/native/build
+	rm -rf .venv demo-out out .pytest_cache .ruff_cache .import_linter_cache backends/native/build backends/native_front/build

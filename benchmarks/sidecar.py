@@ -17,7 +17,9 @@ and the sidecar's maximum request rate on a trivial planned model with the CPU i
 bare servicer that answers at once under the same client (the most requests per core on Python's gRPC stack); then the
 same with ``serve --workers 2`` (a pool of two vGPUs, one per worker; clients on 16 connections, since the kernel
 spreads connections over the workers) with the CPU of all its processes, against Triton direct under the same
-clients.
+clients. Where the native front end builds, the same sidecars also serve through it (``serve --native-grpc-port``:
+Triton's own gRPC front end hands each request to the sidecar over a Unix socket), and the highest load, the low
+load and the trivial model's rate and CPU (counting the front tritonserver) are printed for it too.
 
     .venv/bin/python benchmarks/sidecar.py            # about 3-4 minutes on 2 cores
     .venv/bin/python benchmarks/sidecar.py --quick    # fewer, shorter points
@@ -42,6 +44,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 
+from backends import native_front
 from ensembles.triton_baseline import start_baseline, write_whole_model
 from loadtest.grpc_floor import bare_answerer, bare_proxy, chained_stage_calls
 from loadtest.open_loop import no_collector_pauses
@@ -49,6 +52,7 @@ from model_repository_gen import triton_config as tc
 from model_repository_gen.generate import generate
 from planner.plan_json import ModelPlan, PartitionPlan, PipelinePlan, Plan
 from planner.spec.planning_spec import ClusterSpec
+from poolpipe_common.net import free_port
 from profiling.profile import Block, DeviceTiming, Profile
 from runtime.launch import Deployment
 from runtime.sidecar_process import SidecarProcess
@@ -240,12 +244,16 @@ def main() -> int:
               "tritonservers (2 host classes), each rate in turn:", flush=True)
         with start_baseline(repo, log_path=work / "baseline.log") as triton, \
                 Deployment(deploy, check_hardware=False, log_dir=work / "logs"), \
-                SidecarProcess(manifest=deploy, log_path=work / "sidecar.log") as sc:
-            best = highest_sustained([("triton", triton.grpc_url), ("sidecar", sc.grpc_url)], MODEL, [inp], rates,
-                                     duration, slo_s)
+                SidecarProcess(manifest=deploy, log_path=work / "sidecar.log", extra_args=native_args()) as sc:
+            targets = [("triton", triton.grpc_url), ("sidecar", sc.grpc_url)]
+            if NATIVE:
+                targets.append(("native", native_url(sc)))
+            best = highest_sustained(targets, MODEL, [inp], rates, duration, slo_s)
             base_max, side_max = best["triton"], best["sidecar"]
             low_direct = asyncio.run(poisson_load(triton.grpc_url, MODEL, [inp], 5, 2 * duration, slo_s, seed=5))
             low_side = asyncio.run(poisson_load(sc.grpc_url, MODEL, [inp], 5, 2 * duration, slo_s, seed=5))
+            low_native = asyncio.run(poisson_load(native_url(sc), MODEL, [inp], 5, 2 * duration, slo_s,
+                                                  seed=5)) if NATIVE else None
             # the floor of the planned path: its stage calls chained by a bare client, no sidecar
             chained, _ = asyncio.run(chained_stage_calls(manifest, MODEL, x, int(5 * 2 * duration)))
             with start_baseline(repo1, log_path=work / "baseline-one-thread.log") as triton1:
@@ -273,8 +281,10 @@ def main() -> int:
                 asyncio.run(closed_loop(bare_url, "trivial", [t_in], 1, 1.0))
                 _, _, seq_bare = asyncio.run(closed_loop(bare_url, "trivial", [t_in], 1, duration))
         with Deployment(tdeploy, check_hardware=False, log_dir=work / "tlogs"), \
-                SidecarProcess(manifest=tdeploy, log_path=work / "tsidecar.log") as sc:
+                SidecarProcess(manifest=tdeploy, log_path=work / "tsidecar.log", extra_args=native_args()) as sc:
             side_rps, side_err, side_cores = closed_loop_cores(sc.grpc_url, sc.proc.pid, [t_in], duration)
+            # the same sidecar through Triton's front end: its CPU counts the front tritonserver (a child)
+            nat = closed_loop_cores(native_url(sc), sc.proc.pid, [t_in], duration) if NATIVE else None
         with bare_answerer() as (answerer_url, answerer_pid):  # the most any server on grpc.aio takes per core
             floor_rps, _, floor_cores = closed_loop_cores(answerer_url, answerer_pid, [t_in], duration)
         workers = trivial_workers(work, tpath, trepo, t_in, duration)
@@ -283,6 +293,10 @@ def main() -> int:
     ratio = f"{side_max / base_max:.2f}x" if base_max else "n/a (baseline sustained none of the rates)"
     print(f"highest load at >= 99% SLO attainment: Triton dynamic batcher {base_max:.0f} rps, "
           f"poolpipe sidecar {side_max:.0f} rps, ratio sidecar/Triton {ratio}")
+    if NATIVE:
+        n_ratio = f"{best['native'] / base_max:.2f}x" if base_max else "n/a"
+        print(f"  through the native front end (serve --native-grpc-port): poolpipe sidecar {best['native']:.0f} rps, "
+              f"ratio sidecar/Triton {n_ratio}")
     print(f"low load (5 rps) latency p50/p99: Triton direct {low_direct.p50_ms:.1f}/{low_direct.p99_ms:.1f} ms, "
           f"sidecar planned {low_side.p50_ms:.1f}/{low_side.p99_ms:.1f} ms "
           f"(added {low_side.p50_ms - low_direct.p50_ms:+.1f}/{low_side.p99_ms - low_direct.p99_ms:+.1f} ms; "
@@ -298,6 +312,11 @@ def main() -> int:
           f"{(c50 - low_direct1.p50_ms) / len(STAGES):+.2f} ms p50 per stage; the sidecar adds "
           f"{low_side.p50_ms - c50:+.1f} ms p50 beyond them, of which a bare Python gRPC proxy's hop with this input "
           f"is {low_bare1.p50_ms - low_direct1.p50_ms:+.1f} ms (the rest: its decisions and waits)")
+    if low_native is not None:
+        n_added = low_native.p50_ms - low_direct1.p50_ms
+        print(f"  through the native front end (serve --native-grpc-port): {low_native.p50_ms:.1f}/"
+              f"{low_native.p99_ms:.1f} ms; adds {n_added:+.1f} ms p50 over the one-thread Triton, "
+              f"{n_added / len(STAGES):+.2f} ms per stage")
     (d50, d99), (p50, p99) = p50_p99_ms(seq_direct), p50_p99_ms(seq_proxy)
     print(f"sidecar proxy cost (trivial model, one request at a time) p50/p99: Triton direct {d50:.2f}/{d99:.2f} ms, "
           f"through the sidecar (pass-through) {p50:.2f}/{p99:.2f} ms (added {p50 - d50:+.2f}/{p99 - d99:+.2f} ms)")
@@ -314,6 +333,14 @@ def main() -> int:
           f"loadtest/grpc_floor.py), same client: {floor_rps:.0f} req/s using {floor_cores:.2f} cores, "
           f"{floor_cores / floor_rps * 1e6:.0f} us per request, per core {floor_rps / floor_cores / direct_rps:.2f}x: "
           "the most a server on Python's gRPC stack takes here")
+    if nat is not None:
+        n_rps, n_err, n_cores = nat
+        print(f"  through the native front end (serve --native-grpc-port: Triton's gRPC front end hands each request "
+              f"to the sidecar over a Unix socket): {n_rps:.0f} req/s ({n_err} errors) using {n_cores:.2f} cores "
+              f"(the sidecar and its front tritonserver); ratio {n_rps / direct_rps:.2f}x; per sidecar core "
+              f"{n_rps / n_cores / direct_rps:.2f}x ({n_cores / n_rps * 1e6:.0f} us of CPU per request)")
+    else:
+        print("  native front end: not built here (no C compiler); skipped")
     w_rps, w_err, w_cores, w_direct, w_others, w_split = workers
     print(f"trivial model, {OUTSTANDING} outstanding on {CONNECTIONS} connections, serve --workers 2: sidecar "
           f"{w_rps:.0f} req/s ({w_err} errors) using {w_cores:.2f} of {os.cpu_count()} cores (all its processes); "
@@ -325,6 +352,16 @@ def main() -> int:
 
 
 OUTSTANDING, CONNECTIONS = 64, 16
+NATIVE = native_front.library() is not None  # serve --native-grpc-port can run here
+
+
+def native_args() -> tuple[str, ...]:
+    """serve flags for the sidecar also to serve through its native front end (on a free port), where it builds."""
+    return ("--native-grpc-port", str(free_port("127.0.0.1"))) if NATIVE else ()
+
+
+def native_url(sc: SidecarProcess) -> str:
+    return f"127.0.0.1:{sc.extra_args[sc.extra_args.index('--native-grpc-port') + 1]}"
 
 
 def trivial_workers(work: Path, tpath: Path, trepo: Path, t_in: grpcclient.InferInput, duration: float

@@ -120,7 +120,7 @@ def test_generate_falls_back_to_the_python_backend_with_one_log_line(tmp_path: P
         native.build(tmp_path / "b", cc=str(tmp_path / "no-cc"))
     assert tc.emulated_backend("auto") == native.BACKEND  # built here
     monkeypatch.setenv("CC", str(tmp_path / "no-cc"))
-    monkeypatch.setattr(native, "_build_root", lambda: tmp_path / "fresh")
+    monkeypatch.setattr(native, "_build_root", lambda lib: tmp_path / "fresh")
     native.library.cache_clear()
     try:
         with caplog.at_level(logging.WARNING, logger="poolpipe.native"):

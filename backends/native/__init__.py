@@ -16,6 +16,7 @@ import logging
 import os
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 BACKEND = "poolpipe_emulated"  # config.pbtxt ``backend:``; Triton loads libtriton_<backend>.so
@@ -31,35 +32,55 @@ class BuildError(RuntimeError):
     """The native backend could not be compiled here (the message says why)."""
 
 
-def source_hash(cc: str) -> str:
+@dataclass(frozen=True)
+class NativeLibrary:
+    """One Triton backend library built from C sources of this project (the emulated device, the sidecar's
+    native front end in backends/native_front/)."""
+
+    backend: str  # config.pbtxt ``backend:``
+    sources: tuple[Path, ...]
+    headers: tuple[Path, ...]  # digested with the sources; their directories are on the include path
+    home: Path  # where build/ goes when writable
+
+    @property
+    def library(self) -> str:
+        return f"libtriton_{self.backend}.so"
+
+
+EMULATED = NativeLibrary(BACKEND, SOURCES, HEADERS, HERE)
+
+
+def source_hash(cc: str, lib: NativeLibrary = EMULATED) -> str:
     """A digest of the sources, headers, compiler and flags: a changed source builds a new library."""
     h = hashlib.sha256(" ".join((cc, *CFLAGS)).encode())
-    for f in (*SOURCES, *HEADERS):
+    for f in (*lib.sources, *lib.headers):
         h.update(f.name.encode())
         h.update(f.read_bytes())
     return h.hexdigest()[:16]
 
 
-def _build_root() -> Path:
-    """``build/`` here when writable, else the cache directory runtime/ uses ($POOLPIPE_CACHE)."""
-    if os.access(HERE, os.W_OK):
-        return HERE / "build"
-    return Path(os.environ.get("POOLPIPE_CACHE", Path(tempfile.gettempdir()) / "poolpipe-triton")) / "native"
+def _build_root(lib: NativeLibrary) -> Path:
+    """``build/`` beside the sources when writable, else the cache directory runtime/ uses ($POOLPIPE_CACHE)."""
+    if os.access(lib.home, os.W_OK):
+        return lib.home / "build"
+    return (Path(os.environ.get("POOLPIPE_CACHE", Path(tempfile.gettempdir()) / "poolpipe-triton")) / "native"
+            / lib.backend)
 
 
-def build(root: Path | None = None, cc: str | None = None) -> Path:
+def build(root: Path | None = None, cc: str | None = None, lib: NativeLibrary = EMULATED) -> Path:
     """The library built from the current sources under ``root`` (compiled now unless already there);
     raises BuildError with the compiler's complaint when it cannot be built."""
     cc = cc or os.environ.get("CC", "cc")
-    dest = (root or _build_root()) / source_hash(cc) / LIBRARY
+    dest = (root or _build_root(lib)) / source_hash(cc, lib) / lib.library
     if dest.is_file():
         return dest
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise BuildError(f"cannot create {dest.parent}: {e.strerror or e}") from None
-    tmp = dest.with_name(f".{LIBRARY}.{os.getpid()}")  # built aside, then renamed: a concurrent build never sees half
-    cmd = [cc, *CFLAGS, *map(str, SOURCES), "-lm", "-o", str(tmp)]
+    tmp = dest.with_name(f".{lib.library}.{os.getpid()}")  # built aside, then renamed: a concurrent build sees none
+    includes = [f"-I{d}" for d in sorted({str(h.parent) for h in lib.headers})]
+    cmd = [cc, *CFLAGS, *includes, *map(str, lib.sources), "-lm", "-lpthread", "-o", str(tmp)]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired) as e:

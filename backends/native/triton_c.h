@@ -76,6 +76,11 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceReportStatistics(
 TRITONSERVER_Error* TRITONBACKEND_ModelInstanceReportBatchStatistics(
     TRITONBACKEND_ModelInstance* instance, const uint64_t batch_size, const uint64_t exec_start_ns,
     const uint64_t compute_start_ns, const uint64_t compute_end_ns, const uint64_t exec_end_ns);
+TRITONSERVER_Error* TRITONBACKEND_ModelInstanceSetState(TRITONBACKEND_ModelInstance* instance, void* state);
+TRITONSERVER_Error* TRITONBACKEND_ModelInstanceState(TRITONBACKEND_ModelInstance* instance, void** state);
+TRITONSERVER_Error* TRITONBACKEND_RequestInputCount(TRITONBACKEND_Request* request, uint32_t* count);
+TRITONSERVER_Error* TRITONBACKEND_RequestInputByIndex(TRITONBACKEND_Request* request, const uint32_t index,
+                                                      TRITONBACKEND_Input** input);
 TRITONSERVER_Error* TRITONBACKEND_RequestInput(TRITONBACKEND_Request* request, const char* name,
                                                TRITONBACKEND_Input** input);
 TRITONSERVER_Error* TRITONBACKEND_RequestOutputCount(TRITONBACKEND_Request* request, uint32_t* count);
@@ -106,6 +111,7 @@ TRITONSERVER_Error* TRITONSERVER_MessageSerializeToJson(TRITONSERVER_Message* me
                                                         size_t* byte_size);
 TRITONSERVER_Error* TRITONSERVER_MessageDelete(TRITONSERVER_Message* message);
 TRITONSERVER_DataType TRITONSERVER_StringToDataType(const char* dtype);
+const char* TRITONSERVER_DataTypeString(TRITONSERVER_DataType datatype);
 uint32_t TRITONSERVER_DataTypeByteSize(TRITONSERVER_DataType datatype);
 
 /* What the server calls in a backend. */

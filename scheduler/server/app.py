@@ -47,6 +47,8 @@ class SidecarConfig:
     http_restricted: tuple[str, ...] = ()  # --http-restricted-api SPECs
     trace: TraceConfig | None = None  # serve --trace-config: traces of planned requests (None: off)
     group: WorkerGroup | None = None  # a worker of serve --workers N (scheduler/server/workers.py), else None
+    native_grpc_port: int | None = None  # serve --native-grpc-port: Triton's front end for the planned models
+    native_http_port: int = 0
 
 
 class Sidecar:
@@ -60,6 +62,7 @@ class Sidecar:
         self.planned = None
         self.router: Router | None = None
         self._grpc = None
+        self._native = None
         self._runners: list[web.AppRunner] = []
         self.replanner = None
 
@@ -92,6 +95,10 @@ class Sidecar:
             from scheduler.server.peers import WorkerRouter  # noqa: PLC0415
             self.router = WorkerRouter(*router_args, peers=peers)
         await self.router.start()
+        if c.native_grpc_port is not None and self.planned is not None:  # ready before our ports say ready
+            from scheduler.server.front.native_front import NativeFront  # noqa: PLC0415
+            self._native = NativeFront(self.router, c.bind, c.native_grpc_port, c.native_http_port)
+            await self._native.start([self.planned.config(m).config for m in self.planned.names()])
         grpc_rules = RestrictedApis.parse(c.grpc_restricted, "--grpc-restricted-protocol", grpc_prefix=True)
         http_rules = RestrictedApis.parse(c.http_restricted, "--http-restricted-api", grpc_prefix=False)
         shared = peers is not None  # the workers of serve --workers listen on the same ports (SO_REUSEPORT)
@@ -141,6 +148,8 @@ class Sidecar:
     async def stop(self) -> None:
         """Stop accepting, let in-flight requests finish (up to the drain timeout), release every shm region."""
         log.info("event=draining")
+        if self._native is not None:  # its tritonserver drains the requests it holds, answered from here
+            await self._native.close()
         stops = [r.cleanup() for r in self._runners]
         if self._grpc is not None:
             stops.append(self._grpc.stop(self.config.drain_timeout_s))

@@ -75,6 +75,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "registrations, reloads, readiness and statistics span every worker (default: 1, one "
                         "process). Needs --manifest; a plan supports at most as many workers as its smallest pool "
                         "has physical GPUs")
+    p.add_argument("--native-grpc-port", type=int, metavar="PORT",
+                   help="also serve the planned models' inference on PORT through Triton's own gRPC front end (a "
+                        "tritonserver whose models hand each request to this sidecar over a Unix socket: the "
+                        "sidecar then spends no CPU on gRPC; its HTTP endpoint takes --native-http-port). The "
+                        "models planned at start; statistics, metrics, shared memory, traces and admin stay on "
+                        "--grpc-port/--http-port. Needs --manifest and a C compiler; not with --workers")
+    p.add_argument("--native-http-port", type=int, default=0, metavar="PORT",
+                   help="the native front end's KServe v2 HTTP port (default: a free port, logged at start)")
     p.add_argument("--worker-of", type=_worker_of, help=argparse.SUPPRESS)  # I:PORT0,PORT1,...: set by the parent
     p.add_argument("--replan", type=Path, metavar="FILE",
                    help="re-plan automatically when the measured mix of models leaves the plan's headroom: FILE "
@@ -126,6 +134,7 @@ def config_from_args(args: argparse.Namespace):  # -> SidecarConfig
     from scheduler.server.common.trace_settings import parse_trace_config  # noqa: PLC0415
 
     trace = parse_trace_config(args.trace_config) if args.trace_config else None
+    _check_native(args, ports)
     manifest, shard = None, (0, 1)
     if args.workers > 1:
         _check_workers(args)
@@ -157,7 +166,29 @@ def config_from_args(args: argparse.Namespace):  # -> SidecarConfig
                          shard=shard, replan=args.replan,
                          grpc_restricted=tuple(args.grpc_restricted_protocol),
                          http_restricted=tuple(args.http_restricted_api),
-                         trace=trace, group=args.worker_of)
+                         trace=trace, group=args.worker_of, native_grpc_port=args.native_grpc_port,
+                         native_http_port=args.native_http_port)
+
+
+def _check_native(args: argparse.Namespace, ports: dict[str, int]) -> None:
+    """--native-grpc-port: refuse what it cannot serve, in one line."""
+    from poolpipe_common.net import port_in_use  # noqa: PLC0415
+
+    if args.native_grpc_port is None:
+        return
+    if args.manifest is None:
+        raise InputError("--native-grpc-port needs --manifest: it serves the planned models")
+    if args.workers > 1 or args.worker_of:
+        raise InputError("--native-grpc-port and --workers do not combine: the native front end hands its "
+                         "requests to one sidecar process")
+    native = {"--native-grpc-port": args.native_grpc_port, "--native-http-port": args.native_http_port}
+    for flag, port in native.items():
+        if port == 0 and flag == "--native-http-port":
+            continue
+        if not 0 < port < 65536:
+            raise InputError(f"{flag}: {port} is not a TCP port (1-65535)")
+        if port in ports.values() or port_in_use(port, args.bind):
+            raise InputError(f"{flag}: port {port} on {args.bind} is already in use; choose another port")
 
 
 def _check_workers(args: argparse.Namespace) -> None:

@@ -1,0 +1,33 @@
+"""The sidecar's native front end ``poolpipe_front``: a Triton backend (C sources here, built like
+backends/native/) that hands each request tritonserver received to the sidecar's scheduler over a Unix socket
+and answers it when the sidecar does (``serve --native-grpc-port``; scheduler/server/front/native_front.py).
+
+Where it cannot be built, :func:`library` logs one line and returns None, and serve says the flag cannot be used.
+Imports nothing of the project but the native build (a backend package).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from pathlib import Path
+
+from backends import native
+
+HERE = Path(__file__).resolve().parent
+FRONT = native.NativeLibrary("poolpipe_front", tuple(sorted(HERE.glob("*.c"))),
+                             (*sorted(HERE.glob("*.h")), native.HERE / "triton_c.h"), HERE)
+BACKEND = FRONT.backend
+LIBRARY = FRONT.library
+SOCKET_ENV = "POOLPIPE_FRONT_SOCKET"  # frames.h: where the backend connects
+_log = logging.getLogger("poolpipe.native")
+
+
+@functools.cache
+def library() -> Path | None:
+    """The built library, or None (after one log line saying why) where it cannot be built."""
+    try:
+        return native.build(lib=FRONT)
+    except native.BuildError as e:
+        _log.warning("native front end not built (%s)", e)
+        return None

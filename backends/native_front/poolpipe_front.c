@@ -1,0 +1,353 @@
+/* poolpipe_front: Triton's own gRPC/HTTP front end for the sidecar's planned models (``serve --native-grpc-port``).
+ *
+ * tritonserver receives, decodes and answers KServe v2 requests natively; this backend hands each request to the
+ * sidecar's scheduler over a Unix socket (frames.h) and returns, and a reader thread answers each request when the
+ * sidecar's answer arrives. The sidecar then spends no CPU on gRPC, HTTP/2 or protobuf for these requests: that is
+ * what bounded it (docs/serving.md, "Where a request's time goes"). One socket per model instance, connected at
+ * instance start to $POOLPIPE_FRONT_SOCKET; the first frame names the model. A lost sidecar fails every pending
+ * and later request with UNAVAILABLE (nothing waits forever) and stops this tritonserver (SIGTERM to itself), so a
+ * sidecar that crashed leaves no server holding its ports. */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "frames.h"
+#include "triton_c.h"
+
+#define EXPORT __attribute__((visibility("default")))
+#define MAX_PENDING 65536 /* requests in flight per instance; beyond it a request is refused (UNAVAILABLE) */
+
+typedef struct {
+  char* model;
+  int fd;
+  pthread_mutex_t lock; /* slots, free list, dead */
+  TRITONBACKEND_Request** slots;
+  uint32_t* free_ids;
+  uint32_t n_free;
+  int dead;
+  pthread_t reader;
+  int reader_started;
+  volatile int closing; /* the instance is finalizing: the socket's end is ours, not the sidecar's */
+} conn;
+
+static void drop(TRITONSERVER_Error* err) {
+  if (err != NULL) TRITONSERVER_ErrorDelete(err);
+}
+
+/* Answer ``request`` with an error and release it. */
+static void fail(TRITONBACKEND_Request* request, TRITONSERVER_Error_Code code, const char* msg) {
+  TRITONBACKEND_Response* response = NULL;
+  if (TRITONBACKEND_ResponseNew(&response, request) == NULL) {
+    drop(TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, TRITONSERVER_ErrorNew(code, msg)));
+  }
+  drop(TRITONBACKEND_RequestRelease(request, TRITONSERVER_REQUEST_RELEASE_ALL));
+}
+
+/* The request in slot ``id``, taken out (NULL if none). */
+static TRITONBACKEND_Request* take(conn* c, uint32_t id) {
+  TRITONBACKEND_Request* r = NULL;
+  pthread_mutex_lock(&c->lock);
+  if (id < MAX_PENDING && c->slots[id] != NULL) {
+    r = c->slots[id];
+    c->slots[id] = NULL;
+    c->free_ids[c->n_free++] = id;
+  }
+  pthread_mutex_unlock(&c->lock);
+  return r;
+}
+
+/* The connection is lost: every pending request gets UNAVAILABLE, later ones too (``dead``). */
+static void fail_all(conn* c) {
+  pthread_mutex_lock(&c->lock);
+  c->dead = 1;
+  pthread_mutex_unlock(&c->lock);
+  for (uint32_t id = 0; id < MAX_PENDING; id++) {
+    TRITONBACKEND_Request* r = take(c, id);
+    if (r != NULL) fail(r, TRITONSERVER_ERROR_UNAVAILABLE, "poolpipe sidecar is gone; retry once it is back");
+  }
+}
+
+static int read_all(int fd, void* p, size_t n) {
+  char* b = p;
+  while (n > 0) {
+    ssize_t k = read(fd, b, n);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return -1;
+    b += k;
+    n -= (size_t)k;
+  }
+  return 0;
+}
+
+static int write_all(int fd, const char* p, size_t n) {
+  while (n > 0) {
+    ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return -1;
+    p += k;
+    n -= (size_t)k;
+  }
+  return 0;
+}
+
+/* Build and send the response of one answer frame (after its id) for ``request``; NULL or the error. */
+static TRITONSERVER_Error* respond(TRITONBACKEND_Request* request, reader_t* rd) {
+  uint32_t code = 0;
+  if (rd_u32(rd, &code) != 0) return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL, "poolpipe_front: short frame");
+  if (code != 0) {
+    char msg[1024];
+    if (rd_str(rd, msg, sizeof(msg)) != 0) snprintf(msg, sizeof(msg), "poolpipe sidecar: error %u", code);
+    return TRITONSERVER_ErrorNew((TRITONSERVER_Error_Code)code, msg);
+  }
+  TRITONBACKEND_Response* response = NULL;
+  TRITONSERVER_Error* err = TRITONBACKEND_ResponseNew(&response, request);
+  if (err != NULL) return err;
+  tensor_frame t;
+  uint16_t n_out = 0;
+  int bad = rd_u16(rd, &n_out);
+  for (uint16_t o = 0; !bad && err == NULL && o < n_out; o++) {
+    if ((bad = rd_tensor(rd, &t)) != 0) break;
+    TRITONBACKEND_Output* out = NULL;
+    void* buf = NULL;
+    TRITONSERVER_MemoryType mt = TRITONSERVER_MEMORY_CPU;
+    int64_t mt_id = 0;
+    err = TRITONBACKEND_ResponseOutput(response, &out, t.name, TRITONSERVER_StringToDataType(t.dtype), t.shape,
+                                       t.n_dims);
+    if (err == NULL) err = TRITONBACKEND_OutputBuffer(out, &buf, t.nbytes, &mt, &mt_id);
+    if (err == NULL && mt == TRITONSERVER_MEMORY_GPU) {
+      err = TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_UNSUPPORTED, "poolpipe_front: output in GPU memory");
+    }
+    if (err == NULL && t.nbytes > 0) memcpy(buf, t.data, t.nbytes);
+  }
+  if (err == NULL && bad) err = TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL, "poolpipe_front: bad answer frame");
+  if (err != NULL) {
+    drop(TRITONBACKEND_ResponseDelete(response));
+    return err;
+  }
+  drop(TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, NULL));
+  return NULL;
+}
+
+/* The reader thread: one answer frame at a time until the socket closes. */
+static void* read_answers(void* arg) {
+  conn* c = arg;
+  size_t cap = 1 << 16;
+  char* buf = malloc(cap);
+  for (;;) {
+    uint32_t len = 0;
+    if (read_all(c->fd, &len, 4) != 0) break;
+    if (len > cap) {
+      cap = len;
+      buf = realloc(buf, cap);
+    }
+    if (read_all(c->fd, buf, len) != 0) break;
+    reader_t rd = {buf, buf + len};
+    uint32_t id = 0;
+    if (rd_u32(&rd, &id) != 0) break;
+    TRITONBACKEND_Request* request = take(c, id);
+    if (request == NULL) continue; /* answered already (cannot happen with a well-behaved sidecar) */
+    TRITONSERVER_Error* err = respond(request, &rd);
+    if (err != NULL) {
+      TRITONBACKEND_Response* response = NULL;
+      if (TRITONBACKEND_ResponseNew(&response, request) == NULL) {
+        drop(TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, err));
+      } else {
+        drop(err);
+      }
+    }
+    drop(TRITONBACKEND_RequestRelease(request, TRITONSERVER_REQUEST_RELEASE_ALL));
+  }
+  free(buf);
+  fail_all(c);
+  if (!c->closing) { /* the sidecar died: this server goes too, freeing its ports for the sidecar's successor */
+    TRITONSERVER_LogMessage(TRITONSERVER_LOG_ERROR, __FILE__, __LINE__,
+                            "poolpipe_front: the sidecar closed its socket; stopping this tritonserver");
+    kill(getpid(), SIGTERM);
+  }
+  return NULL;
+}
+
+/* Append one request's frame (id, inputs, requested outputs) to ``w``; NULL or why it cannot be forwarded. */
+static TRITONSERVER_Error* encode_request(writer_t* w, TRITONBACKEND_Request* request, uint32_t id) {
+  size_t start = frame_begin(w);
+  wr_u32(w, id);
+  uint32_t n_in = 0, n_out = 0;
+  TRITONSERVER_Error* err = TRITONBACKEND_RequestInputCount(request, &n_in);
+  if (err == NULL) err = TRITONBACKEND_RequestOutputCount(request, &n_out);
+  if (err != NULL) return err;
+  wr_u16(w, (uint16_t)n_in);
+  for (uint32_t i = 0; i < n_in; i++) {
+    TRITONBACKEND_Input* input = NULL;
+    const char* name = NULL;
+    TRITONSERVER_DataType dt;
+    const int64_t* shape = NULL;
+    uint32_t n_dims = 0, n_buf = 0;
+    uint64_t bytes = 0;
+    err = TRITONBACKEND_RequestInputByIndex(request, i, &input);
+    if (err == NULL) err = TRITONBACKEND_InputProperties(input, &name, &dt, &shape, &n_dims, &bytes, &n_buf);
+    if (err != NULL) return err;
+    wr_str(w, name);
+    wr_str(w, TRITONSERVER_DataTypeString(dt));
+    wr_u16(w, (uint16_t)n_dims);
+    for (uint32_t d = 0; d < n_dims; d++) wr_i64(w, shape[d]);
+    wr_u64(w, bytes);
+    for (uint32_t b = 0; b < n_buf; b++) {
+      const void* p = NULL;
+      uint64_t size = 0;
+      TRITONSERVER_MemoryType mt = TRITONSERVER_MEMORY_CPU;
+      int64_t mt_id = 0;
+      err = TRITONBACKEND_InputBuffer(input, b, &p, &size, &mt, &mt_id);
+      if (err != NULL) return err;
+      if (mt == TRITONSERVER_MEMORY_GPU) {
+        return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_UNSUPPORTED, "poolpipe_front: inputs in GPU memory");
+      }
+      wr_bytes(w, p, size);
+    }
+  }
+  wr_u16(w, (uint16_t)n_out);
+  for (uint32_t o = 0; o < n_out; o++) {
+    const char* name = NULL;
+    err = TRITONBACKEND_RequestOutputName(request, o, &name);
+    if (err != NULL) return err;
+    wr_str(w, name);
+  }
+  frame_end(w, start);
+  return NULL;
+}
+
+EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstance* instance,
+                                                              TRITONBACKEND_Request** requests, const uint32_t count) {
+  void* state = NULL;
+  TRITONSERVER_Error* err = TRITONBACKEND_ModelInstanceState(instance, &state);
+  if (err != NULL) return err;
+  conn* c = state;
+  writer_t w = {0};
+  for (uint32_t r = 0; r < count; r++) {
+    pthread_mutex_lock(&c->lock);
+    int dead = c->dead;
+    uint32_t id = !dead && c->n_free > 0 ? c->free_ids[--c->n_free] : UINT32_MAX;
+    if (id != UINT32_MAX) c->slots[id] = requests[r];
+    pthread_mutex_unlock(&c->lock);
+    if (id == UINT32_MAX) {
+      fail(requests[r], TRITONSERVER_ERROR_UNAVAILABLE,
+           dead ? "poolpipe sidecar is gone; retry once it is back" : "poolpipe_front: too many requests in flight");
+      continue;
+    }
+    size_t mark = w.len;
+    err = encode_request(&w, requests[r], id);
+    if (err != NULL) {
+      w.len = mark; /* the half-written frame is dropped */
+      if (take(c, id) != NULL) {
+        TRITONBACKEND_Response* response = NULL;
+        if (TRITONBACKEND_ResponseNew(&response, requests[r]) == NULL) {
+          drop(TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, err));
+        } else {
+          drop(err);
+        }
+        drop(TRITONBACKEND_RequestRelease(requests[r], TRITONSERVER_REQUEST_RELEASE_ALL));
+      }
+    }
+  }
+  if (w.len > 0 && write_all(c->fd, w.data, w.len) != 0) shutdown(c->fd, SHUT_RDWR); /* the reader fails them */
+  free(w.data);
+  return NULL;
+}
+
+EXPORT TRITONSERVER_Error* TRITONBACKEND_Initialize(TRITONBACKEND_Backend* backend) {
+  (void)backend;
+  uint32_t major = 0, minor = 0;
+  TRITONSERVER_Error* err = TRITONBACKEND_ApiVersion(&major, &minor);
+  if (err == NULL && major != TRITONBACKEND_API_VERSION_MAJOR) {
+    err = TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_UNSUPPORTED, "poolpipe_front: backend API major version is not 1");
+  }
+  return err;
+}
+
+EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* model) {
+  (void)model;
+  return NULL;
+}
+
+EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model* model) {
+  (void)model;
+  return NULL;
+}
+
+/* Connect to the sidecar and name the model (the hello frame: id HELLO_ID, the model's name). */
+static TRITONSERVER_Error* connect_sidecar(conn* c) {
+  const char* path = getenv(SOCKET_ENV);
+  struct sockaddr_un addr = {.sun_family = AF_UNIX};
+  if (path == NULL || strlen(path) >= sizeof(addr.sun_path)) {
+    return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG,
+                                 "poolpipe_front: $" SOCKET_ENV " must name the sidecar's socket (serve sets it)");
+  }
+  strcpy(addr.sun_path, path);
+  c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (c->fd < 0 || connect(c->fd, (struct sockaddr*)&addr, sizeof(addr)) != 0) {
+    char msg[512];
+    snprintf(msg, sizeof(msg), "poolpipe_front: cannot connect to the sidecar at %s: %s", path, strerror(errno));
+    return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_UNAVAILABLE, msg);
+  }
+  writer_t w = {0};
+  size_t start = frame_begin(&w);
+  wr_u32(&w, HELLO_ID);
+  wr_str(&w, c->model);
+  frame_end(&w, start);
+  int bad = write_all(c->fd, w.data, w.len);
+  free(w.data);
+  return bad ? TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_UNAVAILABLE, "poolpipe_front: the sidecar closed the socket")
+             : NULL;
+}
+
+static void free_conn(conn* c) {
+  if (c->fd >= 0) close(c->fd);
+  free(c->slots);
+  free(c->free_ids);
+  free(c->model);
+  pthread_mutex_destroy(&c->lock);
+  free(c);
+}
+
+EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelInstance* instance) {
+  TRITONBACKEND_Model* model = NULL;
+  const char* name = NULL;
+  TRITONSERVER_Error* err = TRITONBACKEND_ModelInstanceModel(instance, &model);
+  if (err == NULL) err = TRITONBACKEND_ModelName(model, &name);
+  if (err != NULL) return err;
+  conn* c = calloc(1, sizeof(conn));
+  c->fd = -1;
+  c->model = strdup(name);
+  pthread_mutex_init(&c->lock, NULL);
+  c->slots = calloc(MAX_PENDING, sizeof(TRITONBACKEND_Request*));
+  c->free_ids = malloc(MAX_PENDING * sizeof(uint32_t));
+  for (uint32_t i = 0; i < MAX_PENDING; i++) c->free_ids[i] = MAX_PENDING - 1 - i;
+  c->n_free = MAX_PENDING;
+  err = connect_sidecar(c);
+  if (err == NULL && pthread_create(&c->reader, NULL, read_answers, c) != 0) {
+    err = TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL, "poolpipe_front: cannot start the reader thread");
+  }
+  if (err != NULL) {
+    free_conn(c);
+    return err;
+  }
+  c->reader_started = 1;
+  return TRITONBACKEND_ModelInstanceSetState(instance, c);
+}
+
+EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceFinalize(TRITONBACKEND_ModelInstance* instance) {
+  void* state = NULL;
+  TRITONSERVER_Error* err = TRITONBACKEND_ModelInstanceState(instance, &state);
+  conn* c = state;
+  if (c == NULL) return err;
+  c->closing = 1;
+  shutdown(c->fd, SHUT_RDWR); /* the reader sees the end, fails what is pending and exits */
+  if (c->reader_started) pthread_join(c->reader, NULL);
+  free_conn(c);
+  return err;
+}

@@ -1,0 +1,113 @@
+"""The frames the native front end (backends/native_front/, frames.h says the layout) and the sidecar exchange:
+requests in as ModelInferRequest messages the router takes, answers out as bytes. Pure functions."""
+
+from __future__ import annotations
+
+import struct
+
+import grpc
+from tritonclient.grpc import service_pb2
+
+HELLO_ID = 0xFFFFFFFF
+_U16 = struct.Struct("<H")
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+_ID_CODE = struct.Struct("<II")
+
+# TRITONSERVER_Error_Code of each gRPC status the router raises (Triton maps them back the same way); others
+# become INTERNAL. 0 (UNKNOWN) is never sent: it means success on the wire.
+TRITON_CODES = {grpc.StatusCode.INTERNAL: 1, grpc.StatusCode.NOT_FOUND: 2, grpc.StatusCode.INVALID_ARGUMENT: 3,
+                grpc.StatusCode.UNAVAILABLE: 4, grpc.StatusCode.DEADLINE_EXCEEDED: 4,
+                grpc.StatusCode.UNIMPLEMENTED: 5, grpc.StatusCode.ALREADY_EXISTS: 6, grpc.StatusCode.CANCELLED: 7}
+
+
+class FrameError(ValueError):
+    """A frame that does not follow frames.h (the connection is closed: the backend fails what was pending)."""
+
+
+def split_frames(buf: bytearray) -> tuple[list[bytes], int]:
+    """The complete frames at the start of ``buf`` (without their length) and how many bytes they took."""
+    frames, at, n = [], 0, len(buf)
+    while n - at >= 4:
+        (size,) = _U32.unpack_from(buf, at)
+        if n - at - 4 < size:
+            break
+        frames.append(bytes(buf[at + 4:at + 4 + size]))
+        at += 4 + size
+    return frames, at
+
+
+def _str(frame: bytes, at: int) -> tuple[str, int]:
+    (n,) = _U16.unpack_from(frame, at)
+    end = at + 2 + n
+    if end > len(frame):
+        raise FrameError("string runs past the frame")
+    return frame[at + 2:end].decode(), end
+
+
+def decode_hello(frame: bytes) -> str:
+    """The model a connection serves (its first frame)."""
+    try:
+        (ident,) = _U32.unpack_from(frame, 0)
+        model, _ = _str(frame, 4)
+    except (struct.error, UnicodeDecodeError) as e:
+        raise FrameError(f"bad hello frame: {e}") from None
+    if ident != HELLO_ID:
+        raise FrameError("the first frame is not a hello")
+    return model
+
+
+def decode_request(model: str, frame: bytes) -> tuple[int, service_pb2.ModelInferRequest]:
+    """(request id, the request) of one request frame."""
+    try:
+        (ident,) = _U32.unpack_from(frame, 0)
+        req = service_pb2.ModelInferRequest(model_name=model)
+        (n_in,), at = _U16.unpack_from(frame, 4), 6
+        for _ in range(n_in):
+            name, at = _str(frame, at)
+            dtype, at = _str(frame, at)
+            (dims,) = _U16.unpack_from(frame, at)
+            shape = struct.unpack_from(f"<{dims}q", frame, at + 2)
+            at += 2 + 8 * dims
+            (size,) = _U64.unpack_from(frame, at)
+            at += 8
+            if at + size > len(frame):
+                raise FrameError("tensor bytes run past the frame")
+            req.inputs.add(name=name, datatype=dtype, shape=shape)
+            req.raw_input_contents.append(frame[at:at + size])
+            at += size
+        (n_out,) = _U16.unpack_from(frame, at)
+        at += 2
+        for _ in range(n_out):
+            name, at = _str(frame, at)
+            req.outputs.add(name=name)
+    except (struct.error, UnicodeDecodeError) as e:
+        raise FrameError(f"bad request frame: {e}") from None
+    return ident, req
+
+
+def _frame(body: list[bytes]) -> bytes:
+    data = b"".join(body)
+    return _U32.pack(len(data)) + data
+
+
+def _s(text: str) -> bytes:
+    b = text.encode()[:65535]
+    return _U16.pack(len(b)) + b
+
+
+def encode_answer(ident: int, response: service_pb2.ModelInferResponse) -> bytes:
+    """The answer frame of a response whose outputs are raw (what planned models answer)."""
+    outs, raws = response.outputs, response.raw_output_contents
+    if len(raws) != len(outs):
+        return encode_error(ident, grpc.StatusCode.INTERNAL, "the answer's outputs are not raw tensors")
+    body = [_ID_CODE.pack(ident, 0), _U16.pack(len(outs))]
+    for out, raw in zip(outs, raws):
+        body += [_s(out.name), _s(out.datatype), _U16.pack(len(out.shape)),
+                 struct.pack(f"<{len(out.shape)}q", *out.shape), _U64.pack(len(raw)), raw]
+    return _frame(body)
+
+
+def encode_error(ident: int, code: grpc.StatusCode | None, message: str) -> bytes:
+    """The answer frame of an error, with the Triton error code of ``code`` (None: INTERNAL)."""
+    return _frame([_ID_CODE.pack(ident, TRITON_CODES.get(code, 1)), _s(message)])

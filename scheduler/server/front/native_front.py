@@ -1,0 +1,150 @@
+"""``serve --native-grpc-port``: the planned models' inference through Triton's own front end.
+
+A tritonserver whose models are the planned ones, served by the poolpipe_front backend (backends/native_front/),
+listens on the port; it receives, decodes and answers KServe v2 gRPC and HTTP requests natively and hands each one
+to this process over a Unix socket. Here each becomes a ModelInferRequest for the router, as from the gRPC front
+end, without grpc.aio's cost per call. Everything but inference (statistics, metrics, repository, shared memory,
+traces) stays on the sidecar's own ports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import psutil
+
+from backends import native_front
+from model_repository_gen.front_models import write_front_repository
+from poolpipe_common.errors import InputError
+from runtime.tritonserver import TritonProcess
+from scheduler.server.common.errors import ServeError
+from scheduler.server.front.native_frames import (
+    FrameError,
+    decode_hello,
+    decode_request,
+    encode_answer,
+    encode_error,
+    split_frames,
+)
+from scheduler.server.front.router import Router
+
+log = logging.getLogger("poolpipe.sidecar.native")
+DIR_PREFIX = "poolpipe-front-"  # + the sidecar's PID + "-": its socket, repository and tritonserver log
+
+
+def reclaim_dirs(root: Path | None = None) -> list[Path]:
+    """Remove the work directories of sidecars that died without removing theirs (their tritonservers stopped
+    themselves when the socket closed); returns them."""
+    gone = []
+    for d in Path(root or tempfile.gettempdir()).glob(DIR_PREFIX + "*"):
+        pid = d.name[len(DIR_PREFIX):].split("-")[0]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            shutil.rmtree(d, ignore_errors=True)
+            gone.append(d)
+    return gone
+
+
+class _Connection(asyncio.Protocol):
+    """One front model instance's socket: requests in, each answered when the router answers; the answers of one
+    loop iteration leave in one write."""
+
+    def __init__(self, router: Router) -> None:
+        self.router = router
+        self.model: str | None = None
+        self.buf = bytearray()
+        self.out: list[bytes] = []
+        self.tasks: set[asyncio.Task] = set()
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        frames, used = split_frames(self.buf)
+        del self.buf[:used]
+        loop = asyncio.get_running_loop()
+        try:
+            for frame in frames:
+                if self.model is None:
+                    self.model = decode_hello(frame)
+                    log.info("event=native_front_connected model=%s", self.model)
+                    continue
+                ident, request = decode_request(self.model, frame)
+                task = loop.create_task(self._answer(ident, request))
+                self.tasks.add(task)
+                task.add_done_callback(self.tasks.discard)
+        except FrameError as e:  # the backend answers what was pending with UNAVAILABLE
+            log.error("event=native_front_bad_frame model=%s error=%s", self.model, e)
+            self.transport.close()
+
+    async def _answer(self, ident: int, request) -> None:
+        try:
+            data = encode_answer(ident, await self.router.infer(request, None))
+        except ServeError as e:
+            data = encode_error(ident, e.code, e.message)
+        except Exception as e:  # noqa: BLE001 - every request gets an answer
+            log.exception("event=native_front_error model=%s", self.model)
+            data = encode_error(ident, None, f"poolpipe sidecar: internal error: {e}")
+        if not self.out:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self.out.append(data)
+
+    def _flush(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(b"".join(self.out))
+        self.out.clear()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        for task in list(self.tasks):
+            task.cancel()
+
+
+class NativeFront:
+    """Start with ``await start()``, stop with ``await close()`` (the tritonserver by PID, then the socket and the
+    work directory)."""
+
+    def __init__(self, router: Router, bind: str, grpc_port: int, http_port: int = 0) -> None:
+        self.router, self.bind, self.grpc_port, self.http_port = router, bind, grpc_port, http_port
+        self.triton: TritonProcess | None = None
+        self._server: asyncio.AbstractServer | None = None
+        self._dir: Path | None = None
+
+    async def start(self, planned_configs: list) -> None:
+        library = native_front.library()
+        if library is None:
+            raise InputError("--native-grpc-port: the native front end could not be built here (no C compiler; "
+                             "the log line above says why); serve without the flag")
+        reclaim_dirs()
+        self._dir = Path(tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{os.getpid()}-"))
+        sock = self._dir / "front.sock"
+        try:
+            self._server = await asyncio.get_running_loop().create_unix_server(lambda: _Connection(self.router),
+                                                                               path=str(sock))
+            repo = write_front_repository(self._dir / "repository", planned_configs, library)
+            self.triton = TritonProcess(repo, grpc_port=self.grpc_port, http_port=self.http_port, host=self.bind,
+                                        env={native_front.SOCKET_ENV: str(sock)},
+                                        log_path=self._dir / "tritonserver.log", name="native front end")
+            await asyncio.to_thread(self.triton.start)
+        except BaseException:
+            await self.close()
+            raise
+        log.info("event=native_front_listening grpc=%s http=%s models=%d", self.triton.grpc_url,
+                 self.triton.http_url, len(planned_configs))
+
+    async def close(self) -> None:
+        if self.triton is not None:
+            await asyncio.to_thread(self.triton.stop)
+            self.triton = None
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None

@@ -1,0 +1,171 @@
+"""``serve --native-grpc-port``: the planned models through Triton's own front end (backends/native_front/).
+The frames codec on its own; then a live sidecar over one emulated deployment: the native port answers gRPC and
+HTTP as the sidecar's own port does, Triton refuses bad input with its own error and keeps serving, the sidecar's
+statistics count what came through it, and neither a stop nor a SIGKILLed sidecar leaves its tritonserver, port or
+work directory behind."""
+
+from __future__ import annotations
+
+import signal
+import struct
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+import numpy as np
+import psutil
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.grpc import service_pb2
+from tritonclient.utils import InferenceServerException
+
+from backends import native_front
+from poolpipe_common.net import free_port, port_in_use
+from runtime.launch import Deployment
+from runtime.sidecar_process import SidecarProcess
+from runtime.testbed import EMULATED_MODEL, build_emulated_deployment
+from scheduler.server.front.native_frames import (
+    HELLO_ID,
+    FrameError,
+    decode_hello,
+    decode_request,
+    encode_answer,
+    encode_error,
+    split_frames,
+)
+from scheduler.server.front.native_front import DIR_PREFIX, reclaim_dirs
+from tests.conftest import run_cli
+
+
+def _s(text: str) -> bytes:
+    return struct.pack("<H", len(text)) + text.encode()
+
+
+def _request_frame(ident: int, x: np.ndarray, outputs: tuple[str, ...]) -> bytes:
+    """A request frame as poolpipe_front.c writes it (frames.h)."""
+    body = struct.pack("<IH", ident, 1) + _s("x") + _s("FP32") + struct.pack("<H", x.ndim)
+    body += struct.pack(f"<{x.ndim}q", *x.shape) + struct.pack("<Q", x.nbytes) + x.tobytes()
+    body += struct.pack("<H", len(outputs)) + b"".join(_s(o) for o in outputs)
+    return struct.pack("<I", len(body)) + body
+
+
+def test_frames_carry_requests_and_answers_and_refuse_what_does_not_parse() -> None:
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    hello = struct.pack("<I", HELLO_ID) + _s("m")
+    stream = bytearray(struct.pack("<I", len(hello)) + hello + _request_frame(7, x, ("y",)) + b"\x09\x00")
+    frames, used = split_frames(stream)
+    assert len(frames) == 2 and used == len(stream) - 2  # the partial third frame waits for its bytes
+    assert decode_hello(frames[0]) == "m"
+    ident, req = decode_request("m", frames[1])
+    assert ident == 7 and req.model_name == "m" and [o.name for o in req.outputs] == ["y"]
+    assert (req.inputs[0].name, req.inputs[0].datatype, list(req.inputs[0].shape)) == ("x", "FP32", [2, 3])
+    assert np.array_equal(np.frombuffer(req.raw_input_contents[0], np.float32).reshape(2, 3), x)
+    with pytest.raises(FrameError, match="not a hello"):
+        decode_hello(frames[1])
+    with pytest.raises(FrameError, match="bad request frame|past the frame"):
+        decode_request("m", frames[1][:-9])
+
+    resp = service_pb2.ModelInferResponse(model_name="m")
+    resp.outputs.add(name="y", datatype="FP32", shape=[2, 3])
+    resp.raw_output_contents.append(x.tobytes())
+    answer = encode_answer(7, resp)
+    size, ident, code, n = struct.unpack_from("<IIIH", answer)
+    assert (size, ident, code, n) == (len(answer) - 4, 7, 0, 1) and answer.endswith(x.tobytes())
+    shed = encode_error(8, grpc.StatusCode.UNAVAILABLE, "shed")
+    assert struct.unpack_from("<II", shed, 4) == (8, 4) and shed.endswith(_s("shed"))  # TRITONSERVER UNAVAILABLE
+    typed = service_pb2.ModelInferResponse(model_name="m")
+    typed.outputs.add(name="y", datatype="FP32", shape=[1])  # contents, not raw: refused, never half-sent
+    assert struct.unpack_from("<II", encode_answer(9, typed), 4) == (9, 1)
+
+
+def test_reclaim_removes_only_the_directories_of_dead_sidecars(tmp_path: Path) -> None:
+    dead = psutil.Popen(["true"])
+    dead.wait()
+    mine, theirs = tmp_path / f"{DIR_PREFIX}{psutil.Process().pid}-a", tmp_path / f"{DIR_PREFIX}{dead.pid}-b"
+    for d in (mine, theirs):
+        d.mkdir()
+    assert reclaim_dirs(tmp_path) == [theirs] and mine.is_dir() and not theirs.exists()
+
+
+def test_serve_refuses_native_front_combinations_it_cannot_serve(tmp_path: Path) -> None:
+    deploy = build_emulated_deployment(tmp_path, gpus=2)
+    ports = ("--grpc-port", "1", "--http-port", "2", "--metrics-port", "3")
+    r = run_cli("serve", "--passthrough", "127.0.0.1:1", "--native-grpc-port", "4", *ports)
+    assert r.returncode == 2 and "--native-grpc-port needs --manifest" in r.stderr
+    r = run_cli("serve", "--manifest", deploy, "--workers", "2", "--native-grpc-port", "4", *ports)
+    assert r.returncode == 2 and "--native-grpc-port and --workers do not combine" in r.stderr
+    r = run_cli("serve", "--manifest", deploy, "--native-grpc-port", "2", *ports)
+    assert r.returncode == 2 and "--native-grpc-port: port 2" in r.stderr
+
+
+def _front(sc: SidecarProcess) -> psutil.Process:
+    (proc,) = [p for p in psutil.Process(sc.proc.pid).children() if p.name() == "tritonserver"]
+    return proc
+
+
+@pytest.mark.triton
+@pytest.mark.skipif(native_front.library() is None, reason="no C compiler here")
+def test_native_front_serves_the_planned_models_and_leaves_nothing(tmp_path: Path) -> None:
+    deploy = build_emulated_deployment(tmp_path, slo_us=3_000_000.0)
+    port, http_port = free_port("127.0.0.1"), free_port("127.0.0.1")
+    sc = SidecarProcess(manifest=deploy, log_path=tmp_path / "sidecar.log",
+                        extra_args=("--native-grpc-port", str(port), "--native-http-port", str(http_port)))
+    with Deployment(deploy, check_hardware=False, log_dir=tmp_path / "logs"):
+        try:
+            sc.start().wait_ready()
+            front, pid = _front(sc), sc.proc.pid
+            own = grpcclient.InferenceServerClient(sc.grpc_url)
+            meta = own.get_model_metadata(EMULATED_MODEL)
+            shape = [2, *[int(d) for d in meta.inputs[0].shape[1:]]]
+            x = np.random.default_rng(0).random(shape, dtype=np.float32)
+            inp = grpcclient.InferInput(meta.inputs[0].name, shape, "FP32")
+            inp.set_data_from_numpy(x)
+            out = meta.outputs[0].name
+            want = own.infer(EMULATED_MODEL, [inp]).as_numpy(out)
+            native = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+            for _ in range(3):
+                assert np.array_equal(native.infer(EMULATED_MODEL, [inp]).as_numpy(out), want)
+            hinp = httpclient.InferInput(meta.inputs[0].name, shape, "FP32")
+            hinp.set_data_from_numpy(x, binary_data=True)
+            got = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}").infer(EMULATED_MODEL, [hinp])
+            assert np.array_equal(got.as_numpy(out), want)
+            bad = grpcclient.InferInput(meta.inputs[0].name, [2, 3], "FP32")
+            bad.set_data_from_numpy(np.zeros((2, 3), np.float32))
+            with pytest.raises(InferenceServerException, match="unexpected shape|expected shape"):
+                native.infer(EMULATED_MODEL, [bad])
+            assert np.array_equal(native.infer(EMULATED_MODEL, [inp]).as_numpy(out), want)  # still serving
+            stats = own.get_inference_statistics(EMULATED_MODEL).model_stats[0]
+            assert stats.inference_count == 2 * 6  # the sidecar scheduled the native front's requests too
+        finally:
+            sc.stop()
+    assert not psutil.pid_exists(front.pid) and not port_in_use(port)
+    assert not list(Path(tempfile.gettempdir()).glob(f"{DIR_PREFIX}{pid}-*"))
+
+
+@pytest.mark.triton
+@pytest.mark.skipif(native_front.library() is None, reason="no C compiler here")
+def test_a_killed_sidecar_takes_its_native_front_down(tmp_path: Path) -> None:
+    deploy = build_emulated_deployment(tmp_path, slo_us=3_000_000.0)
+    port = free_port("127.0.0.1")
+    sc = SidecarProcess(manifest=deploy, log_path=tmp_path / "sidecar.log",
+                        extra_args=("--native-grpc-port", str(port)))
+    front = None
+    with Deployment(deploy, check_hardware=False, log_dir=tmp_path / "logs"):
+        try:
+            sc.start().wait_ready()
+            front, pid = _front(sc), sc.proc.pid
+            sc.proc.send_signal(signal.SIGKILL)
+            sc.proc.wait()
+            deadline = time.monotonic() + 30
+            while front.is_running() and front.status() != psutil.STATUS_ZOMBIE:
+                assert time.monotonic() < deadline, "the native front's tritonserver outlived its sidecar"
+                time.sleep(0.2)
+            assert not port_in_use(port)
+        finally:
+            sc.stop()
+            if front is not None and front.is_running():
+                front.kill()
+    reclaim_dirs()
+    assert not list(Path(tempfile.gettempdir()).glob(f"{DIR_PREFIX}{pid}-*"))
