@@ -6,6 +6,7 @@ work directory behind."""
 
 from __future__ import annotations
 
+import os
 import signal
 import struct
 import tempfile
@@ -18,6 +19,7 @@ import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+import tritonclient.utils.shared_memory as shm
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
@@ -48,6 +50,7 @@ def _request_frame(ident: int, x: np.ndarray, outputs: tuple[str, ...]) -> bytes
     body = struct.pack("<IH", ident, 1) + _s("x") + _s("FP32") + struct.pack("<H", x.ndim)
     body += struct.pack(f"<{x.ndim}q", *x.shape) + struct.pack("<Q", x.nbytes) + x.tobytes()
     body += struct.pack("<H", len(outputs)) + b"".join(_s(o) for o in outputs)
+    body += _s(f"req-{ident}")
     return struct.pack("<I", len(body)) + body
 
 
@@ -59,7 +62,7 @@ def test_frames_carry_requests_and_answers_and_refuse_what_does_not_parse() -> N
     assert len(frames) == 2 and used == len(stream) - 2  # the partial third frame waits for its bytes
     assert decode_hello(frames[0]) == "m"
     ident, req = decode_request("m", frames[1])
-    assert ident == 7 and req.model_name == "m" and [o.name for o in req.outputs] == ["y"]
+    assert ident == 7 and req.model_name == "m" and [o.name for o in req.outputs] == ["y"] and req.id == "req-7"
     assert (req.inputs[0].name, req.inputs[0].datatype, list(req.inputs[0].shape)) == ("x", "FP32", [2, 3])
     assert np.array_equal(np.frombuffer(req.raw_input_contents[0], np.float32).reshape(2, 3), x)
     with pytest.raises(FrameError, match="not a hello"):
@@ -100,6 +103,29 @@ def test_serve_refuses_native_front_combinations_it_cannot_serve(tmp_path: Path)
     assert r.returncode == 2 and "--native-grpc-port: port 2" in r.stderr
 
 
+def _shm_round_trip(client: grpcclient.InferenceServerClient, inp: grpcclient.InferInput, x: np.ndarray, out: str,
+                    want: np.ndarray) -> None:
+    """One request with input and output in system shared memory registered on ``client``'s server."""
+    names = (f"nf_in_{os.getpid()}", f"nf_out_{os.getpid()}")
+    regions = [shm.create_shared_memory_region(names[0], f"/{names[0]}", x.nbytes),
+               shm.create_shared_memory_region(names[1], f"/{names[1]}", want.nbytes)]
+    try:
+        shm.set_shared_memory_region(regions[0], [x])
+        client.register_system_shared_memory(names[0], f"/{names[0]}", x.nbytes)
+        client.register_system_shared_memory(names[1], f"/{names[1]}", want.nbytes)
+        inp = grpcclient.InferInput(inp.name(), list(x.shape), "FP32")
+        inp.set_shared_memory(names[0], x.nbytes)
+        requested = grpcclient.InferRequestedOutput(out)
+        requested.set_shared_memory(names[1], want.nbytes)
+        client.infer(EMULATED_MODEL, [inp], outputs=[requested])
+        got = shm.get_contents_as_numpy(regions[1], np.float32, list(want.shape))
+        assert np.array_equal(got, want)
+    finally:
+        client.unregister_system_shared_memory()
+        for r in regions:
+            shm.destroy_shared_memory_region(r)
+
+
 def _front(sc: SidecarProcess) -> psutil.Process:
     (proc,) = [p for p in psutil.Process(sc.proc.pid).children() if p.name() == "tritonserver"]
     return proc
@@ -136,8 +162,9 @@ def test_native_front_serves_the_planned_models_and_leaves_nothing(tmp_path: Pat
             with pytest.raises(InferenceServerException, match="unexpected shape|expected shape"):
                 native.infer(EMULATED_MODEL, [bad])
             assert np.array_equal(native.infer(EMULATED_MODEL, [inp]).as_numpy(out), want)  # still serving
+            _shm_round_trip(native, inp, x, out, want)  # Triton's own shared-memory API on the native port
             stats = own.get_inference_statistics(EMULATED_MODEL).model_stats[0]
-            assert stats.inference_count == 2 * 6  # the sidecar scheduled the native front's requests too
+            assert stats.inference_count == 2 * 7  # the sidecar scheduled the native front's requests too
         finally:
             sc.stop()
     assert not psutil.pid_exists(front.pid) and not port_in_use(port)
@@ -169,3 +196,20 @@ def test_a_killed_sidecar_takes_its_native_front_down(tmp_path: Path) -> None:
                 front.kill()
     reclaim_dirs()
     assert not list(Path(tempfile.gettempdir()).glob(f"{DIR_PREFIX}{pid}-*"))
+
+
+@pytest.mark.triton
+@pytest.mark.skipif(native_front.library() is None, reason="no C compiler here")
+def test_a_shed_request_gets_the_sidecars_error_through_the_native_front(tmp_path: Path) -> None:
+    deploy = build_emulated_deployment(tmp_path, slo_us=2_000.0)  # the pipeline alone takes longer
+    port = free_port("127.0.0.1")
+    with Deployment(deploy, check_hardware=False, log_dir=tmp_path / "logs"), \
+            SidecarProcess(manifest=deploy, log_path=tmp_path / "sidecar.log",
+                           extra_args=("--native-grpc-port", str(port))) as sc:
+        meta = grpcclient.InferenceServerClient(sc.grpc_url).get_model_metadata(EMULATED_MODEL)
+        shape = [1, *[int(d) for d in meta.inputs[0].shape[1:]]]
+        inp = grpcclient.InferInput(meta.inputs[0].name, shape, "FP32")
+        inp.set_data_from_numpy(np.zeros(shape, np.float32))
+        with pytest.raises(InferenceServerException) as e:
+            grpcclient.InferenceServerClient(f"127.0.0.1:{port}").infer(EMULATED_MODEL, [inp])
+        assert e.value.status() == "StatusCode.UNAVAILABLE" and "request shed" in e.value.message()

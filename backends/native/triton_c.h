@@ -78,6 +78,7 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceReportBatchStatistics(
     const uint64_t compute_start_ns, const uint64_t compute_end_ns, const uint64_t exec_end_ns);
 TRITONSERVER_Error* TRITONBACKEND_ModelInstanceSetState(TRITONBACKEND_ModelInstance* instance, void* state);
 TRITONSERVER_Error* TRITONBACKEND_ModelInstanceState(TRITONBACKEND_ModelInstance* instance, void** state);
+TRITONSERVER_Error* TRITONBACKEND_RequestId(TRITONBACKEND_Request* request, const char** id);
 TRITONSERVER_Error* TRITONBACKEND_RequestInputCount(TRITONBACKEND_Request* request, uint32_t* count);
 TRITONSERVER_Error* TRITONBACKEND_RequestInputByIndex(TRITONBACKEND_Request* request, const uint32_t index,
                                                       TRITONBACKEND_Input** input);

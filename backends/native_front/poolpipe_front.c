@@ -173,7 +173,7 @@ static void* read_answers(void* arg) {
   return NULL;
 }
 
-/* Append one request's frame (id, inputs, requested outputs) to ``w``; NULL or why it cannot be forwarded. */
+/* Append one request's frame (slot, inputs, requested outputs, the client's request id) to ``w``; NULL or why it cannot be forwarded. */
 static TRITONSERVER_Error* encode_request(writer_t* w, TRITONBACKEND_Request* request, uint32_t id) {
   size_t start = frame_begin(w);
   wr_u32(w, id);
@@ -217,6 +217,10 @@ static TRITONSERVER_Error* encode_request(writer_t* w, TRITONBACKEND_Request* re
     if (err != NULL) return err;
     wr_str(w, name);
   }
+  const char* rid = NULL;
+  err = TRITONBACKEND_RequestId(request, &rid);
+  if (err != NULL) return err;
+  wr_str(w, rid);
   frame_end(w, start);
   return NULL;
 }

@@ -81,6 +81,7 @@ def decode_request(model: str, frame: bytes) -> tuple[int, service_pb2.ModelInfe
         for _ in range(n_out):
             name, at = _str(frame, at)
             req.outputs.add(name=name)
+        req.id, at = _str(frame, at)
     except (struct.error, UnicodeDecodeError) as e:
         raise FrameError(f"bad request frame: {e}") from None
     return ident, req
