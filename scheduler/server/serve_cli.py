@@ -79,7 +79,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="also serve the planned models' inference on PORT through Triton's own gRPC front end (a "
                         "tritonserver whose models hand each request to this sidecar over a Unix socket: the "
                         "sidecar then spends no CPU on gRPC; its HTTP endpoint takes --native-http-port). The "
-                        "models planned at start; statistics, metrics, shared memory, traces and admin stay on "
+                        "models planned at start; client shared memory registered on PORT works there (Triton's "
+                        "own); the sidecar's statistics, metrics, traces, pass-through and admin stay on "
                         "--grpc-port/--http-port. Needs --manifest and a C compiler; not with --workers")
     p.add_argument("--native-http-port", type=int, default=0, metavar="PORT",
                    help="the native front end's KServe v2 HTTP port (default: a free port, logged at start)")
