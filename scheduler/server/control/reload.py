@@ -110,6 +110,11 @@ class ReloadablePlanned:
             self.on_arrival(request.model_name)
         return await self.current.infer(request, deadline_s)
 
+    def start(self, request: service_pb2.ModelInferRequest, deadline_s: float | None) -> asyncio.Future:
+        if self.on_arrival is not None:
+            self.on_arrival(request.model_name)
+        return self.current.start(request, deadline_s)
+
     @property
     def reloading(self) -> bool:
         return self._lock.locked()

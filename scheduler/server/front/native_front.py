@@ -10,12 +10,14 @@ traces) stays on the sidecar's own ports.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
+import grpc
 import psutil
 
 from backends import native_front
@@ -50,15 +52,15 @@ def reclaim_dirs(root: Path | None = None) -> list[Path]:
 
 
 class _Connection(asyncio.Protocol):
-    """One front model instance's socket: requests in, each answered when the router answers; the answers of one
-    loop iteration leave in one write."""
+    """One front model instance's socket: requests in, each submitted at once and answered from its future's
+    callback (no task per request); the answers of one loop iteration leave in one write."""
 
     def __init__(self, router: Router) -> None:
         self.router = router
         self.model: str | None = None
         self.buf = bytearray()
         self.out: list[bytes] = []
-        self.tasks: set[asyncio.Task] = set()
+        self.pending: set[asyncio.Future] = set()
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -68,29 +70,41 @@ class _Connection(asyncio.Protocol):
         self.buf += data
         frames, used = split_frames(self.buf)
         del self.buf[:used]
-        loop = asyncio.get_running_loop()
         try:
             for frame in frames:
                 if self.model is None:
                     self.model = decode_hello(frame)
                     log.info("event=native_front_connected model=%s", self.model)
                     continue
-                ident, request = decode_request(self.model, frame)
-                task = loop.create_task(self._answer(ident, request))
-                self.tasks.add(task)
-                task.add_done_callback(self.tasks.discard)
+                self._submit(*decode_request(self.model, frame))
         except FrameError as e:  # the backend answers what was pending with UNAVAILABLE
             log.error("event=native_front_bad_frame model=%s error=%s", self.model, e)
             self.transport.close()
 
-    async def _answer(self, ident: int, request) -> None:
+    def _submit(self, ident: int, request) -> None:
         try:
-            data = encode_answer(ident, await self.router.infer(request, None))
+            future = self.router.start_infer(request, None)
         except ServeError as e:
-            data = encode_error(ident, e.code, e.message)
-        except Exception as e:  # noqa: BLE001 - every request gets an answer
-            log.exception("event=native_front_error model=%s", self.model)
-            data = encode_error(ident, None, f"poolpipe sidecar: internal error: {e}")
+            self._send(encode_error(ident, e.code, e.message))
+            return
+        self.pending.add(future)
+        future.add_done_callback(functools.partial(self._answered, ident))
+
+    def _answered(self, ident: int, future: asyncio.Future) -> None:
+        self.pending.discard(future)
+        if future.cancelled():
+            self._send(encode_error(ident, grpc.StatusCode.CANCELLED, "the request was cancelled"))
+            return
+        error = future.exception()
+        if error is None:
+            self._send(encode_answer(ident, future.result()))
+        elif isinstance(error, ServeError):
+            self._send(encode_error(ident, error.code, error.message))
+        else:  # every request gets an answer
+            log.error("event=native_front_error model=%s error=%r", self.model, error)
+            self._send(encode_error(ident, None, f"poolpipe sidecar: internal error: {error}"))
+
+    def _send(self, data: bytes) -> None:
         if not self.out:
             asyncio.get_running_loop().call_soon(self._flush)
         self.out.append(data)
@@ -101,8 +115,8 @@ class _Connection(asyncio.Protocol):
         self.out.clear()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        for task in list(self.tasks):
-            task.cancel()
+        for future in list(self.pending):  # withdrawn: their samples are skipped when dispatched
+            future.cancel()
 
 
 class NativeFront:

@@ -3,6 +3,7 @@ pass-through Triton. Both front ends (gRPC, HTTP) translate to these calls and b
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable
@@ -57,6 +58,8 @@ class PlannedService(Protocol):
 
     async def infer(self, request: service_pb2.ModelInferRequest, deadline_s: float | None
                     ) -> service_pb2.ModelInferResponse: ...
+
+    def start(self, request: service_pb2.ModelInferRequest, deadline_s: float | None) -> asyncio.Future: ...
 
 
 class Router:
@@ -272,6 +275,31 @@ class Router:
         if self.is_planned(model):
             return await self._measured(model, "planned", self.planned.infer(request, deadline_s))
         return await self._measured(model, "passthrough", self.forward("ModelInfer", request, _left_s(deadline_s)))
+
+    def start_infer(self, request: service_pb2.ModelInferRequest, deadline_s: float | None) -> asyncio.Future:
+        """:meth:`infer`'s answer as a future, for a front end that answers from a callback (the native front end):
+        a planned model's request is submitted now and counted as infer counts it, without a task of its own."""
+        model = request.model_name
+        if not self.is_planned(model):
+            return asyncio.ensure_future(self.infer(request, deadline_s))
+        series = self.metrics.series(model, "planned")
+        series.requests.inc()
+        t0 = time.monotonic()
+        try:
+            future = self.planned.start(request, deadline_s)
+        except ServeError as e:
+            self.metrics.child(self.metrics.failures, model, e.code.name).inc()
+            raise
+        future.add_done_callback(lambda f: self._count(model, series, t0, f))
+        return future
+
+    def _count(self, model: str, series: Any, t0: float, future: asyncio.Future) -> None:
+        error = None if future.cancelled() else future.exception()
+        if isinstance(error, ServeError):
+            self.metrics.child(self.metrics.failures, model, error.code.name).inc()
+        elif error is None and not future.cancelled():
+            series.successes.inc()
+            series.latency.observe(time.monotonic() - t0)
 
     async def _forward_raw(self, data: bytes, deadline_s: float | None) -> bytes:
         try:

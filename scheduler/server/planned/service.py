@@ -322,10 +322,15 @@ class PlannedModels:
 
     async def infer(self, request: service_pb2.ModelInferRequest, deadline_s: float | None
                     ) -> service_pb2.ModelInferResponse:
+        return await _awaited(self.start(request, deadline_s))
+
+    def start(self, request: service_pb2.ModelInferRequest, deadline_s: float | None) -> asyncio.Future:
+        """Check and submit one request now; its answer (or ServeError) comes in the future returned. Raises
+        ServeError for a request refused at once. Cancelling the future withdraws the request."""
         if self._closing:
             raise shutting_down()
         if self.apps.has(request.model_name):
-            return await self.apps.infer(request, deadline_s, self.client_shm)
+            return asyncio.ensure_future(self.apps.infer(request, deadline_s, self.client_shm))
         model = self.models[request.model_name]
         t = now_us()  # before decoding the input: that time counts against the deadline too
         checked = check_request(request, model, self.client_shm)
@@ -338,7 +343,8 @@ class PlannedModels:
         if self.tracer.on:
             call.trace = self.tracer.start(model.name, request.id, t, {"poolpipe.rows": checked.batch,
                                                                         "triton.priority": checked.priority})
-        return await self._submit(call)
+        self._enqueue(call)
+        return call.future
 
     async def run_module(self, model_name: str, inputs: dict[str, np.ndarray], deadline_us: float,
                          request_id: str) -> dict[str, np.ndarray]:
@@ -352,9 +358,10 @@ class PlannedModels:
         call = ClientCall(model, service_pb2.ModelInferRequest(model_name=model_name, id=request_id), checked,
                           asyncio.get_running_loop().create_future(), now_us(), deadline_us, [None] * rows, rows,
                           internal=True)
-        return await self._submit(call)
+        self._enqueue(call)
+        return await _awaited(call.future)
 
-    async def _submit(self, call: ClientCall) -> Any:
+    def _enqueue(self, call: ClientCall) -> None:
         c = call.checked
         timeout = int(c.timeout_us or 0) if call.model.dynamic_batching.active else 0
         for row in range(c.batch):
@@ -362,10 +369,13 @@ class PlannedModels:
                                       timeout, counted=row == 0):
                 break  # refused (its queue is full): the call is answered; its other rows would be refused too
         self._kick_loop()
-        try:
-            return await call.future
-        except asyncio.CancelledError:  # the client went away: its samples are skipped when dispatched
-            if not call.future.done():
-                call.future.cancel()
-            raise
+
+
+async def _awaited(future: asyncio.Future) -> Any:
+    try:
+        return await future
+    except asyncio.CancelledError:  # the client went away: its samples are skipped when dispatched
+        if not future.done():
+            future.cancel()
+        raise
 
