@@ -87,6 +87,10 @@ class _Connection(asyncio.Protocol):
         except ServeError as e:
             self._send(encode_error(ident, e.code, e.message))
             return
+        except Exception as e:  # noqa: BLE001 - every request gets an answer, and the socket stays open
+            log.exception("event=native_front_error model=%s", self.model)
+            self._send(encode_error(ident, None, f"poolpipe sidecar: internal error: {e}"))
+            return
         self.pending.add(future)
         future.add_done_callback(functools.partial(self._answered, ident))
 
