@@ -62,10 +62,12 @@ def worker_command(args: argparse.Namespace, index: int, ports: tuple[int, ...])
     return cmd
 
 
-# serve's options worker_command passes on (or replaces); a new option must be added there and here (a test checks)
+# serve's options worker_command passes on (or replaces), or that serve refuses with --workers; a new option must be
+# added there and here (a test checks)
 PASSED_ON = frozenset({"manifest", "passthrough", "grpc_port", "http_port", "metrics_port", "bind", "policy",
                        "drain_timeout", "overheads_out", "front_us", "batch_log", "shard", "workers", "worker_of",
-                       "replan", "grpc_restricted_protocol", "http_restricted_api", "trace_config"})
+                       "replan", "grpc_restricted_protocol", "http_restricted_api", "trace_config",
+                       "native_grpc_port", "native_http_port"})  # the last two: refused (serve_cli._check_native)
 
 
 def worker_file(path: Path, index: int) -> Path:
