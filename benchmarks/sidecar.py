@@ -166,13 +166,14 @@ async def closed_loop(url: str, model: str, inputs: list, concurrency: int, dura
 
 
 def closed_loop_cores(url: str, pid: int, inputs: list, duration_s: float, concurrency: int = 64
-                      ) -> tuple[float, int, float]:
+                      ) -> tuple[float, int, float, float]:
     """The trivial model at ``concurrency`` outstanding on the server at ``url`` after a 1 s warm-up: (requests/s,
-    errors, cores its process ``pid`` and its children used meanwhile)."""
+    errors, cores its process ``pid`` and its children used meanwhile, cores of ``pid`` alone)."""
     asyncio.run(closed_loop(url, "trivial", inputs, concurrency, 1.0))
-    cpu0, t0 = cpu_seconds(pid), time.perf_counter()
+    cpu0, own0, t0 = cpu_seconds(pid), cpu_seconds(pid, recursive=False), time.perf_counter()
     rps, errors, _ = asyncio.run(closed_loop(url, "trivial", inputs, concurrency, duration_s))
-    return rps, errors, (cpu_seconds(pid) - cpu0) / (time.perf_counter() - t0)
+    wall = time.perf_counter() - t0
+    return rps, errors, (cpu_seconds(pid) - cpu0) / wall, (cpu_seconds(pid, recursive=False) - own0) / wall
 
 
 def p50_p99_ms(lat: list[float]) -> tuple[float, float]:
@@ -282,11 +283,11 @@ def main() -> int:
                 _, _, seq_bare = asyncio.run(closed_loop(bare_url, "trivial", [t_in], 1, duration))
         with Deployment(tdeploy, check_hardware=False, log_dir=work / "tlogs"), \
                 SidecarProcess(manifest=tdeploy, log_path=work / "tsidecar.log", extra_args=native_args()) as sc:
-            side_rps, side_err, side_cores = closed_loop_cores(sc.grpc_url, sc.proc.pid, [t_in], duration)
+            side_rps, side_err, side_cores, _ = closed_loop_cores(sc.grpc_url, sc.proc.pid, [t_in], duration)
             # the same sidecar through Triton's front end: its CPU counts the front tritonserver (a child)
             nat = closed_loop_cores(native_url(sc), sc.proc.pid, [t_in], duration) if NATIVE else None
         with bare_answerer() as (answerer_url, answerer_pid):  # the most any server on grpc.aio takes per core
-            floor_rps, _, floor_cores = closed_loop_cores(answerer_url, answerer_pid, [t_in], duration)
+            floor_rps, _, floor_cores, _ = closed_loop_cores(answerer_url, answerer_pid, [t_in], duration)
         workers = trivial_workers(work, tpath, trepo, t_in, duration)
 
     print("\n=== results ===")
@@ -334,11 +335,13 @@ def main() -> int:
           f"{floor_cores / floor_rps * 1e6:.0f} us per request, per core {floor_rps / floor_cores / direct_rps:.2f}x: "
           "the most a server on Python's gRPC stack takes here")
     if nat is not None:
-        n_rps, n_err, n_cores = nat
+        n_rps, n_err, n_cores, n_own = nat
         print(f"  through the native front end (serve --native-grpc-port: Triton's gRPC front end hands each request "
               f"to the sidecar over a Unix socket): {n_rps:.0f} req/s ({n_err} errors) using {n_cores:.2f} cores "
               f"(the sidecar and its front tritonserver); ratio {n_rps / direct_rps:.2f}x; per sidecar core "
-              f"{n_rps / n_cores / direct_rps:.2f}x ({n_cores / n_rps * 1e6:.0f} us of CPU per request)")
+              f"{n_rps / n_cores / direct_rps:.2f}x ({n_cores / n_rps * 1e6:.0f} us of CPU per request: "
+              f"{n_own / n_rps * 1e6:.0f} in the sidecar's process, {(n_cores - n_own) / n_rps * 1e6:.0f} in the "
+              "front tritonserver)")
     else:
         print("  native front end: not built here (no C compiler); skipped")
     w_rps, w_err, w_cores, w_direct, w_others, w_split = workers
