@@ -200,6 +200,28 @@ def test_a_killed_sidecar_takes_its_native_front_down(tmp_path: Path) -> None:
 
 @pytest.mark.triton
 @pytest.mark.skipif(native_front.library() is None, reason="no C compiler here")
+def test_a_killed_native_front_is_started_again(tmp_path: Path) -> None:
+    deploy = build_emulated_deployment(tmp_path, slo_us=3_000_000.0)
+    port, log = free_port("127.0.0.1"), tmp_path / "sidecar.log"
+    with Deployment(deploy, check_hardware=False, log_dir=tmp_path / "logs"), \
+            SidecarProcess(manifest=deploy, log_path=log, extra_args=("--native-grpc-port", str(port))) as sc:
+        meta = grpcclient.InferenceServerClient(sc.grpc_url).get_model_metadata(EMULATED_MODEL)
+        shape = [1, *[int(d) for d in meta.inputs[0].shape[1:]]]
+        inp = grpcclient.InferInput(meta.inputs[0].name, shape, "FP32")
+        inp.set_data_from_numpy(np.zeros(shape, np.float32))
+        first = _front(sc)
+        first.kill()
+        deadline = time.monotonic() + 60
+        while "event=native_front_restarted" not in log.read_text():
+            assert time.monotonic() < deadline, "the native front was not started again"
+            time.sleep(0.2)
+        assert _front(sc).pid != first.pid
+        grpcclient.InferenceServerClient(f"127.0.0.1:{port}").infer(EMULATED_MODEL, [inp])  # serving again
+    assert "event=native_front_exited status=-9" in log.read_text()
+
+
+@pytest.mark.triton
+@pytest.mark.skipif(native_front.library() is None, reason="no C compiler here")
 def test_a_shed_request_gets_the_sidecars_error_through_the_native_front(tmp_path: Path) -> None:
     deploy = build_emulated_deployment(tmp_path, slo_us=2_000.0)  # the pipeline alone takes longer
     port = free_port("127.0.0.1")

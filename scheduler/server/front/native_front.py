@@ -125,13 +125,20 @@ class _Connection(asyncio.Protocol):
 
 class NativeFront:
     """Start with ``await start()``, stop with ``await close()`` (the tritonserver by PID, then the socket and the
-    work directory)."""
+    work directory). A tritonserver that exits meanwhile is started again on the same ports (WATCH_S, doubling
+    back-off up to MAX_BACKOFF_S), one log line each."""
+
+    WATCH_S = 0.5
+    MAX_BACKOFF_S = 30.0
 
     def __init__(self, router: Router, bind: str, grpc_port: int, http_port: int = 0) -> None:
         self.router, self.bind, self.grpc_port, self.http_port = router, bind, grpc_port, http_port
         self.triton: TritonProcess | None = None
+        self.restarts = 0
         self._server: asyncio.AbstractServer | None = None
         self._dir: Path | None = None
+        self._watcher: asyncio.Task | None = None
+        self._closing = asyncio.Event()
 
     async def start(self, planned_configs: list) -> None:
         library = native_front.library()
@@ -154,8 +161,42 @@ class NativeFront:
             raise
         log.info("event=native_front_listening grpc=%s http=%s models=%d", self.triton.grpc_url,
                  self.triton.http_url, len(planned_configs))
+        self._watcher = asyncio.ensure_future(self._watch())
+
+    async def _watch(self) -> None:
+        """Start the tritonserver again when it exits (a crash, a kill): the native port is back within seconds.
+        Runs until close() sets ``_closing``; a restart under way finishes first, so none outlives close()."""
+        backoff = self.WATCH_S
+        while not await self._closing_within(self.WATCH_S):
+            if self.triton.proc is not None and self.triton.exited() is None:
+                backoff = self.WATCH_S
+                continue
+            log.error("event=native_front_exited status=%s restart_in_s=%.1f log=%s", self.triton.exited(), backoff,
+                      self.triton.log_path)
+            if await self._closing_within(backoff):
+                return
+            try:
+                await asyncio.to_thread(self.triton.stop)  # reaps it and removes what it left
+                await asyncio.to_thread(self.triton.start)
+            except (OSError, RuntimeError, TimeoutError, InputError) as e:
+                log.error("event=native_front_restart_failed error=%s", e)
+                backoff = min(2 * backoff, self.MAX_BACKOFF_S)
+                continue
+            self.restarts += 1
+            log.info("event=native_front_restarted grpc=%s restarts=%d", self.triton.grpc_url, self.restarts)
+
+    async def _closing_within(self, seconds: float) -> bool:
+        try:
+            await asyncio.wait_for(self._closing.wait(), seconds)
+        except asyncio.TimeoutError:
+            return False
+        return True
 
     async def close(self) -> None:
+        self._closing.set()
+        if self._watcher is not None:
+            await asyncio.gather(self._watcher, return_exceptions=True)
+            self._watcher = None
         if self.triton is not None:
             await asyncio.to_thread(self.triton.stop)
             self.triton = None
