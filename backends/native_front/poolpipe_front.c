@@ -40,13 +40,18 @@ static void drop(TRITONSERVER_Error* err) {
   if (err != NULL) TRITONSERVER_ErrorDelete(err);
 }
 
-/* Answer ``request`` with an error and release it. */
-static void fail(TRITONBACKEND_Request* request, TRITONSERVER_Error_Code code, const char* msg) {
+/* Answer ``request`` with ``err`` and release it. ResponseSend copies the error, so it is deleted here. */
+static void answer_error(TRITONBACKEND_Request* request, TRITONSERVER_Error* err) {
   TRITONBACKEND_Response* response = NULL;
   if (TRITONBACKEND_ResponseNew(&response, request) == NULL) {
-    drop(TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, TRITONSERVER_ErrorNew(code, msg)));
+    drop(TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, err));
   }
+  drop(err);
   drop(TRITONBACKEND_RequestRelease(request, TRITONSERVER_REQUEST_RELEASE_ALL));
+}
+
+static void fail(TRITONBACKEND_Request* request, TRITONSERVER_Error_Code code, const char* msg) {
+  answer_error(request, TRITONSERVER_ErrorNew(code, msg));
 }
 
 /* The request in slot ``id``, taken out (NULL if none). */
@@ -154,14 +159,10 @@ static void* read_answers(void* arg) {
     if (request == NULL) continue; /* answered already (cannot happen with a well-behaved sidecar) */
     TRITONSERVER_Error* err = respond(request, &rd);
     if (err != NULL) {
-      TRITONBACKEND_Response* response = NULL;
-      if (TRITONBACKEND_ResponseNew(&response, request) == NULL) {
-        drop(TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, err));
-      } else {
-        drop(err);
-      }
+      answer_error(request, err);
+    } else {
+      drop(TRITONBACKEND_RequestRelease(request, TRITONSERVER_REQUEST_RELEASE_ALL));
     }
-    drop(TRITONBACKEND_RequestRelease(request, TRITONSERVER_REQUEST_RELEASE_ALL));
   }
   free(buf);
   fail_all(c);
@@ -248,13 +249,9 @@ EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_Mode
     if (err != NULL) {
       w.len = mark; /* the half-written frame is dropped */
       if (take(c, id) != NULL) {
-        TRITONBACKEND_Response* response = NULL;
-        if (TRITONBACKEND_ResponseNew(&response, requests[r]) == NULL) {
-          drop(TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, err));
-        } else {
-          drop(err);
-        }
-        drop(TRITONBACKEND_RequestRelease(requests[r], TRITONSERVER_REQUEST_RELEASE_ALL));
+        answer_error(requests[r], err);
+      } else { /* the connection was lost meanwhile: fail_all answered it */
+        drop(err);
       }
     }
   }
