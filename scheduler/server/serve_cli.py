@@ -182,10 +182,10 @@ def _check_native(args: argparse.Namespace, ports: dict[str, int]) -> None:
     if args.workers > 1 or args.worker_of:
         raise InputError("--native-grpc-port and --workers do not combine: the native front end hands its "
                          "requests to one sidecar process")
-    native = {"--native-grpc-port": args.native_grpc_port, "--native-http-port": args.native_http_port}
+    native = {"--native-grpc-port": args.native_grpc_port}
+    if args.native_http_port:  # 0: a free port
+        native["--native-http-port"] = args.native_http_port
     for flag, port in native.items():
-        if port == 0 and flag == "--native-http-port":
-            continue
         if not 0 < port < 65536:
             raise InputError(f"{flag}: {port} is not a TCP port (1-65535)")
         if port in ports.values() or port_in_use(port, args.bind):

@@ -3,8 +3,8 @@
 A tritonserver whose models are the planned ones, served by the poolpipe_front backend (backends/native_front/),
 listens on the port; it receives, decodes and answers KServe v2 gRPC and HTTP requests natively and hands each one
 to this process over a Unix socket. Here each becomes a ModelInferRequest for the router, as from the gRPC front
-end, without grpc.aio's cost per call. Everything but inference (statistics, metrics, repository, shared memory,
-traces) stays on the sidecar's own ports.
+end, without grpc.aio's cost per call. Client shared memory registered on that port is Triton's own; the sidecar's
+statistics, metrics, repository, traces and pass-through stay on its own ports.
 """
 
 from __future__ import annotations
@@ -18,12 +18,11 @@ import tempfile
 from pathlib import Path
 
 import grpc
-import psutil
 
 from backends import native_front
 from model_repository_gen.front_models import write_front_repository
 from poolpipe_common.errors import InputError
-from runtime.tritonserver import TritonProcess
+from runtime.tritonserver import TritonProcess, pid_alive
 from scheduler.server.common.errors import ServeError
 from scheduler.server.front.native_frames import (
     FrameError,
@@ -45,7 +44,7 @@ def reclaim_dirs(root: Path | None = None) -> list[Path]:
     gone = []
     for d in Path(root or tempfile.gettempdir()).glob(DIR_PREFIX + "*"):
         pid = d.name[len(DIR_PREFIX):].split("-")[0]
-        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):  # as shm_pool.stale judges a region's owner
             shutil.rmtree(d, ignore_errors=True)
             gone.append(d)
     return gone

@@ -288,18 +288,21 @@ class Router:
         try:
             future = self.planned.start(request, deadline_s)
         except ServeError as e:
-            self.metrics.child(self.metrics.failures, model, e.code.name).inc()
+            self._count(model, series, t0, e)
             raise
-        future.add_done_callback(lambda f: self._count(model, series, t0, f))
+        def done(f: asyncio.Future) -> None:
+            if not f.cancelled():  # withdrawn by the front end: counted neither way, as a cancelled infer()
+                self._count(model, series, t0, f.exception())
+        future.add_done_callback(done)
         return future
 
-    def _count(self, model: str, series: Any, t0: float, future: asyncio.Future) -> None:
-        error = None if future.cancelled() else future.exception()
-        if isinstance(error, ServeError):
-            self.metrics.child(self.metrics.failures, model, error.code.name).inc()
-        elif error is None and not future.cancelled():
+    def _count(self, model: str, series: Any, t0: float, error: BaseException | None) -> None:
+        """Count one answered request (``error`` None) or one failed with a ServeError (other errors are not)."""
+        if error is None:
             series.successes.inc()
             series.latency.observe(time.monotonic() - t0)
+        elif isinstance(error, ServeError):
+            self.metrics.child(self.metrics.failures, model, error.code.name).inc()
 
     async def _forward_raw(self, data: bytes, deadline_s: float | None) -> bytes:
         try:
@@ -315,8 +318,7 @@ class Router:
         try:
             resp = await answer
         except ServeError as e:
-            self.metrics.child(self.metrics.failures, model, e.code.name).inc()
+            self._count(model, series, t0, e)
             raise
-        series.successes.inc()
-        series.latency.observe(time.monotonic() - t0)
+        self._count(model, series, t0, None)
         return resp
