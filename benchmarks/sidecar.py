@@ -46,6 +46,7 @@ from tritonclient.utils import InferenceServerException
 
 from backends import native_front
 from ensembles.triton_baseline import start_baseline, write_whole_model
+from loadtest.closed_loop import closed_loop, closed_loop_cores, cpu_seconds
 from loadtest.grpc_floor import bare_answerer, bare_proxy, chained_stage_calls
 from loadtest.open_loop import no_collector_pauses
 from model_repository_gen import triton_config as tc
@@ -134,58 +135,8 @@ def highest_sustained(targets: list[tuple[str, str]], model: str, inputs: list, 
     return best
 
 
-async def closed_loop(url: str, model: str, inputs: list, concurrency: int, duration_s: float,
-                      connections: int = 1) -> tuple[float, int, list[float]]:
-    """``concurrency`` requests always outstanding over ``connections`` gRPC connections; returns (requests/s,
-    errors, latencies in s)."""
-    clients = [grpcaio.InferenceServerClient(url, channel_args=[("grpc.use_local_subchannel_pool", 1)])
-               for _ in range(connections)]
-    done = errors = 0
-    lat: list[float] = []
-    end = time.perf_counter() + duration_s
-
-    async def worker(client: grpcaio.InferenceServerClient) -> None:
-        nonlocal done, errors
-        while time.perf_counter() < end:
-            t = time.perf_counter()
-            try:
-                await client.infer(model, inputs, client_timeout=10)
-                lat.append(time.perf_counter() - t)
-                done += 1
-            except InferenceServerException as e:
-                errors += 1
-                if errors == 1:
-                    print(f"  first error: {e}", flush=True)
-
-    t0 = time.perf_counter()
-    await asyncio.gather(*[worker(clients[i % connections]) for i in range(concurrency)])
-    elapsed = time.perf_counter() - t0
-    for client in clients:
-        await client.close()
-    return done / elapsed, errors, lat
-
-
-def closed_loop_cores(url: str, pid: int, inputs: list, duration_s: float, concurrency: int = 64
-                      ) -> tuple[float, int, float, float]:
-    """The trivial model at ``concurrency`` outstanding on the server at ``url`` after a 1 s warm-up: (requests/s,
-    errors, cores its process ``pid`` and its children used meanwhile, cores of ``pid`` alone)."""
-    asyncio.run(closed_loop(url, "trivial", inputs, concurrency, 1.0))
-    cpu0, own0, t0 = cpu_seconds(pid), cpu_seconds(pid, recursive=False), time.perf_counter()
-    rps, errors, _ = asyncio.run(closed_loop(url, "trivial", inputs, concurrency, duration_s))
-    wall = time.perf_counter() - t0
-    return rps, errors, (cpu_seconds(pid) - cpu0) / wall, (cpu_seconds(pid, recursive=False) - own0) / wall
-
-
 def p50_p99_ms(lat: list[float]) -> tuple[float, float]:
     return float(np.percentile(lat, 50) * 1e3), float(np.percentile(lat, 99) * 1e3)
-
-
-def cpu_seconds(pid: int, recursive: bool = True) -> float:
-    """CPU seconds of the process and of every process below it (serve --workers: the parent and its workers; a
-    tritonserver: its Python backend stubs)."""
-    procs = [psutil.Process(pid)]
-    procs += procs[0].children(recursive=True) if recursive else []
-    return sum(t.user + t.system for t in (p.cpu_times() for p in procs))
 
 
 def trivial_deployment(work: Path, gpus: int = 1) -> tuple[Path, Path]:
@@ -283,11 +234,11 @@ def main() -> int:
                 _, _, seq_bare = asyncio.run(closed_loop(bare_url, "trivial", [t_in], 1, duration))
         with Deployment(tdeploy, check_hardware=False, log_dir=work / "tlogs"), \
                 SidecarProcess(manifest=tdeploy, log_path=work / "tsidecar.log", extra_args=native_args()) as sc:
-            side_rps, side_err, side_cores, _ = closed_loop_cores(sc.grpc_url, sc.proc.pid, [t_in], duration)
+            side_rps, side_err, side_cores, _ = closed_loop_cores(sc.grpc_url, "trivial", sc.proc.pid, [t_in], duration)
             # the same sidecar through Triton's front end: its CPU counts the front tritonserver (a child)
-            nat = closed_loop_cores(native_url(sc), sc.proc.pid, [t_in], duration) if NATIVE else None
+            nat = closed_loop_cores(native_url(sc), "trivial", sc.proc.pid, [t_in], duration) if NATIVE else None
         with bare_answerer() as (answerer_url, answerer_pid):  # the most any server on grpc.aio takes per core
-            floor_rps, _, floor_cores, _ = closed_loop_cores(answerer_url, answerer_pid, [t_in], duration)
+            floor_rps, _, floor_cores, _ = closed_loop_cores(answerer_url, "trivial", answerer_pid, [t_in], duration)
         workers = trivial_workers(work, tpath, trepo, t_in, duration)
 
     print("\n=== results ===")
