@@ -1,9 +1,10 @@
-"""What one stage call costs the sidecar's process: unary ``ModelInfer`` (what the sidecar sends) against one
-bidirectional ``ModelStreamInfer`` stream per server (issue 24's candidate), both on grpc.aio, side by side in one
-run on one tritonserver serving a trivial model (a Relu on 16 floats, so the server's work is negligible).
+"""What one stage call costs the sidecar's process: unary ``ModelInfer`` on grpc.aio (``serve --stage-protocol
+grpc``), one bidirectional ``ModelStreamInfer`` stream per server on grpc.aio, and the sidecar's own HTTP stage
+client (``scheduler/server/planned/stage_http.py``, the default), side by side in one run on one tritonserver
+serving a trivial model (a Relu on 16 floats, so the server's work is negligible).
 
 Printed per transport and number of calls in flight: the calling process's CPU per call (its event loop and
-grpc.aio's polling thread, ``time.process_time``) and the wall time per call, then the ratios stream / unary. The
+grpc.aio's polling thread, ``time.process_time``) and the wall time per call, then the ratios to unary. The
 sidecar keeps a handful of stage calls in flight per server (one per vGPU batch), so 1 and 4 are measured.
 
     python -P benchmarks/stage_calls.py            # 3,000 calls per row, two rounds (about 20 s)
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -25,6 +27,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from ensembles.triton_baseline import start_baseline, write_whole_model
 from runtime.testbed import write_trivial_onnx
+from scheduler.server.planned.stage_http import HttpStageClient
 
 Call = Callable[[service_pb2.ModelInferRequest], Awaitable[None]]
 
@@ -92,6 +95,27 @@ async def stream(url: str, n: int, in_flight: int) -> tuple[float, float]:
             reader.cancel()
 
 
+async def http(url: str, n: int, in_flight: int) -> tuple[float, float]:
+    """The sidecar's HTTP stage client on the same batch of 3 (binary tensors, kept-open connections)."""
+    client = HttpStageClient(url)
+    data = np.ones((3, 16), np.float32).tobytes()
+    head = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [3, 16],
+                                   "parameters": {"binary_data_size": len(data)}}],
+                       "outputs": [{"name": "y", "parameters": {"binary_data": True}}]}).encode()
+
+    async def call(req: service_pb2.ModelInferRequest) -> None:
+        out = await client.infer("trivial", head, [data], 10.0)
+        if len(out["y"][1]) != len(data):
+            raise RuntimeError(f"HTTP answer of {len(out['y'][1])} bytes")
+    try:
+        return await _measure(call, n, in_flight)
+    finally:
+        client.close()
+
+
+TRANSPORTS = {"unary": unary, "stream": stream, "http": http}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--calls", type=int, default=3000, help="calls per row")
@@ -104,20 +128,22 @@ def main(argv: list[str] | None = None) -> None:
         work = Path(tmp)
         write_whole_model(work / "repo", write_trivial_onnx(work / "trivial.onnx"), "trivial", 32)
         with start_baseline(work / "repo", log_path=work / "triton.log") as triton:
-            print(f"stage calls to one tritonserver (trivial model, batch of 3), grpc.aio, {args.calls} calls per row; "
+            print(f"stage calls to one tritonserver (trivial model, batch of 3), {args.calls} calls per row; "
                   "µs per call of the calling process")
             print(f"{'in flight':>9} {'transport':<9} {'CPU':>7} {'wall':>7}")
             ratios = []
             for in_flight in (1, 4):
-                got: dict[str, list[tuple[float, float]]] = {"unary": [], "stream": []}
+                got: dict[str, list[tuple[float, float]]] = {k: [] for k in TRANSPORTS}
                 for _ in range(args.rounds):
-                    for name, fn in (("unary", unary), ("stream", stream)):
-                        cpu, wall = asyncio.run(fn(triton.grpc_url, args.calls, in_flight))
+                    for name, fn in TRANSPORTS.items():
+                        url = triton.http_url if name == "http" else triton.grpc_url
+                        cpu, wall = asyncio.run(fn(url, args.calls, in_flight))
                         got[name].append((cpu, wall))
                         print(f"{in_flight:>9} {name:<9} {cpu:7.0f} {wall:7.0f}", flush=True)
-                u, s = (np.mean(got[k], axis=0) for k in ("unary", "stream"))
-                ratios.append(f"{in_flight} in flight: CPU {s[0] / u[0]:.2f}x, wall {s[1] / u[1]:.2f}x")
-            print("stream / unary (means): " + "; ".join(ratios))
+                u, st, h = (np.mean(got[k], axis=0) for k in TRANSPORTS)
+                ratios.append(f"{in_flight} in flight: stream CPU {st[0] / u[0]:.2f}x, wall {st[1] / u[1]:.2f}x; "
+                              f"http CPU {h[0] / u[0]:.2f}x, wall {h[1] / u[1]:.2f}x")
+            print("to unary (means): " + "; ".join(ratios))
 
 
 if __name__ == "__main__":

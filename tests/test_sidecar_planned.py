@@ -104,7 +104,7 @@ def test_answers_equal_onnxruntime_over_grpc_and_http(testbed: dict) -> None:
     np.testing.assert_allclose(res.as_numpy("logits"), _ref(testbed, _x(1, 3)), atol=1e-4)
     m = _metrics(sc)
     assert _metric(m, "poolpipe_sidecar_hops_total", 'kind="shm"') > 0   # hostA -> hostA through shm
-    assert _metric(m, "poolpipe_sidecar_hops_total", 'kind="grpc"') > 0  # hostA -> hostB over gRPC
+    assert _metric(m, "poolpipe_sidecar_hops_total", 'kind="http"') > 0  # hostA -> hostB as bytes (stage calls: HTTP)
     assert g.get_inference_statistics(MODEL).model_stats[0].inference_stats.success.count >= 5
     stages = [json.loads(line) for line in (testbed["work"] / "batches.jsonl").read_text().splitlines()]
     vgpus = {v.id for v in testbed["manifest"].vgpus}

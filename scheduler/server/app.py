@@ -49,6 +49,7 @@ class SidecarConfig:
     group: WorkerGroup | None = None  # a worker of serve --workers N (scheduler/server/workers.py), else None
     native_grpc_port: int | None = None  # serve --native-grpc-port: Triton's front end for the planned models
     native_http_port: int = 0
+    stage_protocol: str = "http"  # serve --stage-protocol: how stage calls reach the Triton servers
 
 
 class Sidecar:
@@ -81,7 +82,8 @@ class Sidecar:
 
             def open_plan(path: Path, generation: int = 0) -> Awaitable[PlannedModels]:
                 return PlannedModels.create(path, c.policy, self.metrics, self.client_shm, c.batch_log,
-                                            c.overheads_out, c.shard, generation, self.tracer, c.front_us)
+                                            c.overheads_out, c.shard, generation, self.tracer, c.front_us,
+                                            c.stage_protocol)
             self.planned = ReloadablePlanned(await open_plan(c.manifest), c.manifest, open_plan)
             if c.replan is not None:
                 from scheduler.server.control.replanner import AutoReplanner, load_settings  # noqa: PLC0415

@@ -60,6 +60,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "to the handler, the answer's way back); each deadline comes this much before the SLO so "
                         "that the client's own latency meets it (default: %(default)g, chosen from loopback runs "
                         "with a Python tritonclient at ~400 req/s; raise it for clients across a network)")
+    p.add_argument("--stage-protocol", choices=("http", "grpc"), default="http",
+                   help="how the sidecar calls the planned models' Triton servers: http (KServe v2 REST with binary "
+                        "tensors on kept-open connections; about half the sidecar's CPU per call of grpc) or grpc "
+                        "(for servers started with --allow-http=false); health checks and shared-memory "
+                        "registration use gRPC either way (default: %(default)s)")
     p.add_argument("--batch-log", type=Path, metavar="FILE",
                    help="append one JSON line per executed stage (dispatch, vGPU, batch, measured start/end)")
     p.add_argument("--shard", metavar="I/N",
@@ -168,7 +173,7 @@ def config_from_args(args: argparse.Namespace):  # -> SidecarConfig
                          grpc_restricted=tuple(args.grpc_restricted_protocol),
                          http_restricted=tuple(args.http_restricted_api),
                          trace=trace, group=args.worker_of, native_grpc_port=args.native_grpc_port,
-                         native_http_port=args.native_http_port)
+                         native_http_port=args.native_http_port, stage_protocol=args.stage_protocol)
 
 
 def _check_native(args: argparse.Namespace, ports: dict[str, int]) -> None:

@@ -50,7 +50,7 @@ def worker_command(args: argparse.Namespace, index: int, ports: tuple[int, ...])
            "--worker-of", f"{index}:{','.join(map(str, ports))}"]
     if args.passthrough:
         cmd += ["--passthrough", args.passthrough]
-    cmd += ["--front-us", repr(args.front_us)]
+    cmd += ["--front-us", repr(args.front_us), "--stage-protocol", args.stage_protocol]
     if args.batch_log:
         cmd += ["--batch-log", str(args.batch_log)]  # one file: each line is one append
     if args.overheads_out:
@@ -65,8 +65,8 @@ def worker_command(args: argparse.Namespace, index: int, ports: tuple[int, ...])
 # serve's options worker_command passes on (or replaces), or that serve refuses with --workers; a new option must be
 # added there and here (a test checks)
 PASSED_ON = frozenset({"manifest", "passthrough", "grpc_port", "http_port", "metrics_port", "bind", "policy",
-                       "drain_timeout", "overheads_out", "front_us", "batch_log", "shard", "workers", "worker_of",
-                       "replan", "grpc_restricted_protocol", "http_restricted_api", "trace_config",
+                       "drain_timeout", "overheads_out", "front_us", "stage_protocol", "batch_log", "shard", "workers",
+                       "worker_of", "replan", "grpc_restricted_protocol", "http_restricted_api", "trace_config",
                        "native_grpc_port", "native_http_port"})  # the last two: refused (serve_cli._check_native)
 
 

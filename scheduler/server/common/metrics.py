@@ -99,7 +99,7 @@ class SidecarMetrics:
         for v in vgpus:
             self.vgpu_busy.labels(v)
             self.vgpu_up.labels(v)
-        for kind in ("shm", "grpc"):
+        for kind in ("shm", "http", "grpc"):
             self.hops.labels(kind)
 
     def finished(self, model: str, met_slo: bool) -> None:

@@ -28,10 +28,11 @@ from scheduler.server.common.metrics import SidecarMetrics
 from scheduler.server.common.tracing import DispatchTraces, Tracer
 from scheduler.server.planned.batch_log import BatchLog
 from scheduler.server.planned.calls import Answers, Sample, now_us, shutting_down
-from scheduler.server.planned.fleet import Fleet
+from scheduler.server.planned.fleet import Fleet, VGpuServer
 from scheduler.server.planned.lead import LeadLearner
 from scheduler.server.planned.overhead_meter import OverheadMeter
 from scheduler.server.planned.shm_pool import Region
+from scheduler.server.planned.stage_http import StageCallError, encode_call
 from scheduler.server.planned.stage_io import (
     HopTensor,
     StageFault,
@@ -164,7 +165,8 @@ class LiveExecutor:
                     step = report(StageOutcome(d, k, now_us(), gave_up=True))  # its reservations go back
                     break
                 nxt = d.stages[k + 1].vgpu if k + 1 < len(d.stages) else None
-                hop = None if a.stage == 0 or not hops else "shm" if hops[0].region is not None else "grpc"
+                hop = (None if a.stage == 0 or not hops else "shm" if hops[0].region is not None
+                       else self.fleet.stage_protocol)
                 if hop is not None:
                     self.metrics.child(self.metrics.hops, hop).inc()
                 hops, timing = await self.run_stage(a.vgpu, pipe.stages[a.stage], hops, nxt, deadline_us,
@@ -242,10 +244,10 @@ class LiveExecutor:
         return first
 
     def _on_fault(self, report: Report, d: Dispatch, k: int, fault: StageFault, live: list[Sample]) -> None:
-        code = fault.error.code()
+        code = fault.code
         # A server restarted between health checks has lost our shm registrations: treat it as down; the
         # health loop registers the pool again when it rejoins.
-        lost_shm = "shared memory" in (fault.error.details() or "")
+        lost_shm = "shared memory" in (fault.details or "")
         if (code in CLIENT_FAULTS and not lost_shm) or code == grpc.StatusCode.DEADLINE_EXCEEDED:
             # The request is wrong, or the server answered too slowly (overload, not down: the call's
             # timeout is the deadline plus a second): fail the batch, keep the vGPU.
@@ -254,11 +256,11 @@ class LiveExecutor:
                                                                  "past the request's deadline (server overloaded)")
                    if code == grpc.StatusCode.DEADLINE_EXCEEDED else
                    ServeError(grpc.StatusCode.INTERNAL, f"stage {fault.vgpu} of pipeline {d.pipeline_id} rejected "
-                                                        f"the batch: {fault.error.details()}"))
+                                                        f"the batch: {fault.details}"))
             for s in live:
                 self.answers.fail(s.call, err)
             return
-        self.fleet.set_up(self.fleet.servers[fault.vgpu], False, f"{code.name}: {fault.error.details()}")
+        self.fleet.set_up(self.fleet.servers[fault.vgpu], False, f"{code.name}: {fault.details}")
         retried = report(StageOutcome(d, k, now_us(), failed=f"Triton server of vGPU {fault.vgpu} failed ({code.name})",
                                       wanted=live)).retried
         if retried:
@@ -278,18 +280,16 @@ class LiveExecutor:
         out_region = None
         if next_vgpu is not None and self.fleet.shares_pool(vgpu, next_vgpu):
             out_region = await self.fleet.take_region(srv.host)
-        req, offsets = infer_request(stage, inputs, out_region, batch, request_id)
         timeout = max(deadline_us - now_us(), 0.0) / 1e6 + 1.0
         t_send = now_us()
         try:
-            resp = await srv.stub.ModelInfer(req, timeout=timeout)
+            raw, offsets = await self._call(srv, stage, inputs, out_region, batch, request_id, timeout)
             t_recv = now_us()
-        except grpc.aio.AioRpcError as e:
+        except StageCallError as e:
             if out_region is not None:
                 self.fleet.give_region(out_region)
-            raise StageFault(vgpu, e) from None
+            raise StageFault(vgpu, e.code, e.details) from None
         self.release(inputs)
-        raw = raw_outputs(resp, set(offsets))
         outputs = self._outputs(stage, raw, batch, out_region, offsets)
         start, end = raw.get(COMPUTE_START_OUTPUT), raw.get(COMPUTE_END_OUTPUT)
         if start is None or end is None:
@@ -297,6 +297,22 @@ class LiveExecutor:
         s_us = wall_ns_to_mono_us(float(min(memoryview(start[1]).cast("q"))))  # INT64, one per row
         e_us = wall_ns_to_mono_us(float(max(memoryview(end[1]).cast("q"))))
         return outputs, StageTiming(t_ready, t_send, s_us, e_us, t_recv)
+
+    @staticmethod
+    async def _call(srv: VGpuServer, stage: StageInfo, inputs: list[HopTensor], out_region: Region | None,
+                    batch: int, request_id: str, timeout: float
+                    ) -> tuple[dict[str, tuple[list[int], bytes]], dict[str, int]]:
+        """One inference on the server, over HTTP where the fleet opened it (the cheaper path), else gRPC: its
+        outputs by name (shape, bytes) and each shm output's offset; a StageCallError on failure."""
+        if srv.http is not None:
+            head, binary, offsets = encode_call(stage, inputs, out_region, batch, request_id)
+            return await srv.http.infer(stage.triton_model, head, binary, timeout), offsets
+        req, offsets = infer_request(stage, inputs, out_region, batch, request_id)
+        try:
+            resp = await srv.stub.ModelInfer(req, timeout=timeout)
+        except grpc.aio.AioRpcError as e:
+            raise StageCallError(e.code(), e.details() or "") from None
+        return raw_outputs(resp, set(offsets)), offsets
 
     def _outputs(self, stage: StageInfo, raw: dict[str, tuple[list[int], bytes]], batch: int,
                  out_region: Region | None, offsets: dict[str, int]) -> list[HopTensor]:

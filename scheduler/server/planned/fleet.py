@@ -1,5 +1,6 @@
-"""The fleet of Triton servers behind the sidecar: one gRPC connection per vGPU, health, and the
-shared-memory pools (one per machine) registered with every server of that machine."""
+"""The fleet of Triton servers behind the sidecar: one gRPC connection per vGPU (health, shared memory), HTTP
+connections for its stage calls, and the shared-memory pools (one per machine) registered with every server of
+that machine."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from model_repository_gen.manifest import Manifest, PipelineInfo
 from scheduler.server.common.channels import GRPC_OPTIONS
 from scheduler.server.planned.shm_pool import HostPool, Region, align, stale
+from scheduler.server.planned.stage_http import HttpStageClient
 
 log = logging.getLogger("poolpipe.sidecar.fleet")
 
@@ -62,6 +64,7 @@ class VGpuServer:
     models: tuple[str, ...]
     channel: grpc.aio.Channel
     stub: service_pb2_grpc.GRPCInferenceServiceStub
+    http: HttpStageClient | None = None  # stage calls go here when set (serve --stage-protocol http)
     up: bool = True
     registered: set[str] = field(default_factory=set)
 
@@ -70,8 +73,9 @@ class Fleet:
     """Connections, health and shm pools; tells ``on_change(vgpu, up, why)`` when a server leaves or rejoins."""
 
     def __init__(self, manifest: Manifest, on_change: Callable[[VGpuServer, bool, str], None],
-                 generation: int = 0) -> None:
+                 generation: int = 0, stage_protocol: str = "http") -> None:
         self.manifest = manifest
+        self.stage_protocol = stage_protocol  # how stage calls travel: "http" or "grpc" (health, shm: gRPC)
         self.generation = generation  # > 0: loaded by a reload (its shm regions are named apart)
         self.machine = machines(manifest)
         self.on_change = on_change
@@ -92,7 +96,8 @@ class Fleet:
             ch = grpc.aio.insecure_channel(g.grpc_url, options=CHANNEL_OPTIONS)
             self.servers[g.id] = VGpuServer(g.id, self.machine[g.host], g.grpc_url,
                                             tuple(sorted(models_on.get(g.id, ()))), ch,
-                                            service_pb2_grpc.GRPCInferenceServiceStub(ch))
+                                            service_pb2_grpc.GRPCInferenceServiceStub(ch),
+                                            HttpStageClient(g.http_url) if self.stage_protocol == "http" else None)
         self._build_pools()
         ups = await asyncio.gather(*[self.bring_up(srv) for srv in self.servers.values()])
         for srv, ok in zip(self.servers.values(), ups):
@@ -231,4 +236,6 @@ class Fleet:
             pool.destroy()
         for srv in self.servers.values():
             await srv.channel.close()
+            if srv.http is not None:
+                srv.http.close()
         return removed

@@ -55,7 +55,7 @@ class PlannedModels:
 
     def __init__(self, manifest: Manifest, policy: str, metrics: SidecarMetrics, client_shm: ClientShmRegistry,
                  batch_log: Path | None = None, overheads_out: Path | None = None, generation: int = 0,
-                 tracer: Tracer | None = None, front_us: float = 0.0) -> None:
+                 tracer: Tracer | None = None, front_us: float = 0.0, stage_protocol: str = "http") -> None:
         self.manifest = manifest
         # serve --front-us: a request's way outside the sidecar's clock; its deadline comes that much before the SLO
         self.front_us = front_us
@@ -72,7 +72,7 @@ class PlannedModels:
         self.answers = Answers(metrics, list(self.models) + apps, client_shm, tracer=self.tracer)
         self.apps = Applications(manifest.applications, self.answers, self.run_module, front_us)
         self._kick = asyncio.Event()
-        self.fleet = Fleet(manifest, self._vgpu_changed, generation)
+        self.fleet = Fleet(manifest, self._vgpu_changed, generation, stage_protocol)
         self.executor = LiveExecutor(self.fleet, self.models, self.pipelines, self.answers, metrics, self._kick_loop,
                                      self._lead_learned, BatchLog(batch_log) if batch_log else None,
                                      padded_models(manifest.applications), self.tracer)
@@ -94,9 +94,10 @@ class PlannedModels:
     async def create(cls, manifest_path: Path, policy: str, metrics: SidecarMetrics, client_shm: ClientShmRegistry,
                      batch_log: Path | None = None, overheads_out: Path | None = None,
                      shard: tuple[int, int] = (0, 1), generation: int = 0,
-                     tracer: Tracer | None = None, front_us: float = 0.0) -> "PlannedModels":
+                     tracer: Tracer | None = None, front_us: float = 0.0, stage_protocol: str = "http"
+                     ) -> "PlannedModels":
         self = cls(manifest_shard(load_manifest(manifest_path), *shard), policy, metrics, client_shm, batch_log,
-                   overheads_out, generation, tracer, front_us)
+                   overheads_out, generation, tracer, front_us, stage_protocol)
         removed = remove_stale_regions()
         await self.fleet.connect()
         log_reclaimed(removed, self.fleet.reclaimed)

@@ -52,10 +52,11 @@ class StageTiming:
 
 
 class StageFault(Exception):
-    def __init__(self, vgpu: str, error: grpc.aio.AioRpcError) -> None:
-        super().__init__(f"{vgpu}: {error.code().name}: {error.details()}")
-        self.vgpu = vgpu
-        self.error = error
+    """A stage call to ``vgpu`` that failed, in gRPC's status terms whichever protocol carried it."""
+
+    def __init__(self, vgpu: str, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"{vgpu}: {code.name}: {details}")
+        self.vgpu, self.code, self.details = vgpu, code, details
 
 
 def stacked(rows: list[Any], pad_bytes: int = 0) -> bytes:
@@ -71,6 +72,17 @@ def row_of(outputs: dict[str, tuple[bytes, int]], i: int) -> dict[str, bytes]:
     return {n: data[i * rb:(i + 1) * rb] for n, (data, rb) in outputs.items()}
 
 
+def output_offsets(stage: StageInfo, out_region: Region | None, batch: int) -> dict[str, int]:
+    """Where each boundary output of a ``batch`` goes in ``out_region`` (aligned, back to back); {} without one."""
+    if out_region is None:
+        return {}
+    offsets, off = {}, 0
+    for spec in stage.outputs:
+        offsets[spec.name] = off
+        off += align(spec.bytes_per_request() * batch)
+    return offsets
+
+
 def infer_request(stage: StageInfo, inputs: list[HopTensor], out_region: Region | None, batch: int,
                    request_id: str) -> tuple[service_pb2.ModelInferRequest, dict[str, int]]:
     """The stage's ModelInferRequest: inputs as bytes or shm references, outputs (to shm where given) and
@@ -84,17 +96,13 @@ def infer_request(stage: StageInfo, inputs: list[HopTensor], out_region: Region 
             t.parameters["shared_memory_offset"].int64_param = h.offset
         else:
             req.raw_input_contents.append(h.data)  # type: ignore[arg-type]
-    offsets: dict[str, int] = {}
-    off = 0
+    offsets = output_offsets(stage, out_region, batch)
     for spec in stage.outputs:
         o = req.outputs.add(name=spec.name)
         if out_region is not None:
-            size = spec.bytes_per_request() * batch
             o.parameters["shared_memory_region"].string_param = out_region.name
-            o.parameters["shared_memory_byte_size"].int64_param = size
-            o.parameters["shared_memory_offset"].int64_param = off
-            offsets[spec.name] = off
-            off += align(size)
+            o.parameters["shared_memory_byte_size"].int64_param = spec.bytes_per_request() * batch
+            o.parameters["shared_memory_offset"].int64_param = offsets[spec.name]
     for n in TIMING_OUTPUTS:
         req.outputs.add(name=n)
     return req, offsets
