@@ -24,10 +24,15 @@ from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
 from backends import native_front
+from model_repository_gen.manifest import ModelInfo
 from poolpipe_common.net import free_port, port_in_use
+from poolpipe_common.tensors import TensorSpec
 from runtime.launch import Deployment
 from runtime.sidecar_process import SidecarProcess
 from runtime.testbed import EMULATED_MODEL, build_emulated_deployment
+from scheduler.server.common.client_shm import ClientShmRegistry
+from scheduler.server.common.errors import ServeError
+from scheduler.server.common.wire import DecodedRequest
 from scheduler.server.front.native_frames import (
     HELLO_ID,
     FrameError,
@@ -38,6 +43,7 @@ from scheduler.server.front.native_frames import (
     split_frames,
 )
 from scheduler.server.front.native_front import DIR_PREFIX, reclaim_dirs
+from scheduler.server.planned.validate import check_decoded, check_request
 from tests.conftest import run_cli
 
 
@@ -62,9 +68,12 @@ def test_frames_carry_requests_and_answers_and_refuse_what_does_not_parse() -> N
     assert len(frames) == 2 and used == len(stream) - 2  # the partial third frame waits for its bytes
     assert decode_hello(frames[0]) == "m"
     ident, req = decode_request("m", frames[1])
-    assert ident == 7 and req.model_name == "m" and [o.name for o in req.outputs] == ["y"] and req.id == "req-7"
-    assert (req.inputs[0].name, req.inputs[0].datatype, list(req.inputs[0].shape)) == ("x", "FP32", [2, 3])
-    assert np.array_equal(np.frombuffer(req.raw_input_contents[0], np.float32).reshape(2, 3), x)
+    assert ident == 7 and req.model_name == "m" and req.outputs == ("y",) and req.id == "req-7"
+    assert req.inputs[0][:3] == ("x", "FP32", (2, 3))
+    assert np.array_equal(np.frombuffer(req.inputs[0][3], np.float32).reshape(2, 3), x)
+    proto = req.to_proto()  # what the gRPC front end would have decoded (application models take it)
+    assert (proto.id, proto.inputs[0].name, list(proto.inputs[0].shape), proto.outputs[0].name) == \
+        ("req-7", "x", [2, 3], "y") and proto.raw_input_contents[0] == x.tobytes()
     with pytest.raises(FrameError, match="not a hello"):
         decode_hello(frames[1])
     with pytest.raises(FrameError, match="bad request frame|past the frame"):
@@ -235,3 +244,29 @@ def test_a_shed_request_gets_the_sidecars_error_through_the_native_front(tmp_pat
         with pytest.raises(InferenceServerException) as e:
             grpcclient.InferenceServerClient(f"127.0.0.1:{port}").infer(EMULATED_MODEL, [inp])
         assert e.value.status() == "StatusCode.UNAVAILABLE" and "request shed" in e.value.message()
+
+
+def test_a_request_triton_checked_is_taken_as_the_full_check_takes_it() -> None:
+    """check_decoded gives what check_request gives; what does not match the model (a reload changed it) gets
+    check_request's own Triton-worded error."""
+    model = ModelInfo("m", 1e5, 4, (TensorSpec("x", "FP32", (3,)),),
+                      (TensorSpec("y", "FP32", (3,)), TensorSpec("z", "INT64", (1,))), ())
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    registry = ClientShmRegistry()
+    for outputs in ((), ("z",), ("z", "y")):
+        req = DecodedRequest("m", "r", (("x", "FP32", (2, 3), x.tobytes()),), outputs)
+        fast, full = check_decoded(req, model, registry), check_request(req.to_proto(), model, registry)
+        assert (fast.batch, fast.timeout_us, fast.priority, fast.outputs) == \
+            (full.batch, full.timeout_us, full.priority, full.outputs)
+        assert fast.batch == 2 and np.array_equal(fast.inputs["x"], full.inputs["x"])
+    wrong = {"unexpected shape for input 'x'": ("x", "FP32", (2, 4), bytes(32)),
+             "data-type is 'FP16'": ("x", "FP16", (2, 3), bytes(12)),
+             "unexpected inference input 'w'": ("w", "FP32", (2, 3), bytes(24)),
+             "input byte size mismatch": ("x", "FP32", (2, 3), bytes(20)),
+             "batch-size must be <= 4": ("x", "FP32", (5, 3), bytes(60))}
+    for message, tensor in wrong.items():
+        with pytest.raises(ServeError, match=message) as e:
+            check_decoded(DecodedRequest("m", "r", (tensor,), ()), model, registry)
+        assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(ServeError, match="unexpected inference output 'q'"):
+        check_decoded(DecodedRequest("m", "r", (("x", "FP32", (2, 3), x.tobytes()),), ("q",)), model, registry)

@@ -1,7 +1,10 @@
 """KServe v2 inference requests as they arrive on the wire: the model name read from the serialized bytes without
-decoding the tensors, so that a pass-through request is forwarded as received (no protobuf decode, no re-encode)."""
+decoding the tensors, so that a pass-through request is forwarded as received (no protobuf decode, no re-encode);
+and a request Triton's own front end decoded (the native front end), which needs no protobuf message at all."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2
@@ -71,3 +74,24 @@ def parse_request(data: bytes) -> service_pb2.ModelInferRequest:
 def serialize_response(resp: service_pb2.ModelInferResponse | bytes) -> bytes:
     """A response built here, or one forwarded from Triton as it came (already bytes)."""
     return resp if isinstance(resp, bytes) else resp.SerializeToString()
+
+
+@dataclass(frozen=True)
+class DecodedRequest:
+    """A request that Triton's own front end decoded and checked against this model's configuration (the native
+    front end, scheduler/server/front/native_front.py): raw tensors, no protobuf message to build and walk."""
+
+    model_name: str
+    id: str
+    inputs: tuple[tuple[str, str, tuple[int, ...], bytes], ...]  # (name, datatype, shape, raw bytes)
+    outputs: tuple[str, ...]  # the outputs asked for ((): all)
+
+    def to_proto(self) -> service_pb2.ModelInferRequest:
+        """The ModelInferRequest the gRPC front end would have decoded."""
+        req = service_pb2.ModelInferRequest(model_name=self.model_name, id=self.id)
+        for name, datatype, shape, data in self.inputs:
+            req.inputs.add(name=name, datatype=datatype, shape=shape)
+            req.raw_input_contents.append(data)
+        for name in self.outputs:
+            req.outputs.add(name=name)
+        return req

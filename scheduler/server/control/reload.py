@@ -26,6 +26,7 @@ from model_repository_gen.manifest import load_manifest
 from poolpipe_common.errors import InputError
 from scheduler.server.common.errors import ServeError
 from scheduler.server.common.event_loop import freeze_heap
+from scheduler.server.common.wire import DecodedRequest
 from scheduler.server.planned.calls import now_us
 from scheduler.server.planned.service import PlannedModels
 
@@ -110,7 +111,8 @@ class ReloadablePlanned:
             self.on_arrival(request.model_name)
         return await self.current.infer(request, deadline_s)
 
-    def start(self, request: service_pb2.ModelInferRequest, deadline_s: float | None) -> asyncio.Future:
+    def start(self, request: service_pb2.ModelInferRequest | DecodedRequest, deadline_s: float | None
+              ) -> asyncio.Future:
         if self.on_arrival is not None:
             self.on_arrival(request.model_name)
         return self.current.start(request, deadline_s)

@@ -1,5 +1,6 @@
 """The frames the native front end (backends/native_front/, frames.h says the layout) and the sidecar exchange:
-requests in as ModelInferRequest messages the router takes, answers out as bytes. Pure functions."""
+requests in as DecodedRequests the router takes (raw tensors Triton has checked), answers out as bytes. Pure
+functions."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import struct
 
 import grpc
 from tritonclient.grpc import service_pb2
+
+from scheduler.server.common.wire import DecodedRequest
 
 HELLO_ID = 0xFFFFFFFF
 _U16 = struct.Struct("<H")
@@ -57,11 +60,11 @@ def decode_hello(frame: bytes) -> str:
     return model
 
 
-def decode_request(model: str, frame: bytes) -> tuple[int, service_pb2.ModelInferRequest]:
-    """(request id, the request) of one request frame."""
+def decode_request(model: str, frame: bytes) -> tuple[int, DecodedRequest]:
+    """(the frame's id, the request) of one request frame."""
+    inputs, outputs = [], []
     try:
         (ident,) = _U32.unpack_from(frame, 0)
-        req = service_pb2.ModelInferRequest(model_name=model)
         (n_in,), at = _U16.unpack_from(frame, 4), 6
         for _ in range(n_in):
             name, at = _str(frame, at)
@@ -73,18 +76,17 @@ def decode_request(model: str, frame: bytes) -> tuple[int, service_pb2.ModelInfe
             at += 8
             if at + size > len(frame):
                 raise FrameError("tensor bytes run past the frame")
-            req.inputs.add(name=name, datatype=dtype, shape=shape)
-            req.raw_input_contents.append(frame[at:at + size])
+            inputs.append((name, dtype, shape, frame[at:at + size]))
             at += size
         (n_out,) = _U16.unpack_from(frame, at)
         at += 2
         for _ in range(n_out):
             name, at = _str(frame, at)
-            req.outputs.add(name=name)
-        req.id, at = _str(frame, at)
+            outputs.append(name)
+        request_id, at = _str(frame, at)
     except (struct.error, UnicodeDecodeError) as e:
         raise FrameError(f"bad request frame: {e}") from None
-    return ident, req
+    return ident, DecodedRequest(model, request_id, tuple(inputs), tuple(outputs))
 
 
 def _frame(body: list[bytes]) -> bytes:

@@ -21,7 +21,7 @@ from scheduler.server.common.log_settings import LogSettings
 from scheduler.server.common.metrics import SidecarMetrics
 from scheduler.server.common.trace_settings import settings_from_request
 from scheduler.server.common.tracing import Tracer
-from scheduler.server.common.wire import INFER_METHOD, model_name, parse_request
+from scheduler.server.common.wire import INFER_METHOD, DecodedRequest, model_name, parse_request
 
 log = logging.getLogger("poolpipe.sidecar")
 
@@ -59,7 +59,8 @@ class PlannedService(Protocol):
     async def infer(self, request: service_pb2.ModelInferRequest, deadline_s: float | None
                     ) -> service_pb2.ModelInferResponse: ...
 
-    def start(self, request: service_pb2.ModelInferRequest, deadline_s: float | None) -> asyncio.Future: ...
+    def start(self, request: service_pb2.ModelInferRequest | DecodedRequest, deadline_s: float | None
+              ) -> asyncio.Future: ...
 
 
 class Router:
@@ -276,12 +277,14 @@ class Router:
             return await self._measured(model, "planned", self.planned.infer(request, deadline_s))
         return await self._measured(model, "passthrough", self.forward("ModelInfer", request, _left_s(deadline_s)))
 
-    def start_infer(self, request: service_pb2.ModelInferRequest, deadline_s: float | None) -> asyncio.Future:
+    def start_infer(self, request: service_pb2.ModelInferRequest | DecodedRequest, deadline_s: float | None
+                    ) -> asyncio.Future:
         """:meth:`infer`'s answer as a future, for a front end that answers from a callback (the native front end):
         a planned model's request is submitted now and counted as infer counts it, without a task of its own."""
         model = request.model_name
         if not self.is_planned(model):
-            return asyncio.ensure_future(self.infer(request, deadline_s))
+            proto = request.to_proto() if isinstance(request, DecodedRequest) else request
+            return asyncio.ensure_future(self.infer(proto, deadline_s))
         series = self.metrics.series(model, "planned")
         series.requests.inc()
         t0 = time.monotonic()

@@ -108,7 +108,7 @@ class Applications:
         t = now_us()
         checked = check_request(request, info, client_shm)
         deadline = request_deadline_us(t, app.slo_us, checked.timeout_us, deadline_s, self.front_us)
-        call = ClientCall(info, request, checked, asyncio.get_running_loop().create_future(), t, deadline,
+        call = ClientCall(info, request.id, checked, asyncio.get_running_loop().create_future(), t, deadline,
                           [None] * checked.batch, checked.batch)
         try:
             outputs = await self._run_dag(app, checked.inputs, deadline, request.id)

@@ -44,7 +44,7 @@ class ClientCall:
     """One client request; its samples may ride different batches."""
 
     model: ModelInfo
-    request: service_pb2.ModelInferRequest
+    request_id: str  # the client's request id, echoed in the answer
     checked: CheckedRequest
     future: asyncio.Future
     arrival_us: float
@@ -102,7 +102,7 @@ class Answers:
             call.future.set_result({o.spec.name: np.frombuffer(_joined(call.rows, o.spec.name), triton_to_np_dtype(
                 o.spec.datatype)).reshape(len(call.rows), *o.spec.shape) for o in call.checked.outputs})
             return
-        resp = service_pb2.ModelInferResponse(model_name=call.model.name, model_version="1", id=call.request.id)
+        resp = service_pb2.ModelInferResponse(model_name=call.model.name, model_version="1", id=call.request_id)
         resp.parameters[SIDECAR_LATENCY_PARAMETER].int64_param = int(t - call.arrival_us)
         try:
             for target in call.checked.outputs:

@@ -26,6 +26,7 @@ from scheduler.server.common.loop_busy import LoopBusy
 from scheduler.server.common.metrics import SidecarMetrics
 from scheduler.server.common.tracing import Tracer
 from scheduler.server.common.triton_metrics import triton_exposition
+from scheduler.server.common.wire import DecodedRequest
 from scheduler.server.planned.applications import Applications
 from scheduler.server.planned.batch_log import BatchLog
 from scheduler.server.planned.calibration import (
@@ -42,7 +43,7 @@ from scheduler.server.planned.manifest_shard import manifest_shard
 from scheduler.server.planned.manifest_topology import topology_from_manifest
 from scheduler.server.planned.shm_pool import log_reclaimed, remove_stale_regions
 from scheduler.server.planned.stage_io import StageFault
-from scheduler.server.planned.validate import CheckedRequest, OutputTarget, check_request
+from scheduler.server.planned.validate import CheckedRequest, OutputTarget, check_decoded, check_request
 
 log = logging.getLogger("poolpipe.sidecar.planned")
 
@@ -325,21 +326,24 @@ class PlannedModels:
                     ) -> service_pb2.ModelInferResponse:
         return await _awaited(self.start(request, deadline_s))
 
-    def start(self, request: service_pb2.ModelInferRequest, deadline_s: float | None) -> asyncio.Future:
+    def start(self, request: service_pb2.ModelInferRequest | DecodedRequest, deadline_s: float | None
+              ) -> asyncio.Future:
         """Check and submit one request now; its answer (or ServeError) comes in the future returned. Raises
         ServeError for a request refused at once. Cancelling the future withdraws the request."""
         if self._closing:
             raise shutting_down()
         if self.apps.has(request.model_name):
-            return asyncio.ensure_future(self.apps.infer(request, deadline_s, self.client_shm))
+            proto = request.to_proto() if isinstance(request, DecodedRequest) else request
+            return asyncio.ensure_future(self.apps.infer(proto, deadline_s, self.client_shm))
         model = self.models[request.model_name]
         t = now_us()  # before decoding the input: that time counts against the deadline too
-        checked = check_request(request, model, self.client_shm)
+        checked = (check_decoded(request, model, self.client_shm) if isinstance(request, DecodedRequest)
+                   else check_request(request, model, self.client_shm))
         # with Triton's batcher controls, "timeout" is their queue timeout; without, it tightens the deadline
         controlled = model.dynamic_batching.active
         deadline = request_deadline_us(t, model.slo_us, None if controlled else checked.timeout_us, deadline_s,
                                        self.front_us)
-        call = ClientCall(model, request, checked, asyncio.get_running_loop().create_future(), t, deadline,
+        call = ClientCall(model, request.id, checked, asyncio.get_running_loop().create_future(), t, deadline,
                           [None] * checked.batch, checked.batch)
         if self.tracer.on:
             call.trace = self.tracer.start(model.name, request.id, t, {"poolpipe.rows": checked.batch,
@@ -356,7 +360,7 @@ class PlannedModels:
         model = self.models[model_name]
         rows = next(iter(inputs.values())).shape[0]
         checked = CheckedRequest(rows, inputs, tuple(OutputTarget(t) for t in model.outputs), None)
-        call = ClientCall(model, service_pb2.ModelInferRequest(model_name=model_name, id=request_id), checked,
+        call = ClientCall(model, request_id, checked,
                           asyncio.get_running_loop().create_future(), now_us(), deadline_us, [None] * rows, rows,
                           internal=True)
         self._enqueue(call)

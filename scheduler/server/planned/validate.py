@@ -14,6 +14,9 @@ from poolpipe_common.tensors import DTYPE_SIZE, TensorSpec, element_count
 from scheduler.server.common.client_shm import ClientShmRegistry
 from scheduler.server.common.errors import invalid
 from scheduler.server.common.tensors import param_value
+from scheduler.server.common.wire import DecodedRequest
+
+_NP_DTYPES = {t: np.dtype(d) for t in DTYPE_SIZE if (d := triton_to_np_dtype(t)) is not None}
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,28 @@ class CheckedRequest:
     outputs: tuple[OutputTarget, ...]
     timeout_us: float | None  # the client's "timeout" parameter, if any
     priority: int = 0  # the client's "priority" parameter (0: the model's default level)
+
+
+def check_decoded(req: DecodedRequest, model: ModelInfo, shm: ClientShmRegistry) -> CheckedRequest:
+    """check_request's result for a request Triton checked against this very model: a request that does not match
+    it (a reload changed the model meanwhile) goes through check_request, which says what is wrong in Triton's
+    words."""
+    declared = {t.name: t for t in model.inputs}
+    arrays: dict[str, np.ndarray] = {}
+    batch = req.inputs[0][2][0] if req.inputs else 0
+    try:
+        for name, datatype, shape, data in req.inputs:
+            spec = declared[name]
+            if datatype != spec.datatype or shape[1:] != spec.shape or shape[0] != batch:
+                raise ValueError(name)
+            arrays[name] = np.frombuffer(data, _NP_DTYPES[datatype]).reshape(shape)  # ValueError: wrong size
+        outputs = {t.name: t for t in model.outputs}
+        wanted = [outputs[n] for n in req.outputs] if req.outputs else list(model.outputs)
+    except (KeyError, ValueError):
+        return check_request(req.to_proto(), model, shm)
+    if len(arrays) != len(declared) or not 0 < batch <= model.max_batch_size:
+        return check_request(req.to_proto(), model, shm)
+    return CheckedRequest(batch, arrays, tuple(OutputTarget(t) for t in wanted), None)
 
 
 def _shape_str(shape: list[int] | tuple[int, ...]) -> str:
