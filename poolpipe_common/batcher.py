@@ -9,6 +9,7 @@ that expires rejects the request (REJECT) or sends it behind every unexpired req
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,9 +86,10 @@ class BatcherControls:
             raise InputError(f"priority_queue_policy: priority level {bad[0]} must be in range [1, {n}] "
                              f"(priority_levels is {n})")
 
-    @property
+    @functools.cached_property
     def active(self) -> bool:
-        """Whether anything differs from Triton's defaults (a plain FIFO queue with no limits)."""
+        """Whether anything differs from Triton's defaults (a plain FIFO queue with no limits); asked per request,
+        so computed once."""
         return self != BatcherControls()
 
     def level(self, priority: int) -> int:
