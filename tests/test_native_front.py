@@ -32,7 +32,7 @@ from runtime.sidecar_process import SidecarProcess
 from runtime.testbed import EMULATED_MODEL, build_emulated_deployment
 from scheduler.server.common.client_shm import ClientShmRegistry
 from scheduler.server.common.errors import ServeError
-from scheduler.server.common.wire import DecodedRequest
+from scheduler.server.common.wire import DecodedRequest, RawAnswer
 from scheduler.server.front.native_frames import (
     HELLO_ID,
     FrameError,
@@ -79,12 +79,13 @@ def test_frames_carry_requests_and_answers_and_refuse_what_does_not_parse() -> N
     with pytest.raises(FrameError, match="bad request frame|past the frame"):
         decode_request("m", frames[1][:-9])
 
-    resp = service_pb2.ModelInferResponse(model_name="m")
+    resp = service_pb2.ModelInferResponse(model_name="m")  # an application model's answer
     resp.outputs.add(name="y", datatype="FP32", shape=[2, 3])
     resp.raw_output_contents.append(x.tobytes())
     answer = encode_answer(7, resp)
     size, ident, code, n = struct.unpack_from("<IIIH", answer)
     assert (size, ident, code, n) == (len(answer) - 4, 7, 0, 1) and answer.endswith(x.tobytes())
+    assert encode_answer(7, RawAnswer((("y", "FP32", (2, 3), x.tobytes()),))) == answer  # a planned model's
     shed = encode_error(8, grpc.StatusCode.UNAVAILABLE, "shed")
     assert struct.unpack_from("<II", shed, 4) == (8, 4) and shed.endswith(_s("shed"))  # TRITONSERVER UNAVAILABLE
     typed = service_pb2.ModelInferResponse(model_name="m")

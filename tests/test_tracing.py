@@ -177,7 +177,7 @@ def test_live_trace_has_one_span_per_stage_and_the_shed_reason(tmp_path: Path) -
         assert by_id[stage[0].parent_span_id].name == "dispatch"
     hops = {s.name: s for s in mine if s.name.startswith("hop")}
     attr = {n: {a.key: a.value.string_value for a in s.attributes}["poolpipe.hop"] for n, s in hops.items()}
-    assert attr == {"hop 0->1": "grpc", "hop 1->2": "shm"}  # T4 box -> L4 box over gRPC, L4 -> L4 in shared memory
+    assert attr == {"hop 0->1": "http", "hop 1->2": "shm"}  # T4 box -> L4 box in the HTTP stage call, L4 -> L4 in shm
     assert {a.key: a.value.string_value for a in root.attributes}["triton.request_id"] == "traced-1"
     assert "queue" in names and root.end_time_unix_nano > root.start_time_unix_nano
     shed_root = next(s for s in shed_spans if s.name == "InferRequest" and s.trace_id != root.trace_id)

@@ -8,7 +8,7 @@
         │   ├── send               sent -> compute starts on the server
         │   ├── compute            the server's compute
         │   └── response           compute ends -> response received
-        └── hop K-1->K             previous response -> this stage sent (shm or grpc)
+        └── hop K-1->K             previous response -> this stage sent (shm, or http / grpc: the stage protocol)
 
 Nothing is recorded while tracing is off (``Tracer.on`` is one attribute read per request and per dispatch).
 """

@@ -87,7 +87,7 @@ class DecodedRequest:
     outputs: tuple[str, ...]  # the outputs asked for ((): all)
 
     def to_proto(self) -> service_pb2.ModelInferRequest:
-        """The ModelInferRequest the gRPC front end would have decoded."""
+        """The ModelInferRequest the gRPC front end would have decoded (application models take it)."""
         req = service_pb2.ModelInferRequest(model_name=self.model_name, id=self.id)
         for name, datatype, shape, data in self.inputs:
             req.inputs.add(name=name, datatype=datatype, shape=shape)
@@ -95,3 +95,11 @@ class DecodedRequest:
         for name in self.outputs:
             req.outputs.add(name=name)
         return req
+
+
+@dataclass(frozen=True)
+class RawAnswer:
+    """The answer to a DecodedRequest: raw output tensors for the native front end to frame (no
+    ModelInferResponse to build and read back)."""
+
+    outputs: tuple[tuple[str, str, tuple[int, ...], bytes], ...]  # (name, datatype, shape, raw bytes)

@@ -9,7 +9,7 @@ import struct
 import grpc
 from tritonclient.grpc import service_pb2
 
-from scheduler.server.common.wire import DecodedRequest
+from scheduler.server.common.wire import DecodedRequest, RawAnswer
 
 HELLO_ID = 0xFFFFFFFF
 _U16 = struct.Struct("<H")
@@ -99,15 +99,19 @@ def _s(text: str) -> bytes:
     return _U16.pack(len(b)) + b
 
 
-def encode_answer(ident: int, response: service_pb2.ModelInferResponse) -> bytes:
-    """The answer frame of a response whose outputs are raw (what planned models answer)."""
-    outs, raws = response.outputs, response.raw_output_contents
-    if len(raws) != len(outs):
+def encode_answer(ident: int, answer: RawAnswer | service_pb2.ModelInferResponse) -> bytes:
+    """The answer frame of a planned model's RawAnswer, or of a response whose outputs are raw (an application's)."""
+    if isinstance(answer, RawAnswer):
+        tensors = answer.outputs
+    elif len(answer.raw_output_contents) == len(answer.outputs):
+        tensors = tuple((o.name, o.datatype, o.shape, raw) for o, raw in zip(answer.outputs,
+                                                                               answer.raw_output_contents))
+    else:
         return encode_error(ident, grpc.StatusCode.INTERNAL, "the answer's outputs are not raw tensors")
-    body = [_ID_CODE.pack(ident, 0), _U16.pack(len(outs))]
-    for out, raw in zip(outs, raws):
-        body += [_s(out.name), _s(out.datatype), _U16.pack(len(out.shape)),
-                 struct.pack(f"<{len(out.shape)}q", *out.shape), _U64.pack(len(raw)), raw]
+    body = [_ID_CODE.pack(ident, 0), _U16.pack(len(tensors))]
+    for name, datatype, shape, raw in tensors:
+        body += [_s(name), _s(datatype), _U16.pack(len(shape)), struct.pack(f"<{len(shape)}q", *shape),
+                 _U64.pack(len(raw)), raw]
     return _frame(body)
 
 

@@ -19,6 +19,7 @@ from scheduler.server.common.errors import ServeError
 from scheduler.server.common.metrics import SidecarMetrics
 from scheduler.server.common.model_stats import ModelStats, RequestMarks
 from scheduler.server.common.tracing import CallTrace, Tracer
+from scheduler.server.common.wire import RawAnswer
 from scheduler.server.planned.stage_io import row_of
 from scheduler.server.planned.validate import CheckedRequest
 
@@ -52,6 +53,7 @@ class ClientCall:
     rows: list[dict[str, bytes] | None]  # each row's outputs, raw bytes
     left: int
     internal: bool = False  # an application module's request: answered with its output arrays, not a response
+    raw: bool = False  # a DecodedRequest (the native front end): answered with a RawAnswer, not a response
     marks: RequestMarks = field(default_factory=RequestMarks)  # measured by the executor, for the statistics
     trace: CallTrace | None = None  # its spans, when the request is sampled for tracing
 
@@ -102,6 +104,13 @@ class Answers:
             call.future.set_result({o.spec.name: np.frombuffer(_joined(call.rows, o.spec.name), triton_to_np_dtype(
                 o.spec.datatype)).reshape(len(call.rows), *o.spec.shape) for o in call.checked.outputs})
             return
+        if call.raw:  # its outputs are never in client shared memory: Triton's front end owns that
+            self._counted(call, t)
+            call.future.set_result(RawAnswer(tuple(
+                (o.spec.name, o.spec.datatype, (len(call.rows), *o.spec.shape), _joined(call.rows, o.spec.name))
+                for o in call.checked.outputs)))
+            self._traced(call, t)
+            return
         resp = service_pb2.ModelInferResponse(model_name=call.model.name, model_version="1", id=call.request_id)
         resp.parameters[SIDECAR_LATENCY_PARAMETER].int64_param = int(t - call.arrival_us)
         try:
@@ -120,6 +129,9 @@ class Answers:
             return
         self._counted(call, t)
         call.future.set_result(resp)
+        self._traced(call, t)
+
+    def _traced(self, call: ClientCall, t: float) -> None:
         if call.trace is not None and self.tracer is not None:
             self.tracer.finish(call.trace, t)
 

@@ -344,7 +344,7 @@ class PlannedModels:
         deadline = request_deadline_us(t, model.slo_us, None if controlled else checked.timeout_us, deadline_s,
                                        self.front_us)
         call = ClientCall(model, request.id, checked, asyncio.get_running_loop().create_future(), t, deadline,
-                          [None] * checked.batch, checked.batch)
+                          [None] * checked.batch, checked.batch, raw=isinstance(request, DecodedRequest))
         if self.tracer.on:
             call.trace = self.tracer.start(model.name, request.id, t, {"poolpipe.rows": checked.batch,
                                                                         "triton.priority": checked.priority})
