@@ -36,17 +36,28 @@ def _is_tritonserver(pid: int) -> bool:
         return False
 
 
+def exited(pid: int) -> bool:
+    """Gone, or a zombie: its files, listening sockets included, are closed. (Its cmdline reads empty earlier, while
+    it is still exiting with its sockets open, so the name is no test of this.)"""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X")
+
+
 def _stop_group(pid: int, timeout_s: float = 10.0) -> None:
-    """SIGTERM a server's process group (it leads its own session), SIGKILL what is left after ``timeout_s``."""
+    """SIGTERM a server's process group (it leads its own session), SIGKILL what is left after ``timeout_s``; returns
+    once the server has exited, so that its ports are free."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(pid, sig)
         except (ProcessLookupError, PermissionError):
             return
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and pid_alive(pid) and _is_tritonserver(pid):
-            time.sleep(0.1)
-        if not (pid_alive(pid) and _is_tritonserver(pid)):
+        while time.monotonic() < deadline and not exited(pid):
+            time.sleep(0.05)
+        if exited(pid):
             return
 
 

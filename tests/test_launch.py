@@ -18,6 +18,7 @@ from model_repository_gen.generate import generate
 from poolpipe_common.errors import InputError
 from profiling.zoo import build_zoo_model
 from runtime.launch import Deployment
+from runtime.supervise import exited
 from runtime.tritonserver import SHM_PREFIX, pid_alive, remove_shm_regions
 from tests.conftest import ROOT, run_cli
 from tests.deploy_helpers import (
@@ -174,3 +175,20 @@ def test_a_program_stopped_with_sigterm_stops_the_servers_it_started(tmp_path):
                 stop(pid, signal.SIGKILL)
         if prefix:
             remove_shm_regions(prefix)
+
+
+def test_a_server_counts_as_stopped_once_it_has_exited_not_while_it_exits() -> None:
+    """Reclaiming a dead launch's servers waits for ``exited`` (gone or a zombie, its sockets closed), not for its
+    name to vanish from /proc (that happens while it still exits with its ports bound)."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert not exited(proc.pid)
+        os.kill(proc.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while not exited(proc.pid) and time.monotonic() < deadline:  # a zombie until reaped below
+            time.sleep(0.01)
+        assert exited(proc.pid) and pid_alive(proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert exited(proc.pid)
