@@ -25,7 +25,7 @@ from tritonclient.utils import InferenceServerException
 
 from runtime.launch import Deployment
 from runtime.sidecar_process import ROOT, SidecarProcess
-from runtime.supervise import STATE_DIR, pid_alive
+from runtime.supervise import STATE_DIR, exited, pid_alive
 from runtime.testbed import EMULATED_MODEL, build_emulated_deployment
 from runtime.tritonserver import SHM_PREFIX
 from scheduler.server.planned.shm_pool import PREFIX
@@ -200,15 +200,6 @@ def _serves_within(url: str, req: service_pb2.ModelInferRequest, timeout_s: floa
             time.sleep(0.1)
 
 
-def _running(pid: int) -> bool:
-    """Alive and not a zombie: a stopped orphan server is reaped by init when init gets to it (a native emulated
-    backend's server exits at once on SIGTERM, so launch can be ready before that)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def test_launch_restarts_a_dead_server_the_sidecar_rejoins_and_a_killed_launch_is_reclaimed(tmp_path: Path) -> None:
     """SIGKILL a tritonserver that ``launch`` started: launch restarts it on its ports, the sidecar rejoins it and
     serves. Then SIGKILL ``launch`` itself: its servers outlive it; the next ``launch`` over the same directory
@@ -238,7 +229,7 @@ def test_launch_restarts_a_dead_server_the_sidecar_rejoins_and_a_killed_launch_i
         line = second.wait_line("reclaimed from dead launch processes")
         assert f"({first.proc.pid})" in line and f"{len(orphans)} tritonserver(s) stopped" in line, line
         second.wait_line("ready:")
-        assert not any(_running(p) for p in orphans.values())
+        assert all(exited(p) for p in orphans.values())  # gone, or zombies until init reaps them
         assert not list(Path("/dev/shm").glob(prefix + "*"))
         _serves_within(sc.grpc_url, req, 30)
     finally:

@@ -332,19 +332,20 @@ class PlannedModels:
         ServeError for a request refused at once. Cancelling the future withdraws the request."""
         if self._closing:
             raise shutting_down()
+        decoded = isinstance(request, DecodedRequest)  # from the native front end: answered with a RawAnswer
         if self.apps.has(request.model_name):
-            proto = request.to_proto() if isinstance(request, DecodedRequest) else request
+            proto = request.to_proto() if decoded else request
             return asyncio.ensure_future(self.apps.infer(proto, deadline_s, self.client_shm))
         model = self.models[request.model_name]
         t = now_us()  # before decoding the input: that time counts against the deadline too
-        checked = (check_decoded(request, model, self.client_shm) if isinstance(request, DecodedRequest)
+        checked = (check_decoded(request, model, self.client_shm) if decoded
                    else check_request(request, model, self.client_shm))
         # with Triton's batcher controls, "timeout" is their queue timeout; without, it tightens the deadline
         controlled = model.dynamic_batching.active
         deadline = request_deadline_us(t, model.slo_us, None if controlled else checked.timeout_us, deadline_s,
                                        self.front_us)
         call = ClientCall(model, request.id, checked, asyncio.get_running_loop().create_future(), t, deadline,
-                          [None] * checked.batch, checked.batch, raw=isinstance(request, DecodedRequest))
+                          [None] * checked.batch, checked.batch, raw=decoded)
         if self.tracer.on:
             call.trace = self.tracer.start(model.name, request.id, t, {"poolpipe.rows": checked.batch,
                                                                         "triton.priority": checked.priority})

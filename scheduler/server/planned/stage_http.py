@@ -20,7 +20,7 @@ from model_repository_gen.triton_config import TIMING_OUTPUTS
 from scheduler.server.planned.shm_pool import Region
 from scheduler.server.planned.stage_io import output_offsets
 
-# Triton's HTTP status for each error class (the inverse of scheduler.server.common.errors' table).
+# The gRPC code of each HTTP status Triton answers with (its HTTP front end answers 404 where gRPC says NOT_FOUND).
 STATUS_CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 403: grpc.StatusCode.PERMISSION_DENIED,
                 404: grpc.StatusCode.NOT_FOUND, 409: grpc.StatusCode.ALREADY_EXISTS, 499: grpc.StatusCode.CANCELLED,
                 500: grpc.StatusCode.INTERNAL, 501: grpc.StatusCode.UNIMPLEMENTED,
@@ -183,7 +183,7 @@ class HttpStageClient:
         except asyncio.TimeoutError:
             raise StageCallError(grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer within {timeout_s:.3f} s") from None
         finally:
-            if not conn.answer.done() or conn.answer.cancelled():  # an answer may still come: not reusable
+            if conn.answer.cancelled():  # timed out or abandoned: an answer may still come, so not reusable
                 conn._fail(StageCallError(grpc.StatusCode.CANCELLED, "call abandoned"))
             conn.answer = None
 
