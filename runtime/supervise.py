@@ -37,13 +37,23 @@ def _is_tritonserver(pid: int) -> bool:
 
 
 def exited(pid: int) -> bool:
-    """Gone, or a zombie: its files, listening sockets included, are closed. (Its cmdline reads empty earlier, while
-    it is still exiting with its sockets open, so the name is no test of this.)"""
+    """Gone, or a zombie with every thread exited: its files, listening sockets included, are closed. (Its cmdline
+    reads empty earlier, while it is still exiting with its sockets open, so the name is no test of this; nor is the
+    leader's own state: the main thread of a multi-threaded server such as tritonserver can be a zombie while its
+    other threads still exit, holding the process's files.)"""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
         return True
-    return state in ("Z", "X")
+    return all(_task_state(pid, t) in ("Z", "X", None) for t in tasks)
+
+
+def _task_state(pid: int, tid: str) -> str | None:
+    """One thread's state letter (None: gone meanwhile)."""
+    try:
+        return Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
 
 
 def _stop_group(pid: int, timeout_s: float = 10.0) -> None:

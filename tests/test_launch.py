@@ -16,6 +16,7 @@ import pytest
 from model_repository_gen.cluster_file import cluster_from_dict
 from model_repository_gen.generate import generate
 from poolpipe_common.errors import InputError
+from poolpipe_common.net import port_in_use
 from profiling.zoo import build_zoo_model
 from runtime.launch import Deployment
 from runtime.supervise import exited
@@ -192,3 +193,34 @@ def test_a_server_counts_as_stopped_once_it_has_exited_not_while_it_exits() -> N
         proc.kill()
         proc.wait()
     assert exited(proc.pid)
+
+
+ZOMBIE_LEADER = """
+import ctypes, socket, threading, time
+s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen()
+print(s.getsockname()[1], flush=True)
+threading.Thread(target=time.sleep, args=(60,)).start()
+ctypes.CDLL(None).pthread_exit(None)  # the main thread ends; the process lives on in the other thread
+"""
+
+
+def test_a_server_whose_main_thread_is_a_zombie_has_not_exited_while_another_thread_holds_its_ports() -> None:
+    """A multi-threaded server's main thread can be a zombie while its other threads still exit with the process's
+    files open (the cause of a flaky 'port ... already in use' right after a reclaim): ``exited`` waits for every
+    thread."""
+    proc = subprocess.Popen([sys.executable, "-c", ZOMBIE_LEADER], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(proc.stdout.readline())
+        deadline = time.monotonic() + 10
+        while _leader_state(proc.pid) != "Z" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _leader_state(proc.pid) == "Z"
+        assert port_in_use(port) and not exited(proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert exited(proc.pid) and not port_in_use(port)
+
+
+def _leader_state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
