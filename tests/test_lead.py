@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scheduler.server.planned.lead import LEAD_HORIZON_US, LEAD_MIN_SAMPLES, LeadLearner, percentile
+from poolpipe_common.quantile import percentile
+from scheduler.server.planned.lead import LEAD_HORIZON_US, LEAD_MIN_SAMPLES, LeadLearner
 from scheduler.server.planned.vgpu_occupancy import WEIGHT as OCCUPANCY_WEIGHT
 from scheduler.server.planned.vgpu_occupancy import VgpuOccupancy
 

@@ -20,9 +20,8 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any, Protocol
 
-import numpy as np
-
 from poolpipe_common.overheads import DRIVER_MARGIN_FRACTION, DRIVER_MIN_MARGIN_US
+from poolpipe_common.quantile import percentile
 from scheduler.core.api import Dispatch, Request, Scheduler
 from scheduler.core.executor_load import ExecutorLoad
 from scheduler.core.topology import Topology
@@ -331,7 +330,7 @@ class Driver:
         window.append((now_us, late_us))
         n = self.learned - c.lateness_warmup
         if pruned or n <= c.lateness_every or n % c.lateness_every == 0:
-            learned = float(np.percentile([x for _, x in window], c.lateness_percentile))
+            learned = percentile([x for _, x in window], c.lateness_percentile)
             new = min(max(self.base_margin_us[model], learned), self.margin_cap_us(model))
             if abs(new - self.margin_us[model]) > 1000.0:
                 log.debug("event=margin model=%s margin_us=%.0f p%.0f_lateness_us=%.0f", model, new,

@@ -113,12 +113,11 @@ class LiveExecutor:
     def _lead(self, pipeline_id: str, stage: int, batch: int) -> float:
         return self._calibrated_lead(pipeline_id, stage, batch) + self.extra_lead_us
 
-    def _learn_lead(self, d: Dispatch, stage: int, vgpu: str, batch: int, t: StageTiming) -> None:
-        """A stage sent to an idle server shows the real send-to-compute lead: keep the excess over the
-        calibrated one, and lead by a high percentile of its recent values (the core's clock with it). One that
-        waited in the server's queue shows the server's turnaround between batches instead."""
-        idle = self.occupancy.measured(vgpu, t.send_us, t.start_us, t.end_us)
-        if not idle or d.pipeline_id not in self.lead_us:
+    def _learn_lead(self, d: Dispatch, stage: int, batch: int, t: StageTiming) -> None:
+        """A stage sent to an idle server (the only kind passed here: one that waited in the server's queue shows
+        the server's turnaround between batches instead) shows the real send-to-compute lead: keep the excess over
+        the calibrated one, and lead by a high percentile of its recent values (the core's clock with it)."""
+        if d.pipeline_id not in self.lead_us:
             return
         base = self._calibrated_lead(d.pipeline_id, stage, batch)
         new = self._lead_learner.observe(t.recv_us, t.start_us - t.send_us - base)
@@ -171,15 +170,18 @@ class LiveExecutor:
                     self.metrics.child(self.metrics.hops, hop).inc()
                 hops, timing = await self.run_stage(a.vgpu, pipe.stages[a.stage], hops, nxt, deadline_us,
                                                     f"{d.id}.{a.stage}")
+                held = None
                 if timing is not None:
-                    self._record(d, a.stage, a.vgpu, len(live), timing)
-                    first = self._mark(d, a.stage, live, timing, first)
-                    if traces is not None:
-                        traces.stage(a.stage, pipe.stages[a.stage].triton_model, a.vgpu,
-                                     self.fleet.servers[a.vgpu].grpc_url, hop, timing)
+                    idle = self.occupancy.measured(a.vgpu, timing.send_us, timing.start_us, timing.end_us)
+                    held = self.occupancy.held(a.vgpu, *timing.compute_us)
+                    first = timing if a.stage == 0 else first
+                    account = (d, a.stage, a.vgpu, live, timing, idle, first, traces, hop)
+                    if k + 1 < len(d.stages):  # after the next stage's call is written: off the request's path
+                        asyncio.get_running_loop().call_soon(self._account, *account)
+                    else:  # before the answers, whose statistics read the marks
+                        self._account(*account)
                 nxt_lead = (self._lead(d.pipeline_id, d.stages[k + 1].stage, len(live)) if k + 1 < len(d.stages)
                             else None)
-                held = None if timing is None else self.occupancy.held(a.vgpu, *timing.compute_us)
                 step = report(StageOutcome(d, k, now_us(), held, next_lead_us=nxt_lead))
                 if step.action is not Action.NEXT_STAGE:
                     break
@@ -215,11 +217,16 @@ class LiveExecutor:
             for i, s in enumerate(live):
                 s.carry = row_of(outputs, i)  # type: ignore[arg-type]
 
-    def _record(self, d: Dispatch, stage: int, vgpu: str, batch: int, t: StageTiming) -> None:
+    def _account(self, d: Dispatch, stage: int, vgpu: str, live: list[Sample], t: StageTiming, idle: bool,
+                 first: StageTiming | None, traces: DispatchTraces | None, hop: str | None) -> None:
+        """A measured stage's bookkeeping: metrics, the overhead meter, the learned lead, the batch log, the calls'
+        marks and traces."""
+        batch = len(live)
         self.metrics.child(self.metrics.vgpu_busy, vgpu).inc(max(t.end_us - t.start_us, 0.0) / 1e6)
         planned = self.pipelines[d.pipeline_id].stages[stage].latency_us.get(batch, 0.0)
         self.meter.stage(planned, t.start_us, t.end_us, t.recv_us)
-        self._learn_lead(d, stage, vgpu, batch, t)
+        if idle:
+            self._learn_lead(d, stage, batch, t)
         if self.batch_log is not None:
             self.batch_log.stage(d, stage, vgpu, batch, t.start_us, t.end_us)
         if log.isEnabledFor(logging.DEBUG):
@@ -227,13 +234,15 @@ class LiveExecutor:
             log.debug("event=stage dispatch=%d stage=%d vgpu=%s batch=%d planned_us=%.0f-%.0f measured_us=%.0f-%.0f "
                       "send_to_compute=%.0f compute_to_recv=%.0f", d.id, stage, vgpu, batch, a.start_us, a.end_us,
                       t.start_us, t.end_us, t.start_us - t.send_us, t.recv_us - t.end_us)
+        self._mark(d, stage, live, t, first)
+        if traces is not None:
+            stage_info = self.pipelines[d.pipeline_id].stages[stage]
+            traces.stage(stage, stage_info.triton_model, vgpu, self.fleet.servers[vgpu].grpc_url, hop, t)
 
-    def _mark(self, d: Dispatch, stage: int, live: list[Sample], t: StageTiming, first: StageTiming | None
-              ) -> StageTiming | None:
+    def _mark(self, d: Dispatch, stage: int, live: list[Sample], t: StageTiming, first: StageTiming | None) -> None:
         """The statistics' marks: stage 0 ends the requests' queueing, the last stage their compute; a dispatch
-        that ran both is one execution at its batch size. Returns stage 0's timing once seen."""
+        that ran both (``first``: its stage 0's timing) is one execution at its batch size."""
         if stage == 0:
-            first = t
             for s in live:
                 s.call.marks.first_stage(t.ready_us, t.start_us)
         if stage == len(self.pipelines[d.pipeline_id].stages) - 1:
@@ -241,7 +250,6 @@ class LiveExecutor:
                 s.call.marks.last_stage(t.end_us)
             if first is not None:
                 self.answers.stats[d.model].executed(len(live), first.ready_us, first.start_us, t.end_us, t.recv_us)
-        return first
 
     def _on_fault(self, report: Report, d: Dispatch, k: int, fault: StageFault, live: list[Sample]) -> None:
         code = fault.code

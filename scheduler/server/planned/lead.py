@@ -12,20 +12,13 @@ from __future__ import annotations
 
 from collections import deque
 
+from poolpipe_common.quantile import percentile
+
 LEAD_WINDOW = 256
 LEAD_MIN_SAMPLES = 16
 LEAD_EVERY = 8
 LEAD_PERCENTILE = 90
 LEAD_HORIZON_US = 2_000_000.0
-
-
-def percentile(values: list[float], q: float) -> float:
-    """numpy's default (linear) percentile, without numpy's per-call overhead on a few hundred floats."""
-    v = sorted(values)
-    pos = (len(v) - 1) * q / 100
-    lo = int(pos)
-    hi = min(lo + 1, len(v) - 1)
-    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
 
 
 class LeadLearner:

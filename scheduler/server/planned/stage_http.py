@@ -83,6 +83,11 @@ def error_of(status: int, body: bytes) -> StageCallError:
     return StageCallError(STATUS_CODES.get(status, grpc.StatusCode.UNKNOWN), f"HTTP {status}: {details}")
 
 
+def _expire(answer: asyncio.Future, timeout_s: float) -> None:
+    if not answer.done():
+        answer.set_exception(StageCallError(grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer within {timeout_s:.3f} s"))
+
+
 class _Connection(asyncio.Protocol):
     """One keep-alive HTTP/1.1 connection with at most one call in flight; parses the answer as bytes arrive."""
 
@@ -176,14 +181,18 @@ class HttpStageClient:
 
     @staticmethod
     async def _exchange(conn: _Connection, request: list[bytes], timeout_s: float) -> tuple[int, int | None, bytes]:
-        conn.answer = asyncio.get_running_loop().create_future()
+        # A timer on the answer itself, not asyncio.wait_for: that wraps the answer in a second future and wakes the
+        # caller one loop iteration later, on every call (issue 24: a stage boundary's own cost).
+        loop = asyncio.get_running_loop()
+        conn.answer = answer = loop.create_future()
+        timer = loop.call_later(timeout_s, _expire, answer, timeout_s)
         conn.transport.writelines(request)
         try:
-            return await asyncio.wait_for(conn.answer, timeout_s)
-        except asyncio.TimeoutError:
-            raise StageCallError(grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer within {timeout_s:.3f} s") from None
+            return await answer
         finally:
-            if conn.answer.cancelled():  # timed out or abandoned: an answer may still come, so not reusable
+            timer.cancel()
+            if not answer.done() or answer.cancelled() or answer.exception() is not None:
+                # timed out or abandoned: an answer may still come on this connection, so it is not reused
                 conn._fail(StageCallError(grpc.StatusCode.CANCELLED, "call abandoned"))
             conn.answer = None
 
