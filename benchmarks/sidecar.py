@@ -295,13 +295,19 @@ def main() -> int:
               "front tritonserver)")
     else:
         print("  native front end: not built here (no C compiler); skipped")
-    w_rps, w_err, w_cores, w_direct, w_others, w_split = workers
+    w_direct, w, wn = workers
     print(f"trivial model, {OUTSTANDING} outstanding on {CONNECTIONS} connections, serve --workers 2: sidecar "
-          f"{w_rps:.0f} req/s ({w_err} errors) using {w_cores:.2f} of {os.cpu_count()} cores (all its processes); "
-          f"Triton direct with dynamic batcher {w_direct:.0f} req/s (same clients); ratio {w_rps / w_direct:.2f}x; "
-          f"per sidecar core {w_rps / max(w_cores, 1e-9) / w_direct:.2f}x (meanwhile the client used "
-          f"{w_others[0]:.2f} cores, the two tritonservers {w_others[1]:.2f}; requests per worker "
-          f"{'/'.join(f'{n:.0f}' for n in w_split)})")
+          f"{w.rps:.0f} req/s ({w.errors} errors) using {w.cores:.2f} of {os.cpu_count()} cores (all its processes); "
+          f"Triton direct with dynamic batcher {w_direct:.0f} req/s (same clients); ratio {w.rps / w_direct:.2f}x; "
+          f"per sidecar core {w.rps / max(w.cores, 1e-9) / w_direct:.2f}x (meanwhile the client used "
+          f"{w.others[0]:.2f} cores, the two tritonservers {w.others[1]:.2f}; requests per worker "
+          f"{'/'.join(f'{n:.0f}' for n in w.split)})")
+    if wn is not None:
+        print(f"  through each worker's native front end (serve --workers 2 --native-grpc-port: one port, a front "
+              f"tritonserver per worker): {wn.rps:.0f} req/s ({wn.errors} errors) using {wn.cores:.2f} cores (the "
+              f"workers and their front tritonservers); ratio {wn.rps / w_direct:.2f}x; per sidecar core "
+              f"{wn.rps / max(wn.cores, 1e-9) / w_direct:.2f}x (client {wn.others[0]:.2f} cores, the two "
+              f"tritonservers {wn.others[1]:.2f}; requests per worker {'/'.join(f'{n:.0f}' for n in wn.split)})")
     return 0
 
 
@@ -318,11 +324,23 @@ def native_url(sc: SidecarProcess) -> str:
     return f"127.0.0.1:{sc.extra_args[sc.extra_args.index('--native-grpc-port') + 1]}"
 
 
+@dataclass
+class WorkersRun:
+    """One closed loop through ``serve --workers 2``: req/s, errors, the cores of all its processes (the workers'
+    front-end tritonservers included), the client's and the stage tritonservers' cores, each worker's requests."""
+
+    rps: float
+    errors: int
+    cores: float
+    others: tuple[float, float]
+    split: list[float]
+
+
 def trivial_workers(work: Path, tpath: Path, trepo: Path, t_in: grpcclient.InferInput, duration: float
-                    ) -> tuple[float, int, float, float, tuple[float, float], list[float]]:
+                    ) -> tuple[float, WorkersRun, WorkersRun | None]:
     """``serve --workers 2`` on the trivial model over a pool of two vGPUs, and Triton direct, both under
-    OUTSTANDING requests on CONNECTIONS connections: (sidecar req/s, errors, sidecar cores, direct req/s, and the
-    cores the client and the tritonservers used meanwhile, and each worker's requests)."""
+    OUTSTANDING requests on CONNECTIONS connections: (direct req/s, the sidecar's ports, the native front ends' port
+    where they build)."""
     print("(d) trivial planned model, serve --workers 2 (one vGPU each), "
           f"{OUTSTANDING} outstanding on {CONNECTIONS} connections:", flush=True)
     with start_baseline(trepo, log_path=work / "trivial-baseline2.log") as triton:
@@ -331,16 +349,24 @@ def trivial_workers(work: Path, tpath: Path, trepo: Path, t_in: grpcclient.Infer
                                                CONNECTIONS))
     deploy, _ = trivial_deployment(work, gpus=2)
     with Deployment(deploy, check_hardware=False, log_dir=work / "wlogs") as dep, \
-            SidecarProcess(manifest=deploy, log_path=work / "wsidecar.log", extra_args=("--workers", "2")) as sc:
+            SidecarProcess(manifest=deploy, log_path=work / "wsidecar.log",
+                           extra_args=("--workers", "2", *native_args())) as sc:
         sc.wait_ready()
-        asyncio.run(closed_loop(sc.grpc_url, "trivial", [t_in], OUTSTANDING, 1.0, CONNECTIONS))
         servers = [s.proc.pid for s in dep.servers.values() if s.proc is not None]
-        pids = [sc.proc.pid, os.getpid(), *servers]
-        cpu0, t0, split0 = [cpu_seconds(p, p != os.getpid()) for p in pids], time.perf_counter(), worker_requests(sc)
-        rps, err, _ = asyncio.run(closed_loop(sc.grpc_url, "trivial", [t_in], OUTSTANDING, duration, CONNECTIONS))
-        used = [(cpu_seconds(p, p != os.getpid()) - c) / (time.perf_counter() - t0) for p, c in zip(pids, cpu0)]
-        split = [b - a for a, b in zip(split0, worker_requests(sc))]
-    return rps, err, used[0], direct, (used[1], sum(used[2:])), split
+        grpc_run = _workers_run(sc, sc.grpc_url, servers, t_in, duration)
+        native_run = _workers_run(sc, native_url(sc), servers, t_in, duration) if NATIVE else None
+    return direct, grpc_run, native_run
+
+
+def _workers_run(sc: SidecarProcess, url: str, servers: list[int], t_in: grpcclient.InferInput, duration: float
+                 ) -> WorkersRun:
+    asyncio.run(closed_loop(url, "trivial", [t_in], OUTSTANDING, 1.0, CONNECTIONS))
+    pids = [sc.proc.pid, os.getpid(), *servers]
+    cpu0, t0, split0 = [cpu_seconds(p, p != os.getpid()) for p in pids], time.perf_counter(), worker_requests(sc)
+    rps, err, _ = asyncio.run(closed_loop(url, "trivial", [t_in], OUTSTANDING, duration, CONNECTIONS))
+    used = [(cpu_seconds(p, p != os.getpid()) - c) / (time.perf_counter() - t0) for p, c in zip(pids, cpu0)]
+    split = [b - a for a, b in zip(split0, worker_requests(sc))]
+    return WorkersRun(rps, err, used[0], (used[1], sum(used[2:])), split)
 
 
 def worker_requests(sc: SidecarProcess) -> list[float]:

@@ -41,9 +41,13 @@ def _kernel_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+def port_in_use(port: int, host: str = "127.0.0.1", shared: bool = False) -> bool:
+    """Whether a server could not listen on ``port``; ``shared``: one that shares it (SO_REUSEPORT) with the
+    servers that already listen there sharing it too."""
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if shared:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         try:
             s.bind((host, port))
         except OSError:

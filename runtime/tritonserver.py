@@ -109,6 +109,9 @@ class TritonProcess:
     extra_args: tuple[str, ...] = ()
     name: str = "triton"
     proc: subprocess.Popen | None = None
+    # its gRPC and HTTP ports shared with other tritonservers started so (Triton's --reuse-grpc-port and
+    # --reuse-http-port: the kernel spreads connections over them), as the workers of serve --workers share theirs
+    shared_ports: bool = False
 
     def __post_init__(self) -> None:
         self.http_port = self.http_port or free_port(self.host)
@@ -129,7 +132,11 @@ class TritonProcess:
                 f"--grpc-address={self.host}", f"--http-port={self.http_port}", f"--grpc-port={self.grpc_port}",
                 f"--metrics-address={self.host}", f"--metrics-port={self.metrics_port}",
                 f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
-                "--exit-timeout-secs=10", "--log-verbose=0", *self.control_args, *self.extra_args]
+                "--exit-timeout-secs=10", "--log-verbose=0", *self.control_args, *self.reuse_args, *self.extra_args]
+
+    @property
+    def reuse_args(self) -> tuple[str, ...]:
+        return ("--reuse-grpc-port=true", "--reuse-http-port=true") if self.shared_ports else ()
 
     @property
     def control_args(self) -> tuple[str, ...]:
@@ -141,8 +148,9 @@ class TritonProcess:
 
     def spawn(self) -> "TritonProcess":
         """Start the process without waiting for readiness (start many, then :meth:`wait_ready` on each)."""
-        for port in (self.http_port, self.grpc_port, self.metrics_port):
-            if port_in_use(port, self.host):
+        for port, shared in ((self.http_port, self.shared_ports), (self.grpc_port, self.shared_ports),
+                             (self.metrics_port, False)):
+            if port_in_use(port, self.host, shared):
                 raise InputError(f"{self.name}: port {port} on {self.host} is already in use; choose another port")
         install = find_triton()
         exit_on_sigterm()

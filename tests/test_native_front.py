@@ -107,8 +107,8 @@ def test_serve_refuses_native_front_combinations_it_cannot_serve(tmp_path: Path)
     ports = ("--grpc-port", "1", "--http-port", "2", "--metrics-port", "3")
     r = run_cli("serve", "--passthrough", "127.0.0.1:1", "--native-grpc-port", "4", *ports)
     assert r.returncode == 2 and "--native-grpc-port needs --manifest" in r.stderr
-    r = run_cli("serve", "--manifest", deploy, "--workers", "2", "--native-grpc-port", "4", *ports)
-    assert r.returncode == 2 and "--native-grpc-port and --workers do not combine" in r.stderr
+    r = run_cli("serve", "--manifest", deploy, "--workers", "2", "--native-grpc-port", "2", *ports)
+    assert r.returncode == 2 and "--native-grpc-port: port 2" in r.stderr  # with --workers too, before any starts
     r = run_cli("serve", "--manifest", deploy, "--native-grpc-port", "2", *ports)
     assert r.returncode == 2 and "--native-grpc-port: port 2" in r.stderr
 

@@ -20,9 +20,12 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.utils.shared_memory as shm
 
+from backends import native_front
+from poolpipe_common.net import free_port
 from runtime.launch import Deployment
 from runtime.sidecar_process import SidecarProcess
 from runtime.testbed import EMULATED_MODEL, build_emulated_deployment
+from scheduler.server.front.native_front import DIR_PREFIX
 from scheduler.server.planned.shm_pool import PREFIX, SHM_DIR
 from tests.conftest import run_cli
 
@@ -167,6 +170,76 @@ def test_two_workers_serve_as_one_triton_and_survive_a_killed_worker(tmp_path: P
     assert len(re.findall(r"event=worker_exited worker=0 pid=\d+ status=-9", text)) == 1
     assert "event=worker_restarted worker=0" in text
     assert not [p for p in seen if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    left = [f.name for f in SHM_DIR.glob(PREFIX + "*") if int(f.name[len(PREFIX):].split("_")[0]) in seen]
+    assert not left, left
+
+
+def _fronts(workers: list[psutil.Process], port: int) -> list[psutil.Process]:
+    """Each worker's native front end: its tritonserver listening on ``port``."""
+    found = []
+    for w in workers:
+        for c in w.children():
+            try:
+                if "tritonserver" in c.name() and port in {x.laddr.port for x in c.net_connections("tcp")
+                                                           if x.status == psutil.CONN_LISTEN}:
+                    found.append(c)
+            except psutil.Error:
+                continue
+    return found
+
+
+def _native_infers(url: str, clients: int, n: int, shape: list[int], name: str) -> None:
+    """``n`` requests on each of ``clients`` new connections, each answered."""
+    for _ in range(clients):
+        c = grpcclient.InferenceServerClient(url, channel_args=[("grpc.use_local_subchannel_pool", 1)])
+        inp = grpcclient.InferInput(name, shape, "FP32")
+        inp.set_data_from_numpy(np.ones(shape, np.float32))
+        for _ in range(n):
+            assert c.infer(EMULATED_MODEL, [inp], client_timeout=30).as_numpy(c.get_model_metadata(
+                EMULATED_MODEL).outputs[0].name) is not None
+        c.close()
+
+
+@pytest.mark.skipif(native_front.library() is None, reason="no C compiler here")
+def test_two_workers_each_serve_through_their_own_native_front_end_on_one_port(tmp_path: Path) -> None:
+    """serve --workers 2 --native-grpc-port: each worker runs a front-end tritonserver on the same gRPC port
+    (Triton's --reuse-grpc-port), both serve, a SIGKILLed worker's front end goes with it and the restarted
+    worker's comes back, and after stop no front end, work directory or shm region is left."""
+    deploy = build_emulated_deployment(tmp_path, slo_us=3_000_000.0, gpus=2, addresses=("127.0.0.1", "127.0.0.1"))
+    log = tmp_path / "sidecar.log"
+    port = free_port()
+    sc = SidecarProcess(manifest=deploy, log_path=log, extra_args=("--workers", "2", "--native-grpc-port", str(port)))
+    url = f"127.0.0.1:{port}"
+    seen: set[int] = set()
+    with Deployment(deploy, check_hardware=False, log_dir=tmp_path / "logs"):
+        try:
+            sc.start().wait_ready()
+            workers = _workers(sc)
+            _wait("two front ends did not listen on the native port", lambda: len(_fronts(_workers(sc), port)) == 2)
+            fronts = _fronts(workers, port)
+            seen |= {p.pid for p in workers + fronts}
+            meta = grpcclient.InferenceServerClient(url).get_model_metadata(EMULATED_MODEL)
+            shape, name = [1, *[int(d) for d in meta.inputs[0].shape[1:]]], meta.inputs[0].name
+            _native_infers(url, CLIENTS, 2, shape, name)
+            per_worker = [_requests(_private_port(w)) for w in workers]
+            assert all(n > 0 for n in per_worker) and sum(per_worker) == 2 * CLIENTS, per_worker
+
+            victim, its_front = workers[0], fronts[0]
+            victim.send_signal(signal.SIGKILL)
+            _wait("the killed worker's front end outlived it", lambda: not its_front.is_running()
+                  or its_front.status() == psutil.STATUS_ZOMBIE)
+            _wait("the restarted worker's front end did not come back", lambda: len(_workers(sc)) == 2
+                  and victim.pid not in {w.pid for w in _workers(sc)} and len(_fronts(_workers(sc), port)) == 2)
+            sc.wait_ready()
+            workers = _workers(sc)
+            seen |= {p.pid for p in workers + _fronts(workers, port)}
+            _native_infers(url, CLIENTS, 1, shape, name)
+            assert _requests(_private_port(workers[0])) > 0  # the new worker serves through its front end
+        finally:
+            code = sc.stop()
+    assert code == 0
+    assert not [p for p in seen if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not [d for d in Path("/tmp").glob(DIR_PREFIX + "*") if int(d.name[len(DIR_PREFIX):].split("-")[0]) in seen]
     left = [f.name for f in SHM_DIR.glob(PREFIX + "*") if int(f.name[len(PREFIX):].split("_")[0]) in seen]
     assert not left, left
 

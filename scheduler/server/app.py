@@ -99,7 +99,8 @@ class Sidecar:
         await self.router.start()
         if c.native_grpc_port is not None and self.planned is not None:  # ready before our ports say ready
             from scheduler.server.front.native_front import NativeFront  # noqa: PLC0415
-            self._native = NativeFront(self.router, c.bind, c.native_grpc_port, c.native_http_port)
+            self._native = NativeFront(self.router, c.bind, c.native_grpc_port, c.native_http_port,
+                                       shared=c.group is not None)
             await self._native.start([self.planned.config(m).config for m in self.planned.names()])
         grpc_rules = RestrictedApis.parse(c.grpc_restricted, "--grpc-restricted-protocol", grpc_prefix=True)
         http_rules = RestrictedApis.parse(c.http_restricted, "--http-restricted-api", grpc_prefix=False)

@@ -86,7 +86,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "sidecar then spends no CPU on gRPC; its HTTP endpoint takes --native-http-port). The "
                         "models planned at start; client shared memory registered on PORT works there (Triton's "
                         "own); the sidecar's statistics, metrics, traces, pass-through and admin stay on "
-                        "--grpc-port/--http-port. Needs --manifest and a C compiler; not with --workers")
+                        "--grpc-port/--http-port. Needs --manifest and a C compiler. With --workers N each worker "
+                        "runs its own front end on the same ports (Triton's --reuse-grpc-port/--reuse-http-port), "
+                        "as the workers share --grpc-port")
     p.add_argument("--native-http-port", type=int, default=0, metavar="PORT",
                    help="the native front end's KServe v2 HTTP port (default: a free port, logged at start)")
     p.add_argument("--worker-of", type=_worker_of, help=argparse.SUPPRESS)  # I:PORT0,PORT1,...: set by the parent
@@ -178,15 +180,14 @@ def config_from_args(args: argparse.Namespace):  # -> SidecarConfig
 
 def _check_native(args: argparse.Namespace, ports: dict[str, int]) -> None:
     """--native-grpc-port: refuse what it cannot serve, in one line."""
-    from poolpipe_common.net import port_in_use  # noqa: PLC0415
+    from poolpipe_common.net import free_ports, port_in_use  # noqa: PLC0415
 
     if args.native_grpc_port is None:
         return
     if args.manifest is None:
         raise InputError("--native-grpc-port needs --manifest: it serves the planned models")
-    if args.workers > 1 or args.worker_of:
-        raise InputError("--native-grpc-port and --workers do not combine: the native front end hands its "
-                         "requests to one sidecar process")
+    if args.worker_of:  # a worker of serve --workers: the parent checked the ports, and its siblings share them
+        return
     native = {"--native-grpc-port": args.native_grpc_port}
     if args.native_http_port:  # 0: a free port
         native["--native-http-port"] = args.native_http_port
@@ -195,6 +196,8 @@ def _check_native(args: argparse.Namespace, ports: dict[str, int]) -> None:
             raise InputError(f"{flag}: {port} is not a TCP port (1-65535)")
         if port in ports.values() or port_in_use(port, args.bind):
             raise InputError(f"{flag}: port {port} on {args.bind} is already in use; choose another port")
+    if args.workers > 1 and not args.native_http_port:  # one free port, for every worker's front end to share
+        args.native_http_port = free_ports(1, set(ports.values()) | {args.native_grpc_port}, args.bind)[0]
 
 
 def _check_workers(args: argparse.Namespace) -> None:

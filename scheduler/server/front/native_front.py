@@ -130,8 +130,9 @@ class NativeFront:
     WATCH_S = 0.5
     MAX_BACKOFF_S = 30.0
 
-    def __init__(self, router: Router, bind: str, grpc_port: int, http_port: int = 0) -> None:
+    def __init__(self, router: Router, bind: str, grpc_port: int, http_port: int = 0, shared: bool = False) -> None:
         self.router, self.bind, self.grpc_port, self.http_port = router, bind, grpc_port, http_port
+        self.shared = shared  # a worker of serve --workers: its siblings' front ends listen on the same ports
         self.triton: TritonProcess | None = None
         self.restarts = 0
         self._server: asyncio.AbstractServer | None = None
@@ -153,7 +154,8 @@ class NativeFront:
             repo = write_front_repository(self._dir / "repository", planned_configs, library)
             self.triton = TritonProcess(repo, grpc_port=self.grpc_port, http_port=self.http_port, host=self.bind,
                                         env={native_front.SOCKET_ENV: str(sock)},
-                                        log_path=self._dir / "tritonserver.log", name="native front end")
+                                        log_path=self._dir / "tritonserver.log", name="native front end",
+                                        shared_ports=self.shared)
             await asyncio.to_thread(self.triton.start)
         except BaseException:
             await self.close()
