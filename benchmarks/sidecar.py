@@ -164,6 +164,7 @@ def main() -> int:
     ap.add_argument("--slo-ms", type=float, default=200.0)
     args = ap.parse_args()
     duration = 2.0 if args.quick else 4.0
+    low_s = 12.0  # the low-load points: 60 requests at 5 rps, enough for a p50 that does not hang on a few
     # up to where Triton itself misses on this machine: a ratio against a baseline that held the top rate would
     # flatter the sidecar
     rates = [20, 40, 60, 80, 100, 130, 160, 200, 250, 300, 350] if args.quick else \
@@ -202,17 +203,17 @@ def main() -> int:
                 targets.append(("native", native_url(sc)))
             best = highest_sustained(targets, MODEL, [inp], rates, duration, slo_s)
             base_max, side_max = best["triton"], best["sidecar"]
-            low_direct = asyncio.run(poisson_load(triton.grpc_url, MODEL, [inp], 5, 2 * duration, slo_s, seed=5))
-            low_side = asyncio.run(poisson_load(sc.grpc_url, MODEL, [inp], 5, 2 * duration, slo_s, seed=5))
-            low_native = asyncio.run(poisson_load(native_url(sc), MODEL, [inp], 5, 2 * duration, slo_s,
+            low_direct = asyncio.run(poisson_load(triton.grpc_url, MODEL, [inp], 5, low_s, slo_s, seed=5))
+            low_side = asyncio.run(poisson_load(sc.grpc_url, MODEL, [inp], 5, low_s, slo_s, seed=5))
+            low_native = asyncio.run(poisson_load(native_url(sc), MODEL, [inp], 5, low_s, slo_s,
                                                   seed=5)) if NATIVE else None
             # the floor of the planned path: its stage calls chained by a bare client, no sidecar
-            chained, _ = asyncio.run(chained_stage_calls(manifest, MODEL, x, int(5 * 2 * duration)))
+            chained, _ = asyncio.run(chained_stage_calls(manifest, MODEL, x, int(5 * low_s)))
             with start_baseline(repo1, log_path=work / "baseline-one-thread.log") as triton1:
-                low_direct1 = asyncio.run(poisson_load(triton1.grpc_url, MODEL, [inp], 5, 2 * duration, slo_s,
+                low_direct1 = asyncio.run(poisson_load(triton1.grpc_url, MODEL, [inp], 5, low_s, slo_s,
                                                        seed=5))
                 with bare_proxy(triton1.grpc_url) as bare_url:  # the front hop's floor with this input
-                    low_bare1 = asyncio.run(poisson_load(bare_url, MODEL, [inp], 5, 2 * duration, slo_s, seed=5))
+                    low_bare1 = asyncio.run(poisson_load(bare_url, MODEL, [inp], 5, low_s, slo_s, seed=5))
 
         print("(c) trivial planned model (Relu on 16 floats, one tritonserver), 64 requests outstanding:", flush=True)
         tdeploy, tpath = trivial_deployment(work)
