@@ -179,7 +179,8 @@ def config_from_args(args: argparse.Namespace):  # -> SidecarConfig
 
 
 def _check_native(args: argparse.Namespace, ports: dict[str, int]) -> None:
-    """--native-grpc-port: refuse what it cannot serve, in one line."""
+    """--native-grpc-port: refuse what it cannot serve, in one line; with --workers, pick the HTTP port that every
+    worker's front end shares when none is given."""
     from poolpipe_common.net import free_ports, port_in_use  # noqa: PLC0415
 
     if args.native_grpc_port is None:
