@@ -240,7 +240,7 @@ def main() -> int:
             nat = closed_loop_cores(native_url(sc), "trivial", sc.proc.pid, [t_in], duration) if NATIVE else None
         with bare_answerer() as (answerer_url, answerer_pid):  # the most any server on grpc.aio takes per core
             floor_rps, _, floor_cores, _ = closed_loop_cores(answerer_url, "trivial", answerer_pid, [t_in], duration)
-        workers = trivial_workers(work, tpath, trepo, t_in, duration)
+        workers = trivial_workers(work, trepo, t_in, duration)
 
     print("\n=== results ===")
     ratio = f"{side_max / base_max:.2f}x" if base_max else "n/a (baseline sustained none of the rates)"
@@ -337,7 +337,7 @@ class WorkersRun:
     split: list[float]
 
 
-def trivial_workers(work: Path, tpath: Path, trepo: Path, t_in: grpcclient.InferInput, duration: float
+def trivial_workers(work: Path, trepo: Path, t_in: grpcclient.InferInput, duration: float
                     ) -> tuple[float, WorkersRun, WorkersRun | None]:
     """``serve --workers 2`` on the trivial model over a pool of two vGPUs, and Triton direct, both under
     OUTSTANDING requests on CONNECTIONS connections: (direct req/s, the sidecar's ports, the native front ends' port

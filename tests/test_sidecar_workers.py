@@ -13,6 +13,7 @@ import signal
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psutil
@@ -188,15 +189,15 @@ def _fronts(workers: list[psutil.Process], port: int) -> list[psutil.Process]:
     return found
 
 
-def _native_infers(url: str, clients: int, n: int, shape: list[int], name: str) -> None:
-    """``n`` requests on each of ``clients`` new connections, each answered."""
+def _native_infers(url: str, clients: int, n: int, meta: Any) -> None:
+    """``n`` requests on each of ``clients`` new connections, each answered with the model's output."""
+    shape = [1, *[int(d) for d in meta.inputs[0].shape[1:]]]
     for _ in range(clients):
         c = grpcclient.InferenceServerClient(url, channel_args=[("grpc.use_local_subchannel_pool", 1)])
-        inp = grpcclient.InferInput(name, shape, "FP32")
+        inp = grpcclient.InferInput(meta.inputs[0].name, shape, "FP32")
         inp.set_data_from_numpy(np.ones(shape, np.float32))
         for _ in range(n):
-            assert c.infer(EMULATED_MODEL, [inp], client_timeout=30).as_numpy(c.get_model_metadata(
-                EMULATED_MODEL).outputs[0].name) is not None
+            assert c.infer(EMULATED_MODEL, [inp], client_timeout=30).as_numpy(meta.outputs[0].name) is not None
         c.close()
 
 
@@ -219,8 +220,7 @@ def test_two_workers_each_serve_through_their_own_native_front_end_on_one_port(t
             fronts = _fronts(workers, port)
             seen |= {p.pid for p in workers + fronts}
             meta = grpcclient.InferenceServerClient(url).get_model_metadata(EMULATED_MODEL)
-            shape, name = [1, *[int(d) for d in meta.inputs[0].shape[1:]]], meta.inputs[0].name
-            _native_infers(url, CLIENTS, 2, shape, name)
+            _native_infers(url, CLIENTS, 2, meta)
             per_worker = [_requests(_private_port(w)) for w in workers]
             assert all(n > 0 for n in per_worker) and sum(per_worker) == 2 * CLIENTS, per_worker
 
@@ -233,7 +233,7 @@ def test_two_workers_each_serve_through_their_own_native_front_end_on_one_port(t
             sc.wait_ready()
             workers = _workers(sc)
             seen |= {p.pid for p in workers + _fronts(workers, port)}
-            _native_infers(url, CLIENTS, 1, shape, name)
+            _native_infers(url, CLIENTS, 1, meta)
             assert _requests(_private_port(workers[0])) > 0  # the new worker serves through its front end
         finally:
             code = sc.stop()

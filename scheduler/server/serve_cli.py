@@ -143,6 +143,7 @@ def config_from_args(args: argparse.Namespace):  # -> SidecarConfig
 
     trace = parse_trace_config(args.trace_config) if args.trace_config else None
     _check_native(args, ports)
+    args.native_http_port = _shared_native_http_port(args, ports)  # the workers' commands pass it on
     manifest, shard = None, (0, 1)
     if args.workers > 1:
         _check_workers(args)
@@ -179,9 +180,8 @@ def config_from_args(args: argparse.Namespace):  # -> SidecarConfig
 
 
 def _check_native(args: argparse.Namespace, ports: dict[str, int]) -> None:
-    """--native-grpc-port: refuse what it cannot serve, in one line; with --workers, pick the HTTP port that every
-    worker's front end shares when none is given."""
-    from poolpipe_common.net import free_ports, port_in_use  # noqa: PLC0415
+    """--native-grpc-port: refuse what it cannot serve, in one line."""
+    from poolpipe_common.net import port_in_use  # noqa: PLC0415
 
     if args.native_grpc_port is None:
         return
@@ -197,8 +197,16 @@ def _check_native(args: argparse.Namespace, ports: dict[str, int]) -> None:
             raise InputError(f"{flag}: {port} is not a TCP port (1-65535)")
         if port in ports.values() or port_in_use(port, args.bind):
             raise InputError(f"{flag}: port {port} on {args.bind} is already in use; choose another port")
-    if args.workers > 1 and not args.native_http_port:  # one free port, for every worker's front end to share
-        args.native_http_port = free_ports(1, set(ports.values()) | {args.native_grpc_port}, args.bind)[0]
+
+
+def _shared_native_http_port(args: argparse.Namespace, ports: dict[str, int]) -> int:
+    """--native-http-port as given; with --workers and none given, one free port now, which every worker's front
+    end then shares (each picking its own would give the workers' front ends different HTTP ports)."""
+    from poolpipe_common.net import free_ports  # noqa: PLC0415
+
+    if args.native_grpc_port is None or args.native_http_port or args.workers == 1:
+        return args.native_http_port
+    return free_ports(1, set(ports.values()) | {args.native_grpc_port}, args.bind)[0]
 
 
 def _check_workers(args: argparse.Namespace) -> None:

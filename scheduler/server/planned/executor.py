@@ -163,12 +163,13 @@ class LiveExecutor:
                 if not any(s.wanted for s in live):  # every caller went away before this stage was sent
                     step = report(StageOutcome(d, k, now_us(), gave_up=True))  # its reservations go back
                     break
-                nxt = d.stages[k + 1].vgpu if k + 1 < len(d.stages) else None
+                following = d.stages[k + 1] if k + 1 < len(d.stages) else None  # this dispatch's next stage
                 hop = (None if a.stage == 0 or not hops else "shm" if hops[0].region is not None
                        else self.fleet.stage_protocol)
                 if hop is not None:
                     self.metrics.child(self.metrics.hops, hop).inc()
-                hops, timing = await self.run_stage(a.vgpu, pipe.stages[a.stage], hops, nxt, deadline_us,
+                hops, timing = await self.run_stage(a.vgpu, pipe.stages[a.stage], hops,
+                                                    following.vgpu if following else None, deadline_us,
                                                     f"{d.id}.{a.stage}")
                 held = None
                 if timing is not None:
@@ -176,12 +177,11 @@ class LiveExecutor:
                     held = self.occupancy.held(a.vgpu, *timing.compute_us)
                     first = timing if a.stage == 0 else first
                     account = (d, a.stage, a.vgpu, live, timing, idle, first, traces, hop)
-                    if k + 1 < len(d.stages):  # after the next stage's call is written: off the request's path
+                    if following is not None:  # after the next stage's call is written: off the request's path
                         asyncio.get_running_loop().call_soon(self._account, *account)
                     else:  # before the answers, whose statistics read the marks
                         self._account(*account)
-                nxt_lead = (self._lead(d.pipeline_id, d.stages[k + 1].stage, len(live)) if k + 1 < len(d.stages)
-                            else None)
+                nxt_lead = self._lead(d.pipeline_id, following.stage, len(live)) if following else None
                 step = report(StageOutcome(d, k, now_us(), held, next_lead_us=nxt_lead))
                 if step.action is not Action.NEXT_STAGE:
                     break

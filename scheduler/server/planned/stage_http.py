@@ -191,8 +191,8 @@ class HttpStageClient:
             return await answer
         finally:
             timer.cancel()
-            if not answer.done() or answer.cancelled() or answer.exception() is not None:
-                # timed out or abandoned: an answer may still come on this connection, so it is not reused
+            if answer.cancelled() or answer.exception() is not None:  # done either way once awaited
+                # timed out, abandoned or lost: an answer may still come on this connection, so it is not reused
                 conn._fail(StageCallError(grpc.StatusCode.CANCELLED, "call abandoned"))
             conn.answer = None
 

@@ -51,8 +51,10 @@ def check_decoded(req: DecodedRequest, model: ModelInfo, shm: ClientShmRegistry)
             if datatype != spec.datatype or shape[1:] != spec.shape or shape[0] != batch:
                 raise ValueError(name)
             arrays[name] = np.frombuffer(data, _NP_DTYPES[datatype]).reshape(shape)  # ValueError: wrong size
-        outputs = {t.name: t for t in model.outputs}
-        wanted = [outputs[n] for n in req.outputs] if req.outputs else list(model.outputs)
+        wanted = list(model.outputs)
+        if req.outputs:  # a selection (most requests take every output: no lookup table built for them)
+            by_name = {t.name: t for t in model.outputs}
+            wanted = [by_name[n] for n in req.outputs]
     except (KeyError, ValueError):
         return check_request(req.to_proto(), model, shm)
     if len(arrays) != len(declared) or not 0 < batch <= model.max_batch_size:
