@@ -40,7 +40,7 @@ lint: $(if $(and $(wildcard $(VENV)/bin/ruff),$(wildcard $(VENV)/bin/lint-import
 	PYTHONPATH=$(CURDIR) $(VENV)/bin/lint-imports --no-logo
 
 test: $(STAMP) lint $(PERF_ANALYZER) native
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider --durations=15
 
 demo: $(STAMP) native
 	$(VENV)/bin/poolpipe demo --out demo-out
