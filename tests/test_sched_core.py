@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, strategies
 
 from scheduler.core import make_scheduler
 from scheduler.core.api import Request
@@ -239,6 +240,20 @@ def test_arrival_rate_is_zero_once_a_stream_is_silent_for_several_gaps():
     assert rate.per_us(90.0) == pytest.approx(0.1)
     assert rate.per_us(130.0) == pytest.approx(0.1) and rate.stale_at_us(130.0) == pytest.approx(140.0)
     assert rate.per_us(140.0) == 0.0 and rate.stale_at_us(140.0) == float("inf")
+
+
+@given(strategies.lists(strategies.floats(0.0, 1e7, allow_nan=False), min_size=2, max_size=40))
+def test_a_stream_is_stale_at_the_instant_stale_at_us_names(times: list[float]) -> None:
+    """A core that holds a batch until the stream counts as stopped is woken at ``stale_at_us``: there the rate must
+    be 0, else it asks for the same instant again (it did where the two rounded apart: 143,111 of 157,378 decisions
+    of one simulated run, each a wake-up at the same instant)."""
+    rate = ArrivalRate(stale_after=5.0)
+    for t in sorted(times):
+        rate.arrived(t)
+    now = max(times)
+    stale = rate.stale_at_us(now)
+    if stale != float("inf"):
+        assert rate.per_us(stale) == 0.0 and rate.stale_at_us(stale) == float("inf")
 
 
 def test_ppipe_shrinks_the_batch_to_meet_the_oldest_deadline_then_drops():

@@ -48,4 +48,6 @@ class ArrivalRate:
         if len(times) < 2:
             return None
         gap = max(times[-1] - times[0], 1.0) / (len(times) - 1)
-        return None if now_us - times[-1] >= self.stale_after * gap else gap
+        # the same sum stale_at_us returns: ``now - last >= k * gap`` can be false at the instant ``last + k * gap``
+        # rounds to, and a core that waits until the stream is stale would be woken there again and again
+        return None if now_us >= times[-1] + self.stale_after * gap else gap
