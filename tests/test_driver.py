@@ -93,6 +93,29 @@ def test_late_wake_ups_are_stepped_at_the_time_asked_for():
     assert res.models["m"].attainment >= 0.99
 
 
+class _AsksForTheSameInstant:
+    """A core that holds its queue until an instant and, stepped there, asks for it again (the arrival-rate rounding
+    that did so is fixed; the loop must not spin on any other)."""
+
+    probe_calls = 0
+
+    def __init__(self) -> None:
+        self.stepped_at: list[float] = []
+
+    def step(self, now_us: float) -> StepResult:
+        self.stepped_at.append(now_us)
+        return StepResult(wake_at_us=1000.0 if now_us <= 1000.0 else None)
+
+
+def test_a_late_wake_up_is_stepped_at_the_time_asked_for_only_once():
+    core = _AsksForTheSameInstant()
+    driver = Driver(core, two_stage_topology(), executor=None, config=DriverConfig.live())
+    assert driver.step(0.0) == 1000.0
+    assert driver.step(1001.0) == 1000.0  # woken late: stepped at 1000, and the core asks for 1000 again
+    assert driver.step(1002.0) is None  # stepped at the loop's time now, not at 1000 until the tolerance ran out
+    assert core.stepped_at == [0.0, 1000.0, 1002.0]
+
+
 @pytest.mark.parametrize("front_us", [3000.0, 12_000.0])
 def test_the_way_outside_the_sidecars_clock_counts_in_every_deadline_and_answer(front_us: float):
     """With ``front_us`` (serve --front-us) each answer reaches its client that much later than the driver sees it,

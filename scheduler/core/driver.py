@@ -158,6 +158,7 @@ class Driver:
                                           0.5 * min(self.base_margin_us.values(), default=0.0))
         self.tickets: dict[int, Ticket] = {}
         self.wake_us: float | None = None
+        self._stepped_at_wake_us: float | None = None  # the wake-up last stepped at its own time (see step)
         self.retries = 0
         self.extra_lead_us = 0.0  # the lead the executor learned under load (the sidecar's planned service sets it)
         self.executor_load = ExecutorLoad()
@@ -209,8 +210,10 @@ class Driver:
         """Decide at ``now_us``: answer drops, hand out dispatches; returns when to step again (or None)."""
         t = now_us
         w = self.wake_us
-        if w is not None and w <= t < w + self.late_wake_tolerance_us:
-            t = w  # a late wake-up is stepped at the time the core asked for
+        if w is not None and w <= t < w + self.late_wake_tolerance_us and w != self._stepped_at_wake_us:
+            # a late wake-up is stepped at the time the core asked for, once: a core that asks for that instant
+            # again would otherwise be stepped there until the tolerance ran out (the loop spinning meanwhile)
+            t = self._stepped_at_wake_us = w
         result = self.scheduler.step(t + self.lead_us)
         self.wake_us = None if result.wake_at_us is None else result.wake_at_us - self.lead_us
         for drop in result.drops:
