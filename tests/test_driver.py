@@ -97,8 +97,6 @@ class _AsksForTheSameInstant:
     """A core that holds its queue until an instant and, stepped there, asks for it again (the arrival-rate rounding
     that did so is fixed; the loop must not spin on any other)."""
 
-    probe_calls = 0
-
     def __init__(self) -> None:
         self.stepped_at: list[float] = []
 

@@ -74,7 +74,7 @@ async def _storm_then_one(url: str, req: service_pb2.ModelInferRequest, n: int, 
 def test_a_cancellation_storm_gives_the_reserved_gpu_time_back(servers: tuple[Path, Path]) -> None:
     """600 requests reserve seconds of both vGPUs ahead; their clients go away after 50 ms. The batches not yet
     sent are abandoned and their reservations released, so the next request is served within its own few ms
-    instead of behind 0.6 s of work nobody waits for (as before: the core kept the reservations)."""
+    instead of behind the work nobody waits for (as before: the core kept the reservations)."""
     work, deploy = servers
     sc = SidecarProcess(manifest=deploy, log_path=work / "sidecar-cancel.log")
     try:
