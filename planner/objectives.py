@@ -43,6 +43,7 @@ class ObjectiveInputs(Protocol):
     paris_batch_pdf: Mapping[int, float] | None
     arrivals: str
     evaluator: str | None
+    jobs: int | None
 
     def solver_options(self) -> SolverOptions: ...
 
@@ -71,7 +72,7 @@ def sustained(spec: PlanningSpec, request: ObjectiveInputs) -> Outcome:
                                          planner="ppipe"), ()))
     # ranking needs a measure: with evaluator none the closed form alone ranks (and its rate is recorded)
     name = "analytic" if request.evaluator == NO_EVALUATOR else request.evaluator
-    return plan_sustained(spec, solves, parse_arrivals(request.arrivals), request.costs(), name)
+    return plan_sustained(spec, solves, parse_arrivals(request.arrivals), request.costs(), name, request.jobs)
 
 
 def cost(spec: PlanningSpec, request: ObjectiveInputs) -> Outcome:

@@ -23,7 +23,7 @@ from poolpipe_common.documents import check_fields
 from poolpipe_common.errors import InputError
 from poolpipe_common.overheads import DEFAULT_OVERHEADS, Overheads
 
-# plan.json's ``request`` fields (progress is how to show it, not what)
+# plan.json's ``request`` fields (progress and jobs are how to plan, not what)
 RECORDED = ("planner", "objective", "rates_rps", "prices", "colocate", "app_split", "paris_batch_pdf", "arrivals",
             "overheads", "evaluator", "solver", "time_limit_s", "gap")
 
@@ -46,6 +46,7 @@ class PlanRequest:
     time_limit_s: float | None = DEFAULT_TIME_LIMIT_S  # None: no limit
     gap: float = DEFAULT_REL_GAP
     progress: bool = False  # show the solver's log
+    jobs: int | None = None  # processes that measure candidate plans at once; None: one per core (how, not what)
 
     def __post_init__(self) -> None:
         check_planner(self.planner)
@@ -67,6 +68,8 @@ class PlanRequest:
         if self.evaluator is not None and self.evaluator not in known_evaluators():
             raise InputError(f"unknown evaluator {self.evaluator!r}; choose one of {', '.join(known_evaluators())}")
         check_limits(self.solver, self.time_limit_s, self.gap)
+        if self.jobs is not None and (not isinstance(self.jobs, int) or isinstance(self.jobs, bool) or self.jobs < 1):
+            raise InputError(f"--jobs: expected a whole number >= 1 (processes that measure plans), got {self.jobs!r}")
 
     def _check_cost_inputs(self) -> None:
         if self.objective == "cost" and (not self.rates_rps or not self.prices):

@@ -51,6 +51,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "measured it on your servers (lead, tail, slowdown); plans count it in every partition's "
                         "latency and measure with it. Default: this project's calibration on emulated servers "
                         "(1.1 ms lead + 1.3 ms tail per stage)")
+    c.add_argument("--jobs", type=int, metavar="N",
+                   help="processes that measure candidate plans at once with the sustained objective (default: one "
+                        "per core of this machine; 1: all in this process). The plan is the same for any N")
     c.add_argument("--price", metavar="TYPE=P,...",
                    help="with --objective cost: price of one GPU-hour per GPU type, e.g. L4=0.8,T4=0.35")
     a = p.add_argument_group("applications (the spec's applications: DAGs of its models with one SLO each)")
@@ -90,7 +93,8 @@ def plan_request(args: argparse.Namespace):
                        prices=numbers(args.price, "--price"), colocate=args.colocate, app_split=args.app_split,
                        paris_batch_pdf=batch_pdf_arg(args.batch_pdf) if args.paris else None,
                        arrivals=args.arrivals, overheads=read_overheads(args.overheads) if args.overheads else None,
-                       solver=args.solver, time_limit_s=time_limit(args), gap=args.gap, progress=args.progress)
+                       solver=args.solver, time_limit_s=time_limit(args), gap=args.gap, progress=args.progress,
+                       jobs=args.jobs)
 
 
 def _plan(args: argparse.Namespace) -> int:

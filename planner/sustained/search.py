@@ -19,8 +19,9 @@ from planner.plan_json import Plan
 from planner.spec.planning_spec import PlanningSpec
 from planner.sustained.arrivals import Arrivals
 from planner.sustained.capacity import predicted_rps
-from planner.sustained.evaluators import Evaluator, evaluator
+from planner.sustained.evaluators import evaluator
 from planner.sustained.fill import Solve, fills, idle_gpus
+from planner.sustained.measure_pool import measure_all
 from poolpipe_common.errors import InputError
 from poolpipe_common.overheads import Overheads, driver_margin_us
 
@@ -95,15 +96,17 @@ def with_sustainable(plan: Plan, rates: dict[str, float], arrivals: Arrivals, ev
 
 
 def plan_sustained(spec: PlanningSpec, solves: Sequence[Solve], arrivals: Arrivals, costs: Overheads,
-                   evaluator_name: str | None = None) -> tuple[Plan, tuple[str, ...]]:
-    """The candidate plan that sustains the most (max-min over models), with its sustainable rates recorded."""
+                   evaluator_name: str | None = None, jobs: int | None = None) -> tuple[Plan, tuple[str, ...]]:
+    """The candidate plan that sustains the most (max-min over models), with its sustainable rates recorded; the
+    candidates are measured in up to ``jobs`` processes (planner.sustained.measure_pool)."""
     cands = candidates(spec, solves, arrivals, costs)
-    name, evaluate = evaluator(evaluator_name)
+    name, _ = evaluator(evaluator_name)
     if name != "analytic":
         # the spec's own plan is always measured, so the kept plan never sustains less than it
-        for c in [c for i, c in enumerate(cands) if i < MEASURED_CANDIDATES or c.margin is None]:
-            c.measured = evaluate(c.plan, arrivals, costs)
-        cands += filled(spec, cands, solves, arrivals, costs, evaluate)
+        chosen = [c for i, c in enumerate(cands) if i < MEASURED_CANDIDATES or c.margin is None]
+        for c, rates in zip(chosen, measure_all(name, [c.plan for c in chosen], arrivals, costs, jobs), strict=True):
+            c.measured = rates
+        cands += filled(spec, cands, solves, arrivals, costs, name, jobs)
     pool = [c for c in cands if c.measured is not None] or cands
     best = max(pool, key=lambda c: (score(c.plan, c.rates()), -(c.margin or 0.0)))
     table = [{"margin_fraction": c.margin, "fill_margin_fraction": c.fill_margin,
@@ -128,7 +131,7 @@ def fill_margins(margin: float) -> tuple[float, ...]:
 
 
 def filled(spec: PlanningSpec, cands: Sequence[Candidate], solves: Sequence[Solve], arrivals: Arrivals,
-           costs: Overheads, evaluate: Evaluator) -> list[Candidate]:
+           costs: Overheads, evaluator_name: str, jobs: int | None = None) -> list[Candidate]:
     """The best measured candidates that leave whole GPUs idle, those GPUs planned at smaller margins
     (:func:`fill_margins`, planner.sustained.fill), measured; plans equal to a candidate's dropped."""
     seen = {_signature(c.plan) for c in cands}
@@ -143,7 +146,9 @@ def filled(spec: PlanningSpec, cands: Sequence[Candidate], solves: Sequence[Solv
                 continue
             seen.add(_signature(plan))
             out.append(Candidate(base.margin, plan, base.lines + lines, predicted_rps(plan, arrivals, costs),
-                                 evaluate(plan, arrivals, costs), fill_margin))
+                                 None, fill_margin))
+    for c, rates in zip(out, measure_all(evaluator_name, [c.plan for c in out], arrivals, costs, jobs), strict=True):
+        c.measured = rates
     return out
 
 

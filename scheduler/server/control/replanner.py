@@ -129,7 +129,9 @@ def plan_and_generate(job: ReplanJob) -> tuple[str, float, dict[str, float]]:
     from planner.spec.planning_spec import load_spec  # noqa: PLC0415
 
     previous = load_manifest(job.previous) if job.previous else None
-    request = request_of(previous.plan, **job.request) if previous else PlanRequest(**job.request)
+    # one process: the planner's workers would take cores from the sidecar serving beside it
+    given = {**job.request, "jobs": 1}
+    request = request_of(previous.plan, **given) if previous else PlanRequest(**given)
     new = plan(reweighted(load_spec(job.spec), job.rates_rps), request).plan
     generate(new, job.onnx, job.cluster, job.out, emulated_tensor_scale=job.emulated_tensor_scale,
              previous=previous)

@@ -1,0 +1,68 @@
+"""Candidate plans measured in worker processes (planner.sustained.measure_pool): the same rates as measuring in
+turn, from a script without a main guard too; errors reach the planner; no worker is left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import psutil
+import pytest
+
+from planner import PlanRequest
+from planner.sustained.arrivals import parse_arrivals
+from planner.sustained.measure_pool import measure_all
+from poolpipe_common.errors import InputError
+from poolpipe_common.overheads import DEFAULT_OVERHEADS
+from tests.conftest import ROOT
+from tests.test_sustained import small_spec
+
+# A user's script that plans at module level, with no ``if __name__ == "__main__"`` guard: a multiprocessing
+# child would import it again and plan again; a worker of the pool must not.
+UNGUARDED = textwrap.dedent("""
+    import json, sys
+    from planner import PlanRequest, plan
+    from planner.sustained.arrivals import parse_arrivals
+    from planner.sustained.measure_pool import measure_all
+    from poolpipe_common.overheads import DEFAULT_OVERHEADS
+    from tests.test_sustained import small_spec
+
+    print("script started", file=sys.stderr, flush=True)
+    ask = PlanRequest(objective="throughput", evaluator="none")
+    plans = [plan(small_spec(l4, t4), ask).plan for l4, t4 in ((1, 1), (2, 3), (3, 6))]
+    poisson = parse_arrivals("poisson")
+    print(json.dumps({"workers": measure_all("simulated", plans, poisson, DEFAULT_OVERHEADS, jobs=2),
+                      "in_turn": measure_all("simulated", plans, poisson, DEFAULT_OVERHEADS, jobs=1)}))
+""")
+
+
+def test_a_script_without_a_main_guard_measures_in_workers_what_it_measures_in_turn(tmp_path):
+    script = tmp_path / "plan_at_module_level.py"
+    script.write_text(UNGUARDED)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stderr.count("script started") == 1  # the workers never ran the caller's script
+    rates = json.loads(done.stdout.strip().splitlines()[-1])
+    assert rates["workers"] == rates["in_turn"]
+    assert len({json.dumps(r, sort_keys=True) for r in rates["in_turn"]}) == 3  # three plans, three rates
+    assert all(r > 0 for rates_of in rates["in_turn"] for r in rates_of.values())
+
+
+def test_an_error_in_a_worker_reaches_the_planner_and_no_worker_is_left():
+    from planner import plan
+
+    plans = [plan(small_spec(1, t4), PlanRequest(objective="throughput", evaluator="none")).plan for t4 in (1, 2)]
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with pytest.raises(InputError, match="unknown evaluator 'no-such-evaluator'"):
+        measure_all("no-such-evaluator", plans, parse_arrivals("poisson"), DEFAULT_OVERHEADS, jobs=2)
+    assert {p.pid for p in psutil.Process().children(recursive=True)} == before
+
+
+def test_jobs_must_be_a_whole_number_of_processes():
+    with pytest.raises(InputError, match="--jobs: expected a whole number >= 1"):
+        PlanRequest(jobs=0)
+    assert "jobs" not in PlanRequest(jobs=2).to_dict()  # how to plan, not what: plan.json does not record it
