@@ -33,9 +33,10 @@ UNGUARDED = textwrap.dedent("""
     print("script started", file=sys.stderr, flush=True)
     ask = PlanRequest(objective="throughput", evaluator="none")
     plans = [plan(small_spec(l4, t4), ask).plan for l4, t4 in ((1, 1), (2, 3), (3, 6))]
-    poisson = parse_arrivals("poisson")
-    print(json.dumps({"workers": measure_all("simulated", plans, poisson, DEFAULT_OVERHEADS, jobs=2),
-                      "in_turn": measure_all("simulated", plans, poisson, DEFAULT_OVERHEADS, jobs=1)}))
+    args = ("simulated", plans, parse_arrivals("poisson"), DEFAULT_OVERHEADS)
+    ticks = []  # a progress bar's updates: one per plan measured
+    print(json.dumps({"workers": measure_all(*args, 2, lambda: ticks.append(2)),
+                      "in_turn": measure_all(*args, 1, lambda: ticks.append(1)), "ticks": ticks}))
 """)
 
 
@@ -48,6 +49,7 @@ def test_a_script_without_a_main_guard_measures_in_workers_what_it_measures_in_t
     assert done.stderr.count("script started") == 1  # the workers never ran the caller's script
     rates = json.loads(done.stdout.strip().splitlines()[-1])
     assert rates["workers"] == rates["in_turn"]
+    assert sorted(rates["ticks"]) == [1, 1, 1, 2, 2, 2]
     assert len({json.dumps(r, sort_keys=True) for r in rates["in_turn"]}) == 3  # three plans, three rates
     assert all(r > 0 for rates_of in rates["in_turn"] for r in rates_of.values())
 

@@ -16,7 +16,7 @@ import queue
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, BinaryIO
 
 from planner.plan_json import Plan
@@ -34,20 +34,25 @@ def default_jobs() -> int:
 
 
 def measure_all(name: str, plans: Sequence[Plan], arrivals: Arrivals, costs: Overheads,
-                jobs: int | None = None) -> list[Rates]:
+                jobs: int | None = None, done: Callable[[], object] | None = None) -> list[Rates]:
     """Each plan's sustainable rates by the evaluator ``name``, in order; in up to ``jobs`` processes (None: one
-    per core; 1: in this process)."""
+    per core; 1: in this process). ``done`` is called once per plan measured (a progress bar's update)."""
+    done = done or (lambda: None)
     workers = min(jobs or default_jobs(), len(plans))
     if workers <= 1 or name == "analytic":  # the closed form takes milliseconds: no process is worth starting
         _, evaluate = evaluator(name)
-        return [evaluate(p, arrivals, costs) for p in plans]
+        out = []
+        for p in plans:
+            out.append(evaluate(p, arrivals, costs))
+            done()
+        return out
     todo: queue.Queue[tuple[int, Plan]] = queue.Queue()
     for job in enumerate(plans):
         todo.put(job)
     results: list[Rates | BaseException | None] = [None] * len(plans)
     pool = [_Worker() for _ in range(workers)]
     try:
-        threads = [threading.Thread(target=w.drain, args=(todo, results, (name, arrivals, costs)), daemon=True)
+        threads = [threading.Thread(target=w.drain, args=(todo, results, (name, arrivals, costs), done), daemon=True)
                    for w in pool]
         for t in threads:
             t.start()
@@ -70,7 +75,8 @@ class _Worker:
         self.proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      env=env)
 
-    def drain(self, todo: queue.Queue, results: list, shared: tuple[str, Arrivals, Overheads]) -> None:
+    def drain(self, todo: queue.Queue, results: list, shared: tuple[str, Arrivals, Overheads],
+              done: Callable[[], object]) -> None:
         """Measure jobs from ``todo`` until it is empty or this worker fails (its error is the job's result)."""
         while True:
             try:
@@ -87,6 +93,7 @@ class _Worker:
                 return
             if isinstance(results[i], BaseException):
                 return
+            done()
 
     def stop(self) -> None:
         """Close its stdin (it exits at EOF); kill it if it does not."""

@@ -12,8 +12,11 @@ smaller margins (planner.sustained.fill), and the merged plans are measured too.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+
+from tqdm import tqdm
 
 from planner.plan_json import Plan
 from planner.spec.planning_spec import PlanningSpec
@@ -104,9 +107,13 @@ def plan_sustained(spec: PlanningSpec, solves: Sequence[Solve], arrivals: Arriva
     if name != "analytic":
         # the spec's own plan is always measured, so the kept plan never sustains less than it
         chosen = [c for i, c in enumerate(cands) if i < MEASURED_CANDIDATES or c.margin is None]
-        for c, rates in zip(chosen, measure_all(name, [c.plan for c in chosen], arrivals, costs, jobs), strict=True):
-            c.measured = rates
-        cands += filled(spec, cands, solves, arrivals, costs, name, jobs)
+        # a bar on a terminal only (disable=None): the re-planner's and the tests' stderr stay clean
+        with tqdm(total=len(chosen), desc=f"measuring candidate plans ({name})", unit="plan", file=sys.stderr,
+                  disable=None, leave=False) as bar:
+            measured = measure_all(name, [c.plan for c in chosen], arrivals, costs, jobs, bar.update)
+            for c, rates in zip(chosen, measured, strict=True):
+                c.measured = rates
+            cands += filled(spec, cands, solves, arrivals, costs, name, jobs, bar)
     pool = [c for c in cands if c.measured is not None] or cands
     best = max(pool, key=lambda c: (score(c.plan, c.rates()), -(c.margin or 0.0)))
     table = [{"margin_fraction": c.margin, "fill_margin_fraction": c.fill_margin,
@@ -131,7 +138,8 @@ def fill_margins(margin: float) -> tuple[float, ...]:
 
 
 def filled(spec: PlanningSpec, cands: Sequence[Candidate], solves: Sequence[Solve], arrivals: Arrivals,
-           costs: Overheads, evaluator_name: str, jobs: int | None = None) -> list[Candidate]:
+           costs: Overheads, evaluator_name: str, jobs: int | None = None, bar: tqdm | None = None
+           ) -> list[Candidate]:
     """The best measured candidates that leave whole GPUs idle, those GPUs planned at smaller margins
     (:func:`fill_margins`, planner.sustained.fill), measured; plans equal to a candidate's dropped."""
     seen = {_signature(c.plan) for c in cands}
@@ -147,7 +155,12 @@ def filled(spec: PlanningSpec, cands: Sequence[Candidate], solves: Sequence[Solv
             seen.add(_signature(plan))
             out.append(Candidate(base.margin, plan, base.lines + lines, predicted_rps(plan, arrivals, costs),
                                  None, fill_margin))
-    for c, rates in zip(out, measure_all(evaluator_name, [c.plan for c in out], arrivals, costs, jobs), strict=True):
+    if bar is not None:
+        bar.total += len(out)
+        bar.refresh()
+    measured = measure_all(evaluator_name, [c.plan for c in out], arrivals, costs, jobs,
+                           bar.update if bar is not None else None)
+    for c, rates in zip(out, measured, strict=True):
         c.measured = rates
     return out
 
