@@ -50,8 +50,9 @@ def measure_all(name: str, plans: Sequence[Plan], arrivals: Arrivals, costs: Ove
     for job in enumerate(plans):
         todo.put(job)
     results: list[Rates | BaseException | None] = [None] * len(plans)
-    pool = [_Worker() for _ in range(workers)]
+    pool: list[_Worker] = []
     try:
+        pool.extend(_Worker() for _ in range(workers))
         threads = [threading.Thread(target=w.drain, args=(todo, results, (name, arrivals, costs), done), daemon=True)
                    for w in pool]
         for t in threads:
