@@ -108,12 +108,12 @@ def plan_sustained(spec: PlanningSpec, solves: Sequence[Solve], arrivals: Arriva
         # the spec's own plan is always measured, so the kept plan never sustains less than it
         chosen = [c for i, c in enumerate(cands) if i < MEASURED_CANDIDATES or c.margin is None]
         # a bar on a terminal only (disable=None): the re-planner's and the tests' stderr stay clean
-        with tqdm(total=len(chosen), desc=f"measuring candidate plans ({name})", unit="plan", file=sys.stderr,
-                  disable=None, leave=False) as bar:
-            measured = measure_all(name, [c.plan for c in chosen], arrivals, costs, jobs, bar.update)
-            for c, rates in zip(chosen, measured, strict=True):
-                c.measured = rates
-            cands += filled(spec, cands, solves, arrivals, costs, name, jobs, bar)
+        with tqdm(total=0, desc=f"measuring candidate plans ({name})", unit="plan", file=sys.stderr, disable=None,
+                  leave=False) as bar:
+            _measure(chosen, name, arrivals, costs, jobs, bar)
+            extra = filled(spec, cands, solves, arrivals, costs)
+            _measure(extra, name, arrivals, costs, jobs, bar)
+        cands += extra
     pool = [c for c in cands if c.measured is not None] or cands
     best = max(pool, key=lambda c: (score(c.plan, c.rates()), -(c.margin or 0.0)))
     table = [{"margin_fraction": c.margin, "fill_margin_fraction": c.fill_margin,
@@ -138,10 +138,9 @@ def fill_margins(margin: float) -> tuple[float, ...]:
 
 
 def filled(spec: PlanningSpec, cands: Sequence[Candidate], solves: Sequence[Solve], arrivals: Arrivals,
-           costs: Overheads, evaluator_name: str, jobs: int | None = None, bar: tqdm | None = None
-           ) -> list[Candidate]:
+           costs: Overheads) -> list[Candidate]:
     """The best measured candidates that leave whole GPUs idle, those GPUs planned at smaller margins
-    (:func:`fill_margins`, planner.sustained.fill), measured; plans equal to a candidate's dropped."""
+    (:func:`fill_margins`, planner.sustained.fill), not yet measured; plans equal to a candidate's dropped."""
     seen = {_signature(c.plan) for c in cands}
     idle = [(c, gpus) for c in cands if c.measured is not None and c.margin is not None
             for gpus in [idle_gpus(c.plan, spec.cluster.gpus)] if gpus]
@@ -155,14 +154,17 @@ def filled(spec: PlanningSpec, cands: Sequence[Candidate], solves: Sequence[Solv
             seen.add(_signature(plan))
             out.append(Candidate(base.margin, plan, base.lines + lines, predicted_rps(plan, arrivals, costs),
                                  None, fill_margin))
-    if bar is not None:
-        bar.total += len(out)
-        bar.refresh()
-    measured = measure_all(evaluator_name, [c.plan for c in out], arrivals, costs, jobs,
-                           bar.update if bar is not None else None)
-    for c, rates in zip(out, measured, strict=True):
-        c.measured = rates
     return out
+
+
+def _measure(cands: Sequence[Candidate], name: str, arrivals: Arrivals, costs: Overheads, jobs: int | None,
+             bar: tqdm) -> None:
+    """Each candidate's rates measured by the evaluator ``name`` (planner.sustained.measure_pool), ``bar`` counting."""
+    bar.total += len(cands)
+    bar.refresh()
+    for c, rates in zip(cands, measure_all(name, [c.plan for c in cands], arrivals, costs, jobs, bar.update),
+                        strict=True):
+        c.measured = rates
 
 
 def annotate(plan: Plan, arrivals: Arrivals, costs: Overheads, evaluator_name: str | None = None) -> Plan:
