@@ -10,7 +10,8 @@ Printed: the highest Poisson load each sustains at >= 99 % SLO attainment (both 
 run on (a), then on (b), so that the host's speed drifting weighs on both alike) and their ratio; p50/p99
 latency at low load through the sidecar and straight to Triton (the sidecar's planned path waits for
 batches by design, so its pure proxy cost is also shown: one request at a time on a trivial model,
-pass-through mode against the same Triton, beside a bare Python gRPC proxy: the floor under any proxy in Python),
+pass-through mode against the same Triton, beside a bare Python gRPC proxy: the floor under any proxy in Python,
+and through the native front end, which forwards pass-through models from C: ``serve --passthrough-http``),
 and straight to Triton computing on one thread as each stage server does, with no queue delay (what the sidecar's
 path adds per stage), beside the same stage calls chained by a bare Python client (what the calls alone cost);
 and the sidecar's maximum request rate on a trivial planned model with the CPU its own process uses, beside a
@@ -227,9 +228,15 @@ def main() -> int:
             direct_rps, _, _ = asyncio.run(closed_loop(triton.grpc_url, "trivial", [t_in], 64, duration))
             # The proxy's own latency: one request at a time, straight vs through the sidecar (pass-through).
             _, _, seq_direct = asyncio.run(closed_loop(triton.grpc_url, "trivial", [t_in], 1, duration))
-            with SidecarProcess(passthrough=triton.grpc_url, log_path=work / "proxy.log") as proxy:
+            # the same pass-through sidecar forwards from C on its native port (serve --passthrough-http)
+            nargs = ("--passthrough-http", triton.http_url, *native_args()) if NATIVE else ()
+            seq_native = None
+            with SidecarProcess(passthrough=triton.grpc_url, log_path=work / "proxy.log", extra_args=nargs) as proxy:
                 asyncio.run(closed_loop(proxy.grpc_url, "trivial", [t_in], 1, 1.0))
                 _, _, seq_proxy = asyncio.run(closed_loop(proxy.grpc_url, "trivial", [t_in], 1, duration))
+                if NATIVE:
+                    asyncio.run(closed_loop(native_url(proxy), "trivial", [t_in], 1, 1.0))
+                    _, _, seq_native = asyncio.run(closed_loop(native_url(proxy), "trivial", [t_in], 1, duration))
             with bare_proxy(triton.grpc_url) as bare_url:  # the floor under any proxy on Python's gRPC stack
                 asyncio.run(closed_loop(bare_url, "trivial", [t_in], 1, 1.0))
                 _, _, seq_bare = asyncio.run(closed_loop(bare_url, "trivial", [t_in], 1, duration))
@@ -277,6 +284,11 @@ def main() -> int:
     print(f"  a bare Python gRPC proxy (grpc.aio, raw bytes, nothing else; loadtest/grpc_floor.py) adds "
           f"{b50 - d50:+.2f}/{b99 - d99:+.2f} ms: the floor under any proxy on Python's gRPC stack here; the sidecar's "
           f"pass-through adds {p50 - b50:+.2f} ms p50 beyond it")
+    if seq_native is not None:
+        n50, n99 = p50_p99_ms(seq_native)
+        print(f"  through the native front end (serve --native-grpc-port --passthrough-http: Triton's front end "
+              f"forwards to the pass-through Triton over HTTP from C, no Python on the path): {n50:.2f}/{n99:.2f} ms "
+              f"(added {n50 - d50:+.2f}/{n99 - d99:+.2f} ms)")
     print(f"trivial model, 64 outstanding: sidecar {side_rps:.0f} req/s ({side_err} errors) using "
           f"{side_cores:.2f} of {os.cpu_count()} cores; Triton direct with dynamic batcher {direct_rps:.0f} req/s; "
           f"ratio {side_rps / direct_rps:.2f}x")

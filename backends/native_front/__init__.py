@@ -1,6 +1,7 @@
 """The sidecar's native front end ``poolpipe_front``: a Triton backend (C sources here, built like
 backends/native/) that hands each request tritonserver received to the sidecar's scheduler over a Unix socket
-and answers it when the sidecar does (``serve --native-grpc-port``; scheduler/server/front/native_front.py).
+and answers it when the sidecar does (``serve --native-grpc-port``; scheduler/server/front/native_front.py), or, for
+the pass-through Triton's models (``serve --passthrough-http``), forwards it there over HTTP itself.
 
 Where it cannot be built, :func:`library` logs one line and returns None, and serve says the flag cannot be used.
 Imports nothing of the project but the native build (a backend package).
@@ -15,11 +16,13 @@ from pathlib import Path
 from backends import native
 
 HERE = Path(__file__).resolve().parent
-FRONT = native.NativeLibrary("poolpipe_front", tuple(sorted(HERE.glob("*.c"))),
-                             (*sorted(HERE.glob("*.h")), native.HERE / "triton_c.h"), HERE)
+# json_min: pass-through models (upstream_http.c) read their config and the pass-through Triton's answers
+FRONT = native.NativeLibrary("poolpipe_front", (*sorted(HERE.glob("*.c")), native.HERE / "json_min.c"),
+                             (*sorted(HERE.glob("*.h")), native.HERE / "triton_c.h", native.HERE / "json_min.h"), HERE)
 BACKEND = FRONT.backend
 LIBRARY = FRONT.library
 SOCKET_ENV = "POOLPIPE_FRONT_SOCKET"  # frames.h: where the backend connects
+UPSTREAM_PARAMETER = "poolpipe_upstream"  # upstream_http.h: a pass-through model's HOST:PORT (Triton's HTTP)
 _log = logging.getLogger("poolpipe.native")
 
 

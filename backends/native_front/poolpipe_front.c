@@ -18,7 +18,9 @@
 #include <unistd.h>
 
 #include "frames.h"
+#include "json_min.h"
 #include "triton_c.h"
+#include "upstream_http.h"
 
 #define EXPORT __attribute__((visibility("default")))
 #define MAX_PENDING 65536 /* requests in flight per instance; beyond it a request is refused (UNAVAILABLE) */
@@ -34,6 +36,7 @@ typedef struct {
   pthread_t reader;
   int reader_started;
   volatile int closing; /* the instance is finalizing: the socket's end is ours, not the sidecar's */
+  upstream* up;         /* a pass-through model (upstream_http.c): no socket, no reader */
 } conn;
 
 static void drop(TRITONSERVER_Error* err) {
@@ -232,6 +235,17 @@ EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_Mode
   TRITONSERVER_Error* err = TRITONBACKEND_ModelInstanceState(instance, &state);
   if (err != NULL) return err;
   conn* c = state;
+  if (c->up != NULL) { /* pass-through: each request forwarded and answered in turn */
+    for (uint32_t r = 0; r < count; r++) {
+      err = upstream_forward(c->up, requests[r]);
+      if (err != NULL) {
+        answer_error(requests[r], err);
+      } else {
+        drop(TRITONBACKEND_RequestRelease(requests[r], TRITONSERVER_REQUEST_RELEASE_ALL));
+      }
+    }
+    return NULL;
+  }
   writer_t w = {0};
   for (uint32_t r = 0; r < count; r++) {
     pthread_mutex_lock(&c->lock);
@@ -306,7 +320,31 @@ static TRITONSERVER_Error* connect_sidecar(conn* c) {
              : NULL;
 }
 
+/* The pass-through Triton ``model``'s config names (parameter UPSTREAM_PARAMETER) into ``*up``; NULL stays there
+ * for the sidecar's planned models. */
+static TRITONSERVER_Error* upstream_of(TRITONBACKEND_Model* model, const char* name, upstream** up) {
+  TRITONSERVER_Message* message = NULL;
+  const char* text = NULL;
+  size_t len = 0;
+  json_value config;
+  char why[512];
+  TRITONSERVER_Error* err = TRITONBACKEND_ModelConfig(model, 1, &message);
+  if (err == NULL) err = TRITONSERVER_MessageSerializeToJson(message, &text, &len);
+  if (err == NULL && json_parse(text, len, &config, why, sizeof(why)) == 0) {
+    const json_value* v = json_get(json_get(json_get(&config, "parameters"), UPSTREAM_PARAMETER), "string_value");
+    if (v != NULL && v->type == JSON_STRING && (*up = upstream_new(v->string, name, why, sizeof(why))) == NULL) {
+      err = TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG, why);
+    }
+    json_free(&config);
+  } else if (err == NULL) {
+    err = TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL, "poolpipe_front: the model config is not JSON");
+  }
+  if (message != NULL) drop(TRITONSERVER_MessageDelete(message));
+  return err;
+}
+
 static void free_conn(conn* c) {
+  upstream_free(c->up);
   if (c->fd >= 0) close(c->fd);
   free(c->slots);
   free(c->free_ids);
@@ -329,7 +367,9 @@ EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_M
   c->free_ids = malloc(MAX_PENDING * sizeof(uint32_t));
   for (uint32_t i = 0; i < MAX_PENDING; i++) c->free_ids[i] = MAX_PENDING - 1 - i;
   c->n_free = MAX_PENDING;
-  err = connect_sidecar(c);
+  err = upstream_of(model, name, &c->up);
+  if (err == NULL && c->up != NULL) return TRITONBACKEND_ModelInstanceSetState(instance, c);
+  if (err == NULL) err = connect_sidecar(c);
   if (err == NULL && pthread_create(&c->reader, NULL, read_answers, c) != 0) {
     err = TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL, "poolpipe_front: cannot start the reader thread");
   }
@@ -347,7 +387,7 @@ EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceFinalize(TRITONBACKEND_Mod
   conn* c = state;
   if (c == NULL) return err;
   c->closing = 1;
-  shutdown(c->fd, SHUT_RDWR); /* the reader sees the end, fails what is pending and exits */
+  if (c->fd >= 0) shutdown(c->fd, SHUT_RDWR); /* the reader sees the end, fails what is pending and exits */
   if (c->reader_started) pthread_join(c->reader, NULL);
   free_conn(c);
   return err;

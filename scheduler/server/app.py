@@ -50,6 +50,7 @@ class SidecarConfig:
     native_grpc_port: int | None = None  # serve --native-grpc-port: Triton's front end for the planned models
     native_http_port: int = 0
     stage_protocol: str = "http"  # serve --stage-protocol: how stage calls reach the Triton servers
+    passthrough_http: str | None = None  # serve --passthrough-http: the native front end forwards those models
 
 
 class Sidecar:
@@ -97,11 +98,12 @@ class Sidecar:
             from scheduler.server.peers import WorkerRouter  # noqa: PLC0415
             self.router = WorkerRouter(*router_args, peers=peers)
         await self.router.start()
-        if c.native_grpc_port is not None and self.planned is not None:  # ready before our ports say ready
+        if c.native_grpc_port is not None:  # ready before our ports say ready
             from scheduler.server.front.native_front import NativeFront  # noqa: PLC0415
             self._native = NativeFront(self.router, c.bind, c.native_grpc_port, c.native_http_port,
-                                       shared=c.group is not None)
-            await self._native.start([self.planned.config(m).config for m in self.planned.names()])
+                                       shared=c.group is not None, passthrough_http=c.passthrough_http)
+            planned = self.planned.names() if self.planned is not None else []
+            await self._native.start([self.planned.config(m).config for m in planned])
         grpc_rules = RestrictedApis.parse(c.grpc_restricted, "--grpc-restricted-protocol", grpc_prefix=True)
         http_rules = RestrictedApis.parse(c.http_restricted, "--http-restricted-api", grpc_prefix=False)
         shared = peers is not None  # the workers of serve --workers listen on the same ports (SO_REUSEPORT)

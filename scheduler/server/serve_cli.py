@@ -42,6 +42,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--manifest", type=Path, help="DIR/manifest.json written by 'poolpipe generate' (or DIR)")
     p.add_argument("--passthrough", type=_hostport, metavar="HOST:PORT",
                    help="gRPC endpoint of a Triton server for models that are not planned")
+    p.add_argument("--passthrough-http", type=_hostport, metavar="HOST:PORT",
+                   help="the pass-through Triton's HTTP endpoint (its --http-port). With --native-grpc-port, that "
+                        "port then also serves the pass-through Triton's models (those ready at start, but "
+                        "stateful and decoupled ones): Triton's front end forwards each request there over HTTP "
+                        "from C, with no Python on the path (a Python gRPC proxy hop costs about 0.5 ms)")
     p.add_argument("--grpc-port", type=int, default=8001, help="KServe v2 gRPC port (default: %(default)s, as Triton)")
     p.add_argument("--http-port", type=int, default=8000, help="KServe v2 HTTP/REST port (default: %(default)s)")
     p.add_argument("--metrics-port", type=int, default=8002, help="Prometheus /metrics port (default: %(default)s)")
@@ -85,8 +90,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "tritonserver whose models hand each request to this sidecar over a Unix socket: the "
                         "sidecar then spends no CPU on gRPC; its HTTP endpoint takes --native-http-port). The "
                         "models planned at start; client shared memory registered on PORT works there (Triton's "
-                        "own); the sidecar's statistics, metrics, traces, pass-through and admin stay on "
-                        "--grpc-port/--http-port. Needs --manifest and a C compiler. With --workers N each worker "
+                        "own); the sidecar's statistics, metrics, traces and admin stay on --grpc-port/--http-port, and so does "
+                        "the pass-through unless --passthrough-http is given. Needs --manifest or --passthrough-http, "
+                        "and a C compiler. With --workers N each worker "
                         "runs its own front end on the same ports (Triton's --reuse-grpc-port/--reuse-http-port), "
                         "as the workers share --grpc-port")
     p.add_argument("--native-http-port", type=int, default=0, metavar="PORT",
@@ -176,7 +182,8 @@ def config_from_args(args: argparse.Namespace):  # -> SidecarConfig
                          grpc_restricted=tuple(args.grpc_restricted_protocol),
                          http_restricted=tuple(args.http_restricted_api),
                          trace=trace, group=args.worker_of, native_grpc_port=args.native_grpc_port,
-                         native_http_port=args.native_http_port, stage_protocol=args.stage_protocol)
+                         native_http_port=args.native_http_port, stage_protocol=args.stage_protocol,
+                         passthrough_http=args.passthrough_http)
 
 
 def _check_native(args: argparse.Namespace, ports: dict[str, int]) -> None:
@@ -184,9 +191,13 @@ def _check_native(args: argparse.Namespace, ports: dict[str, int]) -> None:
     from poolpipe_common.net import port_in_use  # noqa: PLC0415
 
     if args.native_grpc_port is None:
+        if args.passthrough_http:
+            raise InputError("--passthrough-http needs --native-grpc-port: it is the native front end that "
+                             "forwards to it (the sidecar's own ports forward to --passthrough)")
         return
-    if args.manifest is None:
-        raise InputError("--native-grpc-port needs --manifest: it serves the planned models")
+    if args.manifest is None and args.passthrough_http is None:
+        raise InputError("--native-grpc-port needs --manifest (it serves the planned models) or "
+                         "--passthrough-http (the pass-through Triton's models)")
     if args.worker_of:  # a worker of serve --workers: the parent checked the ports, and its siblings share them
         return
     native = {"--native-grpc-port": args.native_grpc_port}

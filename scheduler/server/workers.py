@@ -53,6 +53,8 @@ def worker_command(args: argparse.Namespace, index: int, ports: tuple[int, ...])
     cmd += ["--front-us", repr(args.front_us), "--stage-protocol", args.stage_protocol]
     if args.native_grpc_port is not None:  # each worker's own front end, on the ports its siblings' share
         cmd += ["--native-grpc-port", str(args.native_grpc_port), "--native-http-port", str(args.native_http_port)]
+    if args.passthrough_http:
+        cmd += ["--passthrough-http", args.passthrough_http]
     if args.batch_log:
         cmd += ["--batch-log", str(args.batch_log)]  # one file: each line is one append
     if args.overheads_out:
@@ -69,7 +71,7 @@ def worker_command(args: argparse.Namespace, index: int, ports: tuple[int, ...])
 PASSED_ON = frozenset({"manifest", "passthrough", "grpc_port", "http_port", "metrics_port", "bind", "policy",
                        "drain_timeout", "overheads_out", "front_us", "stage_protocol", "batch_log", "shard", "workers",
                        "worker_of", "replan", "grpc_restricted_protocol", "http_restricted_api", "trace_config",
-                       "native_grpc_port", "native_http_port"})
+                       "native_grpc_port", "native_http_port", "passthrough_http"})
 
 
 def worker_file(path: Path, index: int) -> Path:

@@ -3,8 +3,10 @@
 A tritonserver whose models are the planned ones, served by the poolpipe_front backend (backends/native_front/),
 listens on the port; it receives, decodes and answers KServe v2 gRPC and HTTP requests natively and hands each one
 to this process over a Unix socket. Here each becomes a ModelInferRequest for the router, as from the gRPC front
-end, without grpc.aio's cost per call. Client shared memory registered on that port is Triton's own; the sidecar's
-statistics, metrics, repository, traces and pass-through stay on its own ports.
+end, without grpc.aio's cost per call. With ``serve --passthrough-http`` the port also serves the pass-through
+Triton's models (those ready at start, but stateful and decoupled ones): the backend forwards each request there over
+KServe v2 HTTP itself, so no Python is on their path. Client shared memory registered on that port is Triton's own;
+the sidecar's statistics, metrics, repository, traces and management calls stay on its own ports.
 """
 
 from __future__ import annotations
@@ -20,7 +22,11 @@ from pathlib import Path
 import grpc
 
 from backends import native_front
-from model_repository_gen.front_models import write_front_repository
+from model_repository_gen.front_models import (
+    passthrough_front_config,
+    passthrough_unsupported,
+    write_front_repository,
+)
 from poolpipe_common.errors import InputError
 from runtime.tritonserver import TritonProcess, pid_alive
 from scheduler.server.common.errors import ServeError
@@ -48,6 +54,35 @@ def reclaim_dirs(root: Path | None = None) -> list[Path]:
             shutil.rmtree(d, ignore_errors=True)
             gone.append(d)
     return gone
+
+
+def passthrough_configs(address: str, planned: set[str]) -> list:
+    """The front configs of the models ready on the pass-through Triton at ``address`` (its HTTP HOST:PORT) that
+    the front end can forward (a log line names those it cannot); planned names are the sidecar's."""
+    import tritonclient.http as httpclient  # noqa: PLC0415
+    from google.protobuf import json_format  # noqa: PLC0415
+    from tritonclient.grpc import model_config_pb2 as mc  # noqa: PLC0415
+    from tritonclient.utils import InferenceServerException  # noqa: PLC0415
+
+    client = httpclient.InferenceServerClient(address)
+    try:
+        index = client.get_model_repository_index()
+        names = sorted({m["name"] for m in index if m.get("state") == "READY"} - planned)
+        upstream = [json_format.ParseDict(client.get_model_config(n), mc.ModelConfig(), ignore_unknown_fields=True)
+                    for n in names]
+    except (InferenceServerException, OSError) as e:
+        raise InputError(f"--passthrough-http {address}: cannot list the pass-through Triton's models over HTTP "
+                         f"({e}); give its HTTP HOST:PORT (tritonserver --http-port)") from None
+    finally:
+        client.close()
+    configs = []
+    for cfg in upstream:
+        why = passthrough_unsupported(cfg)
+        if why:
+            log.info("event=native_front_not_forwarded model=%s reason=%r", cfg.name, why)
+        else:
+            configs.append(passthrough_front_config(cfg, address))
+    return configs
 
 
 class _Connection(asyncio.Protocol):
@@ -130,8 +165,10 @@ class NativeFront:
     WATCH_S = 0.5
     MAX_BACKOFF_S = 30.0
 
-    def __init__(self, router: Router, bind: str, grpc_port: int, http_port: int = 0, shared: bool = False) -> None:
+    def __init__(self, router: Router, bind: str, grpc_port: int, http_port: int = 0, shared: bool = False,
+                 passthrough_http: str | None = None) -> None:
         self.router, self.bind, self.grpc_port, self.http_port = router, bind, grpc_port, http_port
+        self.passthrough_http = passthrough_http  # serve --passthrough-http: its models are forwarded from C
         self.shared = shared  # a worker of serve --workers: its siblings' front ends listen on the same ports
         self.triton: TritonProcess | None = None
         self.restarts = 0
@@ -151,7 +188,11 @@ class NativeFront:
         try:
             self._server = await asyncio.get_running_loop().create_unix_server(lambda: _Connection(self.router),
                                                                                path=str(sock))
-            repo = write_front_repository(self._dir / "repository", planned_configs, library)
+            forwarded = []
+            if self.passthrough_http:
+                forwarded = await asyncio.to_thread(passthrough_configs, self.passthrough_http,
+                                                    {c.name for c in planned_configs})
+            repo = write_front_repository(self._dir / "repository", planned_configs, library, forwarded)
             self.triton = TritonProcess(repo, grpc_port=self.grpc_port, http_port=self.http_port, host=self.bind,
                                         env={native_front.SOCKET_ENV: str(sock)},
                                         log_path=self._dir / "tritonserver.log", name="native front end",
@@ -160,8 +201,8 @@ class NativeFront:
         except BaseException:
             await self.close()
             raise
-        log.info("event=native_front_listening grpc=%s http=%s models=%d", self.triton.grpc_url,
-                 self.triton.http_url, len(planned_configs))
+        log.info("event=native_front_listening grpc=%s http=%s models=%d forwarded=%s", self.triton.grpc_url,
+                 self.triton.http_url, len(planned_configs), ",".join(c.name for c in forwarded) or "-")
         self._watcher = asyncio.ensure_future(self._watch())
 
     async def _watch(self) -> None:
