@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
 from planner.cli.flags import add_solver_flags, add_spec_flags, load_cli_spec, time_limit, type_map
@@ -107,7 +108,9 @@ def _plan(args: argparse.Namespace) -> int:
     if args.out.is_dir():
         raise InputError(f"--out {args.out} is a directory; give a file name such as plan.json")
     spec = load_cli_spec(args)
+    started = time.perf_counter()
     outcome = plan(spec, plan_request(args))
+    planning_s = time.perf_counter() - started
     try:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         outcome.plan.save(args.out)
@@ -117,5 +120,7 @@ def _plan(args: argparse.Namespace) -> int:
     for line in outcome.lines:
         print(line)
     p = outcome.plan
-    print(f"wrote {args.out} ({p.planner}, {p.solver}, {p.status}, {p.solve_seconds:.2f} s)")
+    # solve_seconds is the kept plan's MILP solve; planning also measured candidates (the sustained objective)
+    print(f"wrote {args.out} ({p.planner}, {p.solver}, {p.status}; MILP {p.solve_seconds:.2f} s, planning "
+          f"{planning_s:.1f} s)")
     return 0

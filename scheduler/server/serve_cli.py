@@ -90,11 +90,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "tritonserver whose models hand each request to this sidecar over a Unix socket: the "
                         "sidecar then spends no CPU on gRPC; its HTTP endpoint takes --native-http-port). The "
                         "models planned at start; client shared memory registered on PORT works there (Triton's "
-                        "own); the sidecar's statistics, metrics, traces and admin stay on --grpc-port/--http-port, and so does "
-                        "the pass-through unless --passthrough-http is given. Needs --manifest or --passthrough-http, "
-                        "and a C compiler. With --workers N each worker "
-                        "runs its own front end on the same ports (Triton's --reuse-grpc-port/--reuse-http-port), "
-                        "as the workers share --grpc-port")
+                        "own); the sidecar's statistics, metrics, traces and admin stay on --grpc-port/--http-port, "
+                        "and so does the pass-through unless --passthrough-http is given. Needs --manifest or "
+                        "--passthrough-http, and a C compiler. With --workers N each worker runs its own front end on "
+                        "the same ports (Triton's --reuse-grpc-port/--reuse-http-port), as the workers share "
+                        "--grpc-port")
     p.add_argument("--native-http-port", type=int, default=0, metavar="PORT",
                    help="the native front end's KServe v2 HTTP port (default: a free port, logged at start)")
     p.add_argument("--worker-of", type=_worker_of, help=argparse.SUPPRESS)  # I:PORT0,PORT1,...: set by the parent
