@@ -81,11 +81,8 @@ class LoadResult:
 async def poisson_load(url: str, model: str, inputs: list, rate_rps: float, duration_s: float, slo_s: float,
                        seed: int = 0) -> LoadResult:
     """Open-loop Poisson arrivals; a request counts when answered correctly within the SLO."""
-    client = grpcaio.InferenceServerClient(url)
-    rng = np.random.default_rng(seed)
-    lat: list[float] = []
-    errors = 0
-    tasks = []
+    client, rng = grpcaio.InferenceServerClient(url), np.random.default_rng(seed)
+    lat, tasks, errors = [], [], 0
 
     async def one() -> None:
         nonlocal errors
@@ -96,11 +93,9 @@ async def poisson_load(url: str, model: str, inputs: list, rate_rps: float, dura
         except InferenceServerException:
             errors += 1
 
-    start = time.perf_counter()
-    t_next = start
+    start = t_next = time.perf_counter()
     while t_next - start < duration_s:
-        delay = t_next - time.perf_counter()
-        if delay > 0:
+        if (delay := t_next - time.perf_counter()) > 0:
             await asyncio.sleep(delay)
         tasks.append(asyncio.ensure_future(one()))
         t_next += rng.exponential(1.0 / rate_rps)
@@ -116,8 +111,7 @@ def highest_sustained(targets: list[tuple[str, str]], model: str, inputs: list, 
     """Walk up the ladder of rates with every (label, url) target at each rate in turn, so that the host's speed
     drifting over minutes (seen here: 2x between runs) weighs on both alike; each target's highest rate with >= 99 %
     attainment (a target stops after two misses)."""
-    best = {label: 0.0 for label, _ in targets}
-    misses = {label: 0 for label, _ in targets}
+    best, misses = {label: 0.0 for label, _ in targets}, {label: 0 for label, _ in targets}
     for _, url in targets:
         asyncio.run(poisson_load(url, model, inputs, 20, 2.0, slo_s))  # warm-up (the sidecar learns its margin)
     for r in rates:
@@ -224,8 +218,9 @@ def main() -> int:
         write_whole_model(trepo, tpath, "trivial", 32, tc.DynamicBatching((8, 16, 32), 1000),
                           settings=tc.BackendSettings(engine="ort", intra_op_threads=1))
         with start_baseline(trepo, log_path=work / "trivial-baseline.log") as triton:
-            asyncio.run(closed_loop(triton.grpc_url, "trivial", [t_in], 64, 1.0))
-            direct_rps, _, _ = asyncio.run(closed_loop(triton.grpc_url, "trivial", [t_in], 64, duration))
+            # its CPU too: what Triton's front end, dynamic batcher and engine spend per request together
+            direct_rps, _, direct_cores, _ = closed_loop_cores(triton.grpc_url, "trivial", triton.proc.pid, [t_in],
+                                                               duration)
             # The proxy's own latency: one request at a time, straight vs through the sidecar (pass-through).
             _, _, seq_direct = asyncio.run(closed_loop(triton.grpc_url, "trivial", [t_in], 1, duration))
             # the same pass-through sidecar forwards from C on its native port (serve --passthrough-http)
@@ -308,7 +303,9 @@ def main() -> int:
               "front tritonserver)")
     else:
         print("  native front end: not built here (no C compiler); skipped")
-    w_direct, w, wn = workers
+    print(f"  Triton direct meanwhile used {direct_cores:.2f} cores ({direct_cores / direct_rps * 1e6:.0f} us of CPU "
+          f"per request): per core {direct_rps / max(direct_cores, 1e-9):.0f} req/s")
+    (w_direct, w_direct_cores), w, wn = workers
     print(f"trivial model, {OUTSTANDING} outstanding on {CONNECTIONS} connections, serve --workers 2: sidecar "
           f"{w.rps:.0f} req/s ({w.errors} errors) using {w.cores:.2f} of {os.cpu_count()} cores (all its processes); "
           f"Triton direct with dynamic batcher {w_direct:.0f} req/s (same clients); ratio {w.rps / w_direct:.2f}x; "
@@ -321,6 +318,8 @@ def main() -> int:
               f"workers and their front tritonservers); ratio {wn.rps / w_direct:.2f}x; per sidecar core "
               f"{wn.rps / max(wn.cores, 1e-9) / w_direct:.2f}x (client {wn.others[0]:.2f} cores, the two "
               f"tritonservers {wn.others[1]:.2f}; requests per worker {'/'.join(f'{n:.0f}' for n in wn.split)})")
+    print(f"  Triton direct meanwhile used {w_direct_cores:.2f} cores ({w_direct_cores / w_direct * 1e6:.0f} us of "
+          f"CPU per request): per core {w_direct / max(w_direct_cores, 1e-9):.0f} req/s")
     return 0
 
 
@@ -350,16 +349,18 @@ class WorkersRun:
 
 
 def trivial_workers(work: Path, trepo: Path, t_in: grpcclient.InferInput, duration: float
-                    ) -> tuple[float, WorkersRun, WorkersRun | None]:
+                    ) -> tuple[tuple[float, float], WorkersRun, WorkersRun | None]:
     """``serve --workers 2`` on the trivial model over a pool of two vGPUs, and Triton direct, both under
-    OUTSTANDING requests on CONNECTIONS connections: (direct req/s, the sidecar's ports, the native front ends' port
-    where they build)."""
+    OUTSTANDING requests on CONNECTIONS connections: ((direct req/s, its cores), the sidecar's ports, the native
+    front ends' port where they build)."""
     print("(d) trivial planned model, serve --workers 2 (one vGPU each), "
           f"{OUTSTANDING} outstanding on {CONNECTIONS} connections:", flush=True)
     with start_baseline(trepo, log_path=work / "trivial-baseline2.log") as triton:
         asyncio.run(closed_loop(triton.grpc_url, "trivial", [t_in], OUTSTANDING, 1.0, CONNECTIONS))
+        cpu0, t0 = cpu_seconds(triton.proc.pid), time.perf_counter()
         direct, _, _ = asyncio.run(closed_loop(triton.grpc_url, "trivial", [t_in], OUTSTANDING, duration,
                                                CONNECTIONS))
+        direct_cores = (cpu_seconds(triton.proc.pid) - cpu0) / (time.perf_counter() - t0)
     deploy, _ = trivial_deployment(work, gpus=2)
     with Deployment(deploy, check_hardware=False, log_dir=work / "wlogs") as dep, \
             SidecarProcess(manifest=deploy, log_path=work / "wsidecar.log",
@@ -368,7 +369,7 @@ def trivial_workers(work: Path, trepo: Path, t_in: grpcclient.InferInput, durati
         servers = [s.proc.pid for s in dep.servers.values() if s.proc is not None]
         grpc_run = _workers_run(sc, sc.grpc_url, servers, t_in, duration)
         native_run = _workers_run(sc, native_url(sc), servers, t_in, duration) if NATIVE else None
-    return direct, grpc_run, native_run
+    return (direct, direct_cores), grpc_run, native_run
 
 
 def _workers_run(sc: SidecarProcess, url: str, servers: list[int], t_in: grpcclient.InferInput, duration: float
