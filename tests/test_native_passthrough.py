@@ -7,7 +7,10 @@ used again once back. Against a scripted HTTP server: every broken answer become
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -129,6 +132,9 @@ def test_the_native_front_forwards_the_passthrough_tritons_models(tmp_path: Path
         assert all(np.array_equal(o, A * k + B) for k, o in enumerate(outs))
         stats = grpcclient.InferenceServerClient(upstream.grpc_url).get_inference_statistics("simple")
         assert stats.model_stats[0].inference_count == 2 + 2 + 1 + 40  # every request reached the upstream
+        front = native.get_inference_statistics("simple").model_stats[0]  # and the front counted each it forwarded
+        assert front.inference_stats.success.count == 2 + 2 + 1 + 40 and front.inference_stats.fail.count == 0
+        _perf_analyzer(f"127.0.0.1:{port}")
         upstream.stop()
         with pytest.raises(InferenceServerException, match="pass-through Triton at 127.0.0.1") as e:
             native.infer("simple", _inputs(grpcclient))
@@ -139,6 +145,18 @@ def test_the_native_front_forwards_the_passthrough_tritons_models(tmp_path: Path
         sc.stop()
         upstream.stop()
     assert not port_in_use(port) and not port_in_use(http_port)
+
+
+def _perf_analyzer(url: str) -> None:
+    """NVIDIA's perf_analyzer on the front port, unchanged (no -x): it finds the model's version by the front's
+    statistics, and its server-side request count is what it sent."""
+    perf = Path(sys.prefix) / "bin" / "perf_analyzer"
+    out = subprocess.run([str(perf), "-m", "simple", "-u", url, "-i", "grpc", "--concurrency-range", "2",
+                          "--measurement-interval", "1500", "-s", "50", "--max-trials", "8"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    server = out.stdout.split("Server:", 1)[1]
+    assert int(re.search(r"Successful request count: (\d+)", server).group(1)) > 0
 
 
 class ScriptedUpstream:

@@ -5,6 +5,7 @@ what the sidecar serves, and Triton's answers to the rest."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -21,6 +22,8 @@ import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
+from backends import native_front
+from poolpipe_common.net import free_port
 from runtime.launch import Deployment
 from runtime.sidecar_process import SidecarProcess
 from runtime.testbed import EMULATED_MODEL, build_emulated_deployment
@@ -65,12 +68,12 @@ def restricted(servers: tuple[Path, Path]):
     yield from _sidecar(servers, "restricted", *ADMIN)
 
 
-def _perf(sc: SidecarProcess, protocol: str, *args: str) -> str:
+def _perf(sc: SidecarProcess, protocol: str, *args: str, url: str | None = None, model: str = MODEL) -> str:
     if not PERF_ANALYZER.exists():
         pytest.fail(f"{PERF_ANALYZER} is missing: run 'make perf-analyzer' (or python "
                     "tests/tools/install_perf_analyzer.py --prefix VENV)")
-    url = sc.grpc_url if protocol == "grpc" else sc.http_url
-    cmd = [str(PERF_ANALYZER), "-m", MODEL, "-u", url, "-i", protocol, "--measurement-interval", "1500",
+    url = url or (sc.grpc_url if protocol == "grpc" else sc.http_url)
+    cmd = [str(PERF_ANALYZER), "-m", model, "-u", url, "-i", protocol, "--measurement-interval", "1500",
            "-s", "50", "--max-trials", "8", *args]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
@@ -100,6 +103,17 @@ def test_perf_analyzer_runs_unchanged(sidecar: SidecarProcess, protocol: str, ar
     assert s["Successful request count"] > 0 and s["Inference count"] >= s["Successful request count"]
     # the emulated pipeline computes ~8 ms (googlenet on a T4 then an L4): compute infer carries it
     assert 3000 < s["compute infer"] < 200_000 and s["compute input"] > 0 and s["compute output"] > 0
+
+
+@pytest.mark.skipif(native_front.library() is None, reason="no C compiler here")
+def test_perf_analyzer_runs_unchanged_on_the_native_front(servers: tuple[Path, Path]) -> None:
+    """The native front's tritonserver counts each request in its own statistics when the sidecar answers it, so
+    perf_analyzer finds the version there too (no -x) and reads the whole planned path as compute infer."""
+    port = free_port("127.0.0.1")
+    with contextlib.contextmanager(_sidecar)(servers, "native", "--native-grpc-port", str(port)) as sc:
+        s = _server_section(_perf(sc, "grpc", "--concurrency-range", "2", url=f"127.0.0.1:{port}"))
+        assert s["Successful request count"] > 0 and s["Inference count"] >= s["Successful request count"]
+        assert 3000 < s["compute infer"] < 200_000
 
 
 def _infer(c: grpcclient.InferenceServerClient, rows: int) -> None:

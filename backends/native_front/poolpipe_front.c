@@ -18,9 +18,9 @@
 #include <unistd.h>
 
 #include "frames.h"
-#include "json_min.h"
+#include "front_common.h"
+#include "passthrough.h"
 #include "triton_c.h"
-#include "upstream_http.h"
 
 #define EXPORT __attribute__((visibility("default")))
 #define MAX_PENDING 65536 /* requests in flight per instance; beyond it a request is refused (UNAVAILABLE) */
@@ -36,33 +36,22 @@ typedef struct {
   pthread_t reader;
   int reader_started;
   volatile int closing; /* the instance is finalizing: the socket's end is ours, not the sidecar's */
-  upstream* up;         /* a pass-through model (upstream_http.c): no socket, no reader */
+  upstream* up;         /* a pass-through model (passthrough.c): no socket, no reader */
+  TRITONBACKEND_ModelInstance* instance;
+  uint64_t* started; /* per slot: when the request was handed over (its statistics) */
 } conn;
-
-static void drop(TRITONSERVER_Error* err) {
-  if (err != NULL) TRITONSERVER_ErrorDelete(err);
-}
-
-/* Answer ``request`` with ``err`` and release it. ResponseSend copies the error, so it is deleted here. */
-static void answer_error(TRITONBACKEND_Request* request, TRITONSERVER_Error* err) {
-  TRITONBACKEND_Response* response = NULL;
-  if (TRITONBACKEND_ResponseNew(&response, request) == NULL) {
-    drop(TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, err));
-  }
-  drop(err);
-  drop(TRITONBACKEND_RequestRelease(request, TRITONSERVER_REQUEST_RELEASE_ALL));
-}
 
 static void fail(TRITONBACKEND_Request* request, TRITONSERVER_Error_Code code, const char* msg) {
   answer_error(request, TRITONSERVER_ErrorNew(code, msg));
 }
 
-/* The request in slot ``id``, taken out (NULL if none). */
-static TRITONBACKEND_Request* take(conn* c, uint32_t id) {
+/* The request in slot ``id``, taken out (NULL if none), and when it was handed over. */
+static TRITONBACKEND_Request* take(conn* c, uint32_t id, uint64_t* started) {
   TRITONBACKEND_Request* r = NULL;
   pthread_mutex_lock(&c->lock);
   if (id < MAX_PENDING && c->slots[id] != NULL) {
     r = c->slots[id];
+    *started = c->started[id];
     c->slots[id] = NULL;
     c->free_ids[c->n_free++] = id;
   }
@@ -76,8 +65,11 @@ static void fail_all(conn* c) {
   c->dead = 1;
   pthread_mutex_unlock(&c->lock);
   for (uint32_t id = 0; id < MAX_PENDING; id++) {
-    TRITONBACKEND_Request* r = take(c, id);
-    if (r != NULL) fail(r, TRITONSERVER_ERROR_UNAVAILABLE, "poolpipe sidecar is gone; retry once it is back");
+    uint64_t started = 0;
+    TRITONBACKEND_Request* r = take(c, id, &started);
+    if (r == NULL) continue;
+    count_request(c->instance, r, 0, started);
+    fail(r, TRITONSERVER_ERROR_UNAVAILABLE, "poolpipe sidecar is gone; retry once it is back");
   }
 }
 
@@ -158,9 +150,11 @@ static void* read_answers(void* arg) {
     reader_t rd = {buf, buf + len};
     uint32_t id = 0;
     if (rd_u32(&rd, &id) != 0) break;
-    TRITONBACKEND_Request* request = take(c, id);
+    uint64_t started = 0;
+    TRITONBACKEND_Request* request = take(c, id, &started);
     if (request == NULL) continue; /* answered already (cannot happen with a well-behaved sidecar) */
     TRITONSERVER_Error* err = respond(request, &rd);
+    count_request(c->instance, request, err == NULL, started);
     if (err != NULL) {
       answer_error(request, err);
     } else {
@@ -236,24 +230,19 @@ EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_Mode
   if (err != NULL) return err;
   conn* c = state;
   if (c->up != NULL) { /* pass-through: each request forwarded and answered in turn */
-    for (uint32_t r = 0; r < count; r++) {
-      err = upstream_forward(c->up, requests[r]);
-      if (err != NULL) {
-        answer_error(requests[r], err);
-      } else {
-        drop(TRITONBACKEND_RequestRelease(requests[r], TRITONSERVER_REQUEST_RELEASE_ALL));
-      }
-    }
+    passthrough_execute(instance, c->up, requests, count);
     return NULL;
   }
   writer_t w = {0};
+  uint64_t handed = now_ns();
   for (uint32_t r = 0; r < count; r++) {
     pthread_mutex_lock(&c->lock);
     int dead = c->dead;
     uint32_t id = !dead && c->n_free > 0 ? c->free_ids[--c->n_free] : UINT32_MAX;
-    if (id != UINT32_MAX) c->slots[id] = requests[r];
+    if (id != UINT32_MAX) c->slots[id] = requests[r], c->started[id] = handed;
     pthread_mutex_unlock(&c->lock);
     if (id == UINT32_MAX) {
+      count_request(instance, requests[r], 0, handed);
       fail(requests[r], TRITONSERVER_ERROR_UNAVAILABLE,
            dead ? "poolpipe sidecar is gone; retry once it is back" : "poolpipe_front: too many requests in flight");
       continue;
@@ -262,7 +251,9 @@ EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_Mode
     err = encode_request(&w, requests[r], id);
     if (err != NULL) {
       w.len = mark; /* the half-written frame is dropped */
-      if (take(c, id) != NULL) {
+      uint64_t started = 0;
+      if (take(c, id, &started) != NULL) {
+        count_request(instance, requests[r], 0, started);
         answer_error(requests[r], err);
       } else { /* the connection was lost meanwhile: fail_all answered it */
         drop(err);
@@ -271,6 +262,8 @@ EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_Mode
   }
   if (w.len > 0 && write_all(c->fd, w.data, w.len) != 0) shutdown(c->fd, SHUT_RDWR); /* the reader fails them */
   free(w.data);
+  uint64_t done = now_ns(); /* an execution is the hand-over; each request's own time is counted when answered */
+  drop(TRITONBACKEND_ModelInstanceReportBatchStatistics(instance, count, handed, handed, done, done));
   return NULL;
 }
 
@@ -320,33 +313,11 @@ static TRITONSERVER_Error* connect_sidecar(conn* c) {
              : NULL;
 }
 
-/* The pass-through Triton ``model``'s config names (parameter UPSTREAM_PARAMETER) into ``*up``; NULL stays there
- * for the sidecar's planned models. */
-static TRITONSERVER_Error* upstream_of(TRITONBACKEND_Model* model, const char* name, upstream** up) {
-  TRITONSERVER_Message* message = NULL;
-  const char* text = NULL;
-  size_t len = 0;
-  json_value config;
-  char why[512];
-  TRITONSERVER_Error* err = TRITONBACKEND_ModelConfig(model, 1, &message);
-  if (err == NULL) err = TRITONSERVER_MessageSerializeToJson(message, &text, &len);
-  if (err == NULL && json_parse(text, len, &config, why, sizeof(why)) == 0) {
-    const json_value* v = json_get(json_get(json_get(&config, "parameters"), UPSTREAM_PARAMETER), "string_value");
-    if (v != NULL && v->type == JSON_STRING && (*up = upstream_new(v->string, name, why, sizeof(why))) == NULL) {
-      err = TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG, why);
-    }
-    json_free(&config);
-  } else if (err == NULL) {
-    err = TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL, "poolpipe_front: the model config is not JSON");
-  }
-  if (message != NULL) drop(TRITONSERVER_MessageDelete(message));
-  return err;
-}
-
 static void free_conn(conn* c) {
   upstream_free(c->up);
   if (c->fd >= 0) close(c->fd);
   free(c->slots);
+  free(c->started);
   free(c->free_ids);
   free(c->model);
   pthread_mutex_destroy(&c->lock);
@@ -367,7 +338,9 @@ EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_M
   c->free_ids = malloc(MAX_PENDING * sizeof(uint32_t));
   for (uint32_t i = 0; i < MAX_PENDING; i++) c->free_ids[i] = MAX_PENDING - 1 - i;
   c->n_free = MAX_PENDING;
-  err = upstream_of(model, name, &c->up);
+  c->instance = instance;
+  c->started = calloc(MAX_PENDING, sizeof(uint64_t));
+  err = passthrough_of(model, name, &c->up);
   if (err == NULL && c->up != NULL) return TRITONBACKEND_ModelInstanceSetState(instance, c);
   if (err == NULL) err = connect_sidecar(c);
   if (err == NULL && pthread_create(&c->reader, NULL, read_answers, c) != 0) {
