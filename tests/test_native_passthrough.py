@@ -1,8 +1,9 @@
 """``serve --passthrough-http``: the native front end forwards the pass-through Triton's models from C
-(backends/native_front/upstream_http.c). Against a real tritonserver serving Triton's example ``simple`` model: gRPC
-and HTTP clients get what the pass-through Triton computes, through Triton's own shared memory on the front port too,
-with the client's request id, many at once; a pass-through Triton that goes away gives UNAVAILABLE naming it and is
-used again once back. Against a scripted HTTP server: every broken answer becomes an error, and the front serves on."""
+(backends/native_front/upstream_http.c). Against a real tritonserver serving Triton's example ``simple`` and
+``simple_identity`` models: gRPC and HTTP clients get what the pass-through Triton computes (string tensors too),
+through Triton's own shared memory on the front port too, with the client's request id, many at once, and
+perf_analyzer runs there; a pass-through Triton that goes away gives UNAVAILABLE naming it and is used again once
+back. Against a scripted HTTP server: every broken answer becomes an error, and the front serves on."""
 
 from __future__ import annotations
 
@@ -126,6 +127,11 @@ def test_the_native_front_forwards_the_passthrough_tritons_models(tmp_path: Path
             got = h.infer("simple", _inputs(httpclient, binary_data=binary))
             assert np.array_equal(got.as_numpy("OUTPUT1"), A - B)
         _shm_round_trip(native)
+        words = np.array([[b"hello", b"\x00\xffbytes", "\u00fcn\u00efc\u00f6de".encode()]], dtype=np.object_)
+        for mod, client in ((grpcclient, native), (httpclient, h)):  # string tensors: length-prefixed bytes
+            t = mod.InferInput("INPUT0", [1, 3], "BYTES")
+            t.set_data_from_numpy(words)
+            assert client.infer("simple_identity", [t]).as_numpy("OUTPUT0").tolist() == words.tolist()
         with pytest.raises(InferenceServerException, match="unexpected shape"):  # the front's Triton checks first
             native.infer("simple", _inputs(grpcclient, A[:, :8], B[:, :8]))
         outs = asyncio.run(_many_at_once(f"127.0.0.1:{port}", 40))
