@@ -89,12 +89,14 @@ def _serve_args(*argv: str) -> argparse.Namespace:
 
 def test_each_worker_gets_every_flag_its_share_and_its_own_files(tmp_path) -> None:
     args = _serve_args("--manifest", "d", "--workers", "2", "--batch-log", "b.jsonl", "--overheads-out",
-                       str(tmp_path / "o.json"), "--trace-config", "level=TIMESTAMPS", "--passthrough", "h:1")
+                       str(tmp_path / "o.json"), "--trace-config", "level=TIMESTAMPS", "--passthrough", "h:1",
+                       "--native-grpc-port", "7001", "--passthrough-http", "h:2")
     assert set(vars(args)) - {"func"} <= PASSED_ON  # a new serve option must be passed on to the workers
     cmd = worker_command(args, 1, (5001, 5002))
     joined = " ".join(cmd)
     assert "--shard 1/2" in joined and "--worker-of 1:5001,5002" in joined and "--metrics-port 5002" in joined
     assert "--trace-config level=TIMESTAMPS" in joined and "--passthrough h:1" in joined
+    assert "--native-grpc-port 7001" in joined and "--passthrough-http h:2" in joined
     assert f"--overheads-out {worker_file(tmp_path / 'o.json', 1)}" in joined
     assert worker_file(tmp_path / "o.json", 1).name == "o.worker1.json"
     assert serve_cli._worker_of("1:5001,5002").peers == ["http://127.0.0.1:5001"]
