@@ -55,37 +55,45 @@ def infer_request(url: str, batch: int = 1) -> service_pb2.ModelInferRequest:
 
 
 async def _storm_then_one(url: str, req: service_pb2.ModelInferRequest, n: int, cancel_after_s: float
-                          ) -> tuple[int, float]:
+                          ) -> tuple[int, int, float]:
     """``n`` requests at once, cancelled by their clients after ``cancel_after_s``; then one more request.
-    Returns how many of the storm were answered before the cancel, and the last request's latency (s)."""
+    Returns how many of the storm were still waiting at the cancel, how many had been served (not shed), and the
+    last request's latency (s)."""
     async with grpc.aio.insecure_channel(url) as ch:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(ch)
         calls = [stub.ModelInfer(req, timeout=10) for _ in range(n)]
         await asyncio.sleep(cancel_after_s)
-        answered = sum(c.done() for c in calls)
+        done = [c for c in calls if c.done()]
+        served = sum([await c.code() == grpc.StatusCode.OK for c in done])
         for c in calls:
             c.cancel()
         await asyncio.sleep(0.01)
         t0 = time.monotonic()
         await stub.ModelInfer(req, timeout=10)
-        return answered, time.monotonic() - t0
+        return n - len(done), served, time.monotonic() - t0
 
 
 def test_a_cancellation_storm_gives_the_reserved_gpu_time_back(servers: tuple[Path, Path]) -> None:
-    """600 requests reserve seconds of both vGPUs ahead; their clients go away after 50 ms. The batches not yet
-    sent are abandoned and their reservations released, so the next request is served within its own few ms
-    instead of behind the work nobody waits for (as before: the core kept the reservations)."""
+    """600 requests (more if the sidecar answers many of them in time) reserve seconds of both vGPUs ahead; their
+    clients go away after 50 ms. The batches not yet sent are abandoned and their reservations released, so the
+    next request is served within its own few ms instead of behind the work nobody waits for (as before: the core
+    kept the reservations)."""
     work, deploy = servers
     sc = SidecarProcess(manifest=deploy, log_path=work / "sidecar-cancel.log")
     try:
         sc.start().wait_ready()
         req = infer_request(sc.grpc_url)
-        n, cancel_after_s = 600, 0.05
-        answered, latency = asyncio.run(_storm_then_one(sc.grpc_url, req, n, cancel_after_s))
-        # The backlog left at the cancel, at the rate the storm was served until then: a faster sidecar answers
-        # more of it in 50 ms, so the storm is sized to leave seconds' worth, and the check says how much it left.
-        backlog_s = (n - answered) * cancel_after_s / max(answered, 1)
-        assert backlog_s > 0.4, f"{answered} of {n} were answered before the cancel: {backlog_s:.2f} s left, no storm"
+        cancel_after_s = 0.05
+        for n in (600, 1200, 2400):
+            waiting, served, latency = asyncio.run(_storm_then_one(sc.grpc_url, req, n, cancel_after_s))
+            # The backlog left at the cancel, at the rate the storm was served until then (requests shed at once
+            # are no backlog and no service): a faster sidecar, or a fast spell of the host, serves more of it in
+            # 50 ms, so a storm that left less than the check needs is made again, larger.
+            backlog_s = waiting * cancel_after_s / max(served, 1)
+            if backlog_s > 0.4:
+                break
+        assert backlog_s > 0.4, f"{served} of {n} were served and {waiting} waiting at the cancel: " \
+                                f"{backlog_s:.2f} s left, no storm"
         assert latency < 0.2, f"a request after the storm took {latency * 1e3:.0f} ms"
         for _ in range(3):  # and it serves on
             grpcclient.InferenceServerClient(sc.grpc_url).infer(EMULATED_MODEL, [_input(req)])
