@@ -46,13 +46,12 @@ def passthrough_front_config(upstream: mc.ModelConfig, address: str) -> mc.Model
     as clients send them (no reshape: the backend forwards what it received) and no labels (the classification
     extension is the pass-through Triton's on the sidecar's ports)."""
     cfg = mc.ModelConfig(name=upstream.name, backend=native_front.BACKEND, max_batch_size=upstream.max_batch_size)
-    for src, dst in ((upstream.input, cfg.input), (upstream.output, cfg.output)):
-        for t in src:
-            tensor = dst.add()
-            tensor.CopyFrom(t)
-            tensor.ClearField("reshape")
-            if hasattr(tensor, "label_filename"):
-                tensor.ClearField("label_filename")
+    cfg.input.extend(upstream.input)
+    cfg.output.extend(upstream.output)
+    for tensor in (*cfg.input, *cfg.output):
+        tensor.ClearField("reshape")
+    for tensor in cfg.output:
+        tensor.ClearField("label_filename")
     cfg.instance_group.add(count=PASSTHROUGH_INSTANCES, kind=mc.ModelInstanceGroup.KIND_CPU)
     cfg.parameters[native_front.UPSTREAM_PARAMETER].string_value = address
     return cfg

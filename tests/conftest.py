@@ -1,4 +1,4 @@
-"""Shared test helpers: the repository root, the reference data, and running the real CLI."""
+"""Shared test helpers: the repository root, the reference data, running the real CLI and NVIDIA's perf_analyzer."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE_DIR = ROOT / "data" / "ppipe"
+PERF_ANALYZER = Path(os.environ.get("PERF_ANALYZER", Path(sys.prefix) / "bin" / "perf_analyzer"))
 
 
 def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600, env: dict | None = None
@@ -19,6 +20,19 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600, env: dict
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     return subprocess.run([sys.executable, "-m", "poolpipe", *map(str, args)], cwd=cwd or ROOT,
                           capture_output=True, text=True, timeout=timeout, env=full_env)
+
+
+def run_perf_analyzer(url: str, model: str, protocol: str, *args: str) -> str:
+    """perf_analyzer (installed by ``make perf-analyzer``) against ``url`` with short measurement windows; its
+    output, after asserting it succeeded."""
+    if not PERF_ANALYZER.exists():
+        pytest.fail(f"{PERF_ANALYZER} is missing: run 'make perf-analyzer' (or python "
+                    "tests/tools/install_perf_analyzer.py --prefix VENV)")
+    cmd = [str(PERF_ANALYZER), "-m", model, "-u", url, "-i", protocol, "--measurement-interval", "1500",
+           "-s", "50", "--max-trials", "8", *args]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    return out.stdout
 
 
 @pytest.fixture

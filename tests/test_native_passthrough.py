@@ -10,8 +10,6 @@ from __future__ import annotations
 import asyncio
 import re
 import socket
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -32,10 +30,10 @@ from model_repository_gen.front_models import (
     passthrough_unsupported,
     write_front_repository,
 )
-from poolpipe_common.net import free_port, port_in_use
+from poolpipe_common.net import free_ports, port_in_use
 from runtime.sidecar_process import SidecarProcess
 from runtime.tritonserver import TritonProcess
-from tests.conftest import run_cli
+from tests.conftest import run_cli, run_perf_analyzer
 
 MODELS = Path(__file__).resolve().parent / "models"
 A = np.arange(16, dtype=np.int32).reshape(1, 16)
@@ -109,7 +107,7 @@ async def _many_at_once(url: str, n: int) -> list[np.ndarray]:
 @pytest.mark.triton
 @needs_cc
 def test_the_native_front_forwards_the_passthrough_tritons_models(tmp_path: Path) -> None:
-    port, http_port = free_port("127.0.0.1"), free_port("127.0.0.1")
+    port, http_port = free_ports(2)  # two picks of free_port can be the same port
     upstream = TritonProcess(MODELS, log_path=tmp_path / "triton.log").start()
     sc = SidecarProcess(passthrough=upstream.grpc_url, log_path=tmp_path / "sidecar.log",
                         extra_args=("--passthrough-http", upstream.http_url, "--native-grpc-port", str(port),
@@ -155,28 +153,26 @@ def test_the_native_front_forwards_the_passthrough_tritons_models(tmp_path: Path
 
 def _perf_analyzer(url: str) -> None:
     """NVIDIA's perf_analyzer on the front port, unchanged (no -x): it finds the model's version by the front's
-    statistics, and its server-side request count is what it sent."""
-    perf = Path(sys.prefix) / "bin" / "perf_analyzer"
-    out = subprocess.run([str(perf), "-m", "simple", "-u", url, "-i", "grpc", "--concurrency-range", "2",
-                          "--measurement-interval", "1500", "-s", "50", "--max-trials", "8"],
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
-    server = out.stdout.split("Server:", 1)[1]
+    statistics, and its server-side section counts the requests it sent."""
+    server = run_perf_analyzer(url, "simple", "grpc", "--concurrency-range", "2").split("Server:", 1)[1]
     assert int(re.search(r"Successful request count: (\d+)", server).group(1)) > 0
 
 
 class ScriptedUpstream:
     """A loopback HTTP server that reads each request whole and answers it with the next scripted bytes (None:
-    close the connection instead; after an answer saying ``Connection: close`` it closes too)."""
+    close the connection instead); ``connection_of`` says on which accepted connection each request came. It keeps
+    a connection open after an answer saying ``Connection: close``, so a client that ignored it would be seen."""
 
     def __init__(self, answers: list[bytes | None]) -> None:
         self.answers = list(answers)
+        self.connection_of: list[int] = []
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.address = f"127.0.0.1:{self.sock.getsockname()[1]}"
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
 
     def _serve(self) -> None:
+        accepted = 0
         while self.answers:
             try:
                 conn, _ = self.sock.accept()
@@ -184,12 +180,12 @@ class ScriptedUpstream:
                 return
             with conn:
                 while self.answers and self._read_request(conn):
+                    self.connection_of.append(accepted)
                     answer = self.answers.pop(0)
                     if answer is None:
                         break
                     conn.sendall(answer)
-                    if b"Connection: close" in answer:
-                        break
+            accepted += 1
 
     @staticmethod
     def _read_request(conn: socket.socket) -> bool:
@@ -232,7 +228,7 @@ def test_broken_answers_of_a_passthrough_triton_become_errors_and_the_front_serv
         # a kept-open connection closed unanswered is tried once more on a new one: closed twice is an error
         "closed the connection": None,
     }
-    closing = GOOD.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n", 1)  # the next call dials again
+    closing = GOOD.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n", 1)
     fake = ScriptedUpstream([GOOD, closing, *script.values(), None, GOOD])
     cfg = passthrough_front_config(_simple_config(), fake.address)
     cfg.instance_group[0].count = 1  # one connection, so the script is answered in order
@@ -245,6 +241,8 @@ def test_broken_answers_of_a_passthrough_triton_become_errors_and_the_front_serv
             for message in script:
                 with pytest.raises(InferenceServerException, match=message):
                     c.infer("simple", _inputs(grpcclient))
+            # kept open for the second call; after its Connection: close the third came on a new connection
+            assert fake.connection_of[:3] == [0, 0, 1]
             assert np.array_equal(c.infer("simple", _inputs(grpcclient)).as_numpy("OUTPUT0"), A + B)
             assert front.exited() is None
     finally:

@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -28,11 +25,10 @@ from runtime.launch import Deployment
 from runtime.sidecar_process import SidecarProcess
 from runtime.testbed import EMULATED_MODEL, build_emulated_deployment
 from scheduler.server.common.triton_metrics import NAMES
-from tests.conftest import run_cli
+from tests.conftest import run_cli, run_perf_analyzer
 
 pytestmark = pytest.mark.triton
 MODEL = EMULATED_MODEL
-PERF_ANALYZER = Path(os.environ.get("PERF_ANALYZER", Path(sys.prefix) / "bin" / "perf_analyzer"))
 
 
 ADMIN = ("--grpc-restricted-protocol", "shared-memory,model-repository:admin-key=s3cret",
@@ -68,16 +64,8 @@ def restricted(servers: tuple[Path, Path]):
     yield from _sidecar(servers, "restricted", *ADMIN)
 
 
-def _perf(sc: SidecarProcess, protocol: str, *args: str, url: str | None = None, model: str = MODEL) -> str:
-    if not PERF_ANALYZER.exists():
-        pytest.fail(f"{PERF_ANALYZER} is missing: run 'make perf-analyzer' (or python "
-                    "tests/tools/install_perf_analyzer.py --prefix VENV)")
-    url = url or (sc.grpc_url if protocol == "grpc" else sc.http_url)
-    cmd = [str(PERF_ANALYZER), "-m", model, "-u", url, "-i", protocol, "--measurement-interval", "1500",
-           "-s", "50", "--max-trials", "8", *args]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
-    return out.stdout
+def _perf(sc: SidecarProcess, protocol: str, *args: str, url: str | None = None) -> str:
+    return run_perf_analyzer(url or (sc.grpc_url if protocol == "grpc" else sc.http_url), MODEL, protocol, *args)
 
 
 def _server_section(text: str) -> dict[str, int]:

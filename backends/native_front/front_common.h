@@ -3,8 +3,10 @@
 #pragma once
 
 #include <stdint.h>
+#include <string.h>
 #include <time.h>
 
+#include "frames.h"
 #include "triton_c.h"
 
 static inline void drop(TRITONSERVER_Error* err) {
@@ -19,6 +21,41 @@ static inline void answer_error(TRITONBACKEND_Request* request, TRITONSERVER_Err
   }
   drop(err);
   drop(TRITONBACKEND_RequestRelease(request, TRITONSERVER_REQUEST_RELEASE_ALL));
+}
+
+/* Append the bytes of ``input`` (its ``n_buf`` buffers, which must be in CPU memory) to ``w``. */
+static inline TRITONSERVER_Error* append_input_bytes(writer_t* w, TRITONBACKEND_Input* input, uint32_t n_buf) {
+  for (uint32_t b = 0; b < n_buf; b++) {
+    const void* p = NULL;
+    uint64_t size = 0;
+    TRITONSERVER_MemoryType mt = TRITONSERVER_MEMORY_CPU;
+    int64_t mt_id = 0;
+    TRITONSERVER_Error* err = TRITONBACKEND_InputBuffer(input, b, &p, &size, &mt, &mt_id);
+    if (err != NULL) return err;
+    if (mt == TRITONSERVER_MEMORY_GPU) {
+      return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_UNSUPPORTED, "poolpipe_front: inputs in GPU memory");
+    }
+    wr_bytes(w, p, size);
+  }
+  return NULL;
+}
+
+/* Add output ``name`` (Triton's datatype name, ``shape``) to ``response`` holding ``nbytes`` copied from ``data``. */
+static inline TRITONSERVER_Error* add_output_bytes(TRITONBACKEND_Response* response, const char* name,
+                                                   const char* dtype, const int64_t* shape, uint32_t n_dims,
+                                                   const void* data, size_t nbytes) {
+  TRITONBACKEND_Output* out = NULL;
+  void* buf = NULL;
+  TRITONSERVER_MemoryType mt = TRITONSERVER_MEMORY_CPU;
+  int64_t mt_id = 0;
+  TRITONSERVER_Error* err = TRITONBACKEND_ResponseOutput(response, &out, name, TRITONSERVER_StringToDataType(dtype),
+                                                         shape, n_dims);
+  if (err == NULL) err = TRITONBACKEND_OutputBuffer(out, &buf, nbytes, &mt, &mt_id);
+  if (err == NULL && mt == TRITONSERVER_MEMORY_GPU) {
+    err = TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_UNSUPPORTED, "poolpipe_front: output in GPU memory");
+  }
+  if (err == NULL && nbytes > 0) memcpy(buf, data, nbytes);
+  return err;
 }
 
 /* Triton's statistics clock (steady_clock). */

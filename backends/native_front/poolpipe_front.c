@@ -113,17 +113,7 @@ static TRITONSERVER_Error* respond(TRITONBACKEND_Request* request, reader_t* rd)
   int bad = rd_u16(rd, &n_out);
   for (uint16_t o = 0; !bad && err == NULL && o < n_out; o++) {
     if ((bad = rd_tensor(rd, &t)) != 0) break;
-    TRITONBACKEND_Output* out = NULL;
-    void* buf = NULL;
-    TRITONSERVER_MemoryType mt = TRITONSERVER_MEMORY_CPU;
-    int64_t mt_id = 0;
-    err = TRITONBACKEND_ResponseOutput(response, &out, t.name, TRITONSERVER_StringToDataType(t.dtype), t.shape,
-                                       t.n_dims);
-    if (err == NULL) err = TRITONBACKEND_OutputBuffer(out, &buf, t.nbytes, &mt, &mt_id);
-    if (err == NULL && mt == TRITONSERVER_MEMORY_GPU) {
-      err = TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_UNSUPPORTED, "poolpipe_front: output in GPU memory");
-    }
-    if (err == NULL && t.nbytes > 0) memcpy(buf, t.data, t.nbytes);
+    err = add_output_bytes(response, t.name, t.dtype, t.shape, t.n_dims, t.data, t.nbytes);
   }
   if (err == NULL && bad) err = TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL, "poolpipe_front: bad answer frame");
   if (err != NULL) {
@@ -195,18 +185,7 @@ static TRITONSERVER_Error* encode_request(writer_t* w, TRITONBACKEND_Request* re
     wr_u16(w, (uint16_t)n_dims);
     for (uint32_t d = 0; d < n_dims; d++) wr_i64(w, shape[d]);
     wr_u64(w, bytes);
-    for (uint32_t b = 0; b < n_buf; b++) {
-      const void* p = NULL;
-      uint64_t size = 0;
-      TRITONSERVER_MemoryType mt = TRITONSERVER_MEMORY_CPU;
-      int64_t mt_id = 0;
-      err = TRITONBACKEND_InputBuffer(input, b, &p, &size, &mt, &mt_id);
-      if (err != NULL) return err;
-      if (mt == TRITONSERVER_MEMORY_GPU) {
-        return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_UNSUPPORTED, "poolpipe_front: inputs in GPU memory");
-      }
-      wr_bytes(w, p, size);
-    }
+    if ((err = append_input_bytes(w, input, n_buf)) != NULL) return err;
   }
   wr_u16(w, (uint16_t)n_out);
   for (uint32_t o = 0; o < n_out; o++) {
@@ -333,16 +312,18 @@ EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_M
   conn* c = calloc(1, sizeof(conn));
   c->fd = -1;
   c->model = strdup(name);
-  pthread_mutex_init(&c->lock, NULL);
-  c->slots = calloc(MAX_PENDING, sizeof(TRITONBACKEND_Request*));
-  c->free_ids = malloc(MAX_PENDING * sizeof(uint32_t));
-  for (uint32_t i = 0; i < MAX_PENDING; i++) c->free_ids[i] = MAX_PENDING - 1 - i;
-  c->n_free = MAX_PENDING;
   c->instance = instance;
-  c->started = calloc(MAX_PENDING, sizeof(uint64_t));
+  pthread_mutex_init(&c->lock, NULL);
   err = passthrough_of(model, name, &c->up);
-  if (err == NULL && c->up != NULL) return TRITONBACKEND_ModelInstanceSetState(instance, c);
-  if (err == NULL) err = connect_sidecar(c);
+  if (err == NULL && c->up != NULL) return TRITONBACKEND_ModelInstanceSetState(instance, c); /* no slots, no socket */
+  if (err == NULL) {
+    c->slots = calloc(MAX_PENDING, sizeof(TRITONBACKEND_Request*));
+    c->started = calloc(MAX_PENDING, sizeof(uint64_t));
+    c->free_ids = malloc(MAX_PENDING * sizeof(uint32_t));
+    for (uint32_t i = 0; i < MAX_PENDING; i++) c->free_ids[i] = MAX_PENDING - 1 - i;
+    c->n_free = MAX_PENDING;
+    err = connect_sidecar(c);
+  }
   if (err == NULL && pthread_create(&c->reader, NULL, read_answers, c) != 0) {
     err = TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL, "poolpipe_front: cannot start the reader thread");
   }

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "frames.h"
+#include "front_common.h"
 #include "json_min.h"
 
 #define MAX_HEAD (64 * 1024)
@@ -140,19 +141,7 @@ static TRITONSERVER_Error* encode_input(writer_t* json, writer_t* bin, TRITONBAC
   wr_text(json, "],\"parameters\":{\"binary_data_size\":");
   wr_text(json, num);
   wr_text(json, "}}");
-  for (uint32_t b = 0; b < n_buf; b++) {
-    const void* p = NULL;
-    uint64_t size = 0;
-    TRITONSERVER_MemoryType mt = TRITONSERVER_MEMORY_CPU;
-    int64_t mt_id = 0;
-    err = TRITONBACKEND_InputBuffer(input, b, &p, &size, &mt, &mt_id);
-    if (err != NULL) return err;
-    if (mt == TRITONSERVER_MEMORY_GPU) {
-      return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_UNSUPPORTED, "poolpipe_front: inputs in GPU memory");
-    }
-    wr_bytes(bin, p, size);
-  }
-  return NULL;
+  return append_input_bytes(bin, input, n_buf);
 }
 
 /* The infer call's JSON header (the client's id, every input as binary, every requested output as binary). */
@@ -294,18 +283,8 @@ static TRITONSERVER_Error* add_output(TRITONBACKEND_Response* response, const js
   int64_t dims[MAX_FRAME_DIMS];
   for (size_t d = 0; d < shape->count; d++) dims[d] = (int64_t)shape->items[d].number;
   size_t nbytes = (size_t)size->number;
-  TRITONBACKEND_Output* out = NULL;
-  void* buf = NULL;
-  TRITONSERVER_MemoryType mt = TRITONSERVER_MEMORY_CPU;
-  int64_t mt_id = 0;
-  TRITONSERVER_Error* err = TRITONBACKEND_ResponseOutput(response, &out, name->string,
-                                                         TRITONSERVER_StringToDataType(dtype->string), dims,
-                                                         (uint32_t)shape->count);
-  if (err == NULL) err = TRITONBACKEND_OutputBuffer(out, &buf, nbytes, &mt, &mt_id);
-  if (err == NULL && mt == TRITONSERVER_MEMORY_GPU) {
-    err = TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_UNSUPPORTED, "poolpipe_front: output in GPU memory");
-  }
-  if (err == NULL && nbytes > 0) memcpy(buf, *data, nbytes);
+  TRITONSERVER_Error* err = add_output_bytes(response, name->string, dtype->string, dims, (uint32_t)shape->count,
+                                             *data, nbytes);
   *data += nbytes;
   return err;
 }
@@ -337,12 +316,10 @@ static TRITONSERVER_Error* answer(TRITONBACKEND_Request* request, const writer_t
   }
   json_free(&doc);
   if (err != NULL) {
-    TRITONSERVER_Error* gone = response != NULL ? TRITONBACKEND_ResponseDelete(response) : NULL;
-    if (gone != NULL) TRITONSERVER_ErrorDelete(gone);
+    if (response != NULL) drop(TRITONBACKEND_ResponseDelete(response));
     return err;
   }
-  TRITONSERVER_Error* sent = TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, NULL);
-  if (sent != NULL) TRITONSERVER_ErrorDelete(sent);
+  drop(TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, NULL));
   return NULL;
 }
 
