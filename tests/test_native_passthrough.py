@@ -8,9 +8,11 @@ back. Against a scripted HTTP server: every broken answer becomes an error, and 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import socket
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -158,14 +160,21 @@ def _perf_analyzer(url: str) -> None:
     assert int(re.search(r"Successful request count: (\d+)", server).group(1)) > 0
 
 
+HANG = b"hang"  # a scripted answer: none, until the client closes the connection
+
+
 class ScriptedUpstream:
     """A loopback HTTP server that reads each request whole and answers it with the next scripted bytes (None:
-    close the connection instead); ``connection_of`` says on which accepted connection each request came. It keeps
-    a connection open after an answer saying ``Connection: close``, so a client that ignored it would be seen."""
+    close the connection instead; HANG: answer nothing until the client hangs up, which sets ``hung_up``);
+    ``connection_of`` says on which accepted connection each request came, ``requests`` holds each one's JSON
+    header. It keeps a connection open after an answer saying ``Connection: close``, so a client that ignored it
+    would be seen."""
 
     def __init__(self, answers: list[bytes | None]) -> None:
         self.answers = list(answers)
         self.connection_of: list[int] = []
+        self.requests: list[dict] = []
+        self.hung_up = threading.Event()
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.address = f"127.0.0.1:{self.sock.getsockname()[1]}"
         self.thread = threading.Thread(target=self._serve, daemon=True)
@@ -179,28 +188,33 @@ class ScriptedUpstream:
             except OSError:  # closed by the test
                 return
             with conn:
-                while self.answers and self._read_request(conn):
+                while self.answers and (request := self._read_request(conn)) is not None:
                     self.connection_of.append(accepted)
+                    self.requests.append(request)
                     answer = self.answers.pop(0)
-                    if answer is None:
+                    if answer is HANG:
+                        while conn.recv(65536):
+                            pass
+                        self.hung_up.set()
+                    if answer is None or answer is HANG:
                         break
                     conn.sendall(answer)
             accepted += 1
 
     @staticmethod
-    def _read_request(conn: socket.socket) -> bool:
+    def _read_request(conn: socket.socket) -> dict | None:
+        """The next request's JSON header, read with its body; None when the client closed the connection."""
         data = b""
         while b"\r\n\r\n" not in data:
             chunk = conn.recv(65536)
             if not chunk:
-                return False
+                return None
             data += chunk
         head, _, body = data.partition(b"\r\n\r\n")
-        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                      if line.lower().startswith(b"content-length"))
-        while len(body) < length:
+        fields = dict(line.lower().split(b":", 1) for line in head.split(b"\r\n")[1:])
+        while len(body) < int(fields[b"content-length"]):
             body += conn.recv(65536)
-        return True
+        return json.loads(body[:int(fields[b"inference-header-content-length"])])
 
     def close(self) -> None:
         self.sock.close()
@@ -244,6 +258,35 @@ def test_broken_answers_of_a_passthrough_triton_become_errors_and_the_front_serv
             # kept open for the second call; after its Connection: close the third came on a new connection
             assert fake.connection_of[:3] == [0, 0, 1]
             assert np.array_equal(c.infer("simple", _inputs(grpcclient)).as_numpy("OUTPUT0"), A + B)
+            assert front.exited() is None
+    finally:
+        fake.close()
+
+
+@pytest.mark.triton
+@needs_cc
+def test_a_hung_passthrough_triton_holds_no_instance_past_its_clients_deadline(tmp_path: Path) -> None:
+    """The client's gRPC deadline cancels its request on the front: the front hangs up on a pass-through Triton that
+    never answers and its one instance serves the next request; the client's timeout and custom parameters went
+    with the call."""
+    fake = ScriptedUpstream([HANG, GOOD])
+    cfg = passthrough_front_config(_simple_config(), fake.address)
+    cfg.instance_group[0].count = 1  # a front that kept waiting could serve nothing more
+    repo = write_front_repository(tmp_path / "repo", [], native_front.library(), [cfg])
+    try:
+        with TritonProcess(repo, log_path=tmp_path / "front.log") as front:
+            c = grpcclient.InferenceServerClient(front.grpc_url)
+            with pytest.raises(InferenceServerException, match="Deadline Exceeded"):
+                c.infer("simple", _inputs(grpcclient), client_timeout=1.0, timeout=5_000_000,
+                        parameters={"camera": "gate-3", "frame": 7, "keyframe": True})
+            assert fake.hung_up.wait(3.0), "the front still waits on the hung pass-through Triton"
+            t0 = time.monotonic()
+            assert np.array_equal(c.infer("simple", _inputs(grpcclient)).as_numpy("OUTPUT0"), A + B)
+            assert time.monotonic() - t0 < 1.0
+            assert fake.connection_of == [0, 1]
+            assert fake.requests[0]["parameters"] == {"timeout": 5_000_000, "camera": "gate-3", "frame": 7,
+                                                      "keyframe": True}
+            assert "parameters" not in fake.requests[1]
             assert front.exited() is None
     finally:
         fake.close()

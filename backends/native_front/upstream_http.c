@@ -11,6 +11,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,9 +23,16 @@
 #include "frames.h"
 #include "front_common.h"
 #include "json_min.h"
+#include "upstream_call.h"
 
 #define MAX_HEAD (64 * 1024)
 #define MAX_BODY ((size_t)1 << 31) /* an answer with a larger Content-Length is refused */
+#define WAIT_SLICE_MS 50            /* how often a wait looks whether the client cancelled the request */
+#define DIAL_TIMEOUT_MS 5000        /* a pass-through Triton that accepts no connection this long is unreachable */
+
+/* What the transport's steps return besides 0: the connection ended (a kept-open one closed meanwhile: worth one
+ * retry), failed or made no sense, or the client cancelled the request (its gRPC deadline passed, or it cancelled). */
+enum { ENDED = -1, FAILED = -2, CANCELLED = -3 };
 
 struct upstream {
   char host[256];
@@ -78,16 +86,40 @@ void upstream_free(upstream* u) {
   free(u);
 }
 
-static int dial(upstream* u) {
+static int cancelled(TRITONBACKEND_Request* request) {
+  bool c = false;
+  drop(TRITONBACKEND_RequestIsCancelled(request, &c));
+  return c;
+}
+
+/* Wait until ``fd`` is ready for ``events`` (at most ``limit_ms``; -1: no limit): 0, FAILED, or CANCELLED when the
+ * client cancelled ``request`` meanwhile (so a hung pass-through Triton holds no instance past its client). */
+static int wait_ready(int fd, short events, TRITONBACKEND_Request* request, int limit_ms) {
+  struct pollfd p = {.fd = fd, .events = events};
+  for (int waited = 0; limit_ms < 0 || waited < limit_ms; waited += WAIT_SLICE_MS) {
+    int k = poll(&p, 1, WAIT_SLICE_MS);
+    if (k > 0) return 0; /* ready, or hung up: the read or write says which */
+    if (k < 0 && errno != EINTR) return FAILED;
+    if (cancelled(request)) return CANCELLED;
+  }
+  return FAILED;
+}
+
+/* Connect (non-blocking, as every later step is) to the first of the host's addresses that answers: 0, FAILED,
+ * or CANCELLED. */
+static int dial(upstream* u, TRITONBACKEND_Request* request) {
   struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
-  if (getaddrinfo(u->host, u->port, &hints, &res) != 0) return -1;
-  int fd = -1;
-  for (struct addrinfo* a = res; a != NULL && fd < 0; a = a->ai_next) {
-    fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-    if (fd >= 0 && connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
-      close(fd);
-      fd = -1;
-    }
+  if (getaddrinfo(u->host, u->port, &hints, &res) != 0) return FAILED;
+  int fd = -1, rc = FAILED;
+  for (struct addrinfo* a = res; a != NULL && fd < 0 && rc != CANCELLED; a = a->ai_next) {
+    fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
+    if (fd < 0) continue;
+    rc = connect(fd, a->ai_addr, a->ai_addrlen) == 0 ? 0 : errno == EINPROGRESS ? 1 : FAILED;
+    if (rc == 1) rc = wait_ready(fd, POLLOUT, request, DIAL_TIMEOUT_MS);
+    int so_error = 0;
+    socklen_t len = sizeof(so_error);
+    if (rc == 0 && (getsockopt(fd, SOL_SOCKET, SO_ERROR, &so_error, &len) != 0 || so_error != 0)) rc = FAILED;
+    if (rc != 0) close(fd), fd = -1;
   }
   freeaddrinfo(res);
   if (fd >= 0) {
@@ -95,107 +127,43 @@ static int dial(upstream* u) {
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   }
   u->fd = fd;
-  return fd;
+  return fd >= 0 ? 0 : rc;
 }
 
-static void wr_text(writer_t* w, const char* s) { wr_bytes(w, s, strlen(s)); }
-
-static void wr_json_str(writer_t* w, const char* s) {
-  wr_bytes(w, "\"", 1);
-  for (const unsigned char* c = (const unsigned char*)(s ? s : ""); *c; c++) {
-    char esc[8];
-    if (*c == '"' || *c == '\\') {
-      esc[0] = '\\', esc[1] = (char)*c, esc[2] = 0;
-    } else if (*c < 0x20) {
-      snprintf(esc, sizeof(esc), "\\u%04x", *c);
-    } else {
-      esc[0] = (char)*c, esc[1] = 0;
-    }
-    wr_text(w, esc);
-  }
-  wr_bytes(w, "\"", 1);
-}
-
-/* One input's JSON entry into ``json`` and its bytes into ``bin``. */
-static TRITONSERVER_Error* encode_input(writer_t* json, writer_t* bin, TRITONBACKEND_Request* request, uint32_t i) {
-  TRITONBACKEND_Input* input = NULL;
-  const char* name = NULL;
-  TRITONSERVER_DataType dt;
-  const int64_t* shape = NULL;
-  uint32_t n_dims = 0, n_buf = 0;
-  uint64_t bytes = 0;
-  char num[32];
-  TRITONSERVER_Error* err = TRITONBACKEND_RequestInputByIndex(request, i, &input);
-  if (err == NULL) err = TRITONBACKEND_InputProperties(input, &name, &dt, &shape, &n_dims, &bytes, &n_buf);
-  if (err != NULL) return err;
-  wr_text(json, i ? ",{\"name\":" : "{\"name\":");
-  wr_json_str(json, name);
-  wr_text(json, ",\"datatype\":");
-  wr_json_str(json, TRITONSERVER_DataTypeString(dt));
-  wr_text(json, ",\"shape\":[");
-  for (uint32_t d = 0; d < n_dims; d++) {
-    snprintf(num, sizeof(num), d ? ",%lld" : "%lld", (long long)shape[d]);
-    wr_text(json, num);
-  }
-  snprintf(num, sizeof(num), "%llu", (unsigned long long)bytes);
-  wr_text(json, "],\"parameters\":{\"binary_data_size\":");
-  wr_text(json, num);
-  wr_text(json, "}}");
-  return append_input_bytes(bin, input, n_buf);
-}
-
-/* The infer call's JSON header (the client's id, every input as binary, every requested output as binary). */
-static TRITONSERVER_Error* encode_call(writer_t* json, writer_t* bin, TRITONBACKEND_Request* request) {
-  uint32_t n_in = 0, n_out = 0;
-  const char* rid = NULL;
-  TRITONSERVER_Error* err = TRITONBACKEND_RequestInputCount(request, &n_in);
-  if (err == NULL) err = TRITONBACKEND_RequestOutputCount(request, &n_out);
-  if (err == NULL) err = TRITONBACKEND_RequestId(request, &rid);
-  if (err != NULL) return err;
-  wr_text(json, "{");
-  if (rid != NULL && rid[0] != 0) {
-    wr_text(json, "\"id\":");
-    wr_json_str(json, rid);
-    wr_text(json, ",");
-  }
-  wr_text(json, "\"inputs\":[");
-  for (uint32_t i = 0; i < n_in && err == NULL; i++) err = encode_input(json, bin, request, i);
-  wr_text(json, "],\"outputs\":[");
-  for (uint32_t o = 0; o < n_out && err == NULL; o++) {
-    const char* name = NULL;
-    err = TRITONBACKEND_RequestOutputName(request, o, &name);
-    wr_text(json, o ? ",{\"name\":" : "{\"name\":");
-    wr_json_str(json, name);
-    wr_text(json, ",\"parameters\":{\"binary_data\":true}}");
-  }
-  wr_text(json, "]}");
-  return err;
-}
-
-static int send_all(int fd, struct iovec* iov, int n) {
+static int send_all(int fd, struct iovec* iov, int n, TRITONBACKEND_Request* request) {
   while (n > 0) {
     struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)n};
     ssize_t k = sendmsg(fd, &m, MSG_NOSIGNAL);
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      int rc = wait_ready(fd, POLLOUT, request, -1);
+      if (rc != 0) return rc;
+      continue;
+    }
     if (k < 0 && errno == EINTR) continue;
-    if (k <= 0) return -1;
+    if (k <= 0) return ENDED;
     while (n > 0 && (size_t)k >= iov->iov_len) k -= (ssize_t)iov->iov_len, iov++, n--;
     if (n > 0) iov->iov_base = (char*)iov->iov_base + k, iov->iov_len -= (size_t)k;
   }
   return 0;
 }
 
-/* Read into ``b`` until it holds ``want`` bytes; 0, or -1 when the connection ended or failed first. */
-static int fill(int fd, writer_t* b, size_t want) {
+/* Read into ``b`` until it holds ``want`` bytes: 0, ENDED (the connection ended or failed first), or CANCELLED. */
+static int fill(int fd, writer_t* b, size_t want, TRITONBACKEND_Request* request) {
   if (want > b->cap) { /* room for more than asked: a head arrives with (part of) its body */
     size_t cap = want > 2 * b->cap ? (want > 65536 ? want : 65536) : 2 * b->cap;
     char* grown = realloc(b->data, cap);
-    if (grown == NULL) return -1;
+    if (grown == NULL) return ENDED;
     b->data = grown, b->cap = cap;
   }
   while (b->len < want) {
     ssize_t k = recv(fd, b->data + b->len, b->cap - b->len, 0);
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      int rc = wait_ready(fd, POLLIN, request, -1);
+      if (rc != 0) return rc == CANCELLED ? CANCELLED : ENDED;
+      continue;
+    }
     if (k < 0 && errno == EINTR) continue;
-    if (k <= 0) return -1;
+    if (k <= 0) return ENDED;
     b->len += (size_t)k;
   }
   return 0;
@@ -235,14 +203,16 @@ static int parse_head(char* head, http_head* h) {
   return 0;
 }
 
-/* Read one response's head and body into ``b``: 0; -1 the connection ended before a byte (a kept-open connection the
- * server closed meanwhile: worth one retry); -2 it failed or made no sense after that. */
-static int read_response(int fd, writer_t* b, http_head* h) {
+/* Read one response's head and body into ``b``: 0; ENDED before a byte (a kept-open connection the server closed
+ * meanwhile: worth one retry); FAILED (it ended or made no sense after that); CANCELLED. */
+static int read_response(int fd, writer_t* b, http_head* h, TRITONBACKEND_Request* request) {
   char* end = NULL;
   b->len = 0;
   while (end == NULL) {
     size_t had = b->len;
-    if (b->len >= MAX_HEAD || fill(fd, b, b->len + 1) != 0) return had == 0 ? -1 : -2;
+    int rc = b->len >= MAX_HEAD ? FAILED : fill(fd, b, b->len + 1, request);
+    if (rc == CANCELLED) return CANCELLED;
+    if (rc != 0) return had == 0 ? ENDED : FAILED;
     end = memmem(b->data + (had > 3 ? had - 3 : 0), b->len - (had > 3 ? had - 3 : 0), "\r\n\r\n", 4);
   }
   h->head_len = (size_t)(end - b->data) + 4;
@@ -250,9 +220,10 @@ static int read_response(int fd, writer_t* b, http_head* h) {
   b->data[h->head_len - 1] = 0;
   int bad = parse_head(b->data, h);
   b->data[h->head_len - 1] = saved;
-  if (bad || h->chunked || !h->has_length) return -2;
-  if (h->content_length > MAX_BODY || h->json_length > h->content_length) return -2;
-  return fill(fd, b, h->head_len + h->content_length) == 0 ? 0 : -2;
+  if (bad || h->chunked || !h->has_length) return FAILED;
+  if (h->content_length > MAX_BODY || h->json_length > h->content_length) return FAILED;
+  int rc = fill(fd, b, h->head_len + h->content_length, request);
+  return rc == 0 || rc == CANCELLED ? rc : FAILED;
 }
 
 static TRITONSERVER_Error_Code code_of_status(int status) {
@@ -323,18 +294,40 @@ static TRITONSERVER_Error* answer(TRITONBACKEND_Request* request, const writer_t
   return NULL;
 }
 
-/* Send the call and read its answer: 0, -1 (a kept-open connection found closed: retry), -2 (failed). */
-static int exchange(upstream* u, struct iovec* iov, int n, writer_t* b, http_head* h) {
+/* Send the call and read its answer: 0, ENDED (a kept-open connection found closed: retry), FAILED, CANCELLED. */
+static int exchange(upstream* u, struct iovec* iov, int n, writer_t* b, http_head* h, TRITONBACKEND_Request* request) {
   struct iovec copy[3];
   memcpy(copy, iov, sizeof(struct iovec) * (size_t)n);
-  if (send_all(u->fd, copy, n) != 0) return -1;
+  int rc = send_all(u->fd, copy, n, request);
+  if (rc != 0) return rc;
   memset(h, 0, sizeof(*h));
-  return read_response(u->fd, b, h);
+  return read_response(u->fd, b, h, request);
+}
+
+/* Send the call (``n`` buffers) on the kept-open connection or a new one, and read the answer into ``b``: NULL, or
+ * why it failed (the connection is hung up then: a late answer on it would be taken for the next request's). */
+static const char* call(upstream* u, struct iovec* iov, int n, writer_t* b, http_head* h,
+                        TRITONBACKEND_Request* request, int* was_cancelled) {
+  for (int attempt = 0; attempt < 2; attempt++) {
+    int reused = u->fd >= 0;
+    int rc = reused ? 0 : dial(u, request);
+    if (rc == FAILED) return "cannot be reached";
+    if (rc == 0) rc = exchange(u, iov, n, b, h, request);
+    if (rc == 0) return NULL;
+    hang_up(u);
+    if (rc == CANCELLED) {
+      *was_cancelled = 1;
+      return "was still being waited for when the client cancelled the request";
+    }
+    if (rc == FAILED) return "answered no valid HTTP response";
+    if (!reused) break; /* only a kept-open connection closed before answering is tried once more, on a new one */
+  }
+  return "closed the connection";
 }
 
 TRITONSERVER_Error* upstream_forward(upstream* u, TRITONBACKEND_Request* request) {
   writer_t json = {0}, bin = {0}, b = {0};
-  TRITONSERVER_Error* err = encode_call(&json, &bin, request);
+  TRITONSERVER_Error* err = upstream_encode_call(&json, &bin, request);
   char head[512 + 256 + 16];
   http_head h = {0};
   if (err == NULL) {
@@ -342,26 +335,13 @@ TRITONSERVER_Error* upstream_forward(upstream* u, TRITONBACKEND_Request* request
              "Inference-Header-Content-Length: %zu\r\nContent-Length: %zu\r\n\r\n", u->path, u->host, u->port,
              json.len, json.len + bin.len);
     struct iovec iov[3] = {{head, strlen(head)}, {json.data, json.len}, {bin.data, bin.len}};
-    const char* why = NULL;
-    for (int attempt = 0; attempt < 2; attempt++) {
-      int reused = u->fd >= 0;
-      if (!reused && dial(u) < 0) {
-        why = "cannot be reached";
-        break;
-      }
-      int rc = exchange(u, iov, bin.len ? 3 : 2, &b, &h);
-      if (rc == 0) {
-        why = NULL;
-        break;
-      }
-      hang_up(u);
-      why = rc == -1 ? "closed the connection" : "answered no valid HTTP response";
-      if (rc == -2 || !reused) break; /* only a kept-open connection closed before answering is retried */
-    }
+    int was_cancelled = 0;
+    const char* why = call(u, iov, bin.len ? 3 : 2, &b, &h, request, &was_cancelled);
     if (why != NULL) {
       char address[300];
       snprintf(address, sizeof(address), "%s:%s", u->host, u->port);
-      err = fail_with(TRITONSERVER_ERROR_UNAVAILABLE, "poolpipe_front: the pass-through Triton at %s %s", address, why);
+      err = fail_with(was_cancelled ? TRITONSERVER_ERROR_CANCELLED : TRITONSERVER_ERROR_UNAVAILABLE,
+                      "poolpipe_front: the pass-through Triton at %s %s", address, why);
     }
   }
   if (err == NULL) {
