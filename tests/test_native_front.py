@@ -51,29 +51,31 @@ def _s(text: str) -> bytes:
     return struct.pack("<H", len(text)) + text.encode()
 
 
-def _request_frame(ident: int, x: np.ndarray, outputs: tuple[str, ...]) -> bytes:
+def _request_frame(ident: int, x: np.ndarray, outputs: tuple[str, ...], timeout_us: int = 0) -> bytes:
     """A request frame as poolpipe_front.c writes it (frames.h)."""
     body = struct.pack("<IH", ident, 1) + _s("x") + _s("FP32") + struct.pack("<H", x.ndim)
     body += struct.pack(f"<{x.ndim}q", *x.shape) + struct.pack("<Q", x.nbytes) + x.tobytes()
     body += struct.pack("<H", len(outputs)) + b"".join(_s(o) for o in outputs)
-    body += _s(f"req-{ident}")
+    body += _s(f"req-{ident}") + struct.pack("<Q", timeout_us)
     return struct.pack("<I", len(body)) + body
 
 
 def test_frames_carry_requests_and_answers_and_refuse_what_does_not_parse() -> None:
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
     hello = struct.pack("<I", HELLO_ID) + _s("m")
-    stream = bytearray(struct.pack("<I", len(hello)) + hello + _request_frame(7, x, ("y",)) + b"\x09\x00")
+    stream = bytearray(struct.pack("<I", len(hello)) + hello + _request_frame(7, x, ("y",), 2500) + b"\x09\x00")
     frames, used = split_frames(stream)
     assert len(frames) == 2 and used == len(stream) - 2  # the partial third frame waits for its bytes
     assert decode_hello(frames[0]) == "m"
     ident, req = decode_request("m", frames[1])
     assert ident == 7 and req.model_name == "m" and req.outputs == ("y",) and req.id == "req-7"
+    assert req.timeout_us == 2500
     assert req.inputs[0][:3] == ("x", "FP32", (2, 3))
     assert np.array_equal(np.frombuffer(req.inputs[0][3], np.float32).reshape(2, 3), x)
     proto = req.to_proto()  # what the gRPC front end would have decoded (application models take it)
     assert (proto.id, proto.inputs[0].name, list(proto.inputs[0].shape), proto.outputs[0].name) == \
         ("req-7", "x", [2, 3], "y") and proto.raw_input_contents[0] == x.tobytes()
+    assert proto.parameters["timeout"].int64_param == 2500
     with pytest.raises(FrameError, match="not a hello"):
         decode_hello(frames[1])
     with pytest.raises(FrameError, match="bad request frame|past the frame"):
@@ -172,6 +174,10 @@ def test_native_front_serves_the_planned_models_and_leaves_nothing(tmp_path: Pat
             with pytest.raises(InferenceServerException, match="unexpected shape|expected shape"):
                 native.infer(EMULATED_MODEL, [bad])
             assert np.array_equal(native.infer(EMULATED_MODEL, [inp]).as_numpy(out), want)  # still serving
+            # the client's timeout parameter reaches the sidecar: a deadline no path meets is shed at once
+            with pytest.raises(InferenceServerException, match="request shed") as shed:
+                native.infer(EMULATED_MODEL, [inp], timeout=1000)
+            assert shed.value.status() == "StatusCode.UNAVAILABLE"
             _shm_round_trip(native, inp, x, out, want)  # Triton's own shared-memory API on the native port
             stats = own.get_inference_statistics(EMULATED_MODEL).model_stats[0]
             assert stats.inference_count == 2 * 7  # the sidecar scheduled the native front's requests too
@@ -254,12 +260,13 @@ def test_a_request_triton_checked_is_taken_as_the_full_check_takes_it() -> None:
                       (TensorSpec("y", "FP32", (3,)), TensorSpec("z", "INT64", (1,))), ())
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
     registry = ClientShmRegistry()
-    for outputs in ((), ("z",), ("z", "y")):
-        req = DecodedRequest("m", "r", (("x", "FP32", (2, 3), x.tobytes()),), outputs)
+    for outputs, timeout_us in (((), 0), (("z",), 1500), (("z", "y"), 0)):
+        req = DecodedRequest("m", "r", (("x", "FP32", (2, 3), x.tobytes()),), outputs, timeout_us)
         fast, full = check_decoded(req, model, registry), check_request(req.to_proto(), model, registry)
         assert (fast.batch, fast.timeout_us, fast.priority, fast.outputs) == \
             (full.batch, full.timeout_us, full.priority, full.outputs)
         assert fast.batch == 2 and np.array_equal(fast.inputs["x"], full.inputs["x"])
+        assert fast.timeout_us == (timeout_us or None)
     wrong = {"unexpected shape for input 'x'": ("x", "FP32", (2, 4), bytes(32)),
              "data-type is 'FP16'": ("x", "FP16", (2, 3), bytes(12)),
              "unexpected inference input 'w'": ("w", "FP32", (2, 3), bytes(24)),

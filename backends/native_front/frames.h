@@ -2,7 +2,7 @@
  * native_frames.py is the other side). Little-endian; a frame is u32 length, then:
  *   hello   (front -> sidecar, first): u32 HELLO_ID, str model
  *   request (front -> sidecar): u32 id, u16 n, n x tensor (the inputs), u16 m, m x str (requested outputs), str
- *           the client's request id (KServe ``id``)
+ *           the client's request id (KServe ``id``), u64 the client's ``timeout`` parameter in µs (0: none)
  *   answer  (sidecar -> front): u32 id, u32 code (0: success, else a TRITONSERVER_Error_Code, never UNKNOWN), then
  *           str message when the code is not 0, else u16 n, n x tensor (the outputs)
  * where str = u16 length, bytes; tensor = str name, str datatype (Triton's: "FP32"), u16 dims, dims x i64 shape,

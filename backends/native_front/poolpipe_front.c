@@ -161,7 +161,8 @@ static void* read_answers(void* arg) {
   return NULL;
 }
 
-/* Append one request's frame (slot, inputs, requested outputs, the client's request id) to ``w``; NULL or why it cannot be forwarded. */
+/* Append one request's frame (slot, inputs, requested outputs, the client's request id and timeout) to ``w``;
+ * NULL or why it cannot be forwarded. */
 static TRITONSERVER_Error* encode_request(writer_t* w, TRITONBACKEND_Request* request, uint32_t id) {
   size_t start = frame_begin(w);
   wr_u32(w, id);
@@ -195,9 +196,12 @@ static TRITONSERVER_Error* encode_request(writer_t* w, TRITONBACKEND_Request* re
     wr_str(w, name);
   }
   const char* rid = NULL;
+  uint64_t timeout_us = 0;
   err = TRITONBACKEND_RequestId(request, &rid);
+  if (err == NULL) err = TRITONBACKEND_InferenceRequestTimeoutMicroseconds(request, &timeout_us);
   if (err != NULL) return err;
   wr_str(w, rid);
+  wr_u64(w, timeout_us);
   frame_end(w, start);
   return NULL;
 }

@@ -85,10 +85,13 @@ class DecodedRequest:
     id: str
     inputs: tuple[tuple[str, str, tuple[int, ...], bytes], ...]  # (name, datatype, shape, raw bytes)
     outputs: tuple[str, ...]  # the outputs asked for ((): all)
+    timeout_us: int = 0  # the client's "timeout" parameter (µs; 0: none)
 
     def to_proto(self) -> service_pb2.ModelInferRequest:
         """The ModelInferRequest the gRPC front end would have decoded (application models take it)."""
         req = service_pb2.ModelInferRequest(model_name=self.model_name, id=self.id)
+        if self.timeout_us:
+            req.parameters["timeout"].int64_param = self.timeout_us
         for name, datatype, shape, data in self.inputs:
             req.inputs.add(name=name, datatype=datatype, shape=shape)
             req.raw_input_contents.append(data)

@@ -84,9 +84,10 @@ def decode_request(model: str, frame: bytes) -> tuple[int, DecodedRequest]:
             name, at = _str(frame, at)
             outputs.append(name)
         request_id, at = _str(frame, at)
+        (timeout_us,) = _U64.unpack_from(frame, at)
     except (struct.error, UnicodeDecodeError) as e:
         raise FrameError(f"bad request frame: {e}") from None
-    return ident, DecodedRequest(model, request_id, tuple(inputs), tuple(outputs))
+    return ident, DecodedRequest(model, request_id, tuple(inputs), tuple(outputs), timeout_us)
 
 
 def _frame(body: list[bytes]) -> bytes:

@@ -59,7 +59,8 @@ def check_decoded(req: DecodedRequest, model: ModelInfo, shm: ClientShmRegistry)
         return check_request(req.to_proto(), model, shm)
     if len(arrays) != len(declared) or not 0 < batch <= model.max_batch_size:
         return check_request(req.to_proto(), model, shm)
-    return CheckedRequest(batch, arrays, tuple(OutputTarget(t) for t in wanted), None)
+    timeout = float(req.timeout_us) if req.timeout_us > 0 else None
+    return CheckedRequest(batch, arrays, tuple(OutputTarget(t) for t in wanted), timeout)
 
 
 def _shape_str(shape: list[int] | tuple[int, ...]) -> str:
