@@ -5,6 +5,7 @@ per model of the pass-through Triton, which the backend forwards there over HTTP
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
@@ -65,5 +66,9 @@ def write_front_repository(repository: Path, planned: Iterable[mc.ModelConfig], 
         version = repository / cfg.name / "1"
         version.mkdir(parents=True, exist_ok=True)
         (repository / cfg.name / "config.pbtxt").write_text(config_text(cfg))
-        shutil.copyfile(library, version / native_front.LIBRARY)
+        # a new file, not the loaded one rewritten in place (a tritonserver that maps it would crash: a reload
+        # writes a served model's directory again)
+        tmp = version / f".{native_front.LIBRARY}.tmp"
+        shutil.copyfile(library, tmp)
+        os.replace(tmp, version / native_front.LIBRARY)
     return repository

@@ -102,8 +102,9 @@ class Sidecar:
             from scheduler.server.front.native_front import NativeFront  # noqa: PLC0415
             self._native = NativeFront(self.router, c.bind, c.native_grpc_port, c.native_http_port,
                                        shared=c.group is not None, passthrough_http=c.passthrough_http)
-            planned = self.planned.names() if self.planned is not None else []
-            await self._native.start([self.planned.config(m).config for m in planned])
+            await self._native.start(self._planned_configs())
+            if self.planned is not None:
+                self.planned.after_reload.append(lambda: self._native.follow(self._planned_configs()))
         grpc_rules = RestrictedApis.parse(c.grpc_restricted, "--grpc-restricted-protocol", grpc_prefix=True)
         http_rules = RestrictedApis.parse(c.http_restricted, "--http-restricted-api", grpc_prefix=False)
         shared = peers is not None  # the workers of serve --workers listen on the same ports (SO_REUSEPORT)
@@ -125,6 +126,10 @@ class Sidecar:
         log.info("event=listening grpc=%s:%d http=%s:%d metrics=%s:%d planned=%s passthrough=%s", c.bind,
                  c.grpc_port, c.bind, c.http_port, c.bind, c.metrics_port,
                  ",".join(self.planned.names()) if self.planned else "-", c.passthrough or "-")
+
+    def _planned_configs(self) -> list:
+        """The model configs of the plan being served (none without a manifest)."""
+        return [self.planned.config(m).config for m in self.planned.names()] if self.planned is not None else []
 
     async def _join_group(self):  # -> Peers
         """A worker of serve --workers: its private port (metrics for the parent, the peer endpoints) opens first,

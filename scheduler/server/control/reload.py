@@ -78,6 +78,9 @@ class ReloadablePlanned:
         self.open_plan = open_plan
         self.generation = 0
         self.reloads = 0
+        # run after each reload that switched plans (the native front end follows the new plan's models); a hook
+        # that fails is logged: the new plan serves either way
+        self.after_reload: list[Callable[[], Awaitable[None]]] = []
         self._lock = asyncio.Lock()
 
     # --- the PlannedService, delegated ------------------------------------------------------------------
@@ -160,6 +163,11 @@ class ReloadablePlanned:
             self.serving = directory
             self.reloads += 1
             freeze_heap()  # once the new plan serves: one full collection, not one per few seconds of serving
+            for hook in self.after_reload:
+                try:
+                    await hook()
+                except Exception:  # noqa: BLE001 - the reload happened; what failed after it is told in the log
+                    log.exception("event=after_reload_failed generation=%d", self.generation)
             return report
 
     async def _ready(self, new: PlannedModels) -> None:

@@ -20,13 +20,16 @@ import tempfile
 from pathlib import Path
 
 import grpc
+import tritonclient.grpc.aio as grpcaio
 
 from backends import native_front
 from model_repository_gen.front_models import (
+    front_config,
     passthrough_front_config,
     passthrough_unsupported,
     write_front_repository,
 )
+from model_repository_gen.triton_config import config_text
 from poolpipe_common.errors import InputError
 from runtime.tritonserver import TritonProcess, pid_alive
 from scheduler.server.common.errors import ServeError
@@ -174,6 +177,7 @@ class NativeFront:
         self.restarts = 0
         self._server: asyncio.AbstractServer | None = None
         self._dir: Path | None = None
+        self._planned: dict[str, str] = {}  # each planned model's front config, as written (follow() compares)
         self._watcher: asyncio.Task | None = None
         self._closing = asyncio.Event()
 
@@ -193,6 +197,7 @@ class NativeFront:
                 forwarded = await asyncio.to_thread(passthrough_configs, self.passthrough_http,
                                                     {c.name for c in planned_configs})
             repo = write_front_repository(self._dir / "repository", planned_configs, library, forwarded)
+            self._planned = {c.name: config_text(front_config(c)) for c in planned_configs}
             self.triton = TritonProcess(repo, grpc_port=self.grpc_port, http_port=self.http_port, host=self.bind,
                                         env={native_front.SOCKET_ENV: str(sock)},
                                         log_path=self._dir / "tritonserver.log", name="native front end",
@@ -204,6 +209,30 @@ class NativeFront:
         log.info("event=native_front_listening grpc=%s http=%s models=%d forwarded=%s", self.triton.grpc_url,
                  self.triton.http_url, len(planned_configs), ",".join(c.name for c in forwarded) or "-")
         self._watcher = asyncio.ensure_future(self._watch())
+
+    async def follow(self, planned_configs: list) -> None:
+        """After a reload, serve what the new plan serves: its new models loaded, those whose config changed (a
+        new max batch size) loaded again, those it dropped unloaded, through the front's repository API."""
+        want = {c.name: c for c in planned_configs}
+        changed = [c for name, c in want.items() if self._planned.get(name) != config_text(front_config(c))]
+        gone = [name for name in self._planned if name not in want]
+        if not changed and not gone:
+            return
+        repo = self._dir / "repository"
+        write_front_repository(repo, changed, native_front.library())
+        client = grpcaio.InferenceServerClient(self.triton.grpc_url.replace("0.0.0.0", "127.0.0.1"))
+        try:
+            for c in changed:
+                await client.load_model(c.name)
+                self._planned[c.name] = config_text(front_config(c))
+            for name in gone:
+                await client.unload_model(name)
+                shutil.rmtree(repo / name, ignore_errors=True)
+                del self._planned[name]
+        finally:
+            await client.close()
+        log.info("event=native_front_followed_reload loaded=%s unloaded=%s", ",".join(c.name for c in changed) or "-",
+                 ",".join(gone) or "-")
 
     async def _watch(self) -> None:
         """Start the tritonserver again when it exits (a crash, a kill): the native port is back within seconds.
