@@ -136,9 +136,12 @@ def sidecar_slo_us(slo_us: float, front_us: float) -> float:
 # late answers the client counted and the sidecar did not fell from 29 and 24 to 19 and 5 in 1,740 (a scratch
 # run), while sheds rose; the tail outside the sidecar's clock is longer. `serve --front-us` sets it.
 DEFAULT_FRONT_US = 2000.0
-# What the sidecar measured per stage call on emulated servers at moderate load (this project's own calibration,
-# `poolpipe serve --overheads-out`): what plans assume when no --overheads file is given.
-DEFAULT_OVERHEADS = Overheads(lead_us=1100.0, tail_us=1300.0, wake_late_us=0.0, slowdown=1.0,
+# What the sidecar measures per stage call on emulated servers (this project's own calibration, `poolpipe serve
+# --overheads-out`): what plans assume when no --overheads file is given. `benchmarks/emulated_sidecar.py --quick`
+# printed lead 452 / tail 338 µs on the native emulated backend (generate's default where a C compiler exists) with
+# requests one at a time; the live PPipe comparison measured 282 / 226 at load. The Python backend costs about twice
+# (833 / 765): plan with --overheads where servers are slower than these.
+DEFAULT_OVERHEADS = Overheads(lead_us=450.0, tail_us=350.0, wake_late_us=0.0, slowdown=1.0,
                               front_us=DEFAULT_FRONT_US)
 
 
