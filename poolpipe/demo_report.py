@@ -44,6 +44,11 @@ def print_summary(result: Any, console: Any) -> None:
     best = {s: max_load_at(result.runs, s) for s in systems}
     console.print("highest tested load with >= 99% attainment: "
                   + ", ".join(f"{LABELS[s]} {v:g}" for s, v in best.items()))
+    held = by.get(("ppipe", p.get("promise_lf")))
+    if held is not None:
+        verdict = "held" if held["attainment"] >= 0.99 else "NOT held"
+        console.print(f"the ppipe plan's promise, {p['promise_rps']:.1f} req/s at >= 99 % (load {p['promise_lf']:g}): "
+                      f"{verdict} live, {held['attainment']:.2%} SLO attainment (emulated)")
     pp, tr = best.get("ppipe", 0.0), best.get("triton-native", 0.0)
     ratio = f"{pp / tr:.2f}x" if tr else "n/a: Triton-only met 99% at no tested load"
     console.print(f"highest tested load with >= 99% SLO attainment: poolpipe {pp:g}, Triton-only {tr:g} "

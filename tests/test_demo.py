@@ -19,9 +19,13 @@ def test_short_demo_checks_answers_and_measures_every_system(tmp_path):
     s = json.loads((out / "summary.json").read_text())
     # part 1: the real model through the sidecar equals ONNX Runtime
     assert s["answers"]["requests"] > 0 and s["answers"]["max_abs_diff"] <= 1e-3
-    # part 2: every system measured (and predicted) at the load factor, from what the clients saw
+    # part 2: every system measured (and predicted) at the load factor and at the ppipe plan's promise, from what the
+    # clients saw
+    promise_lf = s["paper"]["promise_lf"]
+    assert promise_lf == pytest.approx(s["paper"]["promise_rps"] / s["paper"]["ppipe_rps"], abs=1e-3)
     assert {(x["system"], x["load_factor"]) for x in s["runs"]} == {
-        (sys, 0.3) for sys in ("ppipe", "np", "triton-native", "sim-ppipe")}
+        (sys, lf) for sys in ("ppipe", "np", "triton-native", "sim-ppipe") for lf in (0.3, promise_lf)}
+    assert f"the ppipe plan's promise, {s['paper']['promise_rps']:.1f} req/s" in r.stdout
     for run in s["runs"]:
         assert 0.0 <= run["attainment"] <= 1.0
         if not run["system"].startswith("sim"):
