@@ -157,3 +157,22 @@ def test_arrivals_parse(text, scv):
 def test_bad_arrivals_say_what_is_expected(text):
     with pytest.raises(InputError, match="--arrivals"):
         parse_arrivals(text)
+
+
+def test_promises_are_measured_in_the_specs_workload_mix():
+    """Every model is offered its weight's share, scaled so the model with the least nominal throughput per weight
+    gets its nominal rate: a model with spare pools is not offered more than its clients send, and the others are
+    not offered less than theirs (which made one model's promise miss by a third in beyond_ppipe_inss)."""
+    from planner.plan_json import ModelPlan, Plan
+    from scheduler.sim.sustain import mix_rates
+
+    def model(name, thr, weight):
+        return ModelPlan(name, 1e5, thr, (), None, weight=weight)
+
+    plan = Plan("p", "ppipe", 0.0, ClusterSpec({"T4": 1}, {"T4": 1}, 10.0, {"T4": 1}),
+                (model("a", 74.5, 0.3), model("b", 210.3, 0.33), model("c", 151.8, 0.37), model("d", 0.0, 1.0)))
+    rates = mix_rates(plan)
+    assert rates["a"] == pytest.approx(74.5)  # the bottleneck: 74.5 / 0.3 per weight
+    assert rates["b"] == pytest.approx(0.33 * 74.5 / 0.3) and rates["c"] == pytest.approx(0.37 * 74.5 / 0.3)
+    assert rates["d"] == 0.0  # a model without pools is offered nothing and sets no scale
+    assert mix_rates(dataclasses.replace(plan, models=plan.models[1:2])) == {"b": pytest.approx(210.3)}

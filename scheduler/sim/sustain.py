@@ -72,10 +72,21 @@ def _attainment(plan: Plan, rates: dict[str, float], trace: TraceSpec, lf: float
     return least
 
 
+def mix_rates(plan: Plan) -> dict[str, float]:
+    """Each model's rate in the spec's workload mix (its weight), scaled so that the model with the least nominal
+    throughput per weight is offered its nominal rate: the mix PPipe's max-min objective plans for. A model with
+    more nominal throughput than its share gets its share, not its nominal rate: its clients come in the mix."""
+    served = [m for m in plan.models if m.throughput_rps > 0 and m.weight > 0]
+    base = min((m.throughput_rps / m.weight for m in served), default=0.0)
+    return {m.name: m.weight * base if m in served else m.throughput_rps for m in plan.models}
+
+
 def simulated_rps(plan: Plan, arrivals: Arrivals, costs: Overheads, seed: int = 0) -> dict[str, float]:
-    """Per model, the largest rate (to RESOLUTION of its nominal one) the simulator serves at >= 99 %, every
-    model offered the same fraction of its nominal rate (as the max-min objective weighs them)."""
-    rates = {m.name: m.throughput_rps for m in plan.models}
+    """Per model, the largest rate (to RESOLUTION of its rate in the mix) the simulator serves at >= 99 %, every
+    model offered the same fraction of its rate in the spec's workload mix (``mix_rates``). Models that share
+    links or GPUs slow each other down, so a promise measured with the others offered less than their share (their
+    nominal fractions) would not hold in the mix clients send."""
+    rates = mix_rates(plan)
     trace = parse_trace(arrivals.text)
     runs = point_runs(plan, trace, seed)
     lo = {m: 0.0 for m in rates}
