@@ -15,28 +15,27 @@ each of live_paper's targets (a/a0 >= 1.15, a/b >= 1.4) can hold at all on this 
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from planner.entry import plan
-from planner.request import PlanRequest
-from poolpipe.paper_experiment import PaperRun, paper_spec
+from poolpipe.paper_experiment import PaperExperiment, PaperRun, paper_spec
 
 MODELS = "centernet-update_r50-caffe_fpn_ms-1x_coco,convnext_large"
 FACTORS = "2.6,2.7,2.8,2.9,3.0"
 
 
 def promises(run: PaperRun) -> dict[str, tuple[float, float]]:
-    """(sustainable, nominal) req/s of each plan the planner makes for ``run``: a0, a and b."""
-    fixed = plan(paper_spec(run), PlanRequest("ppipe", objective="throughput", time_limit_s=60)).plan.models[0]
-    spec = paper_spec(run, slo_margin=0.0)
-    out = {"a0": (fixed.sustainable_rps or 0.0, fixed.throughput_rps)}
-    for name, policy in (("a", "ppipe"), ("b", "np")):
-        m = plan(spec, PlanRequest(policy, time_limit_s=60, arrivals=run.trace)).plan.models[0]
-        out[name] = (m.sustainable_rps or 0.0, m.throughput_rps)
-    return out
+    """(sustainable, nominal) req/s of each plan live_paper makes for ``run`` (its own planning steps, with the
+    default costs): a0, a and b."""
+    with tempfile.TemporaryDirectory(prefix="slo_scan_") as tmp:
+        ex = PaperExperiment(run, Path(tmp), log=lambda _: None)
+        ex.plans()
+    return {name: (p.models[0].sustainable_rps or 0.0, p.models[0].throughput_rps)
+            for name, p in (("a0", ex.fixed), ("a", ex.ppipe), ("b", ex.np_plan))}
 
 
 def _ratio(x: float, y: float) -> str:

@@ -23,6 +23,24 @@ static inline void answer_error(TRITONBACKEND_Request* request, TRITONSERVER_Err
   drop(TRITONBACKEND_RequestRelease(request, TRITONSERVER_REQUEST_RELEASE_ALL));
 }
 
+/* One input of a request, as Triton describes it. */
+typedef struct {
+  TRITONBACKEND_Input* input;
+  const char* name;
+  TRITONSERVER_DataType dt;
+  const int64_t* shape;
+  uint32_t n_dims, n_buf;
+  uint64_t bytes;
+} input_info;
+
+/* Input ``i`` of ``request`` into ``in``. */
+static inline TRITONSERVER_Error* input_info_at(TRITONBACKEND_Request* request, uint32_t i, input_info* in) {
+  TRITONSERVER_Error* err = TRITONBACKEND_RequestInputByIndex(request, i, &in->input);
+  if (err != NULL) return err;
+  return TRITONBACKEND_InputProperties(in->input, &in->name, &in->dt, &in->shape, &in->n_dims, &in->bytes,
+                                       &in->n_buf);
+}
+
 /* Append the bytes of ``input`` (its ``n_buf`` buffers, which must be in CPU memory) to ``w``. */
 static inline TRITONSERVER_Error* append_input_bytes(writer_t* w, TRITONBACKEND_Input* input, uint32_t n_buf) {
   for (uint32_t b = 0; b < n_buf; b++) {

@@ -172,21 +172,14 @@ static TRITONSERVER_Error* encode_request(writer_t* w, TRITONBACKEND_Request* re
   if (err != NULL) return err;
   wr_u16(w, (uint16_t)n_in);
   for (uint32_t i = 0; i < n_in; i++) {
-    TRITONBACKEND_Input* input = NULL;
-    const char* name = NULL;
-    TRITONSERVER_DataType dt;
-    const int64_t* shape = NULL;
-    uint32_t n_dims = 0, n_buf = 0;
-    uint64_t bytes = 0;
-    err = TRITONBACKEND_RequestInputByIndex(request, i, &input);
-    if (err == NULL) err = TRITONBACKEND_InputProperties(input, &name, &dt, &shape, &n_dims, &bytes, &n_buf);
-    if (err != NULL) return err;
-    wr_str(w, name);
-    wr_str(w, TRITONSERVER_DataTypeString(dt));
-    wr_u16(w, (uint16_t)n_dims);
-    for (uint32_t d = 0; d < n_dims; d++) wr_i64(w, shape[d]);
-    wr_u64(w, bytes);
-    if ((err = append_input_bytes(w, input, n_buf)) != NULL) return err;
+    input_info in;
+    if ((err = input_info_at(request, i, &in)) != NULL) return err;
+    wr_str(w, in.name);
+    wr_str(w, TRITONSERVER_DataTypeString(in.dt));
+    wr_u16(w, (uint16_t)in.n_dims);
+    for (uint32_t d = 0; d < in.n_dims; d++) wr_i64(w, in.shape[d]);
+    wr_u64(w, in.bytes);
+    if ((err = append_input_bytes(w, in.input, in.n_buf)) != NULL) return err;
   }
   wr_u16(w, (uint16_t)n_out);
   for (uint32_t o = 0; o < n_out; o++) {

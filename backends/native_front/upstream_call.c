@@ -30,44 +30,36 @@ static void wr_json_str(writer_t* w, const char* s) {
 
 /* One input's JSON entry into ``json`` and its bytes into ``bin``. */
 static TRITONSERVER_Error* encode_input(writer_t* json, writer_t* bin, TRITONBACKEND_Request* request, uint32_t i) {
-  TRITONBACKEND_Input* input = NULL;
-  const char* name = NULL;
-  TRITONSERVER_DataType dt;
-  const int64_t* shape = NULL;
-  uint32_t n_dims = 0, n_buf = 0;
-  uint64_t bytes = 0;
+  input_info in;
   char num[32];
-  TRITONSERVER_Error* err = TRITONBACKEND_RequestInputByIndex(request, i, &input);
-  if (err == NULL) err = TRITONBACKEND_InputProperties(input, &name, &dt, &shape, &n_dims, &bytes, &n_buf);
+  TRITONSERVER_Error* err = input_info_at(request, i, &in);
   if (err != NULL) return err;
   wr_text(json, i ? ",{\"name\":" : "{\"name\":");
-  wr_json_str(json, name);
+  wr_json_str(json, in.name);
   wr_text(json, ",\"datatype\":");
-  wr_json_str(json, TRITONSERVER_DataTypeString(dt));
+  wr_json_str(json, TRITONSERVER_DataTypeString(in.dt));
   wr_text(json, ",\"shape\":[");
-  for (uint32_t d = 0; d < n_dims; d++) {
-    snprintf(num, sizeof(num), d ? ",%lld" : "%lld", (long long)shape[d]);
+  for (uint32_t d = 0; d < in.n_dims; d++) {
+    snprintf(num, sizeof(num), d ? ",%lld" : "%lld", (long long)in.shape[d]);
     wr_text(json, num);
   }
-  snprintf(num, sizeof(num), "%llu", (unsigned long long)bytes);
+  snprintf(num, sizeof(num), "%llu", (unsigned long long)in.bytes);
   wr_text(json, "],\"parameters\":{\"binary_data_size\":");
   wr_text(json, num);
   wr_text(json, "}}");
-  return append_input_bytes(bin, input, n_buf);
+  return append_input_bytes(bin, in.input, in.n_buf);
 }
 
-/* One parameter's value, as JSON, into ``json`` (bytes parameters have no JSON form: 0 when skipped). */
-static int encode_value(writer_t* json, TRITONSERVER_ParameterType type, const void* value) {
+/* One parameter's value (string, int, bool or double: bytes have no JSON form), as JSON, into ``json``. */
+static void encode_value(writer_t* json, TRITONSERVER_ParameterType type, const void* value) {
   char num[40];
   switch (type) {
-    case TRITONSERVER_PARAMETER_STRING: wr_json_str(json, (const char*)value); return 1;
+    case TRITONSERVER_PARAMETER_STRING: wr_json_str(json, (const char*)value); return;
     case TRITONSERVER_PARAMETER_INT: snprintf(num, sizeof(num), "%" PRId64, *(const int64_t*)value); break;
     case TRITONSERVER_PARAMETER_BOOL: snprintf(num, sizeof(num), "%s", *(const bool*)value ? "true" : "false"); break;
-    case TRITONSERVER_PARAMETER_DOUBLE: snprintf(num, sizeof(num), "%.17g", *(const double*)value); break;
-    default: return 0;
+    default: snprintf(num, sizeof(num), "%.17g", *(const double*)value); break;
   }
   wr_text(json, num);
-  return 1;
 }
 
 /* The request's parameters (its Triton timeout, then the client's custom ones) as a JSON member, if it has any. */

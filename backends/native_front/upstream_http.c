@@ -114,8 +114,11 @@ static int dial(upstream* u, TRITONBACKEND_Request* request) {
   for (struct addrinfo* a = res; a != NULL && fd < 0 && rc != CANCELLED; a = a->ai_next) {
     fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
     if (fd < 0) continue;
-    rc = connect(fd, a->ai_addr, a->ai_addrlen) == 0 ? 0 : errno == EINPROGRESS ? 1 : FAILED;
-    if (rc == 1) rc = wait_ready(fd, POLLOUT, request, DIAL_TIMEOUT_MS);
+    if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+      rc = 0;
+    } else {
+      rc = errno == EINPROGRESS ? wait_ready(fd, POLLOUT, request, DIAL_TIMEOUT_MS) : FAILED;
+    }
     int so_error = 0;
     socklen_t len = sizeof(so_error);
     if (rc == 0 && (getsockopt(fd, SOL_SOCKET, SO_ERROR, &so_error, &len) != 0 || so_error != 0)) rc = FAILED;
@@ -304,25 +307,32 @@ static int exchange(upstream* u, struct iovec* iov, int n, writer_t* b, http_hea
   return read_response(u->fd, b, h, request);
 }
 
+/* The error of a call that failed: ``why``, naming the pass-through Triton. */
+static TRITONSERVER_Error* failed(const upstream* u, TRITONSERVER_Error_Code code, const char* why) {
+  char address[300];
+  snprintf(address, sizeof(address), "%s:%s", u->host, u->port);
+  return fail_with(code, "poolpipe_front: the pass-through Triton at %s %s", address, why);
+}
+
 /* Send the call (``n`` buffers) on the kept-open connection or a new one, and read the answer into ``b``: NULL, or
  * why it failed (the connection is hung up then: a late answer on it would be taken for the next request's). */
-static const char* call(upstream* u, struct iovec* iov, int n, writer_t* b, http_head* h,
-                        TRITONBACKEND_Request* request, int* was_cancelled) {
+static TRITONSERVER_Error* call(upstream* u, struct iovec* iov, int n, writer_t* b, http_head* h,
+                                TRITONBACKEND_Request* request) {
   for (int attempt = 0; attempt < 2; attempt++) {
     int reused = u->fd >= 0;
     int rc = reused ? 0 : dial(u, request);
-    if (rc == FAILED) return "cannot be reached";
+    if (rc == FAILED) return failed(u, TRITONSERVER_ERROR_UNAVAILABLE, "cannot be reached");
     if (rc == 0) rc = exchange(u, iov, n, b, h, request);
     if (rc == 0) return NULL;
     hang_up(u);
     if (rc == CANCELLED) {
-      *was_cancelled = 1;
-      return "was still being waited for when the client cancelled the request";
+      return failed(u, TRITONSERVER_ERROR_CANCELLED, "was still being waited for when the client cancelled the "
+                                                     "request");
     }
-    if (rc == FAILED) return "answered no valid HTTP response";
+    if (rc == FAILED) return failed(u, TRITONSERVER_ERROR_UNAVAILABLE, "answered no valid HTTP response");
     if (!reused) break; /* only a kept-open connection closed before answering is tried once more, on a new one */
   }
-  return "closed the connection";
+  return failed(u, TRITONSERVER_ERROR_UNAVAILABLE, "closed the connection");
 }
 
 TRITONSERVER_Error* upstream_forward(upstream* u, TRITONBACKEND_Request* request) {
@@ -335,14 +345,7 @@ TRITONSERVER_Error* upstream_forward(upstream* u, TRITONBACKEND_Request* request
              "Inference-Header-Content-Length: %zu\r\nContent-Length: %zu\r\n\r\n", u->path, u->host, u->port,
              json.len, json.len + bin.len);
     struct iovec iov[3] = {{head, strlen(head)}, {json.data, json.len}, {bin.data, bin.len}};
-    int was_cancelled = 0;
-    const char* why = call(u, iov, bin.len ? 3 : 2, &b, &h, request, &was_cancelled);
-    if (why != NULL) {
-      char address[300];
-      snprintf(address, sizeof(address), "%s:%s", u->host, u->port);
-      err = fail_with(was_cancelled ? TRITONSERVER_ERROR_CANCELLED : TRITONSERVER_ERROR_UNAVAILABLE,
-                      "poolpipe_front: the pass-through Triton at %s %s", address, why);
-    }
+    err = call(u, iov, bin.len ? 3 : 2, &b, &h, request);
   }
   if (err == NULL) {
     err = answer(request, &b, &h);

@@ -76,9 +76,9 @@ def mix_rates(plan: Plan) -> dict[str, float]:
     """Each model's rate in the spec's workload mix (its weight), scaled so that the model with the least nominal
     throughput per weight is offered its nominal rate: the mix PPipe's max-min objective plans for. A model with
     more nominal throughput than its share gets its share, not its nominal rate: its clients come in the mix."""
-    served = [m for m in plan.models if m.throughput_rps > 0 and m.weight > 0]
-    base = min((m.throughput_rps / m.weight for m in served), default=0.0)
-    return {m.name: m.weight * base if m in served else m.throughput_rps for m in plan.models}
+    served = {m.name: m for m in plan.models if m.throughput_rps > 0 and m.weight > 0}
+    base = min((m.throughput_rps / m.weight for m in served.values()), default=0.0)
+    return {m.name: m.weight * base if m.name in served else m.throughput_rps for m in plan.models}
 
 
 def simulated_rps(plan: Plan, arrivals: Arrivals, costs: Overheads, seed: int = 0) -> dict[str, float]:

@@ -213,18 +213,18 @@ class NativeFront:
     async def follow(self, planned_configs: list) -> None:
         """After a reload, serve what the new plan serves: its new models loaded, those whose config changed (a
         new max batch size) loaded again, those it dropped unloaded, through the front's repository API."""
-        want = {c.name: c for c in planned_configs}
-        changed = [c for name, c in want.items() if self._planned.get(name) != config_text(front_config(c))]
+        want = {c.name: config_text(front_config(c)) for c in planned_configs}
+        changed = [c for c in planned_configs if self._planned.get(c.name) != want[c.name]]
         gone = [name for name in self._planned if name not in want]
         if not changed and not gone:
             return
         repo = self._dir / "repository"
         write_front_repository(repo, changed, native_front.library())
-        client = grpcaio.InferenceServerClient(self.triton.grpc_url.replace("0.0.0.0", "127.0.0.1"))
+        client = grpcaio.InferenceServerClient(self.triton.grpc_url)
         try:
             for c in changed:
                 await client.load_model(c.name)
-                self._planned[c.name] = config_text(front_config(c))
+                self._planned[c.name] = want[c.name]
             for name in gone:
                 await client.unload_model(name)
                 shutil.rmtree(repo / name, ignore_errors=True)
