@@ -5,6 +5,9 @@
  *           the client's request id (KServe ``id``), u64 the client's ``timeout`` parameter in µs (0: none)
  *   answer  (sidecar -> front): u32 id, u32 code (0: success, else a TRITONSERVER_Error_Code, never UNKNOWN), then
  *           str message when the code is not 0, else u16 n, n x tensor (the outputs)
+ *   cancel  (front -> sidecar): u32 CANCEL_ID, u32 id: the request was cancelled and answered by the front; the
+ *           sidecar drops it and answers this frame (any code), unless it had answered the request already: either
+ *           way exactly one answer frame carries each id, so the front frees the id on it
  * where str = u16 length, bytes; tensor = str name, str datatype (Triton's: "FP32"), u16 dims, dims x i64 shape,
  * u64 byte size, the bytes. */
 #pragma once
@@ -14,6 +17,7 @@
 #include <string.h>
 
 #define HELLO_ID 0xFFFFFFFFu
+#define CANCEL_ID 0xFFFFFFFEu
 #define SOCKET_ENV "POOLPIPE_FRONT_SOCKET"
 #define MAX_FRAME_DIMS 16
 

@@ -6,7 +6,9 @@
  * what bounded it (docs/serving.md, "Where a request's time goes"). One socket per model instance, connected at
  * instance start to $POOLPIPE_FRONT_SOCKET; the first frame names the model. A lost sidecar fails every pending
  * and later request with UNAVAILABLE (nothing waits forever) and stops this tritonserver (SIGTERM to itself), so a
- * sidecar that crashed leaves no server holding its ports. */
+ * sidecar that crashed leaves no server holding its ports. A request Triton marks cancelled while the sidecar holds it
+ * (the client cancelled, or its gRPC deadline passed) is answered CANCELLED and withdrawn from the sidecar, as
+ * Triton's own schedulers drop a cancelled request: it takes no place in a batch. */
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -17,46 +19,17 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "cancel_watch.h"
 #include "frames.h"
 #include "front_common.h"
+#include "front_conn.h"
 #include "passthrough.h"
 #include "triton_c.h"
 
 #define EXPORT __attribute__((visibility("default")))
-#define MAX_PENDING 65536 /* requests in flight per instance; beyond it a request is refused (UNAVAILABLE) */
-
-typedef struct {
-  char* model;
-  int fd;
-  pthread_mutex_t lock; /* slots, free list, dead */
-  TRITONBACKEND_Request** slots;
-  uint32_t* free_ids;
-  uint32_t n_free;
-  int dead;
-  pthread_t reader;
-  int reader_started;
-  volatile int closing; /* the instance is finalizing: the socket's end is ours, not the sidecar's */
-  upstream* up;         /* a pass-through model (passthrough.c): no socket, no reader */
-  TRITONBACKEND_ModelInstance* instance;
-  uint64_t* started; /* per slot: when the request was handed over (its statistics) */
-} conn;
 
 static void fail(TRITONBACKEND_Request* request, TRITONSERVER_Error_Code code, const char* msg) {
   answer_error(request, TRITONSERVER_ErrorNew(code, msg));
-}
-
-/* The request in slot ``id``, taken out (NULL if none), and when it was handed over. */
-static TRITONBACKEND_Request* take(conn* c, uint32_t id, uint64_t* started) {
-  TRITONBACKEND_Request* r = NULL;
-  pthread_mutex_lock(&c->lock);
-  if (id < MAX_PENDING && c->slots[id] != NULL) {
-    r = c->slots[id];
-    *started = c->started[id];
-    c->slots[id] = NULL;
-    c->free_ids[c->n_free++] = id;
-  }
-  pthread_mutex_unlock(&c->lock);
-  return r;
 }
 
 /* The connection is lost: every pending request gets UNAVAILABLE, later ones too (``dead``). */
@@ -85,16 +58,7 @@ static int read_all(int fd, void* p, size_t n) {
   return 0;
 }
 
-static int write_all(int fd, const char* p, size_t n) {
-  while (n > 0) {
-    ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
-    if (k < 0 && errno == EINTR) continue;
-    if (k <= 0) return -1;
-    p += k;
-    n -= (size_t)k;
-  }
-  return 0;
-}
+
 
 /* Build and send the response of one answer frame (after its id) for ``request``; NULL or the error. */
 static TRITONSERVER_Error* respond(TRITONBACKEND_Request* request, reader_t* rd) {
@@ -142,7 +106,7 @@ static void* read_answers(void* arg) {
     if (rd_u32(&rd, &id) != 0) break;
     uint64_t started = 0;
     TRITONBACKEND_Request* request = take(c, id, &started);
-    if (request == NULL) continue; /* answered already (cannot happen with a well-behaved sidecar) */
+    if (request == NULL) continue; /* withdrawn: the sidecar's answer to the cancel frame, or its answer before */
     TRITONSERVER_Error* err = respond(request, &rd);
     count_request(c->instance, request, err == NULL, started);
     if (err != NULL) {
@@ -160,6 +124,7 @@ static void* read_answers(void* arg) {
   }
   return NULL;
 }
+
 
 /* Append one request's frame (slot, inputs, requested outputs, the client's request id and timeout) to ``w``;
  * NULL or why it cannot be forwarded. */
@@ -216,6 +181,7 @@ EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_Mode
     int dead = c->dead;
     uint32_t id = !dead && c->n_free > 0 ? c->free_ids[--c->n_free] : UINT32_MAX;
     if (id != UINT32_MAX) c->slots[id] = requests[r], c->started[id] = handed;
+    if (id != UINT32_MAX && id >= c->high) c->high = id + 1;
     pthread_mutex_unlock(&c->lock);
     if (id == UINT32_MAX) {
       count_request(instance, requests[r], 0, handed);
@@ -236,7 +202,7 @@ EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_Mode
       }
     }
   }
-  if (w.len > 0 && write_all(c->fd, w.data, w.len) != 0) shutdown(c->fd, SHUT_RDWR); /* the reader fails them */
+  if (w.len > 0 && send_frames(c, &w) != 0) shutdown(c->fd, SHUT_RDWR); /* the reader fails them */
   free(w.data);
   uint64_t done = now_ns(); /* an execution is the hand-over; each request's own time is counted when answered */
   drop(TRITONBACKEND_ModelInstanceReportBatchStatistics(instance, count, handed, handed, done, done));
@@ -297,6 +263,8 @@ static void free_conn(conn* c) {
   free(c->free_ids);
   free(c->model);
   pthread_mutex_destroy(&c->lock);
+  pthread_mutex_destroy(&c->wlock);
+  pthread_cond_destroy(&c->wake);
   free(c);
 }
 
@@ -311,6 +279,8 @@ EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_M
   c->model = strdup(name);
   c->instance = instance;
   pthread_mutex_init(&c->lock, NULL);
+  pthread_mutex_init(&c->wlock, NULL);
+  pthread_cond_init(&c->wake, NULL);
   err = passthrough_of(model, name, &c->up);
   if (err == NULL && c->up != NULL) return TRITONBACKEND_ModelInstanceSetState(instance, c); /* no slots, no socket */
   if (err == NULL) {
@@ -329,6 +299,7 @@ EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_M
     return err;
   }
   c->reader_started = 1;
+  if (pthread_create(&c->watcher, NULL, watch_cancels, c) == 0) c->watcher_started = 1;
   return TRITONBACKEND_ModelInstanceSetState(instance, c);
 }
 
@@ -337,7 +308,11 @@ EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceFinalize(TRITONBACKEND_Mod
   TRITONSERVER_Error* err = TRITONBACKEND_ModelInstanceState(instance, &state);
   conn* c = state;
   if (c == NULL) return err;
+  pthread_mutex_lock(&c->lock);
   c->closing = 1;
+  pthread_cond_signal(&c->wake);
+  pthread_mutex_unlock(&c->lock);
+  if (c->watcher_started) pthread_join(c->watcher, NULL);
   if (c->fd >= 0) shutdown(c->fd, SHUT_RDWR); /* the reader sees the end, fails what is pending and exits */
   if (c->reader_started) pthread_join(c->reader, NULL);
   free_conn(c);

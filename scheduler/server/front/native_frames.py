@@ -12,6 +12,7 @@ from tritonclient.grpc import service_pb2
 from scheduler.server.common.wire import DecodedRequest, RawAnswer
 
 HELLO_ID = 0xFFFFFFFF
+CANCEL_ID = 0xFFFFFFFE  # a cancel frame: u32 CANCEL_ID, u32 the id of a request the front answered CANCELLED
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
@@ -58,6 +59,13 @@ def decode_hello(frame: bytes) -> str:
     if ident != HELLO_ID:
         raise FrameError("the first frame is not a hello")
     return model
+
+
+def decode_cancel(frame: bytes) -> int | None:
+    """The id a cancel frame withdraws; None for any other frame."""
+    if len(frame) < 8 or _U32.unpack_from(frame, 0)[0] != CANCEL_ID:
+        return None
+    return _U32.unpack_from(frame, 4)[0]
 
 
 def decode_request(model: str, frame: bytes) -> tuple[int, DecodedRequest]:

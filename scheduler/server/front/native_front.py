@@ -35,6 +35,7 @@ from runtime.tritonserver import TritonProcess, pid_alive
 from scheduler.server.common.errors import ServeError
 from scheduler.server.front.native_frames import (
     FrameError,
+    decode_cancel,
     decode_hello,
     decode_request,
     encode_answer,
@@ -90,14 +91,16 @@ def passthrough_configs(address: str, planned: set[str]) -> list:
 
 class _Connection(asyncio.Protocol):
     """One front model instance's socket: requests in, each submitted at once and answered from its future's
-    callback (no task per request); the answers of one loop iteration leave in one write."""
+    callback (no task per request); the answers of one loop iteration leave in one write. A cancel frame withdraws
+    a request the front answered CANCELLED (its client gave up): it is dropped, and that frame answered, unless its
+    answer had left already; so each id gets exactly one answer frame, and the front reuses it only after that."""
 
     def __init__(self, router: Router) -> None:
         self.router = router
         self.model: str | None = None
         self.buf = bytearray()
         self.out: list[bytes] = []
-        self.pending: set[asyncio.Future] = set()
+        self.pending: dict[int, asyncio.Future] = {}  # by frame id, until answered
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -113,7 +116,11 @@ class _Connection(asyncio.Protocol):
                     self.model = decode_hello(frame)
                     log.info("event=native_front_connected model=%s", self.model)
                     continue
-                self._submit(*decode_request(self.model, frame))
+                withdrawn = decode_cancel(frame)
+                if withdrawn is None:
+                    self._submit(*decode_request(self.model, frame))
+                else:
+                    self._withdraw(withdrawn)
         except FrameError as e:  # the backend answers what was pending with UNAVAILABLE
             log.error("event=native_front_bad_frame model=%s error=%s", self.model, e)
             self.transport.close()
@@ -128,11 +135,20 @@ class _Connection(asyncio.Protocol):
             log.exception("event=native_front_error model=%s", self.model)
             self._send(encode_error(ident, None, f"poolpipe sidecar: internal error: {e}"))
             return
-        self.pending.add(future)
+        self.pending[ident] = future
         future.add_done_callback(functools.partial(self._answered, ident))
 
+    def _withdraw(self, ident: int) -> None:
+        future = self.pending.pop(ident, None)
+        if future is None:  # answered already: that answer frees the id at the front
+            return
+        future.cancel()  # a queued request takes no place in a batch (one in flight finishes, unanswered)
+        self._send(encode_error(ident, grpc.StatusCode.CANCELLED, "the request was cancelled"))
+
     def _answered(self, ident: int, future: asyncio.Future) -> None:
-        self.pending.discard(future)
+        if self.pending.get(ident) is not future:  # withdrawn: its cancel frame was answered instead
+            return
+        del self.pending[ident]
         if future.cancelled():
             self._send(encode_error(ident, grpc.StatusCode.CANCELLED, "the request was cancelled"))
             return
@@ -156,8 +172,9 @@ class _Connection(asyncio.Protocol):
         self.out.clear()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        for future in list(self.pending):  # withdrawn: their samples are skipped when dispatched
+        for future in list(self.pending.values()):  # withdrawn: their samples are skipped when dispatched
             future.cancel()
+        self.pending.clear()
 
 
 class NativeFront:
@@ -184,8 +201,8 @@ class NativeFront:
     async def start(self, planned_configs: list) -> None:
         library = native_front.library()
         if library is None:
-            raise InputError("--native-grpc-port: the native front end could not be built here (no C compiler; "
-                             "the log line above says why); serve without the flag")
+            raise InputError("--native-grpc-port: the native front end could not be built here (the log line above "
+                             "says why: no C compiler, or a build error); serve without the flag")
         reclaim_dirs()
         self._dir = Path(tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{os.getpid()}-"))
         sock = self._dir / "front.sock"
