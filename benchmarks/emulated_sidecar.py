@@ -1,12 +1,18 @@
 """The per-stage costs the sidecar itself measures (``serve --overheads-out``) on an emulated deployment, with the
-emulated partitions on the Python backend and on the native one, side by side in one run.
+emulated partitions on the Python backend and on the native one, side by side in one run; and what the planned
+path adds per stage over Triton direct at low load, where compute is the profile's (issue 24's low-load figure on
+emulated devices: the CPU servers of benchmarks/sidecar.py compute a model's partitions slower than the whole).
 
 The deployment: PPipe's measured googlenet-v3 profile (``data/ppipe``) cut in three stages, a T4 and two halves of
 an L4 on two loopback addresses (one gRPC hop, one shared-memory hop), tensors at ``--scale`` of the profiled
 bytes; the same plan generated twice (``generate --emulated-backend python`` / ``native``). Full batches are sent
 one at a time (each goes at once), so what is added to the profiled latency is the sidecar's and the stage calls'
 own cost at idle. Printed per backend: p50/p99 of the request, what it adds over the profiled stages, and the
-sidecar's mean lead (stage sent -> compute start) and tail (compute end -> response) per stage.
+sidecar's mean lead (stage sent -> compute start) and tail (compute end -> response) per stage. The native
+backend's sidecar is also called through its native front end (``serve --native-grpc-port``). Then Triton direct:
+the whole model on one emulated L4 (the native backend), called by the same client with the same batch; what it
+adds over its profiled latency is what any call to Triton costs, and the planned path's added50 beyond it, over
+the three stages, is its cost per stage.
 
     python -P benchmarks/emulated_sidecar.py --quick   # about a minute on 2 cores
 """
@@ -17,6 +23,7 @@ import argparse
 import json
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -24,9 +31,10 @@ import tritonclient.grpc as grpcclient
 
 from backends import native
 from model_repository_gen.generate import generate
-from model_repository_gen.manifest import Manifest
+from model_repository_gen.manifest import Manifest, StageInfo
 from planner.plan_json import ModelPlan, PartitionPlan, PipelinePlan, Plan
 from planner.spec.planning_spec import ClusterSpec
+from poolpipe_common.net import free_port
 from profiling.reference import import_ppipe_profile
 from runtime.launch import Deployment
 from runtime.sidecar_process import SidecarProcess
@@ -38,10 +46,10 @@ MODEL = "googlenet-v3-pytorch"
 STAGES = (((0, 2), "T4", 1), ((2, 5), "L4", 2), ((5, 10), "L4", 2))  # (blocks, GPU type, vGPU level)
 
 
-def _plan(batch: int) -> Plan:
+def _plan(batch: int, stages: tuple = STAGES) -> Plan:
     profile = import_ppipe_profile(ROOT / "data" / "ppipe", MODEL)
     parts = tuple(PartitionPlan(blocks, gpu, v, batch, 1, profile.latency_us(gpu, v, batch, *blocks))
-                  for blocks, gpu, v in STAGES)
+                  for blocks, gpu, v in stages)
     pipe = PipelinePlan(parts, 100.0, sum(p.latency_us for p in parts))
     cluster = ClusterSpec({"T4": 1, "L4": 1}, {"T4": 1, "L4": 1}, 10.0, {"T4": 1, "L4": 2})
     return Plan("hand", "none", 0.0, cluster, (ModelPlan(MODEL, 400_000.0, 100.0, (pipe,), profile),))
@@ -56,27 +64,61 @@ def _cluster(path: Path) -> Path:
     return path
 
 
-def _serve(work: Path, backend: str, args: argparse.Namespace) -> str:
-    plan = _plan(args.batch)
-    manifest = generate(plan, {}, _cluster(work / "cluster.json"), work / "deploy",
+@dataclass
+class Row:
+    name: str
+    times_ms: np.ndarray
+    profiled_ms: float
+    lead_us: float | None = None
+    tail_us: float | None = None
+
+    @property
+    def added50(self) -> float:
+        return float(np.percentile(self.times_ms, 50)) - self.profiled_ms
+
+    def line(self) -> str:
+        costs = "" if self.lead_us is None else f" {self.lead_us:8.0f} {self.tail_us:8.0f}"
+        return (f"{self.name:<14} {np.percentile(self.times_ms, 50):8.2f} {np.percentile(self.times_ms, 99):8.2f} "
+                f"{self.profiled_ms:9.2f} {self.added50:9.2f}{costs}")
+
+
+def _serve(work: Path, backend: str, args: argparse.Namespace) -> list[Row]:
+    """The sidecar over the three stages on ``backend``: its own gRPC port, and for the native backend also its
+    native front end (one sidecar; the front's requests come second, so the overheads file is the own port's)."""
+    manifest = generate(_plan(args.batch), {}, _cluster(work / "cluster.json"), work / "deploy",
                         emulated_tensor_scale=args.scale, emulated_backend=backend)
     model = manifest.model(MODEL)
     profiled_ms = _profiled_ms(manifest, args.batch)
     spec = model.inputs[0]
     x = np.random.default_rng(0).standard_normal((args.batch, *spec.shape)).astype(np.float32)
     overheads = work / "overheads.json"
+    front = free_port("127.0.0.1") if backend == "native" else None
+    extra = ("--overheads-out", str(overheads), *(("--native-grpc-port", str(front)) if front else ()))
     with Deployment(work / "deploy", log_dir=work / "logs"):
-        sc = SidecarProcess(manifest=work / "deploy", log_path=work / "sidecar.log",
-                            extra_args=("--overheads-out", str(overheads)))
+        sc = SidecarProcess(manifest=work / "deploy", log_path=work / "sidecar.log", extra_args=extra)
         sc.start()
         try:
             times = _requests(sc.grpc_url, spec.name, x, args.requests)
+            via_front = _requests(f"127.0.0.1:{front}", spec.name, x, args.requests) if front else None
         finally:
             sc.stop()
     o = json.loads(overheads.read_text())
-    p50, p99 = np.percentile(times, 50), np.percentile(times, 99)
-    return (f"{backend:<8} {p50:8.2f} {p99:8.2f} {profiled_ms:9.2f} {p50 - profiled_ms:9.2f} "
-            f"{o['lead_us']:8.0f} {o['tail_us']:8.0f}")
+    rows = [Row(backend, times, profiled_ms, o["lead_us"], o["tail_us"])]
+    if via_front is not None:
+        rows.append(Row("native front", via_front, profiled_ms))
+    return rows
+
+
+def _direct(work: Path, args: argparse.Namespace) -> Row:
+    """Triton direct: the whole model on one emulated L4 (native backend), its tritonserver called by the client."""
+    manifest = generate(_plan(args.batch, (((0, 10), "L4", 1),)), {}, _cluster(work / "cluster.json"),
+                        work / "deploy", emulated_tensor_scale=args.scale, emulated_backend="native")
+    stage: StageInfo = manifest.model(MODEL).pipelines[0].stages[0]
+    spec = stage.inputs[0]
+    x = np.random.default_rng(0).standard_normal((args.batch, *spec.shape)).astype(np.float32)
+    with Deployment(work / "deploy", log_dir=work / "logs"):
+        times = _requests(manifest.vgpu(stage.vgpus[0]).grpc_url, spec.name, x, args.requests, stage.triton_model)
+    return Row("triton direct", times, stage.latency_us[args.batch] / 1e3)
 
 
 def _profiled_ms(manifest: Manifest, batch: int) -> float:
@@ -86,7 +128,7 @@ def _profiled_ms(manifest: Manifest, batch: int) -> float:
     return state.probe(state.pipelines[MODEL][0], batch, 0.0).completion_us / 1e3
 
 
-def _requests(url: str, name: str, x: np.ndarray, n: int) -> np.ndarray:
+def _requests(url: str, name: str, x: np.ndarray, n: int, model: str = MODEL) -> np.ndarray:
     """``n`` requests of one full batch each, one at a time: request latency (ms)."""
     out = []
     with grpcclient.InferenceServerClient(url) as client:
@@ -94,7 +136,7 @@ def _requests(url: str, name: str, x: np.ndarray, n: int) -> np.ndarray:
             inp = grpcclient.InferInput(name, list(x.shape), "FP32")
             inp.set_data_from_numpy(x)
             t0 = time.perf_counter()
-            client.infer(MODEL, [inp])
+            client.infer(model, [inp])
             if i >= 3:  # the first calls warm up channels and the sidecar's calibration
                 out.append((time.perf_counter() - t0) * 1e3)
     return np.array(out)
@@ -112,12 +154,23 @@ def main(argv: list[str] | None = None) -> None:
     backends = ["python"] + (["native"] if native.library() is not None else [])
     print(f"through the sidecar: {MODEL}, 3 emulated stages (T4, L4/2, L4/2), batch {args.batch}, tensors x"
           f"{args.scale:g}, {args.requests} requests one at a time; ms, lead/tail µs per stage (serve --overheads-out)")
-    print(f"{'backend':<8} {'p50':>8} {'p99':>8} {'profiled':>9} {'added50':>9} {'lead':>8} {'tail':>8}")
+    print(f"{'backend':<14} {'p50':>8} {'p99':>8} {'profiled':>9} {'added50':>9} {'lead':>8} {'tail':>8}")
+    rows: dict[str, Row] = {}
     for backend in backends:
         with tempfile.TemporaryDirectory(prefix=f"emulated-sidecar-{backend}-") as tmp:
-            print(_serve(Path(tmp), backend, args), flush=True)
+            for row in _serve(Path(tmp), backend, args):
+                rows[row.name] = row
+                print(row.line(), flush=True)
     if len(backends) == 1:
-        print("native: not built here (see the log line above); row skipped")
+        print("native: not built here (see the log line above); rows skipped")
+        return
+    with tempfile.TemporaryDirectory(prefix="emulated-sidecar-direct-") as tmp:
+        direct = _direct(Path(tmp), args)
+    print(direct.line() + "   (the whole model on one emulated L4)")
+    per_stage = {name: (rows[name].added50 - direct.added50) / len(STAGES) for name in ("native", "native front")}
+    print(f"the planned path adds over Triton direct (emulated, one request at a time): "
+          f"{per_stage['native']:+.2f} ms p50 per stage through the sidecar's gRPC port, "
+          f"{per_stage['native front']:+.2f} ms through its native front end ({len(STAGES)} stages, native backend)")
 
 
 if __name__ == "__main__":

@@ -110,6 +110,9 @@ def test_answers_equal_onnxruntime_over_grpc_and_http(testbed: dict) -> None:
     vgpus = {v.id for v in testbed["manifest"].vgpus}
     assert stages and all(s["vgpu"] in vgpus and s["end_s"] >= s["start_s"] and s["batch"] >= 1 for s in stages)
     assert {s["stage"] for s in stages} == {0, 1, 2}  # every partition of the 3-stage pipeline ran and was logged
+    # where a stage call's time goes: arrival <= input at hand <= sent <= answered, around the compute interval
+    assert all(s["arrival_s"] <= s["ready_s"] <= s["sent_s"] <= s["received_s"] and s["end_s"] <= s["received_s"]
+               and s["reserved_start_s"] is not None for s in stages)
 
 
 def test_answers_report_the_sidecars_own_time_so_a_client_measures_the_way_outside_it(testbed: dict) -> None:

@@ -71,7 +71,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "(for servers started with --allow-http=false); health checks and shared-memory "
                         "registration use gRPC either way (default: %(default)s)")
     p.add_argument("--batch-log", type=Path, metavar="FILE",
-                   help="append one JSON line per executed stage (dispatch, vGPU, batch, measured start/end)")
+                   help="append one JSON line per executed stage (dispatch, vGPU, batch, measured compute "
+                        "start/end; the batch's first arrival, the reserved start, when the input was at hand, sent "
+                        "and answered)")
     p.add_argument("--shard", metavar="I/N",
                    help="serve shard I of N (0-based): a disjoint share of every pool's vGPUs (whole physical GPUs, "
                         "balanced by planned throughput); N such sidecars behind one load balancer serve the whole "

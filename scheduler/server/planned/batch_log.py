@@ -1,5 +1,7 @@
 """The batch log (`serve --batch-log FILE`): one JSON line per executed stage with its measured compute
-interval, for timelines such as the demo's and for comparing the live run with the simulator."""
+interval, for timelines such as the demo's and for comparing the live run with the simulator; and where a batch's
+time goes beyond compute: its first request's arrival, the compute start the scheduler reserved, when the stage's
+input was at hand, sent, and its answer received (all time.monotonic() seconds, like the compute interval)."""
 
 from __future__ import annotations
 
@@ -7,16 +9,21 @@ import json
 from pathlib import Path
 
 from scheduler.core.api import Dispatch
+from scheduler.server.planned.stage_io import StageTiming
 
 
 class BatchLog:
     def __init__(self, path: Path) -> None:
         self._f = open(path, "a", buffering=1)
 
-    def stage(self, d: Dispatch, stage: int, vgpu: str, batch: int, start_us: float, end_us: float) -> None:
+    def stage(self, d: Dispatch, stage: int, vgpu: str, batch: int, t: StageTiming, arrival_us: float) -> None:
+        reserved = next((a.start_us for a in d.stages if a.stage == stage), None) if d.reserved else None
         self._f.write(json.dumps({"dispatch": d.id, "model": d.model, "pipeline": d.pipeline_id, "stage": stage,
-                                  "vgpu": vgpu, "batch": batch, "start_s": start_us / 1e6,
-                                  "end_s": end_us / 1e6}) + "\n")
+                                  "vgpu": vgpu, "batch": batch, "start_s": t.start_us / 1e6, "end_s": t.end_us / 1e6,
+                                  "arrival_s": arrival_us / 1e6,
+                                  "reserved_start_s": None if reserved is None else reserved / 1e6,
+                                  "ready_s": t.ready_us / 1e6, "sent_s": t.send_us / 1e6,
+                                  "received_s": t.recv_us / 1e6}) + "\n")
 
     def close(self) -> None:
         self._f.close()

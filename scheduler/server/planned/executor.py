@@ -228,7 +228,7 @@ class LiveExecutor:
         if idle:
             self._learn_lead(d, stage, batch, t)
         if self.batch_log is not None:
-            self.batch_log.stage(d, stage, vgpu, batch, t.start_us, t.end_us)
+            self.batch_log.stage(d, stage, vgpu, batch, t, min(s.call.arrival_us for s in live))
         if log.isEnabledFor(logging.DEBUG):
             a = next(x for x in d.stages if x.stage == stage)
             log.debug("event=stage dispatch=%d stage=%d vgpu=%s batch=%d planned_us=%.0f-%.0f measured_us=%.0f-%.0f "
