@@ -1,6 +1,8 @@
-"""The sidecar's event loop: asyncio's own by default; ``POOLPIPE_EVENT_LOOP=uvloop`` runs it on uvloop (when
-installed). uvloop did not measure reliably faster here: grpc.aio's own Cython code and its polling thread, not
-the loop, take most of a request's time (docs/serving.md, "Where a request's time goes")."""
+"""The sidecar's event loop: asyncio's own by default, on a selector whose timed waits end on time
+(precise_timers: asyncio's epoll waits end up to 2 ms late, and the sidecar's sends and batch starts are timers);
+``POOLPIPE_EVENT_LOOP=uvloop`` runs it on uvloop (when installed). uvloop did not measure reliably faster here:
+grpc.aio's own Cython code and its polling thread, not the loop, take most of a request's time (docs/serving.md,
+"Where a request's time goes"), and its timers have asyncio's millisecond resolution."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ import gc
 import os
 from collections.abc import Coroutine
 from typing import Any, TypeVar
+
+from scheduler.server.common import precise_timers
 
 T = TypeVar("T")
 CHOICES = ("asyncio", "uvloop")
@@ -27,12 +31,19 @@ def loop_kind(choice: str | None = None) -> str:
     return kind
 
 
+def new_loop() -> asyncio.AbstractEventLoop:
+    """asyncio's loop on the precise-timer selector where the platform has one, else asyncio's default."""
+    sel = precise_timers.selector()
+    return asyncio.new_event_loop() if sel is None else asyncio.SelectorEventLoop(sel)
+
+
 def run(main: Coroutine[Any, Any, T], choice: str | None = None) -> T:
     """``asyncio.run(main)`` on the chosen loop."""
     if loop_kind(choice) == "uvloop":
         import uvloop  # noqa: PLC0415
         return uvloop.run(main)
-    return asyncio.run(main)
+    with asyncio.Runner(loop_factory=new_loop) as runner:
+        return runner.run(main)
 
 
 def freeze_heap() -> None:
