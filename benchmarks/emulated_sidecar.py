@@ -30,6 +30,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 
 from backends import native
+from loadtest.request_timeline import medians, segments
 from model_repository_gen.generate import generate
 from model_repository_gen.manifest import Manifest, StageInfo
 from planner.plan_json import ModelPlan, PartitionPlan, PipelinePlan, Plan
@@ -71,6 +72,7 @@ class Row:
     profiled_ms: float
     lead_us: float | None = None
     tail_us: float | None = None
+    timeline: dict[str, float] | None = None  # loadtest.request_timeline's medians (ms)
 
     @property
     def added50(self) -> float:
@@ -93,19 +95,22 @@ def _serve(work: Path, backend: str, args: argparse.Namespace) -> list[Row]:
     x = np.random.default_rng(0).standard_normal((args.batch, *spec.shape)).astype(np.float32)
     overheads = work / "overheads.json"
     front = free_port("127.0.0.1") if backend == "native" else None
-    extra = ("--overheads-out", str(overheads), *(("--native-grpc-port", str(front)) if front else ()))
+    batch_log = work / "batches.jsonl"
+    extra = ("--overheads-out", str(overheads), "--batch-log", str(batch_log),
+             *(("--native-grpc-port", str(front)) if front else ()))
     with Deployment(work / "deploy", log_dir=work / "logs"):
         sc = SidecarProcess(manifest=work / "deploy", log_path=work / "sidecar.log", extra_args=extra)
         sc.start()
         try:
-            times = _requests(sc.grpc_url, spec.name, x, args.requests)
+            times, marks = _requests(sc.grpc_url, spec.name, x, args.requests)
             via_front = _requests(f"127.0.0.1:{front}", spec.name, x, args.requests) if front else None
         finally:
             sc.stop()
     o = json.loads(overheads.read_text())
-    rows = [Row(backend, times, profiled_ms, o["lead_us"], o["tail_us"])]
+    lines = [json.loads(line) for line in batch_log.read_text().splitlines()]
+    rows = [Row(backend, times, profiled_ms, o["lead_us"], o["tail_us"], medians(segments(marks, lines)))]
     if via_front is not None:
-        rows.append(Row("native front", via_front, profiled_ms))
+        rows.append(Row("native front", via_front[0], profiled_ms, timeline=medians(segments(via_front[1], lines))))
     return rows
 
 
@@ -117,7 +122,8 @@ def _direct(work: Path, args: argparse.Namespace) -> Row:
     spec = stage.inputs[0]
     x = np.random.default_rng(0).standard_normal((args.batch, *spec.shape)).astype(np.float32)
     with Deployment(work / "deploy", log_dir=work / "logs"):
-        times = _requests(manifest.vgpu(stage.vgpus[0]).grpc_url, spec.name, x, args.requests, stage.triton_model)
+        times, _ = _requests(manifest.vgpu(stage.vgpus[0]).grpc_url, spec.name, x, args.requests,
+                             stage.triton_model)
     return Row("triton direct", times, stage.latency_us[args.batch] / 1e3)
 
 
@@ -128,18 +134,22 @@ def _profiled_ms(manifest: Manifest, batch: int) -> float:
     return state.probe(state.pipelines[MODEL][0], batch, 0.0).completion_us / 1e3
 
 
-def _requests(url: str, name: str, x: np.ndarray, n: int, model: str = MODEL) -> np.ndarray:
-    """``n`` requests of one full batch each, one at a time: request latency (ms)."""
-    out = []
+def _requests(url: str, name: str, x: np.ndarray, n: int, model: str = MODEL
+              ) -> tuple[np.ndarray, list[tuple[float, float]]]:
+    """``n`` requests of one full batch each, one at a time: request latency (ms), and each one's send and receive
+    on time.monotonic() (the sidecar's clock, for its batch log)."""
+    out, marks = [], []
     with grpcclient.InferenceServerClient(url) as client:
         for i in range(n + 3):
             inp = grpcclient.InferInput(name, list(x.shape), "FP32")
             inp.set_data_from_numpy(x)
-            t0 = time.perf_counter()
+            t0 = time.monotonic()
             client.infer(model, [inp])
+            t1 = time.monotonic()
             if i >= 3:  # the first calls warm up channels and the sidecar's calibration
-                out.append((time.perf_counter() - t0) * 1e3)
-    return np.array(out)
+                out.append((t1 - t0) * 1e3)
+                marks.append((t0, t1))
+    return np.array(out), marks
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -171,6 +181,15 @@ def main(argv: list[str] | None = None) -> None:
     print(f"the planned path adds over Triton direct (emulated, one request at a time): "
           f"{per_stage['native']:+.2f} ms p50 per stage through the sidecar's gRPC port, "
           f"{per_stage['native front']:+.2f} ms through its native front end ({len(STAGES)} stages, native backend)")
+    _print_timeline(rows["native"], rows["native front"])
+
+
+def _print_timeline(own: Row, front: Row) -> None:
+    """Where the native backend's requests spent their time (medians, ms; loadtest/request_timeline.py)."""
+    print(f"where the time goes (native backend; medians over the requests, ms; the batch log joined with the "
+          f"client's clock):\n{'segment':<48} {'gRPC port':>10} {'native front':>13}")
+    for name in own.timeline:
+        print(f"{name:<48} {own.timeline[name]:10.3f} {front.timeline.get(name, float('nan')):13.3f}")
 
 
 if __name__ == "__main__":
