@@ -12,6 +12,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from model_repository_gen.manifest import load_manifest
+from poolpipe_common.errors import InputError
 from poolpipe_common.net import free_ports
 from runtime.tritonserver import exit_on_sigterm
 
@@ -41,10 +43,22 @@ class SidecarProcess:
 
     def _pick_ports(self) -> None:
         """Free ports for the ones not given, distinct from each other and from the given ones (two random picks
-        of a free port can be the same port, since neither is bound yet)."""
-        taken = {getattr(self, k) for k in PORTS if k not in self.picked}
+        of a free port can be the same port, since neither is bound yet), and from the ports the manifest gave its
+        servers: those may not be bound yet either (a test that names the sidecar to ``launch`` before it starts
+        the servers), and a sidecar picked onto one would have to move where ``launch`` does not look for it."""
+        taken = {getattr(self, k) for k in PORTS if k not in self.picked} | self._server_ports()
         for k, port in zip(self.picked, free_ports(len(self.picked), taken)):
             setattr(self, k, port)
+
+    def _server_ports(self) -> set[int]:
+        if self.manifest is None:
+            return set()
+        try:
+            m = load_manifest(self.manifest)
+        except (OSError, ValueError, InputError):  # no manifest yet, or one serve will refuse with its own error
+            return set()
+        urls = (u for g in m.vgpus for u in (g.grpc_url, g.http_url, g.metrics_url))
+        return {int(u.rsplit(":", 1)[1]) for u in urls if u.rsplit(":", 1)[-1].isdigit()}
 
     @property
     def grpc_url(self) -> str:

@@ -113,6 +113,26 @@ def _wait_out(path: Path, needle: str, timeout_s: float = 120.0, after: int = 0)
     raise AssertionError(f"no {needle!r} in the launch output:\n{path.read_text()[-3000:]}")
 
 
+def test_a_sidecar_named_to_launch_before_its_servers_run_picks_none_of_their_ports(tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test below names the sidecar's URL to launch before launch starts the servers: had the sidecar picked a
+    server's port (free until launch binds it), it would start on other ports and launch would wait on the old URL
+    (it did once in CI: the T4 server's HTTP port 23029 was the sidecar's metrics port)."""
+    deploy = build_emulated_deployment(tmp_path / "a", gpus=1)
+    m = load_manifest(deploy)
+    server_ports = {int(u.rsplit(":", 1)[1]) for g in m.vgpus for u in (g.grpc_url, g.http_url, g.metrics_url)}
+    seen: list[set[int]] = []
+
+    def free_ports(n: int, taken: set[int]) -> list[int]:
+        seen.append(set(taken))
+        return [40_001 + i for i in range(n)]
+
+    monkeypatch.setattr("runtime.sidecar_process.free_ports", free_ports)
+    sc = SidecarProcess(manifest=deploy)
+    assert seen and server_ports <= seen[0] and len(server_ports) == 3 * len(m.vgpus)
+    assert {sc.grpc_port, sc.http_port, sc.metrics_port}.isdisjoint(server_ports)
+
+
 def test_launch_grows_and_shrinks_a_running_deployment_under_load(tmp_path: Path) -> None:
     dir_a = build_emulated_deployment(tmp_path / "a", gpus=1)
     current = tmp_path / "current"
