@@ -103,14 +103,15 @@ def _serve(work: Path, backend: str, args: argparse.Namespace) -> list[Row]:
         sc.start()
         try:
             times, marks = _requests(sc.grpc_url, spec.name, x, args.requests)
-            via_front = _requests(f"127.0.0.1:{front}", spec.name, x, args.requests) if front else None
+            front_times, front_marks = (_requests(f"127.0.0.1:{front}", spec.name, x, args.requests) if front
+                                        else (None, None))
         finally:
             sc.stop()
     o = json.loads(overheads.read_text())
     lines = [json.loads(line) for line in batch_log.read_text().splitlines()]
     rows = [Row(backend, times, profiled_ms, o["lead_us"], o["tail_us"], medians(segments(marks, lines)))]
-    if via_front is not None:
-        rows.append(Row("native front", via_front[0], profiled_ms, timeline=medians(segments(via_front[1], lines))))
+    if front_times is not None:
+        rows.append(Row("native front", front_times, profiled_ms, timeline=medians(segments(front_marks, lines))))
     return rows
 
 

@@ -28,10 +28,6 @@ def generation_suffix(generation: int) -> str:
     return f"_g{generation}" if generation else ""
 
 
-def _ports(url: str) -> int:
-    return int(url.rsplit(":", 1)[1])
-
-
 def kept_ports(previous: Manifest, new_vgpus: Sequence[tuple[str, str, Mapping[str, str]]]
                ) -> tuple[dict[str, tuple[int, int, int]], dict[str, set[int]]]:
     """(ports of the vGPUs whose servers stay, ports of the previous deployment per interface).
@@ -41,9 +37,8 @@ def kept_ports(previous: Manifest, new_vgpus: Sequence[tuple[str, str, Mapping[s
     old = {}
     for g in previous.vgpus:
         address = g.grpc_url.rsplit(":", 1)[0]
-        ports = (_ports(g.http_url), _ports(g.grpc_url), _ports(g.metrics_url))
-        busy.setdefault(interface(address), set()).update(ports)
-        old[g.id] = (address, ports, device_env(g.env))
+        busy.setdefault(interface(address), set()).update(g.ports)
+        old[g.id] = (address, g.ports, device_env(g.env))
     keep = {}
     for vid, address, env in new_vgpus:
         if vid in old and old[vid][0] == address and old[vid][2] == device_env(env):

@@ -45,6 +45,11 @@ class VGpuInfo:
     kind: str  # "KIND_GPU" or "KIND_CPU"
     env: dict[str, str]  # environment of its tritonserver (CUDA_VISIBLE_DEVICES, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE)
 
+    @property
+    def ports(self) -> tuple[int, int, int]:
+        """Its tritonserver's (HTTP, gRPC, metrics) ports."""
+        return tuple(int(url.rsplit(":", 1)[1]) for url in (self.http_url, self.grpc_url, self.metrics_url))
+
 
 @dataclass(frozen=True)
 class StageInfo:

@@ -54,11 +54,9 @@ class SidecarProcess:
         if self.manifest is None:
             return set()
         try:
-            m = load_manifest(self.manifest)
+            return {port for g in load_manifest(self.manifest).vgpus for port in g.ports}
         except (OSError, ValueError, InputError):  # no manifest yet, or one serve will refuse with its own error
             return set()
-        urls = (u for g in m.vgpus for u in (g.grpc_url, g.http_url, g.metrics_url))
-        return {int(u.rsplit(":", 1)[1]) for u in urls if u.rsplit(":", 1)[-1].isdigit()}
 
     @property
     def grpc_url(self) -> str:

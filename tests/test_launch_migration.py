@@ -31,10 +31,6 @@ from tests.test_replan_live import Load, _post_reload, _wait_log
 pytestmark = pytest.mark.triton
 
 
-def _ports(url: str) -> int:
-    return int(url.rsplit(":", 1)[1])
-
-
 def _stages(m: Manifest) -> dict[str, list[str]]:
     """vGPU id -> partition models on it."""
     out: dict[str, list[str]] = {}
@@ -68,10 +64,9 @@ def test_generate_previous_keeps_shared_vgpus_ports_and_renames_partitions(tmp_p
     kept = [g for g in b.vgpus if g.id in old]
     assert len(kept) == 2 and all(g.grpc_url == old[g.id].grpc_url and g.http_url == old[g.id].http_url
                                   for g in kept), "vGPUs both plans have keep their ports"
-    a_ports = {_ports(u) for g in a.vgpus for u in (g.grpc_url, g.http_url, g.metrics_url)}
+    a_ports = {port for g in a.vgpus for port in g.ports}
     added = [g for g in b.vgpus if g.id not in old]
-    assert len(added) == 2 and not a_ports & {_ports(u) for g in added for u in (g.grpc_url, g.http_url,
-                                                                               g.metrics_url)}
+    assert len(added) == 2 and not a_ports & {port for g in added for port in g.ports}
     assert all(name.endswith("_g1") for names in _stages(b).values() for name in names)
     assert not any(name.endswith("_g1") for names in _stages(a).values() for name in names)
 
@@ -120,7 +115,7 @@ def test_a_sidecar_named_to_launch_before_its_servers_run_picks_none_of_their_po
     (it did once in CI: the T4 server's HTTP port 23029 was the sidecar's metrics port)."""
     deploy = build_emulated_deployment(tmp_path / "a", gpus=1)
     m = load_manifest(deploy)
-    server_ports = {int(u.rsplit(":", 1)[1]) for g in m.vgpus for u in (g.grpc_url, g.http_url, g.metrics_url)}
+    server_ports = {port for g in m.vgpus for port in g.ports}
     seen: list[set[int]] = []
 
     def free_ports(n: int, taken: set[int]) -> list[int]:
@@ -182,7 +177,7 @@ def test_launch_grows_and_shrinks_a_running_deployment_under_load(tmp_path: Path
             print("launch (emulated):", line)
             assert "started 0, kept 2 (loaded 2 model(s), unloaded 2), stopped 2" in line
             removed = [g for g in b.vgpus if g.id not in {x.id for x in a.vgpus}]
-            assert not any(port_in_use(_ports(g.grpc_url), "127.0.0.1") for g in removed), "removed servers gone"
+            assert not any(port_in_use(g.ports[1], "127.0.0.1") for g in removed), "removed servers gone"
             with urllib.request.urlopen(f"http://{sc.http_url}/v2/poolpipe/plan", timeout=5) as r:
                 assert json.loads(r.read())["directory"] == str(dir_c.resolve())
             load.wait_ok_since(time.monotonic())

@@ -35,9 +35,10 @@ static void fail(TRITONBACKEND_Request* request, TRITONSERVER_Error_Code code, c
 /* The connection is lost: every pending request gets UNAVAILABLE, later ones too (``dead``). */
 static void fail_all(conn* c) {
   pthread_mutex_lock(&c->lock);
-  c->dead = 1;
+  c->dead = 1; /* no slot is taken from now on, so none at or above ``high`` */
+  uint32_t high = c->high;
   pthread_mutex_unlock(&c->lock);
-  for (uint32_t id = 0; id < MAX_PENDING; id++) {
+  for (uint32_t id = 0; id < high; id++) {
     uint64_t started = 0;
     TRITONBACKEND_Request* r = take(c, id, &started);
     if (r == NULL) continue;
@@ -57,8 +58,6 @@ static int read_all(int fd, void* p, size_t n) {
   }
   return 0;
 }
-
-
 
 /* Build and send the response of one answer frame (after its id) for ``request``; NULL or the error. */
 static TRITONSERVER_Error* respond(TRITONBACKEND_Request* request, reader_t* rd) {
@@ -124,7 +123,6 @@ static void* read_answers(void* arg) {
   }
   return NULL;
 }
-
 
 /* Append one request's frame (slot, inputs, requested outputs, the client's request id and timeout) to ``w``;
  * NULL or why it cannot be forwarded. */
