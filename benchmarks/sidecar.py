@@ -18,9 +18,12 @@ and the sidecar's maximum request rate on a trivial planned model with the CPU i
 bare servicer that answers at once under the same client (the most requests per core on Python's gRPC stack); then the
 same with ``serve --workers 2`` (a pool of two vGPUs, one per worker; clients on 16 connections, since the kernel
 spreads connections over the workers) with the CPU of all its processes, against Triton direct under the same
-clients. Where the native front end builds, the same sidecars also serve through it (``serve --native-grpc-port``:
-Triton's own gRPC front end hands each request to the sidecar over a Unix socket), and the highest load, the low
-load and the trivial model's rate and CPU (counting the front tritonserver) are printed for it too.
+clients. The low-load points and the one-request-at-a-time points are measured in turns, each system a few
+seconds (or a few dozen requests) at a time with the order rotating (loadtest/side_by_side.py), so that the host's
+speed drifting weighs on all alike. Where the native front end builds, the same sidecars also serve through it
+(``serve --native-grpc-port``: Triton's own gRPC front end hands each request to the sidecar over a Unix socket),
+and the highest load, the low load and the trivial model's rate and CPU (counting the front tritonserver)
+are printed for it too.
 
     .venv/bin/python benchmarks/sidecar.py            # about 3-4 minutes on 2 cores
     .venv/bin/python benchmarks/sidecar.py --quick    # fewer, shorter points
@@ -42,14 +45,13 @@ from pathlib import Path
 import numpy as np
 import psutil
 import tritonclient.grpc as grpcclient
-import tritonclient.grpc.aio as grpcaio
-from tritonclient.utils import InferenceServerException
 
 from backends import native_front
 from ensembles.triton_baseline import start_baseline, write_whole_model
 from loadtest.closed_loop import closed_loop, closed_loop_cores, cpu_seconds
 from loadtest.grpc_floor import bare_answerer, bare_proxy, chained_stage_calls
 from loadtest.open_loop import no_collector_pauses
+from loadtest.side_by_side import highest_sustained, one_at_a_time_in_turns, poisson_in_turns
 from model_repository_gen import triton_config as tc
 from model_repository_gen.generate import generate
 from planner.plan_json import ModelPlan, PartitionPlan, PipelinePlan, Plan
@@ -62,72 +64,6 @@ from runtime.testbed import STAGES, build_deployment, write_trivial_onnx
 
 MODEL = "resnet"
 MAX_BATCH = 8  # the largest batch either side runs (Triton's max_batch_size; the plan's batch)
-
-
-@dataclass
-class LoadResult:
-    rate_rps: float
-    sent: int
-    ok_in_slo: int
-    errors: int
-    p50_ms: float
-    p99_ms: float
-
-    @property
-    def attainment(self) -> float:
-        return self.ok_in_slo / max(self.sent, 1)
-
-
-async def poisson_load(url: str, model: str, inputs: list, rate_rps: float, duration_s: float, slo_s: float,
-                       seed: int = 0) -> LoadResult:
-    """Open-loop Poisson arrivals; a request counts when answered correctly within the SLO."""
-    client, rng = grpcaio.InferenceServerClient(url), np.random.default_rng(seed)
-    lat, tasks, errors = [], [], 0
-
-    async def one() -> None:
-        nonlocal errors
-        t0 = time.perf_counter()
-        try:
-            await client.infer(model, inputs, client_timeout=max(4 * slo_s, 2.0))
-            lat.append(time.perf_counter() - t0)
-        except InferenceServerException:
-            errors += 1
-
-    start = t_next = time.perf_counter()
-    while t_next - start < duration_s:
-        if (delay := t_next - time.perf_counter()) > 0:
-            await asyncio.sleep(delay)
-        tasks.append(asyncio.ensure_future(one()))
-        t_next += rng.exponential(1.0 / rate_rps)
-    await asyncio.gather(*tasks)
-    await client.close()
-    arr = np.array(lat) if lat else np.array([float("nan")])
-    return LoadResult(rate_rps, len(tasks), int((arr <= slo_s).sum()), errors,
-                      float(np.percentile(arr, 50) * 1e3), float(np.percentile(arr, 99) * 1e3))
-
-
-def highest_sustained(targets: list[tuple[str, str]], model: str, inputs: list, rates: list[float],
-                      duration_s: float, slo_s: float) -> dict[str, float]:
-    """Walk up the ladder of rates with every (label, url) target at each rate in turn, so that the host's speed
-    drifting over minutes (seen here: 2x between runs) weighs on both alike; each target's highest rate with >= 99 %
-    attainment (a target stops after two misses)."""
-    best, misses = {label: 0.0 for label, _ in targets}, {label: 0 for label, _ in targets}
-    for _, url in targets:
-        asyncio.run(poisson_load(url, model, inputs, 20, 2.0, slo_s))  # warm-up (the sidecar learns its margin)
-    for r in rates:
-        for label, url in targets:
-            if misses[label] == 2:
-                continue
-            res = asyncio.run(poisson_load(url, model, inputs, r, duration_s, slo_s, seed=int(r)))
-            print(f"  {label:<22} {r:7.1f} rps: attainment {res.attainment * 100:6.2f} %  p50 {res.p50_ms:7.1f} ms  "
-                  f"p99 {res.p99_ms:7.1f} ms  errors {res.errors}", flush=True)
-            if res.attainment >= 0.99:
-                best[label], misses[label] = r, 0
-            else:
-                misses[label] += 1
-        if all(m == 2 for m in misses.values()):
-            break
-    return best
 
 
 def p50_p99_ms(lat: list[float]) -> tuple[float, float]:
@@ -192,23 +128,22 @@ def main() -> int:
               "tritonservers (2 host classes), each rate in turn:", flush=True)
         with start_baseline(repo, log_path=work / "baseline.log") as triton, \
                 Deployment(deploy, check_hardware=False, log_dir=work / "logs"), \
-                SidecarProcess(manifest=deploy, log_path=work / "sidecar.log", extra_args=native_args()) as sc:
+                SidecarProcess(manifest=deploy, log_path=work / "sidecar.log", extra_args=native_args()) as sc, \
+                start_baseline(repo1, log_path=work / "baseline-one-thread.log") as triton1, \
+                bare_proxy(triton1.grpc_url) as bare_url:  # the front hop's floor with this input
             targets = [("triton", triton.grpc_url), ("sidecar", sc.grpc_url)]
             if NATIVE:
                 targets.append(("native", native_url(sc)))
             best = highest_sustained(targets, MODEL, [inp], rates, duration, slo_s)
             base_max, side_max = best["triton"], best["sidecar"]
-            low_direct = asyncio.run(poisson_load(triton.grpc_url, MODEL, [inp], 5, low_s, slo_s, seed=5))
-            low_side = asyncio.run(poisson_load(sc.grpc_url, MODEL, [inp], 5, low_s, slo_s, seed=5))
-            low_native = asyncio.run(poisson_load(native_url(sc), MODEL, [inp], 5, low_s, slo_s,
-                                                  seed=5)) if NATIVE else None
+            # the low-load points in turns (each a third of low_s, the order rotating), so that no system is
+            # measured in a slower minute than the others
+            low = poisson_in_turns([*targets, ("triton1", triton1.grpc_url), ("bare1", bare_url)], MODEL, [inp], 5,
+                                   low_s, slo_s, seed=5)
             # the floor of the planned path: its stage calls chained by a bare client, no sidecar
             chained, _ = asyncio.run(chained_stage_calls(manifest, MODEL, x, int(5 * low_s)))
-            with start_baseline(repo1, log_path=work / "baseline-one-thread.log") as triton1:
-                low_direct1 = asyncio.run(poisson_load(triton1.grpc_url, MODEL, [inp], 5, low_s, slo_s,
-                                                       seed=5))
-                with bare_proxy(triton1.grpc_url) as bare_url:  # the front hop's floor with this input
-                    low_bare1 = asyncio.run(poisson_load(bare_url, MODEL, [inp], 5, low_s, slo_s, seed=5))
+        low_direct, low_side, low_native = low["triton"], low["sidecar"], low.get("native")
+        low_direct1, low_bare1 = low["triton1"], low["bare1"]
 
         print("(c) trivial planned model (Relu on 16 floats, one tritonserver), 64 requests outstanding:", flush=True)
         tdeploy, tpath = trivial_deployment(work)
@@ -221,20 +156,16 @@ def main() -> int:
             # its CPU too: what Triton's front end, dynamic batcher and engine spend per request together
             direct_rps, _, direct_cores, _ = closed_loop_cores(triton.grpc_url, "trivial", triton.proc.pid, [t_in],
                                                                duration)
-            # The proxy's own latency: one request at a time, straight vs through the sidecar (pass-through).
-            _, _, seq_direct = asyncio.run(closed_loop(triton.grpc_url, "trivial", [t_in], 1, duration))
-            # the same pass-through sidecar forwards from C on its native port (serve --passthrough-http)
+            # The proxy's own latency: one request at a time, straight, through the sidecar (pass-through), through
+            # the same sidecar forwarding from C on its native port (serve --passthrough-http), and through a bare
+            # Python gRPC proxy, in turns of a few dozen requests each
             nargs = ("--passthrough-http", triton.http_url, *native_args()) if NATIVE else ()
-            seq_native = None
-            with SidecarProcess(passthrough=triton.grpc_url, log_path=work / "proxy.log", extra_args=nargs) as proxy:
-                asyncio.run(closed_loop(proxy.grpc_url, "trivial", [t_in], 1, 1.0))
-                _, _, seq_proxy = asyncio.run(closed_loop(proxy.grpc_url, "trivial", [t_in], 1, duration))
-                if NATIVE:
-                    asyncio.run(closed_loop(native_url(proxy), "trivial", [t_in], 1, 1.0))
-                    _, _, seq_native = asyncio.run(closed_loop(native_url(proxy), "trivial", [t_in], 1, duration))
-            with bare_proxy(triton.grpc_url) as bare_url:  # the floor under any proxy on Python's gRPC stack
-                asyncio.run(closed_loop(bare_url, "trivial", [t_in], 1, 1.0))
-                _, _, seq_bare = asyncio.run(closed_loop(bare_url, "trivial", [t_in], 1, duration))
+            with SidecarProcess(passthrough=triton.grpc_url, log_path=work / "proxy.log", extra_args=nargs) as proxy, \
+                    bare_proxy(triton.grpc_url) as bare_url:  # the floor under any proxy on Python's gRPC stack
+                seq = asyncio.run(one_at_a_time_in_turns(
+                    [("direct", triton.grpc_url), ("proxy", proxy.grpc_url), ("bare", bare_url),
+                     *([("native", native_url(proxy))] if NATIVE else [])], "trivial", [t_in], 2 * duration))
+        seq_direct, seq_proxy, seq_bare, seq_native = seq["direct"], seq["proxy"], seq["bare"], seq.get("native")
         with Deployment(tdeploy, check_hardware=False, log_dir=work / "tlogs"), \
                 SidecarProcess(manifest=tdeploy, log_path=work / "tsidecar.log", extra_args=native_args()) as sc:
             side_rps, side_err, side_cores, _ = closed_loop_cores(sc.grpc_url, "trivial", sc.proc.pid, [t_in], duration)
