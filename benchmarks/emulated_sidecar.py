@@ -9,10 +9,12 @@ bytes; the same plan generated twice (``generate --emulated-backend python`` / `
 one at a time (each goes at once), so what is added to the profiled latency is the sidecar's and the stage calls'
 own cost at idle. Printed per backend: p50/p99 of the request, what it adds over the profiled stages, and the
 sidecar's mean lead (stage sent -> compute start) and tail (compute end -> response) per stage. The native
-backend's sidecar is also called through its native front end (``serve --native-grpc-port``). Then Triton direct:
-the whole model on one emulated L4 (the native backend), called by the same client with the same batch; what it
-adds over its profiled latency is what any call to Triton costs, and the planned path's added50 beyond it, over
-the three stages, is its cost per stage.
+backend's sidecar is also called through its native front end (``serve --native-grpc-port``), and beside it
+Triton direct: the whole model on one emulated L4 (the native backend), called by the same client with the same
+batch; what it adds over its profiled latency is what any call to Triton costs, and the planned path's added50
+beyond it, over the three stages, is its cost per stage. These three are called in turns of ten requests, the
+order rotating, so that the host's speed drifting weighs on all alike (one after the other, Triton direct's own
+added50 moved between 0.56 and 1.38 ms from run to run).
 
     python -P benchmarks/emulated_sidecar.py --quick   # about a minute on 2 cores
 """
@@ -20,9 +22,11 @@ the three stages, is its cost per stage.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,48 +88,51 @@ class Row:
                 f"{self.profiled_ms:9.2f} {self.added50:9.2f}{costs}")
 
 
-def _serve(work: Path, backend: str, args: argparse.Namespace) -> list[Row]:
-    """The sidecar over the three stages on ``backend``: its own gRPC port, and for the native backend also its
-    native front end (one sidecar; the front's requests come second, so the overheads file is the own port's)."""
-    manifest = generate(_plan(args.batch), {}, _cluster(work / "cluster.json"), work / "deploy",
-                        emulated_tensor_scale=args.scale, emulated_backend=backend)
-    model = manifest.model(MODEL)
+def _deploy(work: Path, backend: str, args: argparse.Namespace, stages: tuple = STAGES) -> Manifest:
+    work.mkdir(exist_ok=True)
+    return generate(_plan(args.batch, stages), {}, _cluster(work / "cluster.json"), work / "deploy",
+                    emulated_tensor_scale=args.scale, emulated_backend=backend)
+
+
+def _input(spec, batch: int) -> np.ndarray:
+    return np.random.default_rng(0).standard_normal((batch, *spec.shape)).astype(np.float32)
+
+
+def _serve(work: Path, backend: str, args: argparse.Namespace, direct_work: Path | None = None) -> list[Row]:
+    """The sidecar over the three stages on ``backend``. With ``direct_work`` (the native backend) also its native
+    front end and Triton direct (the whole model on one emulated L4, its tritonserver called by the client), the
+    three called in turns of a few requests, the order rotating, so that the host's speed drifting weighs on all
+    alike (the overheads file covers the own port's and the front's requests)."""
+    manifest = _deploy(work, backend, args)
     profiled_ms = _profiled_ms(manifest, args.batch)
-    spec = model.inputs[0]
-    x = np.random.default_rng(0).standard_normal((args.batch, *spec.shape)).astype(np.float32)
-    overheads = work / "overheads.json"
-    front = free_port("127.0.0.1") if backend == "native" else None
-    batch_log = work / "batches.jsonl"
+    spec = manifest.model(MODEL).inputs[0]
+    x = _input(spec, args.batch)
+    overheads, batch_log = work / "overheads.json", work / "batches.jsonl"
+    front = free_port("127.0.0.1") if direct_work is not None else None
     extra = ("--overheads-out", str(overheads), "--batch-log", str(batch_log),
              *(("--native-grpc-port", str(front)) if front else ()))
-    with Deployment(work / "deploy", log_dir=work / "logs"):
-        sc = SidecarProcess(manifest=work / "deploy", log_path=work / "sidecar.log", extra_args=extra)
-        sc.start()
-        try:
-            times, marks = _requests(sc.grpc_url, spec.name, x, args.requests)
-            front_times, front_marks = (_requests(f"127.0.0.1:{front}", spec.name, x, args.requests) if front
-                                        else (None, None))
-        finally:
-            sc.stop()
-    o = json.loads(overheads.read_text())
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(Deployment(work / "deploy", log_dir=work / "logs"))
+        sc = stack.enter_context(SidecarProcess(manifest=work / "deploy", log_path=work / "sidecar.log",
+                                                extra_args=extra))
+        callers = {backend: _caller(stack, sc.grpc_url, spec.name, x)}
+        if direct_work is not None:  # generated while the servers above hold their ports
+            dm = _deploy(direct_work, "native", args, (((0, 10), "L4", 1),))
+            stage: StageInfo = dm.model(MODEL).pipelines[0].stages[0]
+            stack.enter_context(Deployment(direct_work / "deploy", log_dir=direct_work / "logs"))
+            callers["native front"] = _caller(stack, f"127.0.0.1:{front}", spec.name, x)
+            callers["triton direct"] = _caller(stack, dm.vgpu(stage.vgpus[0]).grpc_url, stage.inputs[0].name,
+                                               _input(stage.inputs[0], args.batch), stage.triton_model)
+        marks = _in_turns(callers, args.requests)
     lines = [json.loads(line) for line in batch_log.read_text().splitlines()]
-    rows = [Row(backend, times, profiled_ms, o["lead_us"], o["tail_us"], medians(segments(marks, lines)))]
-    if front_times is not None:
-        rows.append(Row("native front", front_times, profiled_ms, timeline=medians(segments(front_marks, lines))))
+    o = json.loads(overheads.read_text())
+    rows = [Row(backend, _ms(marks[backend]), profiled_ms, o["lead_us"], o["tail_us"],
+                medians(segments(marks[backend], lines)))]
+    if direct_work is not None:
+        rows.append(Row("native front", _ms(marks["native front"]), profiled_ms,
+                        timeline=medians(segments(marks["native front"], lines))))
+        rows.append(Row("triton direct", _ms(marks["triton direct"]), stage.latency_us[args.batch] / 1e3))
     return rows
-
-
-def _direct(work: Path, args: argparse.Namespace) -> Row:
-    """Triton direct: the whole model on one emulated L4 (native backend), its tritonserver called by the client."""
-    manifest = generate(_plan(args.batch, (((0, 10), "L4", 1),)), {}, _cluster(work / "cluster.json"),
-                        work / "deploy", emulated_tensor_scale=args.scale, emulated_backend="native")
-    stage: StageInfo = manifest.model(MODEL).pipelines[0].stages[0]
-    spec = stage.inputs[0]
-    x = np.random.default_rng(0).standard_normal((args.batch, *spec.shape)).astype(np.float32)
-    with Deployment(work / "deploy", log_dir=work / "logs"):
-        times, _ = _requests(manifest.vgpu(stage.vgpus[0]).grpc_url, spec.name, x, args.requests,
-                             stage.triton_model)
-    return Row("triton direct", times, stage.latency_us[args.batch] / 1e3)
 
 
 def _profiled_ms(manifest: Manifest, batch: int) -> float:
@@ -135,22 +142,41 @@ def _profiled_ms(manifest: Manifest, batch: int) -> float:
     return state.probe(state.pipelines[MODEL][0], batch, 0.0).completion_us / 1e3
 
 
-def _requests(url: str, name: str, x: np.ndarray, n: int, model: str = MODEL
-              ) -> tuple[np.ndarray, list[tuple[float, float]]]:
-    """``n`` requests of one full batch each, one at a time: request latency (ms), and each one's send and receive
-    on time.monotonic() (the sidecar's clock, for its batch log)."""
-    out, marks = [], []
-    with grpcclient.InferenceServerClient(url) as client:
-        for i in range(n + 3):
-            inp = grpcclient.InferInput(name, list(x.shape), "FP32")
-            inp.set_data_from_numpy(x)
-            t0 = time.monotonic()
-            client.infer(model, [inp])
-            t1 = time.monotonic()
-            if i >= 3:  # the first calls warm up channels and the sidecar's calibration
-                out.append((t1 - t0) * 1e3)
-                marks.append((t0, t1))
-    return np.array(out), marks
+def _caller(stack: contextlib.ExitStack, url: str, name: str, x: np.ndarray, model: str = MODEL
+            ) -> Callable[[], tuple[float, float]]:
+    """One request of one full batch to ``url`` (a client kept open on ``stack``): its send and receive on
+    time.monotonic() (the sidecar's clock, for its batch log)."""
+    client = stack.enter_context(grpcclient.InferenceServerClient(url))
+    inp = grpcclient.InferInput(name, list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+
+    def call() -> tuple[float, float]:
+        t0 = time.monotonic()
+        client.infer(model, [inp])
+        return t0, time.monotonic()
+    return call
+
+
+def _in_turns(callers: dict[str, Callable[[], tuple[float, float]]], n: int, block: int = 10, warmup: int = 3
+              ) -> dict[str, list[tuple[float, float]]]:
+    """``n`` requests one at a time to each caller, ``block`` to each in turn with the order rotating, after
+    ``warmup`` each (channels, the sidecar's calibration)."""
+    for call in callers.values():
+        for _ in range(warmup):
+            call()
+    marks: dict[str, list[tuple[float, float]]] = {name: [] for name in callers}
+    names, turn = list(callers), 0
+    while min(map(len, marks.values())) < n:
+        k = turn % len(names)
+        for name in names[k:] + names[:k]:
+            for _ in range(min(block, n - len(marks[name]))):
+                marks[name].append(callers[name]())
+        turn += 1
+    return marks
+
+
+def _ms(marks: list[tuple[float, float]]) -> np.ndarray:
+    return np.array([(t1 - t0) * 1e3 for t0, t1 in marks])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -169,15 +195,14 @@ def main(argv: list[str] | None = None) -> None:
     rows: dict[str, Row] = {}
     for backend in backends:
         with tempfile.TemporaryDirectory(prefix=f"emulated-sidecar-{backend}-") as tmp:
-            for row in _serve(Path(tmp), backend, args):
+            for row in _serve(Path(tmp), backend, args, Path(tmp) / "direct" if backend == "native" else None):
                 rows[row.name] = row
-                print(row.line(), flush=True)
+                print(row.line() + ("   (the whole model on one emulated L4)" if row.name == "triton direct"
+                                    else ""), flush=True)
     if len(backends) == 1:
         print("native: not built here (see the log line above); rows skipped")
         return
-    with tempfile.TemporaryDirectory(prefix="emulated-sidecar-direct-") as tmp:
-        direct = _direct(Path(tmp), args)
-    print(direct.line() + "   (the whole model on one emulated L4)")
+    direct = rows["triton direct"]
     per_stage = {name: (rows[name].added50 - direct.added50) / len(STAGES) for name in ("native", "native front")}
     print(f"the planned path adds over Triton direct (emulated, one request at a time): "
           f"{per_stage['native']:+.2f} ms p50 per stage through the sidecar's gRPC port, "
