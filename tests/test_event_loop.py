@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import selectors
+import socket
+import threading
 import time
 
 import pytest
@@ -32,6 +35,27 @@ def test_the_sidecars_loop_ends_timed_waits_on_time_where_asyncios_own_ends_them
     assert min(ours) >= 0.0  # never early: a send must not run ahead of its reservation
     assert ours[len(ours) // 2] < 0.6, ours
     assert ours[len(ours) // 2] < theirs[len(theirs) // 2]
+
+
+@pytest.mark.skipif(precise_timers.selector() is None, reason="no timerfd on this platform")
+def test_a_fired_timer_does_not_end_the_waits_after_it() -> None:
+    """The timerfd's expiry is never read (edge-triggered): a wait without a timeout after it still waits for I/O."""
+    sel = precise_timers.selector()
+    r, w = socket.socketpair()
+    try:
+        sel.register(r, selectors.EVENT_READ)
+        t = time.monotonic()
+        assert sel.select(0.002) == [] and time.monotonic() - t >= 0.002
+        threading.Timer(0.05, lambda: w.send(b"x")).start()
+        t = time.monotonic()
+        events = sel.select(None)
+        assert time.monotonic() - t >= 0.04
+        assert [key.fileobj for key, _ in events] == [r]
+        assert sel.select(0) == [(sel.get_key(r), selectors.EVENT_READ)]  # a poll sees the socket, not the timer
+    finally:
+        sel.close()
+        r.close()
+        w.close()
 
 
 def test_default_is_asyncio_and_bad_values_say_what_to_choose(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,8 +9,12 @@ about 1.5 ms more than its reservation, time the scheduler and the simulator nev
 
 How: a ``timerfd`` (nanosecond timeouts, CLOCK_MONOTONIC like the loop's clock) sits in the epoll set; each wait
 with a timeout arms it for that timeout, so ``epoll_wait`` returns when it fires. Waits without a timeout and
-polls (timeout 0, a busy loop) arm nothing. Linux only (timerfd through libc); elsewhere :func:`selector` returns
-None and the loop keeps asyncio's own selector.
+polls (timeout 0, a busy loop) arm nothing, and disarm nothing either: the timerfd is edge-triggered, so an expiry
+wakes one wait and is then forgotten (never read; arming again clears it), and a timer armed for an earlier wait
+that fires during a later one ends that wait once, early, which the loop takes as a wake-up with nothing due. A
+disarm per untimed wait cost a syscall through ctypes on most loop iterations (a profile of the sidecar at low
+load: 3.5 % of its event loop's busy samples). Linux only (timerfd through libc); elsewhere :func:`selector`
+returns None and the loop keeps asyncio's own selector.
 """
 
 from __future__ import annotations
@@ -61,8 +65,8 @@ class TimerfdEpollSelector(selectors.EpollSelector):
             err = ctypes.get_errno()
             super().close()
             raise OSError(err, f"timerfd_create: {os.strerror(err)}")
-        self._selector.register(self._tfd, select.EPOLLIN)  # not in the key map: select() never reports it
-        self._armed = False
+        # not in the key map: select() never reports it; edge-triggered: an unread expiry does not end later waits
+        self._selector.register(self._tfd, select.EPOLLIN | select.EPOLLET)
         self._spec = _Itimerspec()
 
     def _arm(self, timeout: float) -> None:
@@ -70,18 +74,10 @@ class TimerfdEpollSelector(selectors.EpollSelector):
         self._spec.it_value.tv_sec = sec
         self._spec.it_value.tv_nsec = max(int((timeout - sec) * 1e9), 1)  # 0 would disarm it
         self._libc.timerfd_settime(self._tfd, 0, ctypes.byref(self._spec), None)
-        self._armed = True
-
-    def _disarm(self) -> None:
-        self._spec.it_value.tv_sec = self._spec.it_value.tv_nsec = 0
-        self._libc.timerfd_settime(self._tfd, 0, ctypes.byref(self._spec), None)
-        self._armed = False
 
     def select(self, timeout: float | None = None) -> list:
         if timeout is not None and timeout > 0:
             self._arm(timeout)  # re-arming also clears an expiry not yet read
-        elif self._armed:
-            self._disarm()  # a fired, unread timer would end every later wait at once
         return super().select(timeout)
 
     def close(self) -> None:
