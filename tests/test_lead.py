@@ -11,7 +11,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from poolpipe_common.quantile import percentile
-from scheduler.server.planned.lead import LEAD_HORIZON_US, LEAD_MIN_SAMPLES, LeadLearner
+from scheduler.server.planned import lead
+from scheduler.server.planned.lead import (
+    LEAD_EVERY,
+    LEAD_HORIZON_US,
+    LEAD_MIN_SAMPLES,
+    LEAD_PRUNED_EVERY_US,
+    LeadLearner,
+)
 from scheduler.server.planned.vgpu_occupancy import WEIGHT as OCCUPANCY_WEIGHT
 from scheduler.server.planned.vgpu_occupancy import VgpuOccupancy
 
@@ -47,6 +54,18 @@ def test_at_a_low_rate_the_newest_samples_are_kept_whatever_their_age():
         learner.observe(i * 5e6, 3_000.0)
     assert learner.extra_us == 3_000.0
     assert learner.observe(LEAD_MIN_SAMPLES * 5e6, 3_000.0) is None and learner.extra_us == 3_000.0
+
+
+def test_at_a_low_rate_the_percentile_is_not_recomputed_for_every_sample(monkeypatch: pytest.MonkeyPatch) -> None:
+    """50 samples a second: from the 101st on each one prunes the oldest; the percentile is recomputed every
+    LEAD_EVERY samples and, for pruning, at most every LEAD_PRUNED_EVERY_US, not once per sample (per stage call)."""
+    calls = []
+    monkeypatch.setattr(lead, "percentile", lambda v, q: calls.append(q) or percentile(v, q))
+    learner = LeadLearner()
+    for i in range(400):
+        learner.observe(i * 20_000.0, 100.0 + i)
+    assert len(calls) <= 400 / LEAD_EVERY + 400 * 20_000.0 / LEAD_PRUNED_EVERY_US + 1
+    assert learner.extra_us >= percentile([100.0 + i for i in range(300, 400)], 90) - 20  # still follows the rise
 
 
 @given(st.lists(st.floats(0.0, 1e7), min_size=1, max_size=300), st.floats(0.0, 100.0))

@@ -19,6 +19,9 @@ LEAD_MIN_SAMPLES = 16
 LEAD_EVERY = 8
 LEAD_PERCENTILE = 90
 LEAD_HORIZON_US = 2_000_000.0
+# Between the every-LEAD_EVERY recomputations, a sample leaving the horizon recomputes at most this often: at a low
+# rate nearly every sample prunes one, and a percentile per stage call was 5 % of the sidecar's busy time there
+LEAD_PRUNED_EVERY_US = 100_000.0
 
 
 class LeadLearner:
@@ -29,6 +32,7 @@ class LeadLearner:
         self.extra_us = 0.0
         self._excess: deque[tuple[float, float]] = deque(maxlen=LEAD_WINDOW)
         self._seen = 0
+        self._computed_us = -float("inf")
 
     def observe(self, now_us: float, excess_us: float) -> float | None:
         """One idle-server stage's excess lead at ``now_us``; the new learned lead, or None when unchanged."""
@@ -37,10 +41,10 @@ class LeadLearner:
         self._seen += 1
         if len(self._excess) < LEAD_MIN_SAMPLES:
             return None
-        if pruned or self._seen % LEAD_EVERY == 0:
-            new = percentile([x for _, x in self._excess], LEAD_PERCENTILE)
-        else:
+        if self._seen % LEAD_EVERY and not (pruned and now_us - self._computed_us >= LEAD_PRUNED_EVERY_US):
             return None
+        self._computed_us = now_us
+        new = percentile([x for _, x in self._excess], LEAD_PERCENTILE)
         if new == self.extra_us:
             return None
         self.extra_us = new
