@@ -1,22 +1,18 @@
 """The sidecar serving a planned model over real tritonservers generated from a plan (two host classes on
 loopback, five servers): answers equal onnxruntime, concurrency, client shared memory, input validation,
-explicit sheds, a server killed under load, and no shared-memory region left behind."""
+a pass-through model beside the planned one, the reactive policy stage by stage, and the batch log (faults and
+overload: tests/test_sidecar_planned_faults.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
-import queue
 import re
-import signal
-import time
-import urllib.request
 from pathlib import Path
 
 import grpc
 import numpy as np
-import onnxruntime as ort
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
@@ -29,57 +25,15 @@ from tritonclient.utils import InferenceServerException
 from loadtest.grpc_floor import chained_stage_calls
 from loadtest.open_loop import open_loop
 from poolpipe_common.overheads import FRONT_QUANTILES, SIDECAR_LATENCY_PARAMETER, Overheads
-from runtime.launch import Deployment
 from runtime.sidecar_process import SidecarProcess
-from runtime.testbed import build_deployment
-from scheduler.server.planned.shm_pool import PREFIX
+from tests.planned_testbed import MODEL, SLO_US, inputs, metric, metrics_text, planned_testbed, reference
 
 pytestmark = pytest.mark.triton
-MODEL = "resnet"
-# Generous: other test suites share the 2 cores; sheds are provoked explicitly (timeout parameter, bursts).
-SLO_US = 500_000.0
 
 
 @pytest.fixture(scope="module")
 def testbed(tmp_path_factory: pytest.TempPathFactory):
-    work = tmp_path_factory.mktemp("planned")
-    deploy, onnx_path, manifest = build_deployment(work, name=MODEL, slo_us=SLO_US)
-    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
-    with Deployment(deploy, check_hardware=False, log_dir=work / "logs") as dep:
-        sc = SidecarProcess(manifest=deploy, log_path=work / "sidecar.log",
-                            extra_args=("--batch-log", str(work / "batches.jsonl"))).start()
-        try:
-            yield {"deploy": deploy, "dep": dep, "sc": sc, "ort": session, "manifest": manifest, "work": work}
-        finally:
-            pid = sc.proc.pid if sc.proc else None
-            assert sc.stop() == 0
-            if pid is not None:
-                assert _regions_of(pid) == []
-
-
-def _regions_of(pid: int) -> list[str]:
-    return sorted(p.name for p in Path("/dev/shm").glob(f"{PREFIX}{pid}_*"))
-
-
-def _x(n: int, seed: int = 0) -> np.ndarray:
-    return np.random.default_rng(seed).standard_normal((n, 3, 112, 112)).astype(np.float32)
-
-
-def _ref(tb: dict, x: np.ndarray) -> np.ndarray:
-    return tb["ort"].run(None, {"input": x})[0]
-
-
-def _metrics(sc: SidecarProcess) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{sc.metrics_port}/metrics", timeout=5) as r:
-        return r.read().decode()
-
-
-def _metric(text: str, name: str, labels: str = "") -> float:
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name) and (not labels or labels in line):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+    yield from planned_testbed(tmp_path_factory)
 
 
 def test_answers_equal_onnxruntime_over_grpc_and_http(testbed: dict) -> None:
@@ -91,20 +45,20 @@ def test_answers_equal_onnxruntime_over_grpc_and_http(testbed: dict) -> None:
     assert meta["outputs"] == [{"name": "logits", "datatype": "FP32", "shape": [-1, 10]}]
     assert g.get_model_config(MODEL).config.max_batch_size == 4
     for n, seed in ((1, 1), (3, 2)):
-        x = _x(n, seed)
+        x = inputs(n, seed)
         gi = grpcclient.InferInput("input", [n, 3, 112, 112], "FP32")
         gi.set_data_from_numpy(x)
-        np.testing.assert_allclose(g.infer(MODEL, [gi]).as_numpy("logits"), _ref(testbed, x), atol=1e-4)
+        np.testing.assert_allclose(g.infer(MODEL, [gi]).as_numpy("logits"), reference(testbed, x), atol=1e-4)
         hi = httpclient.InferInput("input", [n, 3, 112, 112], "FP32")
         hi.set_data_from_numpy(x)
-        np.testing.assert_allclose(h.infer(MODEL, [hi]).as_numpy("logits"), _ref(testbed, x), atol=1e-4)
+        np.testing.assert_allclose(h.infer(MODEL, [hi]).as_numpy("logits"), reference(testbed, x), atol=1e-4)
     hj = httpclient.InferInput("input", [1, 3, 112, 112], "FP32")
-    hj.set_data_from_numpy(_x(1, 3), binary_data=False)  # JSON tensors both ways
+    hj.set_data_from_numpy(inputs(1, 3), binary_data=False)  # JSON tensors both ways
     res = h.infer(MODEL, [hj], outputs=[httpclient.InferRequestedOutput("logits", binary_data=False)])
-    np.testing.assert_allclose(res.as_numpy("logits"), _ref(testbed, _x(1, 3)), atol=1e-4)
-    m = _metrics(sc)
-    assert _metric(m, "poolpipe_sidecar_hops_total", 'kind="shm"') > 0   # hostA -> hostA through shm
-    assert _metric(m, "poolpipe_sidecar_hops_total", 'kind="http"') > 0  # hostA -> hostB as bytes (stage calls: HTTP)
+    np.testing.assert_allclose(res.as_numpy("logits"), reference(testbed, inputs(1, 3)), atol=1e-4)
+    m = metrics_text(sc)
+    assert metric(m, "poolpipe_sidecar_hops_total", 'kind="shm"') > 0   # hostA -> hostA through shm
+    assert metric(m, "poolpipe_sidecar_hops_total", 'kind="http"') > 0  # hostA -> hostB as bytes (stage calls: HTTP)
     assert g.get_inference_statistics(MODEL).model_stats[0].inference_stats.success.count >= 5
     stages = [json.loads(line) for line in (testbed["work"] / "batches.jsonl").read_text().splitlines()]
     vgpus = {v.id for v in testbed["manifest"].vgpus}
@@ -120,7 +74,7 @@ def test_answers_report_the_sidecars_own_time_so_a_client_measures_the_way_outsi
     open-loop client takes its latency less that as the way outside the sidecar's clock, per answer, which the
     overheads file carries as quantiles for the simulator and the planner."""
     sc = testbed["sc"]
-    x = _x(1, 7)
+    x = inputs(1, 7)
     h = httpclient.InferenceServerClient(sc.http_url)
     hi = httpclient.InferInput("input", [1, 3, 112, 112], "FP32")
     hi.set_data_from_numpy(x)
@@ -160,7 +114,7 @@ def test_stage_lead_times_are_calibrated_at_start(testbed: dict) -> None:
 def test_many_concurrent_clients_are_batched(testbed: dict) -> None:
     """Eight clients (gRPC and HTTP, asyncio) with a request always outstanding: all answered, in batches."""
     sc = testbed["sc"]
-    xs = [_x(1, 100 + i) for i in range(48)]
+    xs = [inputs(1, 100 + i) for i in range(48)]
 
     async def main() -> list[np.ndarray]:
         gs = [grpcaio.InferenceServerClient(sc.grpc_url) for _ in range(4)]
@@ -180,14 +134,14 @@ def test_many_concurrent_clients_are_batched(testbed: dict) -> None:
                 await c.close()
         return outs  # type: ignore[return-value]
 
-    before = _metrics(sc)
+    before = metrics_text(sc)
     outs = asyncio.run(main())
-    ref = _ref(testbed, np.concatenate(xs))
+    ref = reference(testbed, np.concatenate(xs))
     for i, o in enumerate(outs):
         np.testing.assert_allclose(o[0], ref[i], atol=1e-4)
-    after = _metrics(sc)
-    batches = _metric(after, "poolpipe_sidecar_batch_size_count") - _metric(before, "poolpipe_sidecar_batch_size_count")
-    samples = _metric(after, "poolpipe_sidecar_batch_size_sum") - _metric(before, "poolpipe_sidecar_batch_size_sum")
+    after = metrics_text(sc)
+    batches = metric(after, "poolpipe_sidecar_batch_size_count") - metric(before, "poolpipe_sidecar_batch_size_count")
+    samples = metric(after, "poolpipe_sidecar_batch_size_sum") - metric(before, "poolpipe_sidecar_batch_size_sum")
     assert samples == 48 and batches < 48  # the sidecar formed batches of several requests
 
 
@@ -196,7 +150,7 @@ def test_client_shared_memory(testbed: dict, mod, url: str) -> None:
     sc = testbed["sc"]
     c = mod.InferenceServerClient(getattr(sc, url))
     tag = f"{os.getpid()}_{url}"
-    x = _x(2, 7)
+    x = inputs(2, 7)
     out_bytes = 2 * 10 * 4
     in_h = shm.create_shared_memory_region(f"in_{tag}", f"/sc_in_{tag}", 64 + x.nbytes)
     out_h = shm.create_shared_memory_region(f"out_{tag}", f"/sc_out_{tag}", 128 + out_bytes)
@@ -210,7 +164,7 @@ def test_client_shared_memory(testbed: dict, mod, url: str) -> None:
         out.set_shared_memory(f"out_{tag}", out_bytes, offset=128)
         c.infer(MODEL, [inp], outputs=[out])
         got = shm.get_contents_as_numpy(out_h, np.float32, [2, 10], offset=128)
-        np.testing.assert_allclose(got, _ref(testbed, x), atol=1e-4)
+        np.testing.assert_allclose(got, reference(testbed, x), atol=1e-4)
         small = mod.InferRequestedOutput("logits")
         small.set_shared_memory(f"out_{tag}", out_bytes - 4)
         with pytest.raises(InferenceServerException, match="should be at least 80 bytes"):
@@ -254,96 +208,6 @@ def test_bad_inputs_get_triton_style_errors(testbed: dict) -> None:
     assert c.is_server_live() and c.is_model_ready(MODEL)  # and it keeps serving
 
 
-def test_killed_server_loses_no_request_and_rejoins(testbed: dict) -> None:
-    sc, dep = testbed["sc"], testbed["dep"]
-    victim_id = "hostB-gpu0-s0"  # one of the two vGPUs of the last stage
-    victim = dep.servers[victim_id]
-    x = _x(1, 9)
-    ref = _ref(testbed, x)
-
-    async def load(stop_after_s: float, kill_at_s: float | None) -> list[object]:
-        g = grpcaio.InferenceServerClient(sc.grpc_url)
-        results: list[object] = []
-        t_end = time.monotonic() + stop_after_s
-
-        async def client() -> None:
-            while time.monotonic() < t_end:
-                inp = grpcclient.InferInput("input", [1, 3, 112, 112], "FP32")
-                inp.set_data_from_numpy(x)
-                try:
-                    results.append((await g.infer(MODEL, [inp], client_timeout=20)).as_numpy("logits"))
-                except InferenceServerException as ex:
-                    results.append(ex)
-
-        async def killer() -> None:
-            await asyncio.sleep(kill_at_s)
-            os.killpg(victim.proc.pid, signal.SIGKILL)
-        try:
-            await asyncio.gather(*[client() for _ in range(8)], *([killer()] if kill_at_s is not None else []))
-        finally:
-            await g.close()
-        return results
-
-    results = asyncio.run(load(3.0, 1.0))
-    errors = [r for r in results if isinstance(r, InferenceServerException)]
-    ok = [r for r in results if isinstance(r, np.ndarray)]
-    assert ok and len(ok) + len(errors) == len(results)
-    for e in errors:  # explicit: shed or a failed server with no time left; never a client-side timeout
-        assert e.status() == "StatusCode.UNAVAILABLE", e
-    for r in ok:
-        np.testing.assert_allclose(r, ref, atol=1e-4)
-    m = _metrics(sc)
-    assert _metric(m, "poolpipe_sidecar_vgpu_up", f'vgpu="{victim_id}"') == 0
-    # Later requests are served by the remaining servers, without errors.
-    after = asyncio.run(load(1.0, None))
-    failed = [r for r in after if not isinstance(r, np.ndarray)]
-    assert after and not failed, [e.message() for e in failed[:3]]
-    # The server comes back (same ports) and rejoins once healthy.
-    victim.proc = None
-    victim.start()
-    deadline = time.monotonic() + 20
-    while _metric(_metrics(sc), "poolpipe_sidecar_vgpu_up", f'vgpu="{victim_id}"') != 1:
-        assert time.monotonic() < deadline, "the restarted server did not rejoin"
-        time.sleep(0.2)
-    # ... and is calibrated when it rejoins (its pipeline measured through it)
-    calibrated = f"event=calibrated pipeline=resnet/0 rejoined={victim_id}"
-    while calibrated not in (testbed["work"] / "sidecar.log").read_text():
-        assert time.monotonic() < deadline, "the rejoined server was not calibrated"
-        time.sleep(0.2)
-
-
-def test_no_shm_region_left_after_sigkill_and_restart(testbed: dict) -> None:
-    deploy, work = testbed["deploy"], testbed["work"]
-    killed = SidecarProcess(manifest=deploy, log_path=work / "killed.log").start()
-    pid = killed.proc.pid
-    i = grpcclient.InferInput("input", [1, 3, 112, 112], "FP32")
-    i.set_data_from_numpy(_x(1))
-    try:
-        grpcclient.InferenceServerClient(killed.grpc_url).infer(MODEL, [i])
-        assert _regions_of(pid)  # its pool exists ...
-    finally:
-        killed.stop(signal.SIGKILL)
-    assert _regions_of(pid)  # ... and outlives a SIGKILL
-    with SidecarProcess(manifest=deploy, log_path=work / "restarted.log") as again:
-        assert _regions_of(pid) == []  # removed at start
-        status = grpcclient.InferenceServerClient(testbed["manifest"].vgpus[0].grpc_url) \
-            .get_system_shared_memory_status()
-        assert not [n for n in status.regions if n.startswith(f"{PREFIX}{pid}_")]  # and unregistered at Triton
-        c2 = grpcclient.InferenceServerClient(again.grpc_url)
-        np.testing.assert_allclose(c2.infer(MODEL, [i]).as_numpy("logits"), _ref(testbed, _x(1)), atol=1e-4)
-        new_pid = again.proc.pid
-        # SIGTERM while requests are in flight: they are answered first (drained), then the regions go.
-        done: queue.Queue = queue.Queue()
-        for _ in range(4):
-            c2.async_infer(MODEL, [i], lambda result, error: done.put((result, error)))
-        time.sleep(0.1)
-        assert again.stop() == 0
-        for _ in range(4):
-            result, error = done.get(timeout=30)
-            assert error is None, error
-    assert _regions_of(new_pid) == []  # SIGTERM: unregistered and unlinked
-
-
 def test_planned_and_passthrough_models_side_by_side(testbed: dict) -> None:
     """One endpoint: the planned model and an unplanned Triton model; one client shm region serves both."""
     work = testbed["work"]
@@ -357,7 +221,7 @@ def test_planned_and_passthrough_models_side_by_side(testbed: dict) -> None:
         assert c.is_model_ready("simple") and c.is_model_ready(MODEL)
         tag = f"both_{os.getpid()}"
         a = np.arange(16, dtype=np.int32).reshape(1, 16)
-        x = _x(1, 11)
+        x = inputs(1, 11)
         size = 4096 + x.nbytes
         h = shm.create_shared_memory_region(tag, f"/{tag}", size)
         try:
@@ -378,7 +242,7 @@ def test_planned_and_passthrough_models_side_by_side(testbed: dict) -> None:
             lo.set_shared_memory(tag, 40, offset=1024)
             c.infer(MODEL, [xi], outputs=[lo])  # planned: the sidecar reads/writes the region
             np.testing.assert_allclose(shm.get_contents_as_numpy(h, np.float32, [1, 10], offset=1024),
-                                       _ref(testbed, x), atol=1e-4)
+                                       reference(testbed, x), atol=1e-4)
             c.unregister_system_shared_memory(tag)
             assert not grpcclient.InferenceServerClient(triton.grpc_url).get_system_shared_memory_status().regions
         finally:
@@ -405,7 +269,7 @@ def test_reactive_policy_runs_live_stage_by_stage(testbed: dict) -> None:
                         extra_args=("--policy", "reactive", "--batch-log", str(work / "reactive.jsonl"),
                                     "--overheads-out", str(work / "overheads.json"))).start()
     try:
-        xs = [_x(1, 300 + i) for i in range(12)]
+        xs = [inputs(1, 300 + i) for i in range(12)]
 
         async def main() -> list[np.ndarray | InferenceServerException]:
             g = grpcaio.InferenceServerClient(sc.grpc_url)
@@ -425,7 +289,7 @@ def test_reactive_policy_runs_live_stage_by_stage(testbed: dict) -> None:
                 await g.close()
 
         outs = asyncio.run(main())
-        ref = _ref(testbed, np.concatenate(xs))
+        ref = reference(testbed, np.concatenate(xs))
         answered = [i for i, o in enumerate(outs) if isinstance(o, np.ndarray)]
         assert len(answered) >= 8, [o for o in outs if not isinstance(o, np.ndarray)][:2]
         for i in answered:
@@ -446,68 +310,7 @@ def test_reactive_policy_runs_live_stage_by_stage(testbed: dict) -> None:
 def test_the_bare_chain_of_stage_calls_computes_the_model(testbed: dict) -> None:
     """The floor benchmarks/sidecar.py prints under the planned path (its stage calls chained by a bare client)
     does the planned path's work: its answer is the whole model's."""
-    x = _x(1, 3)
+    x = inputs(1, 3)
     lat, out = asyncio.run(chained_stage_calls(testbed["manifest"], MODEL, x, 2, gap_s=0.0))
     assert len(lat) == 2  # the warm-up requests are not timed
-    np.testing.assert_allclose(np.frombuffer(out, np.float32).reshape(1, -1), _ref(testbed, x), atol=1e-4)
-
-
-# Last: its burst teaches the sidecar a large margin, which would make later tests shed.
-def test_overload_gets_explicit_shed_errors(testbed: dict) -> None:
-    sc = testbed["sc"]
-    # A deadline no path can meet (the client's timeout parameter, in µs): shed at once.
-    c = grpcclient.InferenceServerClient(sc.grpc_url)
-    i = grpcclient.InferInput("input", [1, 3, 112, 112], "FP32")
-    i.set_data_from_numpy(_x(1))
-    t0 = time.monotonic()
-    with pytest.raises(InferenceServerException, match="request shed to protect the SLO") as e:
-        c.infer(MODEL, [i], timeout=2000)
-    assert e.value.status() == "StatusCode.UNAVAILABLE" and time.monotonic() - t0 < 1.0
-    with pytest.raises(InferenceServerException) as he:
-        hi = httpclient.InferInput("input", [1, 3, 112, 112], "FP32")
-        hi.set_data_from_numpy(_x(1))
-        httpclient.InferenceServerClient(sc.http_url).infer(MODEL, [hi], timeout=2000)
-    assert he.value.status() == "503" and "shed" in he.value.message()
-
-    # Bursts far above capacity (300 at once, the model's SLO; 4x larger while none is shed, as a faster host
-    # serves more of one burst in time): each request is answered or shed, none times out.
-    async def burst(n: int) -> list[object]:
-        g = grpcaio.InferenceServerClient(sc.grpc_url)
-        x = _x(1, 5)
-
-        async def one() -> object:
-            inp = grpcclient.InferInput("input", [1, 3, 112, 112], "FP32")
-            inp.set_data_from_numpy(x)
-            try:
-                return (await g.infer(MODEL, [inp], client_timeout=60)).as_numpy("logits")
-            except InferenceServerException as ex:
-                return ex
-        try:
-            return await asyncio.gather(*[one() for _ in range(n)])
-        finally:
-            await g.close()
-
-    ok: list[np.ndarray] = []
-    failed: list[InferenceServerException] = []
-    for n in (300, 1200, 4800):
-        results = asyncio.run(burst(n))
-        ok += [r for r in results if isinstance(r, np.ndarray)]
-        new_failed = [r for r in results if isinstance(r, InferenceServerException)]
-        failed += new_failed
-        assert len(ok) + len(failed) == sum(m for m in (300, 1200, 4800) if m <= n)
-        if new_failed:
-            break
-    assert ok and failed
-    # Every error is explicit: shed, or (a host too busy for its servers to keep up: two busy-looping processes
-    # beside this test showed it) a stage that ran past its request's deadline, which the sidecar answers as
-    # Triton answers a request that timed out; at least one was shed.
-    explicit = {"StatusCode.UNAVAILABLE": "shed to protect the SLO",
-                "StatusCode.DEADLINE_EXCEEDED": "ran past the request's deadline"}
-    assert all(explicit.get(r.status(), "\0") in r.message() for r in failed), \
-        {(r.status(), r.message()) for r in failed}
-    shed = [r for r in failed if r.status() == "StatusCode.UNAVAILABLE"]
-    assert shed
-    ref = _ref(testbed, _x(1, 5))
-    for r in ok:
-        np.testing.assert_allclose(r, ref, atol=1e-4)
-    assert _metric(_metrics(sc), "poolpipe_sidecar_drops_total") >= len(shed)
+    np.testing.assert_allclose(np.frombuffer(out, np.float32).reshape(1, -1), reference(testbed, x), atol=1e-4)
