@@ -4,12 +4,13 @@ typically costs over the run, not one episode's."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from poolpipe_common.overheads import FRONT_QUANTILES, Overheads
-from scheduler.server.planned.overhead_meter import WINDOW, OverheadMeter
+from scheduler.server.planned.overhead_meter import MIN_STAGES_FOR_COSTS, WINDOW, OverheadMeter
 
 
 def serve(meter: OverheadMeter, calls: int, tail_us: float, compute_us: float = 1000.0, planned_us: float = 1000.0
@@ -77,3 +78,18 @@ def test_one_stalled_answer_weighs_what_it_measured_in_the_front_path():
     measured = float((samples > 6000.0).mean())
     assert float((drawn > 6000.0).mean()) <= measured + 0.002  # 0.2 %: two quantiles' worth
     assert np.quantile(drawn, 0.99) == pytest.approx(np.quantile(samples, 0.99), rel=0.05)
+
+
+def test_a_replan_takes_the_measured_costs_once_enough_stage_calls_were_measured():
+    """`serve --replan` plans with what the sidecar measured (OverheadMeter.measured_costs), not before
+    MIN_STAGES_FOR_COSTS stage calls; the fields are Overheads fields, so the plan's front path stays."""
+    meter = OverheadMeter(front_us=1234.0)
+    meter.calibrated(400.0)
+    serve(meter, MIN_STAGES_FOR_COSTS - 1, tail_us=250.0, compute_us=1050.0)
+    assert meter.measured_costs() == {}
+    serve(meter, 1, tail_us=250.0, compute_us=1050.0)
+    costs = meter.measured_costs()
+    assert costs == pytest.approx({"lead_us": 400.0, "tail_us": 250.0, "wake_late_us": 0.0, "slowdown": 1.05})
+    planned = Overheads(lead_us=450.0, tail_us=350.0, front_us=2000.0, front_quantiles_us=(0.0, 1.0, 2.0))
+    o = replace(planned, **costs)
+    assert (o.lead_us, o.tail_us, o.front_us, o.front_quantiles_us) == (400.0, 250.0, 2000.0, (0.0, 1.0, 2.0))

@@ -1,7 +1,8 @@
 """``serve --replan``: two of PPipe's models on an emulated 1 L4 + 2 T4 cluster (slow motion, x10), planned for an
 even mix. The mix shifts to one model; the sidecar notices (smoothed rates over the plan's headroom), plans in a
 worker process (a real MILP), generates, launches the new servers, reloads onto them while requests keep coming,
-and says so in its log and metrics. No request is lost or hangs; the servers it launched stop with it."""
+and says so in its log and metrics. No request is lost or hangs; the servers it launched stop with it. A re-plan
+is made with the per-stage costs the sidecar measured serving."""
 
 from __future__ import annotations
 
@@ -20,10 +21,12 @@ from model_repository_gen.generate import generate
 from planner.planners import solve_spec
 from planner.spec.planning_spec import ClusterSpec, ModelSpec, PlanningSpec, time_dilated
 from poolpipe_common.net import port_in_use
+from poolpipe_common.overheads import DEFAULT_OVERHEADS
 from profiling.reference import import_ppipe_profile
 from runtime.launch import Deployment, load_host_launch
 from runtime.sidecar_process import SidecarProcess
 from runtime.testbed import REFERENCE_DIR
+from scheduler.server.control.replanner import ReplanJob, plan_and_generate
 from scheduler.server.planned.shm_pool import PREFIX, SHM_DIR
 
 pytestmark = pytest.mark.triton
@@ -123,6 +126,10 @@ def test_serve_replan_notices_the_shift_plans_launches_and_reloads(tmp_path: Pat
             print("(emulated)", next(line for line in text.splitlines() if "event=replan_decided" in line))
             print("(emulated)", next(line for line in text.splitlines() if "event=reloaded" in line))
             print("(emulated)", t_replanned)
+            # a few seconds in, too few stage calls to plan with their costs: the plan's (the next test: measured)
+            costs = next(line for line in text.splitlines() if "event=replan_costs" in line)
+            print("(emulated)", costs)
+            assert "as_planned=1" in costs
             hung = [o for o in outcomes if o[1] == "hung"]
             errors = [o for o in outcomes if o[1] == "error"]
             print(f"requests {len(outcomes)}: ok {len(outcomes) - len(errors) - len(hung)}, explicit errors "
@@ -146,6 +153,25 @@ def test_serve_replan_notices_the_shift_plans_launches_and_reloads(tmp_path: Pat
         assert code == 0
         assert not any(port_in_use(p, a) for a, p in started), "the servers it started stopped with it"
         assert not list(SHM_DIR.glob(f"{PREFIX}{pid}_*"))
+
+
+def test_a_replan_is_planned_with_the_per_stage_costs_the_sidecar_measured(tmp_path: Path) -> None:
+    """The worker's job (plan_and_generate) with measured costs: the new plan.json's request records them, with the
+    serving plan's way outside the sidecar's clock, and its promises are made with them."""
+    spec_file, cluster_file, spec = _write_inputs(tmp_path)
+    generate(solve_spec(spec, time_limit_s=20), {}, cluster_file, tmp_path / "gen-0", emulated_tensor_scale=0.01)
+    measured = {"lead_us": 2500.0, "tail_us": 1500.0, "wake_late_us": 0.0, "slowdown": 1.02}
+    sustained = {}
+    for name, costs in (("as-planned", {}), ("measured", measured)):
+        job = ReplanJob(spec_file, cluster_file, tmp_path / name, {m: 5.0 for m in MODELS}, emulated_tensor_scale=0.01,
+                        request={"time_limit_s": 20}, previous=tmp_path / "gen-0", measured_costs=costs)
+        plan_and_generate(job)
+        doc = json.loads((tmp_path / name / "plan.json").read_text())
+        sustained[name] = sum(m["sustainable_rps"] for m in doc["models"])
+    overheads = doc["request"]["overheads"]
+    assert {k: overheads[k] for k in measured} == measured
+    assert overheads["front_us"] == DEFAULT_OVERHEADS.front_us  # the first plan's (it assumed the defaults)
+    assert sustained["measured"] < sustained["as-planned"]  # 4 ms more per stage: less is held at the SLO
 
 
 def _ready(sc: SidecarProcess) -> bool:

@@ -1,7 +1,9 @@
 """``serve --replan FILE``: automatic re-planning. The sidecar counts each planned model's arrivals; the core's
 ``ReplanTrigger`` decides when the smoothed mix has left the plan's headroom. Then a worker process (never
 the event loop) plans the spec for the measured mix with ``planner.plan``, as the serving plan was planned (its
-plan.json ``request``: applications, PARIS sizing, the cost objective and co-location stay), and generates a
+plan.json ``request``: applications, PARIS sizing, the cost objective and co-location stay) but with the per-stage
+costs the sidecar measured serving it (``OverheadMeter.measured_costs``: a promise made with what this host's
+stage calls cost now, not what the first plan assumed), and generates a
 deployment into ``out_dir/gen-N`` beside the running one (generate's ``previous``); the sidecar migrates the
 servers (runtime.migration, in a thread: the servers both plans have stay and get the new partitions loaded, the
 others are started), reloads onto it (scheduler.server.control.reload), then unloads the old partitions and stops the
@@ -66,6 +68,9 @@ class ReplanJob:
     emulated_tensor_scale: float = 1.0
     request: dict[str, Any] = field(default_factory=dict)  # PlanRequest fields the settings give (planner, ...)
     previous: Path | None = None  # the deployment serving now
+    # the per-stage costs the sidecar measured serving it (Overheads fields; the way outside its clock stays the
+    # plan's): the re-plan's promises are made with them, not with what the serving plan assumed; empty: as planned
+    measured_costs: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -132,6 +137,8 @@ def plan_and_generate(job: ReplanJob) -> tuple[str, float, dict[str, float]]:
     # one process: the planner's workers would take cores from the sidecar serving beside it
     given = {**job.request, "jobs": 1}
     request = request_of(previous.plan, **given) if previous else PlanRequest(**given)
+    if job.measured_costs:
+        request = replace(request, overheads=replace(request.costs(), **job.measured_costs))
     new = plan(reweighted(load_spec(job.spec), job.rates_rps), request).plan
     generate(new, job.onnx, job.cluster, job.out, emulated_tensor_scale=job.emulated_tensor_scale,
              previous=previous)
@@ -182,7 +189,13 @@ class AutoReplanner:
         t0 = time.monotonic()
         migration = None
         try:
-            job = replace(self.settings.job, out=out, rates_rps=d.rates_rps, previous=self.deployment.directory)
+            meter = self.planned.current.meter
+            costs = meter.measured_costs()
+            log.info("event=replan_costs generation=%d stage_calls=%d %s", self.generation, meter.tail.n,
+                     " ".join(f"{k}={v:.6g}" for k, v in costs.items()) if costs else
+                     "as_planned=1 (too few stage calls measured yet)")
+            job = replace(self.settings.job, out=out, rates_rps=d.rates_rps, previous=self.deployment.directory,
+                          measured_costs=costs)
             manifest, solve_s, rates = await asyncio.get_running_loop().run_in_executor(self._pool,
                                                                                         plan_and_generate, job)
             log.info("event=replan_planned generation=%d solve_s=%.2f throughputs=%s", self.generation, solve_s,

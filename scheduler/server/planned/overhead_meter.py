@@ -16,6 +16,9 @@ from pathlib import Path
 from poolpipe_common.overheads import Overheads
 
 WINDOW = 256  # samples per window of a windowed cost (about a second of stage calls at a few hundred req/s)
+# Stage calls measured before a re-plan takes the sidecar's own costs over the serving plan's: one full window
+# (before it a cost is a running mean, which one host stall moves; a re-plan comes minutes into serving anyway)
+MIN_STAGES_FOR_COSTS = WINDOW
 
 
 @dataclass
@@ -86,6 +89,15 @@ class OverheadMeter:
     def overheads(self) -> Overheads:
         lead = self.lead.value() + self.extra_lead.value(self.extra_lead_us)
         return Overheads(lead, self.tail.value(), self.wake_late.value(), self.slowdown.value(1.0), self.front_us)
+
+    def measured_costs(self) -> dict[str, float]:
+        """The per-stage costs measured so far, as Overheads fields (lead, tail, wake lateness, slowdown), for a
+        re-plan to plan with; empty before MIN_STAGES_FOR_COSTS stage calls (the way outside the sidecar's clock is
+        not measured here: the plan's stays)."""
+        if self.tail.n < MIN_STAGES_FOR_COSTS:
+            return {}
+        o = self.overheads()
+        return {"lead_us": o.lead_us, "tail_us": o.tail_us, "wake_late_us": o.wake_late_us, "slowdown": o.slowdown}
 
     def write(self, path: Path) -> None:
         doc = self.overheads().to_dict()
