@@ -35,6 +35,7 @@ import tritonclient.grpc as grpcclient
 
 from backends import native
 from loadtest.request_timeline import medians, segments
+from loadtest.side_by_side import rotated
 from model_repository_gen.generate import generate
 from model_repository_gen.manifest import Manifest, StageInfo
 from planner.plan_json import ModelPlan, PartitionPlan, PipelinePlan, Plan
@@ -165,10 +166,9 @@ def _in_turns(callers: dict[str, Callable[[], tuple[float, float]]], n: int, blo
         for _ in range(warmup):
             call()
     marks: dict[str, list[tuple[float, float]]] = {name: [] for name in callers}
-    names, turn = list(callers), 0
+    turn = 0
     while min(map(len, marks.values())) < n:
-        k = turn % len(names)
-        for name in names[k:] + names[:k]:
+        for name in rotated(list(callers), turn):
             for _ in range(min(block, n - len(marks[name]))):
                 marks[name].append(callers[name]())
         turn += 1

@@ -81,7 +81,7 @@ def poisson_in_turns(targets: Sequence[tuple[str, str]], model: str, inputs: lis
     order rotating from turn to turn); each target's turns merged into one result."""
     out: dict[str, LoadResult] = {}
     for turn in range(turns):
-        for label, url in _rotated(targets, turn):
+        for label, url in rotated(targets, turn):
             r = asyncio.run(poisson_load(url, model, inputs, rate_rps, duration_s / turns, slo_s, seed=seed + turn))
             out[label] = out[label].merged(r) if label in out else r
     return out
@@ -100,7 +100,7 @@ async def one_at_a_time_in_turns(targets: Sequence[tuple[str, str]], model: str,
                 await client.infer(model, inputs, client_timeout=10)
         turn = 0
         while min(spent.values()) < duration_s:
-            for label, _ in _rotated(targets, turn):
+            for label, _ in rotated(targets, turn):
                 for _ in range(block):
                     t = time.perf_counter()
                     await clients[label].infer(model, inputs, client_timeout=10)
@@ -113,7 +113,8 @@ async def one_at_a_time_in_turns(targets: Sequence[tuple[str, str]], model: str,
     return lat
 
 
-def _rotated(items: Sequence, k: int) -> list:
+def rotated(items: Sequence, k: int) -> list:
+    """``items`` rotated left by ``k`` (turn k of a rotating order)."""
     k %= max(len(items), 1)
     return [*items[k:], *items[:k]]
 
