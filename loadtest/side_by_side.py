@@ -93,19 +93,17 @@ async def one_at_a_time_in_turns(targets: Sequence[tuple[str, str]], model: str,
     had about ``duration_s``; each target's latencies (s). One client per target, kept open, warmed first."""
     clients = {label: grpcaio.InferenceServerClient(url) for label, url in targets}
     lat: dict[str, list[float]] = {label: [] for label, _ in targets}
-    spent = dict.fromkeys(lat, 0.0)
     try:
         for client in clients.values():
             for _ in range(warmup):
                 await client.infer(model, inputs, client_timeout=10)
         turn = 0
-        while min(spent.values()) < duration_s:
+        while min(map(sum, lat.values())) < duration_s:  # once per turn
             for label, _ in rotated(targets, turn):
                 for _ in range(block):
                     t = time.perf_counter()
                     await clients[label].infer(model, inputs, client_timeout=10)
                     lat[label].append(time.perf_counter() - t)
-                    spent[label] += lat[label][-1]
             turn += 1
     finally:
         for client in clients.values():

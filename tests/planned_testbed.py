@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -28,11 +29,18 @@ def planned_testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     work = tmp_path_factory.mktemp("planned")
     deploy, onnx_path, manifest = build_deployment(work, name=MODEL, slo_us=SLO_US)
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    with serving(deploy, work, ("--batch-log", str(work / "batches.jsonl"))) as (dep, sc):
+        yield {"deploy": deploy, "dep": dep, "sc": sc, "ort": session, "manifest": manifest, "work": work}
+
+
+@contextmanager
+def serving(deploy: Path, work: Path, extra_args: tuple[str, ...] = ()) -> Iterator[tuple[Deployment, SidecarProcess]]:
+    """A deployment's servers and a sidecar in front of them; on the way out the sidecar stops cleanly (exit 0)
+    and leaves no shared-memory region."""
     with Deployment(deploy, check_hardware=False, log_dir=work / "logs") as dep:
-        sc = SidecarProcess(manifest=deploy, log_path=work / "sidecar.log",
-                            extra_args=("--batch-log", str(work / "batches.jsonl"))).start()
+        sc = SidecarProcess(manifest=deploy, log_path=work / "sidecar.log", extra_args=extra_args).start()
         try:
-            yield {"deploy": deploy, "dep": dep, "sc": sc, "ort": session, "manifest": manifest, "work": work}
+            yield dep, sc
         finally:
             pid = sc.proc.pid if sc.proc else None
             assert sc.stop() == 0

@@ -25,7 +25,7 @@ from model_repository_gen import triton_config as tc
 from runtime.app_testbed import CLASSES, CLS, DET, FAN_OUT, FEATURES, IMAGE, build_app_deployment
 from runtime.launch import Deployment
 from runtime.sidecar_process import SidecarProcess
-from scheduler.server.planned.shm_pool import PREFIX
+from tests.planned_testbed import serving
 
 pytestmark = pytest.mark.triton
 APP = "traffic"
@@ -37,15 +37,8 @@ def app_testbed(tmp_path_factory: pytest.TempPathFactory):
     work = tmp_path_factory.mktemp("app")
     deploy, paths, manifest = build_app_deployment(work, slo_us=SLO_US)
     sessions = {n: ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for n, p in paths.items()}
-    with Deployment(deploy, check_hardware=False, log_dir=work / "logs") as dep:
-        sc = SidecarProcess(manifest=deploy, log_path=work / "sidecar.log").start()
-        try:
-            yield {"sc": sc, "dep": dep, "ort": sessions, "paths": paths, "manifest": manifest, "work": work}
-        finally:
-            pid = sc.proc.pid if sc.proc else None
-            assert sc.stop() == 0
-            if pid is not None:
-                assert sorted(Path("/dev/shm").glob(f"{PREFIX}{pid}_*")) == []
+    with serving(deploy, work) as (dep, sc):
+        yield {"sc": sc, "dep": dep, "ort": sessions, "paths": paths, "manifest": manifest, "work": work}
 
 
 def _x(n: int, seed: int) -> np.ndarray:

@@ -191,7 +191,7 @@ class AutoReplanner:
         try:
             meter = self.planned.current.meter
             costs = meter.measured_costs()
-            log.info("event=replan_costs generation=%d stage_calls=%d %s", self.generation, meter.tail.n,
+            log.info("event=replan_costs generation=%d stage_calls=%d %s", self.generation, meter.stages,
                      " ".join(f"{k}={v:.6g}" for k, v in costs.items()) if costs else
                      "as_planned=1 (too few stage calls measured yet)")
             job = replace(self.settings.job, out=out, rates_rps=d.rates_rps, previous=self.deployment.directory,

@@ -90,16 +90,21 @@ class OverheadMeter:
         lead = self.lead.value() + self.extra_lead.value(self.extra_lead_us)
         return Overheads(lead, self.tail.value(), self.wake_late.value(), self.slowdown.value(1.0), self.front_us)
 
+    @property
+    def stages(self) -> int:
+        """Stage calls measured so far."""
+        return self.tail.n
+
     def measured_costs(self) -> dict[str, float]:
         """The per-stage costs measured so far, as Overheads fields (lead, tail, wake lateness, slowdown), for a
         re-plan to plan with; empty before MIN_STAGES_FOR_COSTS stage calls (the way outside the sidecar's clock is
         not measured here: the plan's stays)."""
-        if self.tail.n < MIN_STAGES_FOR_COSTS:
+        if self.stages < MIN_STAGES_FOR_COSTS:
             return {}
         o = self.overheads()
         return {"lead_us": o.lead_us, "tail_us": o.tail_us, "wake_late_us": o.wake_late_us, "slowdown": o.slowdown}
 
     def write(self, path: Path) -> None:
         doc = self.overheads().to_dict()
-        doc["source"] = {"stages": self.tail.n, "wake_ups": self.wake_late.n}
+        doc["source"] = {"stages": self.stages, "wake_ups": self.wake_late.n}
         path.write_text(json.dumps(doc, indent=1) + "\n")
