@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -16,7 +17,7 @@ from planner.spec.planning_spec import ClusterSpec, check_spec
 from planner.sustained.arrivals import parse_arrivals
 from planner.sustained.capacity import predicted_rps
 from planner.sustained.queueing import PipelineTerms, PoolTerms, erlang_c, sustainable_rps
-from planner.sustained.search import costed
+from planner.sustained.search import OWN_PLAN_TOLERANCE, Candidate, costed, kept
 from poolpipe_common.errors import InputError
 from poolpipe_common.overheads import DEFAULT_OVERHEADS
 from profiling.reference import import_ppipe_profile
@@ -176,3 +177,19 @@ def test_promises_are_measured_in_the_specs_workload_mix():
     assert rates["b"] == pytest.approx(0.33 * 74.5 / 0.3) and rates["c"] == pytest.approx(0.37 * 74.5 / 0.3)
     assert rates["d"] == 0.0  # a model without pools is offered nothing and sets no scale
     assert mix_rates(dataclasses.replace(plan, models=plan.models[1:2])) == {"b": pytest.approx(210.3)}
+
+
+def _candidate(margin: float | None, rate: float) -> Candidate:
+    """A measured candidate of one model (weight 1) that sustains ``rate``."""
+    one = SimpleNamespace(models=(SimpleNamespace(name="m", weight=1.0),))
+    return Candidate(margin, one, (), {"m": rate}, {"m": rate})
+
+
+def test_the_specs_own_plan_is_kept_unless_a_candidate_sustains_clearly_more():
+    """A gain within the simulator's spread between seeds does not replace the spec's own plan; a larger one does."""
+    own = _candidate(None, 100.0)
+    close = _candidate(0.2, 100.0 * (1 + OWN_PLAN_TOLERANCE / 2))
+    clear = _candidate(0.1, 100.0 * (1 + 2 * OWN_PLAN_TOLERANCE))
+    assert kept([own, close]) is own
+    assert kept([close, own, clear]) is clear
+    assert kept([close, _candidate(0.3, 90.0)]) is close  # no own plan measured: the best
