@@ -312,10 +312,10 @@ def test_after_a_burst_the_sidecars_loop_is_back_to_full_attainment_within_two_s
     calm = sorted(mixed_arrivals("poisson", {"m": rate}, 12.0, 1))
     arrivals = sorted(calm + burst)
 
-    def run(arr: list) -> object:
+    def simulated(arr: list) -> object:
         return simulate(topo, make_scheduler("ppipe", topo), arr, 12e6, driver=DriverConfig.live(),
                         overheads=Overheads(lead_us=800.0, tail_us=600.0), noise_cv=0.05, seed=1)
-    res = run(arrivals)
+    res = simulated(arrivals)
 
     def attainment(lo_s: float, hi_s: float) -> float:
         idx = [i for i, (t, _) in enumerate(arrivals) if lo_s * 1e6 <= t < hi_s * 1e6]
@@ -325,7 +325,7 @@ def test_after_a_burst_the_sidecars_loop_is_back_to_full_attainment_within_two_s
     assert attainment(0.0, 4.0) >= 0.99
     assert attainment(4.0, 6.0) < 0.5
     assert attainment(8.0, 12.0) >= 0.99, attainment(8.0, 12.0)
-    assert res.margins_us["m"] < run(calm).margins_us["m"] + 1000.0
+    assert res.margins_us["m"] < simulated(calm).margins_us["m"] + 1000.0
 
 
 def _storm(release: bool, monkeypatch) -> tuple[float, int, object]:

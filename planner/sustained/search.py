@@ -1,5 +1,6 @@
 """Plan for the rate a cluster sustains: candidate plans over SLO margins, ranked by the closed form, the best
-measured by the registered evaluator (the simulator), the one that sustains the most kept.
+measured by the registered evaluator (the simulator), the one that sustains the most kept (the spec's own plan where
+none sustains clearly more: within the simulator's spread between seeds, a different plan is no gain).
 
 Why margins: a pooled pipeline needs slack under its SLO for batches to wait in its pools, and how much depends
 on the pools' sizes and batches, which the MILP picks. A plan made with no margin fills the SLO with compute
