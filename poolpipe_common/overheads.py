@@ -27,7 +27,7 @@ FRONT_QUANTILES = 1001
 # The driver plans every batch against its deadline less max(DRIVER_MIN_MARGIN_US, DRIVER_MARGIN_FRACTION x SLO)
 # (scheduler.core.driver.DriverConfig.live), raised to what it learns of late batches; a plan must leave at least
 # that free. The floor is only for what the learning cannot see coming: with stage calls of ~0.3 ms each way it
-# need not be the 3 ms + 5 % it was when they cost ~1 ms (served live in turns, a 1 ms + 2 % floor held 0.3-0.9 %
+# need not be the 3 ms + 5 % it was when they cost ~1 ms (served live in turns, a 1 ms + 2 % floor held 0.3-1.1 %
 # more attainment near the knees of convnext_large, apcnet and centernet at 2.6x, with a few more late answers, and
 # changed little on centernet at 3x: serving.md); a request shed for a margin it did not need is as lost as a late one.
 DRIVER_MIN_MARGIN_US = 1000.0

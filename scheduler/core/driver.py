@@ -62,7 +62,7 @@ class DriverConfig:
     # The core's clock runs this far ahead of the executor's (nothing dispatched now computes before it).
     clock_lead_us: float = 0.0
     # A wake-up that fires late by less than this is stepped at the time the core asked for (an event loop
-    # is no real-time clock); at least this, and at most half the smallest margin.
+    # is no real-time clock); this, or half the smallest base margin where that is larger.
     min_late_wake_tolerance_us: float = 2000.0
 
     @classmethod
