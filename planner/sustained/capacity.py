@@ -9,11 +9,12 @@ from poolpipe_common.overheads import Overheads, driver_margin_us, sidecar_slo_u
 
 
 def pipeline_terms(model: ModelPlan, costs: Overheads) -> list[PipelineTerms]:
-    """Each pipeline's pools (a vGPU is busy for the compute, slowed as measured, and the response's tail) and
-    its unloaded latency (compute, transfers, and the lead and tail of every stage call)."""
+    """Each pipeline's pools (a vGPU is busy for the compute, slowed as measured: the response's tail delays
+    the next stage, not the vGPU's next batch) and its unloaded latency (compute, transfers, and the lead and
+    tail of every stage call)."""
     out = []
     for pl in model.pipelines:
-        pools = tuple(PoolTerms(p.num_vgpus, p.latency_us * costs.slowdown + costs.tail_us) for p in pl.partitions)
+        pools = tuple(PoolTerms(p.num_vgpus, p.latency_us * costs.slowdown) for p in pl.partitions)
         latency = sum(p.latency_us * costs.slowdown + costs.lead_us + costs.tail_us + p.transfer_us
                       for p in pl.partitions)
         out.append(PipelineTerms(pl.batch, pools, latency))

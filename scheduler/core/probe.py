@@ -1,10 +1,12 @@
 """The reservation state of a topology and ``probe``: the earliest-finishing path of one batch.
 
 ``probe(pipeline, batch, now)`` walks the stages greedily: in each stage's pool it picks the vGPU
-that finishes the stage earliest, given that stage's input is ready when the previous stage ends
-and, when the two vGPUs sit on different servers, after a transfer that holds the previous
-server's uplink and this server's downlink for the same interval. It reserves nothing; ``commit``
-does. Probes are counted (``probe_calls``) because they are the cost of a dispatch decision.
+that finishes the stage earliest, given that stage's input is ready when the previous stage's response
+is back and, when the two vGPUs sit on different servers, after a transfer that holds the previous
+server's uplink and this server's downlink for the same interval. A vGPU is reserved for the stage's
+compute only: the response's way back (the stage's hop) delays the next stage, not the vGPU's next
+batch. It reserves nothing; ``commit`` does. Probes are counted (``probe_calls``) because they are the cost
+of a dispatch decision.
 """
 
 from __future__ import annotations
@@ -67,12 +69,13 @@ class ProbeResult:
 class CompiledStage:
     """A stage with its pool resolved to tables (the hot loop reads only these attributes)."""
 
-    __slots__ = ("index", "latency", "xfer_us_per_request", "pool", "active", "servers", "rr")
+    __slots__ = ("index", "latency", "hold", "xfer_us_per_request", "pool", "active", "servers", "rr")
 
     def __init__(self, index: int, latency: dict[int, float], xfer_us_per_request: float,
-                 pool: list[tuple[str, ResourceTable, str]]) -> None:
+                 pool: list[tuple[str, ResourceTable, str]], hold: dict[int, float] | None = None) -> None:
         self.index = index
-        self.latency = latency
+        self.latency = latency  # batch -> from compute start to the response back (what the next stage waits)
+        self.hold = hold if hold is not None else latency  # batch -> how long it holds its vGPU (Stage.hold)
         self.xfer_us_per_request = xfer_us_per_request
         self.pool = pool
         self.active = list(pool)
@@ -120,7 +123,8 @@ class ReservationState:
             compiled = []
             for p in pipes:
                 stages = [CompiledStage(k, dict(st.latency_us), st.in_bytes_per_request * us_per_byte if k else 0.0,
-                                        [(v, self.vgpu_tables[v], topology.vgpus[v].server) for v in st.pool])
+                                        [(v, self.vgpu_tables[v], topology.vgpus[v].server) for v in st.pool],
+                                        {b: st.hold(b) for b in st.latency_us})
                           for k, st in enumerate(p.stages)]
                 cp = CompiledPipeline(p, stages)
                 if cp.batches:
@@ -149,6 +153,8 @@ class ReservationState:
         legs = []
         for st in cp.stages:
             d = st.latency[batch]
+            h = st.hold[batch]
+            back = d - h  # the hop: after the vGPU is free, before the response is at hand
             xfer = st.xfer_us_per_request * batch
             cross_only = prev_server is None or prev_server not in st.servers
             bound = t + d if (prev_server is None or xfer <= 0.0 or not cross_only) else t + xfer + d
@@ -177,14 +183,14 @@ class ReservationState:
                 e = ready + d
                 if e >= best_end:
                     continue  # cannot beat the best even if free
-                # inline ResourceTable.earliest(ready, d)
+                # inline ResourceTable.earliest(ready, h)
                 ends = tab.ends
                 n = len(ends)
                 if n and ends[-1] > ready:
                     i = bisect_right(ends, ready)
                     starts = tab.starts
                     s = ready
-                    while i < n and starts[i] < s + d:
+                    while i < n and starts[i] < s + h:
                         s = ends[i]
                         i += 1
                     e = s + d
@@ -199,9 +205,9 @@ class ReservationState:
                 return None
             vid, s, ts, server, pos = best
             if ts >= 0.0:
-                leg = Leg(st.index, vid, s, best_end, ts, ts + xfer, prev_server, server)
+                leg = Leg(st.index, vid, s, best_end - back, ts, ts + xfer, prev_server, server)
             else:
-                leg = Leg(st.index, vid, s, best_end)
+                leg = Leg(st.index, vid, s, best_end - back)
             leg.next_rr = (st, pos + 1)
             legs.append(leg)
             t = best_end

@@ -32,9 +32,17 @@ class Stage:
     # batch size -> distribution of the batch's latency when all its requests are alike (profiled for a
     # variable-latency model; None: the latency is latency_us, the median, every time)
     latency_dist: dict[int, QuantileDist] | None = None
+    # batch size -> the trailing part of latency_us that does not hold the vGPU: the response's way back to the
+    # executor (the tail a live executor measures). The next stage and the answer wait for it; the vGPU's next
+    # batch does not (its server starts a queued batch as soon as the compute ends).
+    hop_us: dict[int, float] = field(default_factory=dict)
 
     def latency(self, batch: int) -> float:
         return self.latency_us[batch]
+
+    def hold(self, batch: int) -> float:
+        """How long a batch of ``batch`` holds its vGPU: its latency less the hop back."""
+        return self.latency_us[batch] - self.hop_us.get(batch, 0.0)
 
     def dist(self, batch: int) -> QuantileDist:
         """The latency distribution at ``batch`` (a point at the median where none was profiled)."""
@@ -76,13 +84,14 @@ class Topology:
 
 
 def with_stage_overhead(topology: Topology, extra_us: float) -> Topology:
-    """The same topology with ``extra_us`` added to every stage latency (the response tail a live executor
-    measures: the next stage, the answer and the server's next compute wait for it)."""
+    """The same topology with ``extra_us`` added to every stage latency as its hop (the response tail a live
+    executor measures: the next stage and the answer wait for it, the vGPU's next batch does not)."""
     if extra_us == 0:
         return topology
     def stage(s: Stage) -> Stage:
         dist = None if s.latency_dist is None else {b: d.shifted(extra_us) for b, d in s.latency_dist.items()}
-        return replace(s, latency_us={b: t + extra_us for b, t in s.latency_us.items()}, latency_dist=dist)
+        return replace(s, latency_us={b: t + extra_us for b, t in s.latency_us.items()}, latency_dist=dist,
+                       hop_us={b: s.hop_us.get(b, 0.0) + extra_us for b in s.latency_us})
 
     pipelines = {m: tuple(replace(p, stages=tuple(stage(s) for s in p.stages)) for p in ps)
                  for m, ps in topology.pipelines.items()}

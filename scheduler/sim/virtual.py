@@ -260,12 +260,13 @@ class VirtualExecutor:
         s0 = max(t, self.vfree[v])
         b = len(d.requests)
         st = fl.pipeline.stages[a.stage]
+        hop = st.hop_us.get(b, max(st.hop_us.values(), default=0.0))  # the tail, which ends after the compute
         if st.latency_dist is not None and b in st.latency_dist:
             level = self._level
             u = max(level[x] if x in level else level.setdefault(x, float(self.rng.random())) for x in fl.items)
-            lat = float(st.latency_dist[b].quantile(u)) * self.ov.slowdown
+            lat = (float(st.latency_dist[b].quantile(u)) - hop) * self.ov.slowdown
         else:
-            lat = stage_latency(st.latency_us, b) * self.ov.slowdown
+            lat = (stage_latency(st.latency_us, b) - hop) * self.ov.slowdown
         if self.interference is not None:
             lat *= self.interference.factor(v, s0, self.vfree, self.busy)
         if self.sigma:

@@ -231,7 +231,7 @@ class PPipePolicy(QueueingPolicy):
             cap = 0.0
             for cp in self.state.pipelines[model]:
                 b = max((x for x in cp.batches if x <= batch), default=cp.batches[0])
-                cap += min(len(st.active) * b / st.latency[b] for st in cp.stages)
+                cap += min(len(st.active) * b / st.hold[b] for st in cp.stages)
             self._capacity[key] = cap
         return cap
 

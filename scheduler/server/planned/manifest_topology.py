@@ -11,7 +11,8 @@ from scheduler.core.topology import Pipeline, Stage, Topology, VGpu
 def topology_from_manifest(manifest: Manifest,
                            extra_us: dict[str, list[dict[int, float]]] | None = None) -> Topology:
     """vGPUs sit behind their host's NIC; stage latency tables as profiled, up to the pipeline's batch, plus
-    ``extra_us[pipeline id][stage][batch]`` where given (serving time the sidecar measured on top)."""
+    ``extra_us[pipeline id][stage][batch]`` where given (the tail the sidecar measured on top: the stage's hop,
+    which the next stage and the answer wait for and the vGPU does not)."""
     extra_us = extra_us or {}
     profiles = {m.name: m.profile for m in manifest.plan.models}
     vgpus = {g.id: VGpu(g.id, g.gpu_type, g.v, g.host, f"{g.host}-gpu{g.gpu_index}") for g in manifest.vgpus}
@@ -20,14 +21,13 @@ def topology_from_manifest(manifest: Manifest,
         pipes = []
         for p in m.pipelines:
             extra = extra_us.get(p.id, [])
-            stages = tuple(Stage(s.blocks, s.vgpus,
-                                 {b: t + (extra[k].get(b, 0.0) if k < len(extra) else 0.0)
-                                  for b, t in s.latency_us.items() if b <= p.batch},
-                                 0 if k == 0 else s.network_bytes_per_request(),
-                                 _distributions(profiles.get(m.name), s, p.batch,
-                                                extra[k] if k < len(extra) else {}))
-                           for k, s in enumerate(p.stages))
-            pipes.append(Pipeline(p.id, m.name, p.batch, stages, p.throughput_rps))
+            stages = []
+            for k, s in enumerate(p.stages):
+                hop = {b: (extra[k].get(b, 0.0) if k < len(extra) else 0.0) for b in s.latency_us if b <= p.batch}
+                stages.append(Stage(s.blocks, s.vgpus, {b: s.latency_us[b] + h for b, h in hop.items()},
+                                    0 if k == 0 else s.network_bytes_per_request(),
+                                    _distributions(profiles.get(m.name), s, p.batch, hop), hop))
+            pipes.append(Pipeline(p.id, m.name, p.batch, tuple(stages), p.throughput_rps))
         pipelines[m.name] = tuple(pipes)
     gpu_counts: dict[str, int] = {}
     for h in manifest.hosts:
