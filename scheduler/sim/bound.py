@@ -1,9 +1,9 @@
 """An upper bound on SLO attainment that no policy can beat: a fluid relaxation of a model's pipelines.
 
 Each model's pipelines are relaxed into one work-conserving FIFO server whose rate is the sum over
-pipelines of their bottleneck stage's capacity (pool size x the best batch / latency among the batch
-sizes the pipeline may use). A request can only meet its deadline if its bottleneck work finishes
-within SLO - (the shortest time the stages before and after the bottleneck take at batch 1), so the
+pipelines of their bottleneck stage's capacity (pool size x the best batch / the time it holds a vGPU,
+among the batch sizes the pipeline may use). A request can only meet its deadline if its bottleneck work
+finishes within SLO - (the shortest time the stages before and after the bottleneck take at batch 1), so the
 bound admits requests greedily under that test (optimal for unit jobs with one relative deadline)
 and reports the admitted fraction. NIC transfers and batching delays are ignored: the bound is loose
 but safe, and tells a workload that no plan-respecting policy can serve at 99% from a weak policy.
@@ -23,7 +23,7 @@ def stage_capacity_rps(pool: int, latency_us: dict[int, float], max_batch: int) 
 
 def pipeline_bound_terms(p: Pipeline) -> tuple[float, float]:
     """(bottleneck capacity in rps, latency of the other stages at batch 1 in µs)."""
-    caps = [stage_capacity_rps(len(st.pool), st.latency_us, p.batch) for st in p.stages]
+    caps = [stage_capacity_rps(len(st.pool), {b: st.hold(b) for b in st.latency_us}, p.batch) for st in p.stages]
     k = min(range(len(caps)), key=caps.__getitem__)
     others = sum(min(st.latency_us.values()) for j, st in enumerate(p.stages) if j != k)
     return caps[k], others
