@@ -260,7 +260,9 @@ class VirtualExecutor:
         s0 = max(t, self.vfree[v])
         b = len(d.requests)
         st = fl.pipeline.stages[a.stage]
-        hop = st.hop_us.get(b, max(st.hop_us.values(), default=0.0))  # the tail, which ends after the compute
+        # the table's latency runs to the answer; the vGPU computes for it less the stage's hop (the tail), and the
+        # answer comes a tail after the compute (END below)
+        hop = st.hop_us.get(b, max(st.hop_us.values(), default=0.0))
         if st.latency_dist is not None and b in st.latency_dist:
             level = self._level
             u = max(level[x] if x in level else level.setdefault(x, float(self.rng.random())) for x in fl.items)
