@@ -9,7 +9,7 @@ from scheduler.core import make_scheduler
 from scheduler.core.api import Request
 from scheduler.core.arrival_rate import ArrivalRate
 from scheduler.core.executor_load import ExecutorLoad
-from scheduler.core.probe import ReservationState
+from scheduler.core.probe import ProbeResult, ReservationState
 from scheduler.core.reservations import OVERLAP_TOLERANCE_US, ResourceTable, earliest_common, owner_key
 from scheduler.core.topology import Pipeline, Stage, Topology, VGpu
 
@@ -67,23 +67,25 @@ def two_stage_topology(pool0: list[tuple[str, str]], pool1: list[tuple[str, str]
     vgpus = {v: VGpu(v, "T", 1, srv) for v, srv in pool0 + pool1}
     p = Pipeline("m/0", "m", batch, (Stage((0, 1), tuple(v for v, _ in pool0), lat0, 0),
                                      Stage((1, 2), tuple(v for v, _ in pool1), lat1, in_bytes)), 100.0)
-    for e in extra:
-        for st in e.stages:
-            for v in st.pool:
-                vgpus.setdefault(v, VGpu(v, "T", 1, "srvE"))
+    for v in (v for e in extra for st in e.stages for v in st.pool):
+        vgpus.setdefault(v, VGpu(v, "T", 1, "srvE"))
     return Topology(vgpus, {"m": (p, *extra)}, {"m": slo}, BW)
 
 
-def test_probe_one_vgpu_per_stage_includes_transfer_and_queues_behind_own_reservations():
-    topo = two_stage_topology([("A0", "x")], [("B0", "y")], {1: 10.0}, {1: 20.0})
+def two_batches(topo: Topology) -> tuple[ProbeResult, ProbeResult, ReservationState]:
+    """Model m's first pipeline probed for a batch of 1 at 0, that path reserved, and the next batch probed at 0."""
     st = ReservationState(topo)
     cp = st.pipelines["m"][0]
-    r = st.probe(cp, 1, 0.0)
+    first = st.probe(cp, 1, 0.0)
+    st.commit(first, 1)
+    return first, st.probe(cp, 1, 0.0), st
+
+
+def test_probe_one_vgpu_per_stage_includes_transfer_and_queues_behind_own_reservations():
+    r, r2, st = two_batches(two_stage_topology([("A0", "x")], [("B0", "y")], {1: 10.0}, {1: 20.0}))
     assert [(lg.vgpu, lg.start_us, lg.end_us) for lg in r.legs] == [("A0", 0, 10), ("B0", 15, 35)]
     assert (r.legs[1].transfer_start_us, r.legs[1].transfer_end_us) == (10, 15)
     assert r.completion_us == 35
-    st.commit(r, 1)
-    r2 = st.probe(cp, 1, 0.0)
     assert [(lg.start_us, lg.end_us) for lg in r2.legs] == [(10, 20), (35, 55)]  # transfer 20..25, B0 busy to 35
     assert st.probe_calls == 2
 
@@ -106,11 +108,8 @@ def test_probe_two_vgpus_per_stage_picks_the_known_best_path():
 
 
 def test_transfers_share_a_server_uplink():
-    topo = two_stage_topology([("A0", "x"), ("A1", "x")], [("B0", "y"), ("B1", "z")], {1: 10.0}, {1: 20.0})
-    st = ReservationState(topo)
-    cp = st.pipelines["m"][0]
-    st.commit(st.probe(cp, 1, 0.0), 1)
-    r = st.probe(cp, 1, 0.0)  # A1 also ends at 10, but x's uplink carries the first transfer 10..15
+    _, r, _ = two_batches(two_stage_topology([("A0", "x"), ("A1", "x")], [("B0", "y"), ("B1", "z")], {1: 10.0},
+                                             {1: 20.0}))  # A1 also ends at 10, but x's uplink carries 10..15
     assert r.legs[0].vgpu == "A1" and r.legs[1].transfer_start_us == 15.0 and r.completion_us == 40
 
 

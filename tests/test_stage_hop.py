@@ -9,10 +9,9 @@ import pytest
 from planner.sustained.capacity import pipeline_terms
 from poolpipe_common.overheads import Overheads
 from scheduler.core import make_scheduler
-from scheduler.core.probe import ReservationState
 from scheduler.core.topology import Pipeline, Stage, Topology, VGpu, with_stage_overhead
 from scheduler.sim.engine import simulate
-from tests.test_sched_core import two_stage_topology
+from tests.test_sched_core import two_batches, two_stage_topology
 
 
 def test_with_stage_overhead_adds_the_tail_as_the_stages_hop() -> None:
@@ -23,16 +22,12 @@ def test_with_stage_overhead_adds_the_tail_as_the_stages_hop() -> None:
 
 
 def test_the_vgpus_next_batch_starts_at_the_compute_end_and_the_next_stage_after_the_hop() -> None:
-    topo = with_stage_overhead(two_stage_topology([("A0", "x")], [("B0", "y")], {1: 10.0}, {1: 20.0}), 3.0)
-    st = ReservationState(topo)
-    cp = st.pipelines["m"][0]
-    r = st.probe(cp, 1, 0.0)
+    r, r2, _ = two_batches(with_stage_overhead(two_stage_topology([("A0", "x")], [("B0", "y")], {1: 10.0},
+                                                                  {1: 20.0}), 3.0))
     # A0 computes 0-10, its answer is back at 13, the transfer takes 13-18, B0 computes 18-38, answer at 41
     assert [(lg.vgpu, lg.start_us, lg.end_us) for lg in r.legs] == [("A0", 0, 10), ("B0", 18, 38)]
     assert (r.legs[1].transfer_start_us, r.legs[1].transfer_end_us) == (13, 18)
     assert r.completion_us == 41
-    st.commit(r, 1)
-    r2 = st.probe(cp, 1, 0.0)
     assert [(lg.start_us, lg.end_us) for lg in r2.legs] == [(10, 20), (38, 58)]  # not (13, 23): A0 is free at 10
     assert r2.completion_us == 61
 

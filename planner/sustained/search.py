@@ -137,13 +137,13 @@ def plan_sustained(spec: PlanningSpec, solves: Sequence[Solve], arrivals: Arriva
 def kept(pool: Sequence[Candidate]) -> Candidate:
     """The candidate that sustains the most (the smaller margin on a tie), unless the spec's own plan sustains within
     OWN_PLAN_TOLERANCE of it: then that one."""
-    best = max(pool, key=lambda c: (score(c.plan, c.rates()), -(c.margin or 0.0)))
+    def held(c: Candidate) -> float:
+        return score(c.plan, c.rates())
+
+    best = max(pool, key=lambda c: (held(c), -(c.margin or 0.0)))
     own = [c for c in pool if c.margin is None and c.measured is not None]
-    if own:
-        mine = max(own, key=lambda c: score(c.plan, c.rates()))
-        if score(best.plan, best.rates()) <= (1.0 + OWN_PLAN_TOLERANCE) * score(mine.plan, mine.rates()):
-            return mine
-    return best
+    mine = max(own, key=held, default=None)
+    return mine if mine is not None and held(best) <= (1.0 + OWN_PLAN_TOLERANCE) * held(mine) else best
 
 
 def fill_margins(margin: float) -> tuple[float, ...]:

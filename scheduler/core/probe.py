@@ -71,11 +71,11 @@ class CompiledStage:
 
     __slots__ = ("index", "latency", "hold", "xfer_us_per_request", "pool", "active", "servers", "rr")
 
-    def __init__(self, index: int, latency: dict[int, float], xfer_us_per_request: float,
-                 pool: list[tuple[str, ResourceTable, str]], hold: dict[int, float] | None = None) -> None:
+    def __init__(self, index: int, latency: dict[int, float], hold: dict[int, float], xfer_us_per_request: float,
+                 pool: list[tuple[str, ResourceTable, str]]) -> None:
         self.index = index
         self.latency = latency  # batch -> from compute start to the response back (what the next stage waits)
-        self.hold = hold if hold is not None else latency  # batch -> how long it holds its vGPU (Stage.hold)
+        self.hold = hold  # batch -> how long it holds its vGPU (Stage.hold)
         self.xfer_us_per_request = xfer_us_per_request
         self.pool = pool
         self.active = list(pool)
@@ -122,9 +122,9 @@ class ReservationState:
         for model, pipes in topology.pipelines.items():
             compiled = []
             for p in pipes:
-                stages = [CompiledStage(k, dict(st.latency_us), st.in_bytes_per_request * us_per_byte if k else 0.0,
-                                        [(v, self.vgpu_tables[v], topology.vgpus[v].server) for v in st.pool],
-                                        {b: st.hold(b) for b in st.latency_us})
+                stages = [CompiledStage(k, dict(st.latency_us), {b: st.hold(b) for b in st.latency_us},
+                                        st.in_bytes_per_request * us_per_byte if k else 0.0,
+                                        [(v, self.vgpu_tables[v], topology.vgpus[v].server) for v in st.pool])
                           for k, st in enumerate(p.stages)]
                 cp = CompiledPipeline(p, stages)
                 if cp.batches:
@@ -153,8 +153,7 @@ class ReservationState:
         legs = []
         for st in cp.stages:
             d = st.latency[batch]
-            h = st.hold[batch]
-            back = d - h  # the hop: after the vGPU is free, before the response is at hand
+            h = st.hold[batch]  # the vGPU is free after h, the response at hand after d
             xfer = st.xfer_us_per_request * batch
             cross_only = prev_server is None or prev_server not in st.servers
             bound = t + d if (prev_server is None or xfer <= 0.0 or not cross_only) else t + xfer + d
@@ -205,9 +204,9 @@ class ReservationState:
                 return None
             vid, s, ts, server, pos = best
             if ts >= 0.0:
-                leg = Leg(st.index, vid, s, best_end - back, ts, ts + xfer, prev_server, server)
+                leg = Leg(st.index, vid, s, s + h, ts, ts + xfer, prev_server, server)
             else:
-                leg = Leg(st.index, vid, s, best_end - back)
+                leg = Leg(st.index, vid, s, s + h)
             leg.next_rr = (st, pos + 1)
             legs.append(leg)
             t = best_end
