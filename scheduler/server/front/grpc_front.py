@@ -11,7 +11,7 @@ import grpc
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from scheduler.server.common.channels import GRPC_OPTIONS
+from scheduler.server.common.channels import SERVER_OPTIONS
 from scheduler.server.common.errors import ServeError
 from scheduler.server.common.restricted import GRPC_METHODS, RestrictedApis
 from scheduler.server.common.wire import serialize_response
@@ -167,7 +167,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 async def start_grpc(router: Router, bind: str, port: int, restricted: RestrictedApis | None = None,
                      reuse_port: bool = False) -> grpc.aio.Server:
     """``reuse_port``: several processes listen on the port (serve --workers), the kernel spreads connections."""
-    server = grpc.aio.server(options=GRPC_OPTIONS + ([("grpc.so_reuseport", 1)] if reuse_port else []))
+    server = grpc.aio.server(options=SERVER_OPTIONS + ([("grpc.so_reuseport", 1)] if reuse_port else []))
     server.add_generic_rpc_handlers((service_handler(InferenceServicer(router, restricted)),))
     if server.add_insecure_port(f"{bind}:{port}") == 0:
         raise OSError(f"cannot listen for gRPC on {bind}:{port}")
