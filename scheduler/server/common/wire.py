@@ -14,7 +14,8 @@ from scheduler.server.common.errors import ServeError, invalid
 INFER_METHOD = "/inference.GRPCInferenceService/ModelInfer"
 _REQUEST = service_pb2.ModelInferRequest.DESCRIPTOR.full_name
 _MODEL_NAME_FIELD = service_pb2.ModelInferRequest.DESCRIPTOR.fields_by_name["model_name"].number
-_LENGTH_DELIMITED, _VARINT, _FIXED64, _FIXED32 = 2, 0, 1, 5
+_VARINT, _FIXED64, _LENGTH_DELIMITED, _START_GROUP, _END_GROUP, _FIXED32 = 0, 1, 2, 3, 4, 5
+_MAX_GROUP_DEPTH = 100  # protobuf's own recursion limit: it refuses a message with groups nested deeper
 
 
 def _undecodable(why: str) -> ServeError:
@@ -37,16 +38,23 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
 
 def model_name(data: bytes) -> str:
     """The ``model_name`` of a serialized ModelInferRequest (the last one, as protobuf's parse keeps), found by
-    walking its top-level fields and skipping the others (tensors included) without copying them."""
+    walking its top-level fields and skipping the others (tensors and unknown groups included) without copying
+    them."""
     name, pos, end = b"", 0, len(data)
+    groups: list[int] = []  # the field numbers of the groups being skipped, innermost last
     while pos < end:
         tag, pos = _varint(data, pos)
         field, kind = tag >> 3, tag & 7
+        if field == 0:
+            raise _undecodable("field number 0")
+        if kind in (_START_GROUP, _END_GROUP):
+            _group_tag(groups, field, kind)
+            continue
         if kind == _LENGTH_DELIMITED:
             size, pos = _varint(data, pos)
             if pos + size > end:
                 raise _undecodable("a field runs past the end of the message")
-            if field == _MODEL_NAME_FIELD:
+            if field == _MODEL_NAME_FIELD and not groups:
                 name = data[pos:pos + size]
             pos += size
         elif kind == _VARINT:
@@ -55,12 +63,25 @@ def model_name(data: bytes) -> str:
             pos += 8 if kind == _FIXED64 else 4
         else:
             raise _undecodable(f"unsupported wire type {kind}")
-        if field == 0 or pos > end:
-            raise _undecodable("truncated message" if pos > end else "field number 0")
+        if pos > end:
+            raise _undecodable("truncated message")
+    if groups:
+        raise _undecodable("a group runs past the end of the message")
     try:
         return name.decode()
     except UnicodeDecodeError:
         raise _undecodable("model_name is not UTF-8") from None
+
+
+def _group_tag(groups: list[int], field: int, kind: int) -> None:
+    """Open or close an (unknown, skipped) group as protobuf does: nested at most _MAX_GROUP_DEPTH deep, each closed
+    by an end tag of its own field number."""
+    if kind == _START_GROUP:
+        if len(groups) == _MAX_GROUP_DEPTH:
+            raise _undecodable("groups nested too deep")
+        groups.append(field)
+    elif not groups or groups.pop() != field:
+        raise _undecodable("an end-group tag without its group")
 
 
 def parse_request(data: bytes) -> service_pb2.ModelInferRequest:
