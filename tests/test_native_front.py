@@ -26,6 +26,7 @@ from tritonclient.utils import InferenceServerException
 from backends import native_front
 from model_repository_gen.manifest import ModelInfo
 from poolpipe_common.net import free_port, port_in_use
+from poolpipe_common.overheads import SIDECAR_LATENCY_PARAMETER
 from poolpipe_common.tensors import TensorSpec
 from runtime.launch import Deployment
 from runtime.sidecar_process import SidecarProcess
@@ -86,8 +87,16 @@ def test_frames_carry_requests_and_answers_and_refuse_what_does_not_parse() -> N
     resp.raw_output_contents.append(x.tobytes())
     answer = encode_answer(7, resp)
     size, ident, code, n = struct.unpack_from("<IIIH", answer)
-    assert (size, ident, code, n) == (len(answer) - 4, 7, 0, 1) and answer.endswith(x.tobytes())
+    assert (size, ident, code, n) == (len(answer) - 4, 7, 0, 1)
     assert encode_answer(7, RawAnswer((("y", "FP32", (2, 3), x.tobytes()),))) == answer  # a planned model's
+    assert answer.endswith(x.tobytes() + struct.pack("<H", 0))  # no response parameters
+    resp.parameters["poolpipe_sidecar_latency_us"].int64_param = 1234
+    resp.parameters["note"].string_param = "only int64 parameters ride in the frame"
+    timed = encode_answer(7, resp)
+    assert timed.endswith(x.tobytes() + struct.pack("<H", 1) + _s("poolpipe_sidecar_latency_us")
+                          + struct.pack("<q", 1234))
+    assert timed == encode_answer(7, RawAnswer((("y", "FP32", (2, 3), x.tobytes()),),
+                                               (("poolpipe_sidecar_latency_us", 1234),)))
     shed = encode_error(8, grpc.StatusCode.UNAVAILABLE, "shed")
     assert struct.unpack_from("<II", shed, 4) == (8, 4) and shed.endswith(_s("shed"))  # TRITONSERVER UNAVAILABLE
     typed = service_pb2.ModelInferResponse(model_name="m")
@@ -164,11 +173,17 @@ def test_native_front_serves_the_planned_models_and_leaves_nothing(tmp_path: Pat
             want = own.infer(EMULATED_MODEL, [inp]).as_numpy(out)
             native = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
             for _ in range(3):
-                assert np.array_equal(native.infer(EMULATED_MODEL, [inp]).as_numpy(out), want)
+                t0 = time.perf_counter()
+                answer = native.infer(EMULATED_MODEL, [inp])
+                client_us = (time.perf_counter() - t0) * 1e6
+                assert np.array_equal(answer.as_numpy(out), want)
+                # the sidecar's own time rides along, as through its gRPC front end (loadtest reads the way outside)
+                assert 0 < answer.get_response().parameters[SIDECAR_LATENCY_PARAMETER].int64_param < client_us
             hinp = httpclient.InferInput(meta.inputs[0].name, shape, "FP32")
             hinp.set_data_from_numpy(x, binary_data=True)
             got = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}").infer(EMULATED_MODEL, [hinp])
             assert np.array_equal(got.as_numpy(out), want)
+            assert got.get_response()["parameters"][SIDECAR_LATENCY_PARAMETER] > 0
             bad = grpcclient.InferInput(meta.inputs[0].name, [2, 3], "FP32")
             bad.set_data_from_numpy(np.zeros((2, 3), np.float32))
             with pytest.raises(InferenceServerException, match="unexpected shape|expected shape"):

@@ -4,7 +4,8 @@
  *   request (front -> sidecar): u32 id, u16 n, n x tensor (the inputs), u16 m, m x str (requested outputs), str
  *           the client's request id (KServe ``id``), u64 the client's ``timeout`` parameter in µs (0: none)
  *   answer  (sidecar -> front): u32 id, u32 code (0: success, else a TRITONSERVER_Error_Code, never UNKNOWN), then
- *           str message when the code is not 0, else u16 n, n x tensor (the outputs)
+ *           str message when the code is not 0, else u16 n, n x tensor (the outputs), u16 k, k x (str name, i64
+ *           value): the response's int64 parameters (the sidecar's own latency, poolpipe_sidecar_latency_us)
  *   cancel  (front -> sidecar): u32 CANCEL_ID, u32 id: the request was cancelled and answered by the front; the
  *           sidecar drops it and answers this frame (any code), unless it had answered the request already: either
  *           way exactly one answer frame carries each id, so the front frees the id on it

@@ -78,6 +78,14 @@ static TRITONSERVER_Error* respond(TRITONBACKEND_Request* request, reader_t* rd)
     if ((bad = rd_tensor(rd, &t)) != 0) break;
     err = add_output_bytes(response, t.name, t.dtype, t.shape, t.n_dims, t.data, t.nbytes);
   }
+  uint16_t n_par = 0; /* the response's int64 parameters (none in a frame that ends after its outputs) */
+  if (err == NULL && !bad && rd->p < rd->end) bad = rd_u16(rd, &n_par);
+  for (uint16_t k = 0; !bad && err == NULL && k < n_par; k++) {
+    char name[256];
+    int64_t value = 0;
+    bad = rd_str(rd, name, sizeof(name)) != 0 || rd_take(rd, &value, 8) != 0;
+    if (!bad) err = TRITONBACKEND_ResponseSetIntParameter(response, name, value);
+  }
   if (err == NULL && bad) err = TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL, "poolpipe_front: bad answer frame");
   if (err != NULL) {
     drop(TRITONBACKEND_ResponseDelete(response));

@@ -127,3 +127,4 @@ class RawAnswer:
     ModelInferResponse to build and read back)."""
 
     outputs: tuple[tuple[str, str, tuple[int, ...], bytes], ...]  # (name, datatype, shape, raw bytes)
+    parameters: tuple[tuple[str, int], ...] = ()  # int64 response parameters (the sidecar's own latency)

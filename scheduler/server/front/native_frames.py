@@ -16,6 +16,7 @@ CANCEL_ID = 0xFFFFFFFE  # a cancel frame: u32 CANCEL_ID, u32 the id of a request
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
+_I64 = struct.Struct("<q")
 _ID_CODE = struct.Struct("<II")
 
 # TRITONSERVER_Error_Code of each gRPC status the router raises (Triton maps them back the same way); others
@@ -111,16 +112,20 @@ def _s(text: str) -> bytes:
 def encode_answer(ident: int, answer: RawAnswer | service_pb2.ModelInferResponse) -> bytes:
     """The answer frame of a planned model's RawAnswer, or of a response whose outputs are raw (an application's)."""
     if isinstance(answer, RawAnswer):
-        tensors = answer.outputs
+        tensors, parameters = answer.outputs, answer.parameters
     elif len(answer.raw_output_contents) == len(answer.outputs):
         tensors = tuple((o.name, o.datatype, o.shape, raw) for o, raw in zip(answer.outputs,
                                                                                answer.raw_output_contents))
+        parameters = tuple((k, p.int64_param) for k, p in answer.parameters.items()
+                           if p.WhichOneof("parameter_choice") == "int64_param")
     else:
         return encode_error(ident, grpc.StatusCode.INTERNAL, "the answer's outputs are not raw tensors")
     body = [_ID_CODE.pack(ident, 0), _U16.pack(len(tensors))]
     for name, datatype, shape, raw in tensors:
         body += [_s(name), _s(datatype), _U16.pack(len(shape)), struct.pack(f"<{len(shape)}q", *shape),
                  _U64.pack(len(raw)), raw]
+    body.append(_U16.pack(len(parameters)))
+    body += [_s(name) + _I64.pack(value) for name, value in parameters]
     return _frame(body)
 
 

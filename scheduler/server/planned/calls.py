@@ -108,7 +108,7 @@ class Answers:
             self._counted(call, t)
             call.future.set_result(RawAnswer(tuple(
                 (o.spec.name, o.spec.datatype, (len(call.rows), *o.spec.shape), _joined(call.rows, o.spec.name))
-                for o in call.checked.outputs)))
+                for o in call.checked.outputs), ((SIDECAR_LATENCY_PARAMETER, int(t - call.arrival_us)),)))
             self._traced(call, t)
             return
         resp = service_pb2.ModelInferResponse(model_name=call.model.name, model_version="1", id=call.request_id)
