@@ -122,7 +122,7 @@ class ReservationState:
         for model, pipes in topology.pipelines.items():
             compiled = []
             for p in pipes:
-                stages = [CompiledStage(k, dict(st.latency_us), {b: st.hold(b) for b in st.latency_us},
+                stages = [CompiledStage(k, dict(st.latency_us), st.hold_us(),
                                         st.in_bytes_per_request * us_per_byte if k else 0.0,
                                         [(v, self.vgpu_tables[v], topology.vgpus[v].server) for v in st.pool])
                           for k, st in enumerate(p.stages)]

@@ -44,6 +44,10 @@ class Stage:
         """How long a batch of ``batch`` holds its vGPU: its latency less the hop back."""
         return self.latency_us[batch] - self.hop_us.get(batch, 0.0)
 
+    def hold_us(self) -> dict[int, float]:
+        """batch size -> :meth:`hold`, for every batch size the stage has a latency for."""
+        return {b: self.hold(b) for b in self.latency_us}
+
     def dist(self, batch: int) -> QuantileDist:
         """The latency distribution at ``batch`` (a point at the median where none was profiled)."""
         if self.latency_dist is not None and batch in self.latency_dist:

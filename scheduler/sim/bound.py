@@ -23,7 +23,7 @@ def stage_capacity_rps(pool: int, latency_us: dict[int, float], max_batch: int) 
 
 def pipeline_bound_terms(p: Pipeline) -> tuple[float, float]:
     """(bottleneck capacity in rps, latency of the other stages at batch 1 in µs)."""
-    caps = [stage_capacity_rps(len(st.pool), {b: st.hold(b) for b in st.latency_us}, p.batch) for st in p.stages]
+    caps = [stage_capacity_rps(len(st.pool), st.hold_us(), p.batch) for st in p.stages]
     k = min(range(len(caps)), key=caps.__getitem__)
     others = sum(min(st.latency_us.values()) for j, st in enumerate(p.stages) if j != k)
     return caps[k], others
