@@ -24,7 +24,7 @@ import time
 from planner.apps.app_plan import app_graph
 from planner.apps.harpagon_module import Config, latency_cost_efficiency, schedule_module
 from planner.apps.harpagon_split import Split, split
-from planner.spec.planning_spec import spec_from_dict
+from plans.spec.planning_spec import spec_from_dict
 from poolpipe_common.errors import InputError
 from profiling.reference import REFERENCE_DIR, import_ppipe_profile
 

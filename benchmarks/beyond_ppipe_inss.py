@@ -21,14 +21,14 @@ import time
 from dataclasses import replace
 
 from planner.colocation.colocate import plan_colocated
-from planner.colocation.slots import plan_slots, slot_slowdowns
 from planner.entry import plan as plan_spec
-from planner.plan_json import Plan
 from planner.ppipe.pooled import solve_pooled
 from planner.ppipe.reference_plans import load_reference_plans, spec_from_reference
 from planner.request import PlanRequest
 from planner.solvers.milp_solvers import SolverOptions
-from planner.spec.planning_spec import PlanningSpec
+from plans.colocation_costs import plan_slots, slot_slowdowns
+from plans.plan_json import Plan
+from plans.spec.planning_spec import PlanningSpec
 from poolpipe_common.overheads import DEFAULT_OVERHEADS
 from profiling.interference import InterferenceModel
 from profiling.reference_memory import with_estimated_memory

@@ -21,10 +21,10 @@ import time
 
 import numpy as np
 
-from planner.plan_json import Plan
 from planner.sizing.paris import paris_plan, single_size_plan
 from planner.solvers.milp_solvers import SolverOptions
-from planner.spec.planning_spec import spec_from_dict
+from plans.plan_json import Plan
+from plans.spec.planning_spec import spec_from_dict
 from profiling.reference import REFERENCE_DIR, import_ppipe_profile
 from scheduler.core import make_scheduler
 from scheduler.core.driver import DriverConfig

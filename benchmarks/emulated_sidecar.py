@@ -38,8 +38,8 @@ from loadtest.request_timeline import medians, segments
 from loadtest.side_by_side import rotated
 from model_repository_gen.generate import generate
 from model_repository_gen.manifest import Manifest, StageInfo
-from planner.plan_json import ModelPlan, PartitionPlan, PipelinePlan, Plan
-from planner.spec.planning_spec import ClusterSpec
+from plans.plan_json import ModelPlan, PartitionPlan, PipelinePlan, Plan
+from plans.spec.planning_spec import ClusterSpec
 from poolpipe_common.net import free_port
 from profiling.reference import import_ppipe_profile
 from runtime.launch import Deployment

@@ -36,10 +36,10 @@ from rich.table import Table
 from tqdm import tqdm
 
 from planner.entry import plan as plan_spec
-from planner.plan_json import Plan
 from planner.ppipe.reference_plans import load_reference_plans, spec_from_reference
 from planner.request import PlanRequest
-from planner.spec.planning_spec import PlanningSpec
+from plans.plan_json import Plan
+from plans.spec.planning_spec import PlanningSpec
 from profiling.reference import REFERENCE_DIR, import_ppipe_profile
 
 SHORT = {"apcnet_r101-d8_4xb2-40k_cityscapes-512x1024": "apcnet", "atss_r101_fpn_1x_coco": "atss",

@@ -23,14 +23,14 @@ import time
 import urllib.request
 from pathlib import Path
 
-from planner.entry import plan
+from planner.entry import plan, spec_planner
 from planner.request import PlanRequest
-from planner.spec.planning_spec import ClusterSpec, ModelSpec, PlanningSpec
+from plans.spec.planning_spec import ClusterSpec, ModelSpec, PlanningSpec
 from profiling.reference import import_ppipe_profile
 from runtime.testbed import REFERENCE_DIR
 from scheduler.core.replan_trigger import ReplanConfig
 from scheduler.sim.mix_shift import shifting_arrivals, step_change
-from scheduler.sim.replan import Migration, ShiftResult, simulate_shifting, spec_planner
+from scheduler.sim.replan import Migration, ShiftResult, simulate_shifting
 from workloads.arrivals import parse_trace
 
 MODELS = ("googlenet-v3-pytorch", "repvgg-b3")

@@ -54,8 +54,8 @@ from loadtest.open_loop import no_collector_pauses
 from loadtest.side_by_side import highest_sustained, one_at_a_time_in_turns, poisson_in_turns
 from model_repository_gen import triton_config as tc
 from model_repository_gen.generate import generate
-from planner.plan_json import ModelPlan, PartitionPlan, PipelinePlan, Plan
-from planner.spec.planning_spec import ClusterSpec
+from plans.plan_json import ModelPlan, PartitionPlan, PipelinePlan, Plan
+from plans.spec.planning_spec import ClusterSpec
 from poolpipe_common.net import free_port
 from profiling.profile import Block, DeviceTiming, Profile
 from runtime.launch import Deployment

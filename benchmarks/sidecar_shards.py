@@ -29,8 +29,8 @@ import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 
 from model_repository_gen.generate import generate
-from planner.plan_json import ModelPlan, PartitionPlan, PipelinePlan, Plan
-from planner.spec.planning_spec import ClusterSpec
+from plans.plan_json import ModelPlan, PartitionPlan, PipelinePlan, Plan
+from plans.spec.planning_spec import ClusterSpec
 from profiling.profile import Block, DeviceTiming, Profile
 from runtime.launch import Deployment
 from runtime.sidecar_process import SidecarProcess

@@ -26,13 +26,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.entry import plan as plan_spec
-from planner.plan_json import Plan
 from planner.ppipe.reference_plans import (
     load_reference_plans,
     plan_from_reference,
     spec_from_reference,
 )
 from planner.request import PlanRequest
+from plans.plan_json import Plan
 from scheduler.sim.sweep import TARGET_ATTAINMENT, PointJob, run_point
 from workloads.arrivals import parse_trace
 

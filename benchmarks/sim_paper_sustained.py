@@ -21,7 +21,7 @@ import numpy as np
 from planner.entry import plan as plan_spec
 from planner.ppipe.reference_plans import load_reference_plans, spec_from_reference
 from planner.request import PlanRequest
-from planner.sustained.arrivals import parse_arrivals
+from plans.arrivals import parse_arrivals
 from poolpipe_common.overheads import DEFAULT_OVERHEADS
 from scheduler.sim.sustain import simulated_rps
 

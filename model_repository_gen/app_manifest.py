@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from planner.spec.applications import parse_edge, refuse_twice, topological_order
+from plans.spec.applications import parse_edge, refuse_twice, topological_order
 from poolpipe_common.documents import as_float, as_str, check_fields, need
 from poolpipe_common.errors import InputError
 from poolpipe_common.tensors import TensorSpec

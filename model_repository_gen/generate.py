@@ -16,7 +16,7 @@ devices the partition backend holds each batch for the profiled latency of its (
 served only by emulated hosts needs no ONNX file, its tensors are invented from the profile
 (``emulated_io.py``, scaled by ``emulated_tensor_scale``; the manifest keeps their profiled size as each stage's
 ``link_bytes_per_request``, so the scheduler reserves a NIC for as long as the planned cluster's would take).
-Unequal vGPU sizes (plan ``gpu_splits``, planner/sizing/split_slots.py) take the first GPUs of their type: an MPS
+Unequal vGPU sizes (plan ``gpu_splits``, plans/split_slots.py) take the first GPUs of their type: an MPS
 share's server gets ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` = its percentage; a MIG instance's server gets
 ``POOLPIPE_MIG_PROFILE`` / ``POOLPIPE_MIG_PLACEMENT`` and a ``CUDA_VISIBLE_DEVICES`` placeholder that the
 operator (the instance's UUID from ``nvidia-smi -L``) or the Kubernetes device plugin fills in.
@@ -57,8 +57,8 @@ from model_repository_gen.manifest import (
 )
 from model_repository_gen.onnx_check import check_onnx_matches_profile
 from model_repository_gen.ports import assign_ports
-from planner.plan_json import ModelPlan, PartitionPlan, Plan
-from planner.sizing.split_slots import SizedSlot, sized_slots, split_gpu_counts
+from plans.plan_json import ModelPlan, PartitionPlan, Plan
+from plans.split_slots import SizedSlot, sized_slots, split_gpu_counts
 from poolpipe_common.batcher import BatcherControls
 from poolpipe_common.errors import InputError
 from poolpipe_common.tensors import TensorSpec

@@ -62,7 +62,7 @@ def _run(args: argparse.Namespace) -> int:
     from model_repository_gen.cluster_file import load_cluster
     from model_repository_gen.generate import generate
     from model_repository_gen.manifest import load_manifest
-    from planner.plan_json import load_plan
+    from plans.plan_json import load_plan
     from poolpipe_common.errors import InputError
 
     onnx_paths = parse_onnx_args(args.onnx)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from model_repository_gen.app_manifest import ApplicationInfo, applications_from_list
-from planner.plan_json import Plan, plan_from_dict
+from plans.plan_json import Plan, plan_from_dict
 from poolpipe_common.batcher import BatcherControls
 from poolpipe_common.documents import as_float, as_int, as_str, check_fields, need, read_document
 from poolpipe_common.errors import InputError

@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from planner.plan_json import ModelPlan
+from plans.plan_json import ModelPlan
 from poolpipe_common.errors import InputError
 from profiling.onnx_graph import with_shapes
 

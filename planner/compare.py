@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from planner.entry import plan
-from planner.plan_json import Plan
 from planner.request import PlanRequest
-from planner.spec.planning_spec import ModelSpec, PlanningSpec
 from planner.sustained.evaluators import NO_EVALUATOR
+from plans.plan_json import Plan
+from plans.spec.planning_spec import ModelSpec, PlanningSpec
 from poolpipe_common.errors import InputError
 
 AXES = ("slo-multiplier", "gpu-ratio", "slo-margin")

@@ -11,17 +11,17 @@ the spec by the measured rates with ``reweighted`` first.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from planner.apps.app_plan import plan_applications, spec_under_budgets
 from planner.objectives import OBJECTIVES
-from planner.plan_json import Plan
 from planner.request import PlanRequest
-from planner.spec.planning_spec import PlanningSpec
-from planner.sustained.arrivals import parse_arrivals
 from planner.sustained.evaluators import NO_EVALUATOR
 from planner.sustained.search import annotate
+from plans.arrivals import parse_arrivals
+from plans.plan_json import Plan
+from plans.spec.planning_spec import PlanningSpec
 from poolpipe_common.errors import InputError
 
 MIN_WEIGHT_SHARE = 0.01  # a model measured at (almost) no rate still gets this share of the busiest one's weight
@@ -58,3 +58,13 @@ def reweighted(spec: PlanningSpec, rates_rps: Mapping[str, float]) -> PlanningSp
     top = max(rates_rps.values(), default=1.0) or 1.0
     return replace(spec, models=tuple(replace(m, weight=max(rates_rps.get(m.name, 0.0), MIN_WEIGHT_SHARE * top))
                                       for m in spec.models))
+
+
+def spec_planner(spec: PlanningSpec, request: PlanRequest | None = None) -> Callable[[dict[str, float]], Plan]:
+    """A re-planner's ``plan_for``: ``plan`` on the spec re-weighted by the measured rates, as ``request`` says
+    (default: the CLI's, with a 30 s time limit). The simulator's re-planning (scheduler.sim.replan) receives it."""
+    req = request or PlanRequest(time_limit_s=30.0)
+
+    def plan_for(rates_rps: dict[str, float]) -> Plan:
+        return plan(reweighted(spec, rates_rps), req).plan
+    return plan_for

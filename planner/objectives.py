@@ -18,15 +18,15 @@ from dataclasses import replace
 from typing import Protocol
 
 from planner.cost.least_cost import CostRequest, solve_cost
-from planner.plan_json import Plan
 from planner.planners import run_planner
 from planner.sizing.paris import paris_plan
 from planner.solvers.milp_solvers import SolverOptions
-from planner.spec.planning_spec import PlanningSpec
-from planner.sustained.arrivals import parse_arrivals
 from planner.sustained.evaluators import NO_EVALUATOR, evaluator
 from planner.sustained.rate_target import cheapest_sustaining
 from planner.sustained.search import costed, plan_sustained, with_sustainable
+from plans.arrivals import parse_arrivals
+from plans.plan_json import Plan
+from plans.spec.planning_spec import PlanningSpec
 from poolpipe_common.overheads import Overheads
 
 COST_MARGIN = 0.1  # share of the SLO a cost plan keeps for queueing beyond the driver's margin (then measured)

@@ -16,11 +16,11 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from planner.plan_json import Plan
 from planner.ppipe.baselines import solve_dart_r, solve_np
 from planner.ppipe.pooled import InfeasibleError, assemble_plan, solve_pooled
 from planner.solvers.milp_solvers import DEFAULT_REL_GAP, SOLVERS, SolverOptions
-from planner.spec.planning_spec import PlanningSpec
+from plans.plan_json import Plan
+from plans.spec.planning_spec import PlanningSpec
 from poolpipe_common.errors import InputError
 
 __all__ = ["DEFAULT_TIME_LIMIT_S", "PLANNERS", "InfeasibleError", "check_limits", "check_planner", "run_planner",

@@ -13,12 +13,12 @@ from typing import Any
 
 from planner.apps.harpagon_split import SPLITS
 from planner.objectives import OBJECTIVES
-from planner.plan_json import Plan
 from planner.planners import DEFAULT_TIME_LIMIT_S, PLANNERS, check_limits, check_planner
 from planner.sizing.paris import check_pdf
 from planner.solvers.milp_solvers import DEFAULT_REL_GAP, SOLVERS, SolverOptions
-from planner.sustained.arrivals import parse_arrivals
 from planner.sustained.evaluators import known_evaluators
+from plans.arrivals import parse_arrivals
+from plans.plan_json import Plan
 from poolpipe_common.documents import check_fields
 from poolpipe_common.errors import InputError
 from poolpipe_common.overheads import DEFAULT_OVERHEADS, Overheads

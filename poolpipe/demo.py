@@ -175,7 +175,7 @@ def _plan(opts: DemoOptions, profile_path: Path, out: Path, console) -> Any:
     from planner.cli.report import print_plan
     from planner.entry import plan
     from planner.request import PlanRequest
-    from planner.spec.planning_spec import spec_from_dict
+    from plans.spec.planning_spec import spec_from_dict
 
     spec = spec_from_dict({
         "cluster": {"gpus": {FAST: 1, SLOW: 2}, "gpus_per_server": {FAST: 1, SLOW: 2}, "bandwidth_gbps": 10},

@@ -49,7 +49,7 @@ class PaperRun:
     duration_s: float = 5.0  # per load point
     seed: int = 0
     max_lf: float = 1.6
-    # Slow motion: every latency and the SLO x this, rates / this (planner.spec.planning_spec.time_dilated), so the
+    # Slow motion: every latency and the SLO x this, rates / this (plans.spec.planning_spec.time_dilated), so the
     # fixed per-request CPU costs of a 2-core machine weigh on the emulated GPU cluster as little as on a real one.
     time_scale: float = 1.0  # 0 = auto: at least MIN_TIME_SCALE, and the ppipe plan at most MAX_LIVE_RPS
     grid: tuple[float, ...] = ()  # measure at these load factors (a curve) instead of searching the max
@@ -75,7 +75,7 @@ def paper_spec(run: PaperRun, slo_margin: float | None = None):
     cluster, with SLO = slo_factor x batch-1 latency on L4 and the SLO margin (default: the run's), in the run's
     time scale."""
     from planner.ppipe.reference_plans import load_reference_plans, spec_from_reference
-    from planner.spec.planning_spec import ClusterSpec, check_spec, time_dilated
+    from plans.spec.planning_spec import ClusterSpec, check_spec, time_dilated
     from poolpipe_common.errors import InputError
 
     entry = next((e for e in load_reference_plans() if e["suite"] == "ablation" and len(e["models"]) == 1

@@ -119,7 +119,7 @@ class Profile:
         return b
 
     def time_scaled(self, k: float) -> "Profile":
-        """Every latency x ``k`` (an emulated cluster in slow motion, see planner.spec.planning_spec.time_dilated)."""
+        """Every latency x ``k`` (an emulated cluster in slow motion, see plans.spec.planning_spec.time_dilated)."""
         if not k > 0:
             raise ValueError(f"time scale {k} must be > 0")
         timings = {d: {v: DeviceTiming(t.batch_sizes, t.latency_us * k, t.quantiles and t.quantiles.scaled(k))

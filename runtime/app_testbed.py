@@ -16,8 +16,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from model_repository_gen.generate import generate
 from model_repository_gen.manifest import Manifest
-from planner.plan_json import ModelPlan, PartitionPlan, PipelinePlan, Plan
-from planner.spec.planning_spec import ClusterSpec
+from plans.plan_json import ModelPlan, PartitionPlan, PipelinePlan, Plan
+from plans.spec.planning_spec import ClusterSpec
 from profiling.prepartition import prepartition
 from profiling.profile import Block, DeviceTiming, Profile
 

@@ -14,8 +14,8 @@ from onnx import TensorProto, helper
 
 from model_repository_gen.generate import generate
 from model_repository_gen.manifest import Manifest
-from planner.plan_json import ModelPlan, PartitionPlan, PipelinePlan, Plan
-from planner.spec.planning_spec import ClusterSpec
+from plans.plan_json import ModelPlan, PartitionPlan, PipelinePlan, Plan
+from plans.spec.planning_spec import ClusterSpec
 from profiling.prepartition import prepartition
 from profiling.profile import Block, DeviceTiming, Profile
 from profiling.zoo import build_zoo_model
@@ -120,7 +120,7 @@ def build_emulated_deployment(work: Path, slo_us: float = 1_000_000.0, batch: in
     profiling.latency_quantiles). One ``addresses`` for both hosts: one machine, whose hop goes through the
     sidecar's shared-memory pool. ``previous``: a running deployment to migrate from (generate --previous).
     Returns the deploy directory (for the fuzzer, the health, shard, reload and migration tests and benchmarks)."""
-    from planner.plan_json import ModelPlan, PartitionPlan, PipelinePlan, Plan
+    from plans.plan_json import ModelPlan, PartitionPlan, PipelinePlan, Plan
     from profiling.reference import import_ppipe_profile
 
     profile = import_ppipe_profile(REFERENCE_DIR, EMULATED_MODEL)

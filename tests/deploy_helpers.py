@@ -14,8 +14,8 @@ import onnx
 import onnxruntime as ort
 
 from model_repository_gen.onnx_check import bytes_per_request
-from planner.plan_json import ModelPlan, PartitionPlan, PipelinePlan, Plan
-from planner.spec.planning_spec import ClusterSpec
+from plans.plan_json import ModelPlan, PartitionPlan, PipelinePlan, Plan
+from plans.spec.planning_spec import ClusterSpec
 from profiling.prepartition import prepartition
 from profiling.profile import Block, DeviceTiming, Profile
 

@@ -12,7 +12,7 @@ import pytest
 from model_repository_gen.app_manifest import applications_from_list
 from model_repository_gen.generate import generate
 from model_repository_gen.manifest import ModelInfo, load_manifest, manifest_from_dict
-from planner.plan_json import load_plan
+from plans.plan_json import load_plan
 from poolpipe_common.errors import InputError
 from poolpipe_common.tensors import TensorSpec
 from runtime.app_testbed import build_app_deployment, build_app_plan

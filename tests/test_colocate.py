@@ -8,12 +8,12 @@ from dataclasses import replace
 import pytest
 
 from planner.colocation.colocate import plan_colocated
-from planner.colocation.slots import check_gpu_memory, plan_slots, slot_slowdowns
-from planner.plan_json import plan_from_dict
 from planner.ppipe.pooled import InfeasibleError
 from planner.ppipe.reference_plans import load_reference_plans, spec_from_reference
 from planner.solvers.milp_solvers import SolverOptions
-from planner.spec.planning_spec import ClusterSpec, PlanningSpec, spec_from_dict
+from plans.colocation_costs import check_gpu_memory, plan_slots, slot_slowdowns
+from plans.plan_json import plan_from_dict
+from plans.spec.planning_spec import ClusterSpec, PlanningSpec, spec_from_dict
 from poolpipe_common.errors import InputError
 from profiling.interference import InterferenceModel
 from profiling.reference_memory import with_estimated_memory

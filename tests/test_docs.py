@@ -20,10 +20,10 @@ import pytest
 
 from model_repository_gen import app_manifest, cluster_file, manifest
 from model_repository_gen.triton_config import BackendSettings, EmulatedSettings
-from planner import plan_json as plan
-from planner.spec import applications as app_spec
-from planner.spec import planning_spec as spec
-from planner.spec import vgpu_sizes
+from plans import plan_json as plan
+from plans.spec import applications as app_spec
+from plans.spec import planning_spec as spec
+from plans.spec import vgpu_sizes
 from poolpipe.cli import build_parser
 from poolpipe_common import overheads
 from profiling import block_memory, interference, latency_quantiles, profile

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from model_repository_gen.cluster_file import cluster_from_dict
 from model_repository_gen.generate import generate
 from model_repository_gen.manifest import manifest_from_dict
-from planner.plan_json import plan_from_dict
-from planner.spec.planning_spec import spec_from_dict
+from plans.plan_json import plan_from_dict
+from plans.spec.planning_spec import spec_from_dict
 from poolpipe_common.errors import InputError
 from profiling.profile import profile_from_dict
 from profiling.reference import import_ppipe_profile

@@ -20,7 +20,7 @@ from model_repository_gen import triton_config as tc
 from model_repository_gen.cluster_file import cluster_from_dict
 from model_repository_gen.generate import generate
 from model_repository_gen.manifest import Manifest, PipelineInfo, load_manifest
-from planner.plan_json import Plan
+from plans.plan_json import Plan
 from poolpipe_common.errors import InputError
 from poolpipe_common.tensors import TensorSpec
 from profiling.reference import import_ppipe_profile

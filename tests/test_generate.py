@@ -13,7 +13,7 @@ from model_repository_gen.cluster_file import cluster_from_dict, load_cluster
 from model_repository_gen.generate import assign_vgpus, generate, gpus_needed
 from model_repository_gen.manifest import load_manifest
 from model_repository_gen.triton_config import TIMING_OUTPUTS, parse_config
-from planner.plan_json import plan_from_dict
+from plans.plan_json import plan_from_dict
 from poolpipe_common.errors import InputError
 from profiling.profile import Profile
 from profiling.zoo import build_zoo_model

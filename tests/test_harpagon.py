@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from planner.apps.harpagon_module import Config, latency_cost_efficiency, schedule_module, worst_latency
 from planner.apps.harpagon_split import AppGraph, SplitModule, cost_steps, split
-from planner.plan_json import load_plan
-from planner.spec.applications import apps_from_list
+from plans.plan_json import load_plan
+from plans.spec.applications import apps_from_list
 from poolpipe_common.errors import InputError
 from profiling.reference import REFERENCE_DIR, import_ppipe_profile
 from tests.conftest import run_cli

@@ -13,8 +13,8 @@ import psutil
 import pytest
 
 from planner import PlanRequest
-from planner.sustained.arrivals import parse_arrivals
 from planner.sustained.measure_pool import measure_all
+from plans.arrivals import parse_arrivals
 from poolpipe_common.errors import InputError
 from poolpipe_common.overheads import DEFAULT_OVERHEADS
 from tests.conftest import ROOT
@@ -25,7 +25,7 @@ from tests.test_sustained import small_spec
 UNGUARDED = textwrap.dedent("""
     import json, sys
     from planner import PlanRequest, plan
-    from planner.sustained.arrivals import parse_arrivals
+    from plans.arrivals import parse_arrivals
     from planner.sustained.measure_pool import measure_all
     from poolpipe_common.overheads import DEFAULT_OVERHEADS
     from tests.test_sustained import small_spec

@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 
 from model_repository_gen.cluster_file import cluster_from_dict
 from model_repository_gen.generate import generate
-from planner.plan_json import plan_from_dict
 from planner.planners import solve_spec
 from planner.sizing.paris import (
     SizeCurve,
@@ -27,8 +26,9 @@ from planner.sizing.paris import (
 )
 from planner.sizing.size_profiles import sized_profile
 from planner.solvers.milp_solvers import SolverOptions
-from planner.spec.planning_spec import spec_from_dict
-from planner.spec.vgpu_sizes import MIG_PLACEMENTS, mig_layout, mig_patterns, parse_vgpu_sizes
+from plans.plan_json import plan_from_dict
+from plans.spec.planning_spec import spec_from_dict
+from plans.spec.vgpu_sizes import MIG_PLACEMENTS, mig_layout, mig_patterns, parse_vgpu_sizes
 from poolpipe_common.errors import InputError
 from profiling.profile import Block, DeviceTiming, Profile
 from profiling.zoo import build_zoo_model

@@ -13,9 +13,9 @@ import pytest
 import yaml
 
 from planner import PlanRequest, plan, reweighted
-from planner.plan_json import load_plan, plan_from_dict
 from planner.request import request_of
-from planner.spec.planning_spec import load_spec
+from plans.plan_json import load_plan, plan_from_dict
+from plans.spec.planning_spec import load_spec
 from poolpipe_common.errors import InputError
 from poolpipe_common.overheads import Overheads
 from profiling.reference import REFERENCE_DIR, import_ppipe_profile

@@ -9,10 +9,10 @@ from collections import defaultdict
 import pytest
 import yaml
 
-from planner.plan_json import Plan, load_plan
 from planner.planners import InfeasibleError, solve_spec
 from planner.ppipe.reference_plans import load_reference_plans, spec_from_reference
-from planner.spec.planning_spec import spec_from_dict, time_dilated
+from plans.plan_json import Plan, load_plan
+from plans.spec.planning_spec import spec_from_dict, time_dilated
 from poolpipe_common.errors import InputError
 from profiling.reference import import_ppipe_profile
 from tests.conftest import run_cli

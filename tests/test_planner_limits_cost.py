@@ -17,7 +17,7 @@ from planner.ppipe.pooled import gpu_counts, model_candidates, solve_pooled
 from planner.ppipe.reference_plans import load_reference_plans, spec_from_reference
 from planner.ppipe.whole_gpu import whole_gpu_plan
 from planner.solvers.milp_solvers import SolverOptions
-from planner.spec.planning_spec import spec_from_dict
+from plans.spec.planning_spec import spec_from_dict
 from poolpipe_common.errors import InputError
 from tests.conftest import run_cli
 from tests.test_planner import check_plan_terms, tiny_spec
@@ -77,7 +77,7 @@ def test_time_limited_solve_writes_a_valid_incumbent_with_its_gap(tmp_path):
     """fsaf on 25 L4 + 75 P4 is not proven in 0.3 s: the plan is the incumbent (the whole-GPU DP's 2793.95
     at least), valid, with a bound from the relaxed DP (2816.10, tighter than the LP's 2833.83) and the
     gap between; plan.json keeps all three."""
-    from planner.plan_json import load_plan
+    from plans.plan_json import load_plan
 
     spec = fsaf_on_l4_p4()
     plan = solve_spec(spec, time_limit_s=0.3)

@@ -14,7 +14,7 @@ from planner.ppipe.pooled import gpu_counts, model_candidates
 from planner.ppipe.whole_gpu import whole_gpu_plan
 from planner.solvers.milp_passes import aspiration_search
 from planner.solvers.milp_solvers import SolverOptions, is_feasible, solve_milp
-from planner.spec.planning_spec import spec_from_dict
+from plans.spec.planning_spec import spec_from_dict
 from tests.test_planner_limits_cost import PROPS, shared_profiles, shared_spec
 
 

@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from planner.plan_json import plan_from_dict
 from planner.ppipe.reference_plans import (
     load_reference_plans,
     plan_from_reference,
     spec_from_reference,
 )
+from plans.plan_json import plan_from_dict
 from poolpipe_common.errors import InputError
 from profiling.profile import load_profile, profile_from_dict
 from profiling.reference import import_ppipe_profile

@@ -20,15 +20,16 @@ from tritonclient.utils import InferenceServerException
 from model_repository_gen.generate import generate
 from model_repository_gen.manifest import load_manifest
 from planner import PlanRequest, plan
-from planner.plan_json import Plan
+from planner.entry import spec_planner
 from planner.request import request_of
-from planner.spec.planning_spec import load_spec, spec_from_dict
+from plans.plan_json import Plan
+from plans.spec.planning_spec import load_spec, spec_from_dict
 from runtime.app_testbed import CLS, DET, FAN_OUT, IMAGE, build_app_plan
 from runtime.launch import Deployment
 from runtime.sidecar_process import SidecarProcess
 from scheduler.core.replan_trigger import ReplanConfig
 from scheduler.sim.mix_shift import shifting_arrivals, step_change
-from scheduler.sim.replan import Migration, simulate_shifting, spec_planner
+from scheduler.sim.replan import Migration, simulate_shifting
 
 APP = "traffic"
 M3_BATCHES = [1, 2, 8, 32]

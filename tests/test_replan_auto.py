@@ -19,7 +19,7 @@ from tritonclient.utils import InferenceServerException
 
 from model_repository_gen.generate import generate
 from planner.planners import solve_spec
-from planner.spec.planning_spec import ClusterSpec, ModelSpec, PlanningSpec, time_dilated
+from plans.spec.planning_spec import ClusterSpec, ModelSpec, PlanningSpec, time_dilated
 from poolpipe_common.net import port_in_use
 from poolpipe_common.overheads import DEFAULT_OVERHEADS
 from profiling.reference import import_ppipe_profile

@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import pytest
 
+from planner.entry import spec_planner
 from planner.planners import solve_spec
 from planner.request import PlanRequest
-from planner.spec.planning_spec import ClusterSpec, ModelSpec, PlanningSpec
+from plans.spec.planning_spec import ClusterSpec, ModelSpec, PlanningSpec
 from poolpipe_common.errors import InputError
 from profiling.reference import import_ppipe_profile
 from runtime.testbed import REFERENCE_DIR
 from scheduler.core.replan_trigger import ReplanConfig, ReplanTrigger, mix_distance
 from scheduler.sim.mix_shift import parse_phases, shifting_arrivals, step_change
-from scheduler.sim.replan import Migration, simulate_shifting, spec_planner
+from scheduler.sim.replan import Migration, simulate_shifting
 
 MODELS = ("googlenet-v3-pytorch", "repvgg-b3")
 

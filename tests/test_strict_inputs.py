@@ -11,7 +11,7 @@ import pytest
 
 from model_repository_gen.cluster_file import cluster_from_dict
 from model_repository_gen.generate import generate
-from planner.plan_json import load_plan
+from plans.plan_json import load_plan
 from poolpipe_common.errors import InputError
 from profiling.reference import import_ppipe_profile
 from profiling.zoo import build_zoo_model

@@ -13,11 +13,11 @@ from hypothesis import strategies as st
 
 from planner import PlanRequest, plan
 from planner.ppipe.reference_plans import load_reference_plans, spec_from_reference
-from planner.spec.planning_spec import ClusterSpec, check_spec
-from planner.sustained.arrivals import parse_arrivals
 from planner.sustained.capacity import predicted_rps
 from planner.sustained.queueing import PipelineTerms, PoolTerms, erlang_c, sustainable_rps
 from planner.sustained.search import OWN_PLAN_TOLERANCE, Candidate, costed, kept
+from plans.arrivals import parse_arrivals
+from plans.spec.planning_spec import ClusterSpec, check_spec
 from poolpipe_common.errors import InputError
 from poolpipe_common.overheads import DEFAULT_OVERHEADS
 from profiling.reference import import_ppipe_profile
@@ -164,7 +164,7 @@ def test_promises_are_measured_in_the_specs_workload_mix():
     """Every model is offered its weight's share, scaled so the model with the least nominal throughput per weight
     gets its nominal rate: a model with spare pools is not offered more than its clients send, and the others are
     not offered less than theirs (which made one model's promise miss by a third in beyond_ppipe_inss)."""
-    from planner.plan_json import ModelPlan, Plan
+    from plans.plan_json import ModelPlan, Plan
     from scheduler.sim.sustain import mix_rates
 
     def model(name, thr, weight):

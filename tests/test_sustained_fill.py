@@ -8,9 +8,9 @@ from dataclasses import replace
 from planner import PlanRequest, plan
 from planner.planners import run_planner
 from planner.solvers.milp_solvers import SolverOptions
-from planner.sustained.arrivals import parse_arrivals
 from planner.sustained.fill import fills, idle_gpus, merged
 from planner.sustained.search import costed, fill_margins
+from plans.arrivals import parse_arrivals
 from poolpipe_common.overheads import DEFAULT_OVERHEADS
 from scheduler.sim.sustain import simulated_rps
 from tests.test_sustained import MODEL, small_spec

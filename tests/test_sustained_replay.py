@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from planner import PlanRequest, plan
-from planner.sustained.arrivals import parse_arrivals
+from plans.arrivals import parse_arrivals
 from poolpipe_common.overheads import DEFAULT_OVERHEADS
 from scheduler.sim.sustain import point_runs, simulated_rps
 from scheduler.sim.sweep import TARGET_ATTAINMENT, PointJob, run_point

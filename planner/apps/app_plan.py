@@ -15,8 +15,8 @@ from typing import Any
 
 from planner.apps.harpagon_module import Config
 from planner.apps.harpagon_split import AppGraph, Split, SplitModule, split
-from planner.spec.applications import AppSpec
-from planner.spec.planning_spec import ClusterSpec, PlanningSpec
+from plans.spec.applications import AppSpec
+from plans.spec.planning_spec import ClusterSpec, PlanningSpec
 from poolpipe_common.errors import InputError
 from profiling.profile import Profile
 

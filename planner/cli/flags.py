@@ -116,7 +116,7 @@ def quick_spec_dict(args: argparse.Namespace) -> dict[str, Any]:
 
 def load_cli_spec(args: argparse.Namespace):
     """The spec from --spec, or from the quick flags (never both)."""
-    from planner.spec.planning_spec import load_spec, spec_from_dict
+    from plans.spec.planning_spec import load_spec, spec_from_dict
     from poolpipe_common.errors import InputError
 
     quick = [f for f in QUICK_FLAGS if getattr(args, f) not in (None, False)]

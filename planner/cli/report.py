@@ -5,9 +5,9 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from planner.plan_json import ModelPlan, Plan
 from planner.ppipe.candidates import partition_rate_rps
-from planner.spec.planning_spec import ModelSpec, PlanningSpec
+from plans.plan_json import ModelPlan, Plan
+from plans.spec.planning_spec import ModelSpec, PlanningSpec
 
 WIDTH = 130
 

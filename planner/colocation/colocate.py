@@ -8,7 +8,7 @@ memory as a hard constraint.
    profiles whose latency at (GPU type, V) is multiplied by the model's current inflation there (1 at first).
 3. Placement (greedy, as InSS places heuristically): per (GPU type, V) the slots are sorted by memory
    pressure and dealt to GPUs in order, so co-runners press alike and a partition's slots stay together.
-4. Check: each slot's slowdown with every co-runner busy (planner.colocation.slots). Where one exceeds the inflation
+4. Check: each slot's slowdown with every co-runner busy (plans.colocation_costs). Where one exceeds the inflation
    it was planned with, the inflation is raised to it and steps 2-4 repeat; the result is checked again (latency
    under the SLO and rate with the inflated latency, memory per GPU). ``aware=False`` plans as if there were no
    interference (gpulet/InSS-ni style): the plan is then what the simulator shows interference doing to it.
@@ -23,7 +23,10 @@ from dataclasses import replace
 import numpy as np
 
 from planner.colocation.colocate_milp import solve_colocated
-from planner.colocation.slots import (
+from planner.ppipe.candidates import Candidates, enumerate_candidates
+from planner.ppipe.pooled import InfeasibleError, ModelPipelines, assemble_plan, infeasible_reason, pipeline_plan
+from planner.solvers.milp_solvers import SolverOptions
+from plans.colocation_costs import (
     check_gpu_memory,
     need_colocation_facts,
     partition_memory,
@@ -32,11 +35,8 @@ from planner.colocation.slots import (
     slot_slowdowns,
     with_placement,
 )
-from planner.plan_json import PipelinePlan, Plan
-from planner.ppipe.candidates import Candidates, enumerate_candidates
-from planner.ppipe.pooled import InfeasibleError, ModelPipelines, assemble_plan, infeasible_reason, pipeline_plan
-from planner.solvers.milp_solvers import SolverOptions
-from planner.spec.planning_spec import ModelSpec, PlanningSpec
+from plans.plan_json import PipelinePlan, Plan
+from plans.spec.planning_spec import ModelSpec, PlanningSpec
 from profiling.profile import DeviceTiming, Profile
 
 MAX_ROUNDS = 8

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from planner.cost.cost_search import cheapest_counts
-from planner.plan_json import Plan
 from planner.ppipe.column_milp import Objective
 from planner.ppipe.pooled import (
     InfeasibleError,
@@ -28,7 +27,8 @@ from planner.ppipe.pooled import (
     solve_pooled,
 )
 from planner.solvers.milp_solvers import MilpResult, SolverOptions
-from planner.spec.planning_spec import PlanningSpec
+from plans.plan_json import Plan
+from plans.spec.planning_spec import PlanningSpec
 from poolpipe_common.errors import InputError
 
 COST_PLANNERS = ("ppipe", "np")

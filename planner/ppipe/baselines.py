@@ -18,10 +18,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from planner.plan_json import PipelinePlan
 from planner.ppipe.pooled import ModelPipelines, solve_pooled
 from planner.solvers.milp_solvers import MilpResult, SolverOptions
-from planner.spec.planning_spec import ClusterSpec, PlanningSpec
+from plans.plan_json import PipelinePlan
+from plans.spec.planning_spec import ClusterSpec, PlanningSpec
 from poolpipe_common.errors import InputError
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.spec.planning_spec import ClusterSpec, ModelSpec
+from plans.spec.planning_spec import ClusterSpec, ModelSpec
 from profiling.profile import MIN_BLOCK_US
 
 LATENCY_TOLERANCE_US = 1e-6

@@ -10,12 +10,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.plan_json import ModelPlan, PartitionPlan, PipelinePlan, Plan, nominal_objective
 from planner.ppipe import whole_gpu
 from planner.ppipe.candidates import Candidates, enumerate_candidates
 from planner.ppipe.column_milp import ChosenPipeline, Objective, column_start, relaxation_bound, solve_columns
 from planner.solvers.milp_solvers import MilpResult, SolverOptions, relative_gap
-from planner.spec.planning_spec import ClusterSpec, ModelSpec, PlanningSpec
+from plans.plan_json import ModelPlan, PartitionPlan, PipelinePlan, Plan, nominal_objective
+from plans.spec.planning_spec import ClusterSpec, ModelSpec, PlanningSpec
 from poolpipe_common.errors import InputError
 
 

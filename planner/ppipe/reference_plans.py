@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from planner.plan_json import ModelPlan, PartitionPlan, PipelinePlan, Plan
-from planner.spec.planning_spec import ClusterSpec, ModelSpec, PlanningSpec, check_spec
+from plans.plan_json import ModelPlan, PartitionPlan, PipelinePlan, Plan
+from plans.spec.planning_spec import ClusterSpec, ModelSpec, PlanningSpec, check_spec
 from poolpipe_common.errors import InputError
 from profiling.profile import Profile
 from profiling.reference import REFERENCE_DIR, import_ppipe_profile

@@ -22,11 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from planner.plan_json import ModelPlan, PartitionPlan, PipelinePlan, Plan
 from planner.sizing.size_profiles import sized_device, sized_profile
 from planner.solvers.milp_solvers import MilpArrays, SolverOptions, solve_milp
-from planner.spec.planning_spec import ModelSpec, PlanningSpec
-from planner.spec.vgpu_sizes import GpuSplits
+from plans.plan_json import ModelPlan, PartitionPlan, PipelinePlan, Plan
+from plans.spec.planning_spec import ModelSpec, PlanningSpec
+from plans.spec.vgpu_sizes import GpuSplits
 from poolpipe_common.errors import InputError
 
 KNEE_UTILISATION = 0.8

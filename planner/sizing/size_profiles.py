@@ -19,8 +19,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from planner.spec.planning_spec import ClusterSpec
-from planner.spec.vgpu_sizes import VGpuSize, VGpuSizes
+from plans.spec.planning_spec import ClusterSpec
+from plans.spec.vgpu_sizes import VGpuSize, VGpuSizes
 from profiling.profile import DeviceTiming, Profile
 
 SEP = "@"

@@ -3,7 +3,7 @@
 Each size of a GPU type is planned as a device of its own (planner.sizing.size_profiles: ``L4@50%`` at level 1),
 so the candidates and the column MILP of planner.ppipe.column_milp apply unchanged; this module adds what ties
 the sizes to physical GPUs. For every GPU type t with sizes and every allowed split g of one GPU
-(planner.spec.vgpu_sizes: an MPS split, or a valid MIG geometry), an integer u_tg counts the GPUs split so:
+(plans.spec.vgpu_sizes: an MPS split, or a valid MIG geometry), an integer u_tg counts the GPUs split so:
 
   sum_{y of size s of t} y  <=  sum_g a_gs u_tg      a size's vGPUs come from the GPUs split to hold them
   sum_{y of t} y + sum_g u_tg  <=  G_t                GPUs split unequally are not shared with equal levels
@@ -20,12 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from planner.plan_json import PipelinePlan
 from planner.ppipe.column_milp import ColumnLayout, Objective, build_column_milp, chosen_pipelines
 from planner.ppipe.pooled import InfeasibleError, ModelPipelines, chosen_to_models, gpu_counts, model_candidates
 from planner.sizing.size_profiles import expanded_cluster, sized_device, sized_profile, split_device
 from planner.solvers.milp_solvers import MilpArrays, MilpResult, SolverOptions, solve_milp
-from planner.spec.planning_spec import ClusterSpec, PlanningSpec
+from plans.plan_json import PipelinePlan
+from plans.spec.planning_spec import ClusterSpec, PlanningSpec
 from poolpipe_common.errors import InputError
 
 

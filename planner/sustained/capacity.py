@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from planner.plan_json import ModelPlan, Plan
-from planner.sustained.arrivals import Arrivals
 from planner.sustained.queueing import PipelineTerms, PoolTerms, sustainable_rps
+from plans.arrivals import Arrivals
+from plans.plan_json import ModelPlan, Plan
 from poolpipe_common.overheads import Overheads, driver_margin_us, sidecar_slo_us
 
 

@@ -14,8 +14,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from planner.plan_json import Plan, nominal_objective
-from planner.spec.planning_spec import PlanningSpec
+from plans.plan_json import Plan, nominal_objective
+from plans.spec.planning_spec import PlanningSpec
 from poolpipe_common.errors import InputError
 
 Solve = Callable[[PlanningSpec], tuple[Plan, tuple[str, ...]]]

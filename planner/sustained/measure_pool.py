@@ -19,9 +19,9 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, BinaryIO
 
-from planner.plan_json import Plan
-from planner.sustained.arrivals import Arrivals
 from planner.sustained.evaluators import evaluator
+from plans.arrivals import Arrivals
+from plans.plan_json import Plan
 from poolpipe_common.overheads import Overheads
 
 Rates = dict[str, float]

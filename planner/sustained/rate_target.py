@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from planner.plan_json import Plan
-from planner.sustained.arrivals import Arrivals
 from planner.sustained.evaluators import Evaluator
+from plans.arrivals import Arrivals
+from plans.plan_json import Plan
 from poolpipe_common.errors import InputError
 from poolpipe_common.overheads import Overheads
 

@@ -19,13 +19,13 @@ from dataclasses import dataclass, replace
 
 from tqdm import tqdm
 
-from planner.plan_json import Plan
-from planner.spec.planning_spec import PlanningSpec
-from planner.sustained.arrivals import Arrivals
 from planner.sustained.capacity import predicted_rps
 from planner.sustained.evaluators import evaluator
 from planner.sustained.fill import Solve, fills, idle_gpus
 from planner.sustained.measure_pool import measure_all
+from plans.arrivals import Arrivals
+from plans.plan_json import Plan
+from plans.spec.planning_spec import PlanningSpec
 from poolpipe_common.errors import InputError
 from poolpipe_common.overheads import Overheads, driver_margin_us
 

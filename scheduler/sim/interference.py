@@ -1,4 +1,4 @@
-"""Interference between co-located vGPUs in the simulator: the planner's model (planner.colocation.slots) applied to
+"""Interference between co-located vGPUs in the simulator: the planner's model (plans.colocation_costs) applied to
 each batch, given what else runs on its physical GPU when it starts.
 
 A co-runner counts with utilisation 1 while it is computing at the batch's start, else with its busy fraction
@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from planner.colocation.slots import partition_pressure
-from planner.plan_json import Plan
+from plans.colocation_costs import partition_pressure
+from plans.plan_json import Plan
 from profiling.interference import InterferenceModel
 from scheduler.sim.placement import placed_vgpus
 

@@ -11,8 +11,8 @@ applies the actual one per batch).
 
 from __future__ import annotations
 
-from planner.plan_json import Plan
-from planner.sizing.split_slots import sized_slots, split_gpu_counts
+from plans.plan_json import Plan
+from plans.split_slots import sized_slots, split_gpu_counts
 from scheduler.core.latency_dist import QuantileDist
 from scheduler.core.topology import Pipeline, Stage, Topology, VGpu
 
@@ -64,7 +64,7 @@ def placed_vgpus(plan: Plan) -> dict[tuple[str, int, int], list[VGpu]]:
 def topology_from_plan(plan: Plan) -> Topology:
     """Place every partition's vGPUs and build each model's pooled pipelines with latency tables."""
     cluster = plan.cluster
-    split = split_gpu_counts(plan)  # unequally split GPUs (planner.sizing.split_slots) come first
+    split = split_gpu_counts(plan)  # unequally split GPUs (plans.split_slots) come first
     sized = sized_slots(plan)
     allocs = {t: _GpuAllocator(t, cluster.gpus_per_server.get(t, 1), split.get(t, 0)) for t in cluster.gpus}
     vgpus: dict[str, VGpu] = {}

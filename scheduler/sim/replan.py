@@ -1,7 +1,8 @@
 """Simulated re-planning under a shifting model mix, with the migration PPipe describes.
 
 The shared driver serves the current plan on the virtual cluster; the core's ``ReplanTrigger`` watches the
-smoothed per-model rates. When it decides, the planner solves for the measured mix (``plan_for``); the old
+smoothed per-model rates. When it decides, ``plan_for`` (planner.entry.spec_planner, handed in from above) solves
+for the measured mix; the old
 plan keeps serving for ``solve_delay_s``, then ingest pauses: arrivals are held, the old driver dispatches
 nothing more and its in-flight batches finish (the flush). When both the flush is done and ``pause_us``
 has passed (about one SLO), a driver for the new plan adopts the old one's queued tickets
@@ -14,19 +15,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from planner.plan_json import Plan
-from planner.spec.planning_spec import PlanningSpec
+from plans.plan_json import Plan
 from scheduler.core import make_scheduler
 from scheduler.core.driver import DriverConfig
 from scheduler.core.replan_trigger import ReplanConfig, ReplanDecision, ReplanTrigger
 from scheduler.sim.engine import _Outcomes
 from scheduler.sim.placement import topology_from_plan
 from scheduler.sim.virtual import WAKE, VirtualRun
-
-if TYPE_CHECKING:
-    from planner.request import PlanRequest
 
 
 @dataclass(frozen=True)
@@ -78,19 +74,6 @@ class _Generation:
 
     def in_flight(self) -> bool:
         return any(e[2] != WAKE for e in self.ex.heap)
-
-
-def spec_planner(spec: PlanningSpec, request: PlanRequest | None = None) -> Callable[[dict[str, float]], Plan]:
-    """A ``plan_for``: ``planner.plan`` on the spec re-weighted by the measured rates, as ``request`` says
-    (default: the CLI's, with a 30 s time limit)."""
-    from planner.entry import plan, reweighted  # noqa: PLC0415
-    from planner.request import PlanRequest  # noqa: PLC0415
-
-    req = request or PlanRequest(time_limit_s=30.0)
-
-    def plan_for(rates_rps: dict[str, float]) -> Plan:
-        return plan(reweighted(spec, rates_rps), req).plan
-    return plan_for
 
 
 def simulate_shifting(plan: Plan, arrivals: Sequence[tuple[float, str]], duration_us: float, *,

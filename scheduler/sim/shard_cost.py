@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from planner.plan_json import Plan
+from plans.plan_json import Plan
 from scheduler.core.shards import shard_topology
 from scheduler.sim.placement import topology_from_plan
 from scheduler.sim.sweep import sweep

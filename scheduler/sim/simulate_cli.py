@@ -72,7 +72,7 @@ def load_overheads(path: str):
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from planner.plan_json import load_plan
+    from plans.plan_json import load_plan
     from poolpipe_common.errors import InputError
     from scheduler.sim.sweep import (
         PointJob,

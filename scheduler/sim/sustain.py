@@ -1,7 +1,7 @@
 """The simulator as the planner's evaluator: a plan's sustainable rate per model at >= 99 % SLO attainment,
 found by bisection over load factors, each point a run of the shipped driver loop (the sidecar's live margins
-and lateness learning) with the per-stage costs the sidecar measures. Offered to the planner as the entry point
-``simulated`` of group ``poolpipe.evaluators`` (pyproject.toml), since the planner sits below the simulator.
+and lateness learning) with the per-stage costs the sidecar measures. The planner, which sits above the
+simulator, imports it as its ``simulated`` evaluator (planner.sustained.evaluators).
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from planner.plan_json import Plan
-from planner.sustained.arrivals import Arrivals
+from plans.arrivals import Arrivals
+from plans.plan_json import Plan
 from poolpipe_common.overheads import Overheads
 from scheduler.sim.sweep import TARGET_ATTAINMENT, PointJob, run_point
 from workloads.arrivals import TraceSpec, parse_trace

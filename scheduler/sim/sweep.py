@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from planner.plan_json import Plan
+from plans.plan_json import Plan
 from poolpipe_common.errors import InputError
 from poolpipe_common.overheads import Overheads
 from scheduler.core.driver import DriverConfig

@@ -101,7 +101,7 @@ def load_settings(path: Path) -> ReplanSettings:
                     {str(k): base / str(v) for k, v in onnx.items()},
                     as_float(d.get("emulated_tensor_scale", 1.0), f"{where}: emulated_tensor_scale"),
                     _request_fields(d, where))
-    from planner.spec.planning_spec import load_spec  # noqa: PLC0415
+    from plans.spec.planning_spec import load_spec  # noqa: PLC0415
 
     load_spec(job.spec)
     for p in (job.cluster, *job.onnx.values()):
@@ -131,7 +131,7 @@ def plan_and_generate(job: ReplanJob) -> tuple[str, float, dict[str, float]]:
     from model_repository_gen.manifest import load_manifest  # noqa: PLC0415
     from planner.entry import plan, reweighted  # noqa: PLC0415
     from planner.request import PlanRequest, request_of  # noqa: PLC0415
-    from planner.spec.planning_spec import load_spec  # noqa: PLC0415
+    from plans.spec.planning_spec import load_spec  # noqa: PLC0415
 
     previous = load_manifest(job.previous) if job.previous else None
     # one process: the planner's workers would take cores from the sidecar serving beside it

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.plan_json import Plan
-from planner.spec.vgpu_sizes import mig_layout
+from plans.plan_json import Plan
+from plans.spec.vgpu_sizes import mig_layout
 from poolpipe_common.errors import InputError
 
 StageKey = tuple[str, int, int]  # (model, pipeline index, stage index)

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from planner.plan_json import PartitionPlan, Plan
-from planner.spec.planning_spec import ClusterSpec
+from plans.plan_json import PartitionPlan, Plan
+from plans.spec.planning_spec import ClusterSpec
 from poolpipe_common.errors import InputError
 from profiling.block_memory import pressure
 from profiling.interference import InterferenceModel

@@ -8,11 +8,11 @@ YAML or JSON::
       bandwidth_gbps: 10                # effective NIC bandwidth per server
       vgpu_levels: {L4: 4, T4: 4}       # V may be 1..this (default 1)
       gpu_memory_gb: {V100: 32}         # device memory per GPU type (default: L4 24, T4 16, P4 8, V100 16, H100 80)
-      vgpu_sizes: {L4: {mps_percent: [25, 25, 50]}}   # optional unequal shares (planner/spec/vgpu_sizes.py)
+      vgpu_sizes: {L4: {mps_percent: [25, 25, 50]}}   # optional unequal shares (plans/spec/vgpu_sizes.py)
     max_partitions: 3
     colocate: false                     # true: vGPUs of different (model, partition) share a GPU (planner.colocation)
     batch_unification: true
-    applications: [...]                 # optional DAGs of these models with one SLO each (planner/spec/applications.py)
+    applications: [...]                 # optional DAGs of these models with one SLO each (plans/spec/applications.py)
     models:
       - profile: path/to/profile.json   # relative to the spec file
         slo_us: 33278                   # or slo_multiplier: 5
@@ -27,8 +27,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from planner.spec.applications import AppSpec, apps_from_list
-from planner.spec.vgpu_sizes import VGpuSizes, parse_vgpu_sizes, vgpu_sizes_to_dict
+from plans.spec.applications import AppSpec, apps_from_list
+from plans.spec.vgpu_sizes import VGpuSizes, parse_vgpu_sizes, vgpu_sizes_to_dict
 from poolpipe_common.documents import as_float, as_int, check_fields, read_document
 from poolpipe_common.errors import InputError
 from profiling.block_memory import DEVICE_MEMORY_GB
@@ -97,7 +97,7 @@ class PlanningSpec:
     max_partitions: int = 3
     batch_unification: bool = True
     colocate: bool = False  # plan with planner.colocation.colocate: GPUs shared across (model, partition) pairs
-    applications: tuple[AppSpec, ...] = ()  # DAGs of the models with end-to-end SLOs (planner.spec.applications)
+    applications: tuple[AppSpec, ...] = ()  # DAGs of the models with end-to-end SLOs (plans.spec.applications)
 
     def to_dict(self) -> dict[str, Any]:
         """Serialisable form; profiles are referenced by path (plan.json embeds them separately)."""

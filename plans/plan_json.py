@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from planner.spec.planning_spec import ClusterSpec, cluster_from_dict
+from plans.spec.planning_spec import ClusterSpec, cluster_from_dict
 from poolpipe_common.documents import as_float, as_int, as_str, check_fields, need, read_document
 from poolpipe_common.errors import InputError
 from profiling.profile import Profile, profile_from_dict
@@ -42,7 +42,7 @@ class PartitionPlan:
     transfer_us: float = 0.0  # transfer of one batch to the next partition (0 for the last)
     placement: tuple[str, ...] | None = None  # co-located plans: the physical GPU of each vGPU, e.g. "L4-0"
     slowdown: float = 1.0  # co-located plans: interference factor the planner applied to latency_us
-    size: str | None = None  # an unequal vGPU size ("50%", "3g.20gb"; planner/spec/vgpu_sizes.py), None: 1/v
+    size: str | None = None  # an unequal vGPU size ("50%", "3g.20gb"; plans/spec/vgpu_sizes.py), None: 1/v
     share: float | None = None  # its compute share of the GPU
 
     @property
