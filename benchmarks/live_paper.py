@@ -15,6 +15,8 @@ motion, where per-request CPU costs of this 2-core machine weigh less).
     python -P benchmarks/live_paper.py                     # 3 families (centernet at 3x and 2.6x) x
                                                            #   (poisson, replay:azure-conv), ~40 min
     python -P benchmarks/live_paper.py --quick             # one model, poisson, 4 s points
+    python -P benchmarks/live_paper.py --models all --traces poisson   # every data/ppipe model at 2.5x and 3x
+                                                           #   (24 rows, hours: the broad check of the promise)
 """
 
 from __future__ import annotations
@@ -37,13 +39,24 @@ from poolpipe.paper_experiment import PaperRun, run_all
 MODELS = ("centernet-update_r50-caffe_fpn_ms-1x_coco@3", "centernet-update_r50-caffe_fpn_ms-1x_coco@2.6",
           "convnext_large@3", "apcnet_r101-d8_4xb2-40k_cityscapes-512x1024@3")
 TARGETS = "targets: a/a0 >= 1.15, a/c >= 1.6, a/b >= 1.4, live/promise within 5 %"
+ALL_FACTORS = (2.5, 3.0)  # --models all: every model at each of these SLO factors
+
+
+def all_models() -> list[str]:
+    """Every model of data/ppipe with an L4+T4 reference entry, at each of ALL_FACTORS."""
+    from planner.ppipe.reference_plans import load_reference_plans
+
+    names = sorted({e["models"][0]["model"] for e in load_reference_plans()
+                    if e["suite"] == "ablation" and tuple(e["cluster"]["gpu_name_arr"]) == ("L4", "T4")})
+    return [f"{m}@{f:g}" for m in names for f in ALL_FACTORS]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="one model, poisson only, 4 s per point")
     ap.add_argument("--models", default=",".join(MODELS),
-                    help="comma list of data/ppipe models, each MODEL or MODEL@SLO_FACTOR (default: %(default)s)")
+                    help="comma list of data/ppipe models, each MODEL or MODEL@SLO_FACTOR, or 'all' (every model "
+                         "at 2.5x and 3x) (default: %(default)s)")
     ap.add_argument("--traces", default="poisson,replay:azure-conv", help="comma list of --trace values")
     ap.add_argument("--duration-s", type=float, default=6.0, help="seconds of load per point")
     ap.add_argument("--slo-factor", type=float,
@@ -61,7 +74,8 @@ def main() -> None:
                          "0 = auto: >= 8 and the fixed-margin plan at <= 50 req/s")
     ap.add_argument("--work", type=Path, help="keep deployments and logs here (default: a temporary directory)")
     args = ap.parse_args()
-    models = args.models.split(",")[:1] if args.quick else args.models.split(",")
+    listed = all_models() if args.models == "all" else args.models.split(",")
+    models = listed[:1] if args.quick else listed
     traces = ["poisson"] if args.quick else args.traces.split(",")
     duration = 4.0 if args.quick else args.duration_s
     console = Console(width=200)

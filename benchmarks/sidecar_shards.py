@@ -110,7 +110,7 @@ def simulated_shard_cost(work: Path, quick: bool) -> list[str]:
     from runtime.testbed import EMULATED_MODEL
 
     spec = paper_spec(PaperRun(EMULATED_MODEL, l4=4, t4=12))
-    plan(spec, PlanRequest("ppipe", objective="throughput", time_limit_s=60)).plan.save(work / "plan.json")
+    plan(spec, PlanRequest("ppipe", objective="throughput", time_limit_s=60, verify=True)).plan.save(work / "plan.json")
     lfs = "0.1:1.0:0.1" if quick else "0.05:1.2:0.05"
     r = subprocess.run([sys.executable, "-m", "poolpipe", "simulate", "--plan", str(work / "plan.json"), "--shards",
                         "2", "--load-factors", lfs, "--duration-s", "5" if quick else "10", "--out",

@@ -3,8 +3,9 @@
 In order: each application's SLO is split into module budgets (planner.apps, at the request's prices) and every
 model is planned under the least budget a module running it was given; the spec is co-located if the request
 says so; the request's objective plans it (planner.objectives: the planner, PARIS sizing, cost); the plan gets
-the applications (module budgets, rates, dummy-request flags, for ``generate``) and the request; every model's
-``sustainable_rps`` is measured (planner.sustained) unless the request's evaluator is ``none``. The CLI, the
+the applications (module budgets, rates, dummy-request flags, for ``generate``) and the request. The sustained and
+cost objectives measure every model's ``sustainable_rps`` (planner.sustained); the throughput objective only when the
+request says ``verify``. The CLI, the
 sidecar's re-planner, the simulator's re-planning and the demo all plan through here; a re-planner re-weights
 the spec by the measured rates with ``reweighted`` first.
 """
@@ -17,7 +18,6 @@ from dataclasses import dataclass, replace
 from planner.apps.app_plan import plan_applications, spec_under_budgets
 from planner.objectives import OBJECTIVES
 from planner.request import PlanRequest
-from planner.sustained.evaluators import NO_EVALUATOR
 from planner.sustained.search import annotate
 from plans.arrivals import parse_arrivals
 from plans.plan_json import Plan
@@ -46,11 +46,11 @@ def plan(spec: PlanningSpec, request: PlanRequest | None = None) -> PlanOutcome:
     planned = spec_under_budgets(spec, apps) if apps else spec
     if request.colocate:
         planned = replace(planned, colocate=True)
-    result, lines = OBJECTIVES[request.objective](planned, request)
-    if request.evaluator != NO_EVALUATOR and any(m.sustainable_rps is None for m in result.models):
+    result = OBJECTIVES[request.objective](planned, request)
+    if request.verify and any(m.sustainable_rps is None for m in result.models):
         result = annotate(result, parse_arrivals(request.arrivals), request.costs(), request.evaluator)
     result = replace(result, applications=tuple(a.to_plan_dict() for a in apps), request=request.to_dict())
-    return PlanOutcome(result, planned, (*lines, *(x for a in apps for x in a.lines())))
+    return PlanOutcome(result, planned, (*result.notes, *(x for a in apps for x in a.lines())))
 
 
 def reweighted(spec: PlanningSpec, rates_rps: Mapping[str, float]) -> PlanningSpec:

@@ -1,12 +1,13 @@
-"""The registry of objectives, ``OBJECTIVES``: name -> ``(spec, request) -> (Plan, report lines)``. A new objective
-is one function here; ``planner.plan`` dispatches on ``PlanRequest.objective`` and adds what every objective
-shares (application SLO splits, co-location, recording the request).
+"""The registry of objectives, ``OBJECTIVES``: name -> ``(spec, request) -> Plan``. A new objective is one function
+here; ``planner.plan`` dispatches on ``PlanRequest.objective`` and adds what every objective shares (application SLO
+splits, co-location, recording the request). Each wraps the request's planner (planner.planners) and, where it
+measures, an evaluator (planner.sustained.evaluators); no objective calls another.
 
 - ``sustained`` (the default): the most request rate held at >= 99 % SLO attainment under the request's arrivals,
-  with serving's per-stage costs counted (planner.sustained): ``throughput`` plans over SLO margins, measured.
+  with serving's per-stage costs counted (planner.sustained.search over candidate plans, measured).
 - ``throughput``: PPipe's nominal objective, as much as the cluster serves with its pools always busy (the
   smallest throughput/weight of several models), with the request's planner; PARIS instance sizing instead where
-  the request has a batch-size PDF. Kept to reproduce the paper.
+  the request has a batch-size PDF. Kept to reproduce the paper; measured only with ``verify``.
 - ``cost``: the least cost per hour whose plan sustains the request's rates at >= 99 % (planner.cost, asked for
   more until the evaluator says the rates hold).
 """
@@ -18,20 +19,17 @@ from dataclasses import replace
 from typing import Protocol
 
 from planner.cost.least_cost import CostRequest, solve_cost
-from planner.planners import run_planner
-from planner.sizing.paris import paris_plan
+from planner.planners import Dedicated, Planner, Relabelled, planner_for
 from planner.solvers.milp_solvers import SolverOptions
 from planner.sustained.evaluators import NO_EVALUATOR, evaluator
 from planner.sustained.rate_target import cheapest_sustaining
-from planner.sustained.search import costed, plan_sustained, with_sustainable
+from planner.sustained.search import plan_sustained, with_serving_costs, with_sustainable
 from plans.arrivals import parse_arrivals
 from plans.plan_json import Plan
 from plans.spec.planning_spec import PlanningSpec
 from poolpipe_common.overheads import Overheads
 
 COST_MARGIN = 0.1  # share of the SLO a cost plan keeps for queueing beyond the driver's margin (then measured)
-
-Outcome = tuple[Plan, tuple[str, ...]]
 
 
 class ObjectiveInputs(Protocol):
@@ -50,47 +48,50 @@ class ObjectiveInputs(Protocol):
     def costs(self) -> Overheads: ...
 
 
-def throughput(spec: PlanningSpec, request: ObjectiveInputs) -> Outcome:
-    """The most throughput; with a PARIS batch-size PDF, PARIS's instance sizes (its lines say how it sized)."""
-    if request.paris_batch_pdf is not None:
-        plan, sizing = paris_plan(spec, request.paris_batch_pdf, request.solver_options())
-        return plan, tuple(sizing.lines())
-    return run_planner(spec, request.planner, request.solver_options()), ()
+def throughput(spec: PlanningSpec, request: ObjectiveInputs) -> Plan:
+    """The most throughput; with a PARIS batch-size PDF, PARIS's instance sizes (its notes say how it sized)."""
+    return planner_for(request.planner, request.paris_batch_pdf).solve(spec, request.solver_options())
 
 
-def sustained(spec: PlanningSpec, request: ObjectiveInputs) -> Outcome:
-    """The candidate plan (over SLO margins, serving's costs counted) that sustains the most. Candidates from
-    narrower plans are weighed too, since the nominal objective prefers what the sustained measure can punish: a
-    co-located spec weighs dedicated plans (a plan that shares no GPU is a co-located plan; in a small pool sharing
+def sustained_planners(spec: PlanningSpec, request: ObjectiveInputs) -> list[Planner]:
+    """The request's planner, and the narrower ones whose plans the sustained measure may prefer: the nominal
+    objective favours what queueing can punish, so a co-located spec weighs dedicated plans (in a small pool sharing
     can cost more queueing than it saves), and ppipe weighs whole-model pools (pooled pipelines of one partition:
     each cut costs a stage call's lead and tail)."""
-    solves = [lambda s: throughput(s, request)]
+    main = planner_for(request.planner, request.paris_batch_pdf)
+    out: list[Planner] = [main]
     if spec.colocate:
-        solves.append(lambda s: throughput(replace(s, colocate=False), request))
+        out.append(Dedicated(main))
     if request.planner == "ppipe" and request.paris_batch_pdf is None and not spec.cluster.vgpu_sizes:
-        solves.append(lambda s: (replace(run_planner(replace(s, colocate=False), "np", request.solver_options()),
-                                         planner="ppipe"), ()))
+        out.append(Relabelled(Dedicated(planner_for("np")), "ppipe"))
+    return out
+
+
+def sustained(spec: PlanningSpec, request: ObjectiveInputs) -> Plan:
+    """The candidate plan (over SLO margins, serving's costs counted) that sustains the most."""
     # ranking needs a measure: with evaluator none the closed form alone ranks (and its rate is recorded)
     name = "analytic" if request.evaluator == NO_EVALUATOR else request.evaluator
-    return plan_sustained(spec, solves, parse_arrivals(request.arrivals), request.costs(), name, request.jobs)
+    plan, lines = plan_sustained(spec, sustained_planners(spec, request), request.solver_options(),
+                                 parse_arrivals(request.arrivals), request.costs(), name, request.jobs)
+    return replace(plan, notes=lines)
 
 
-def cost(spec: PlanningSpec, request: ObjectiveInputs) -> Outcome:
+def cost(spec: PlanningSpec, request: ObjectiveInputs) -> Plan:
     """The least cost per hour whose plan sustains ``request.rates_rps`` at >= 99 % (``request.prices``)."""
     prices = dict(request.prices or {})
     if request.evaluator == NO_EVALUATOR:  # nominal rates, as the cost MILP reads them
         return solve_cost(spec, CostRequest(dict(request.rates_rps or {}), prices), request.planner,
-                          request.solver_options()), ()
+                          request.solver_options())
     arrivals, costs = parse_arrivals(request.arrivals), request.costs()
-    planned = costed(spec, COST_MARGIN, costs)
+    planned = with_serving_costs(spec, COST_MARGIN, costs)
     name, evaluate = evaluator(request.evaluator)
     plan, held, rounds = cheapest_sustaining(
         lambda rates: solve_cost(planned, CostRequest(rates, prices), request.planner, request.solver_options()),
         dict(request.rates_rps or {}), arrivals, costs, evaluate)
     line = (f"cost objective: sustains {', '.join(f'{m} {r:,.1f} req/s' for m, r in held.items())} at >= 99 % "
             f"under {arrivals} ({name}; {rounds} round(s))")
-    return with_sustainable(plan, held, arrivals, name), (line,)
+    return replace(with_sustainable(plan, held, arrivals, name), notes=(line,))
 
 
-OBJECTIVES: dict[str, Callable[[PlanningSpec, ObjectiveInputs], Outcome]] = {
+OBJECTIVES: dict[str, Callable[[PlanningSpec, ObjectiveInputs], Plan]] = {
     "sustained": sustained, "throughput": throughput, "cost": cost}

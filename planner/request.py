@@ -16,7 +16,7 @@ from planner.objectives import OBJECTIVES
 from planner.planners import DEFAULT_TIME_LIMIT_S, PLANNERS, check_limits, check_planner
 from planner.sizing.paris import check_pdf
 from planner.solvers.milp_solvers import DEFAULT_REL_GAP, SOLVERS, SolverOptions
-from planner.sustained.evaluators import known_evaluators
+from planner.sustained.evaluators import NO_EVALUATOR, known_evaluators
 from plans.arrivals import parse_arrivals
 from plans.plan_json import Plan
 from poolpipe_common.documents import check_fields
@@ -25,7 +25,7 @@ from poolpipe_common.overheads import DEFAULT_OVERHEADS, Overheads
 
 # plan.json's ``request`` fields (progress and jobs are how to plan, not what)
 RECORDED = ("planner", "objective", "rates_rps", "prices", "colocate", "app_split", "paris_batch_pdf", "arrivals",
-            "overheads", "evaluator", "solver", "time_limit_s", "gap")
+            "overheads", "evaluator", "solver", "time_limit_s", "gap", "verify")
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,7 @@ class PlanRequest:
     gap: float = DEFAULT_REL_GAP
     progress: bool = False  # show the solver's log
     jobs: int | None = None  # processes that measure candidate plans at once; None: one per core (how, not what)
+    verify: bool = False  # objective throughput: measure the plan's sustainable rates (the others always measure)
 
     def __post_init__(self) -> None:
         check_planner(self.planner)
@@ -68,6 +69,10 @@ class PlanRequest:
         if self.evaluator is not None and self.evaluator not in known_evaluators():
             raise InputError(f"unknown evaluator {self.evaluator!r}; choose one of {', '.join(known_evaluators())}")
         check_limits(self.solver, self.time_limit_s, self.gap)
+        if not isinstance(self.verify, bool):
+            raise InputError(f"verify must be true or false, got {self.verify!r}")
+        if self.verify and self.evaluator == NO_EVALUATOR:
+            raise InputError("--verify measures the plan with an evaluator: drop --evaluator none")
         if self.jobs is not None and (not isinstance(self.jobs, int) or isinstance(self.jobs, bool) or self.jobs < 1):
             raise InputError(f"--jobs: expected a whole number >= 1 (processes that measure plans), got {self.jobs!r}")
 

@@ -135,6 +135,8 @@ class Plan:
     request: dict[str, Any] | None = None
     # how the sustainable rates were found: the evaluator, and the candidates the sustained objective weighed
     sustained: dict[str, Any] | None = None
+    # what the planner says of how it planned (PARIS's sizing, say): printed by `poolpipe plan`, not written
+    notes: tuple[str, ...] = field(default=(), compare=False)
 
     def model(self, name: str) -> ModelPlan:
         for m in self.models:

@@ -197,7 +197,7 @@ class PaperExperiment:
         if self.run.time_scale <= 0:
             self.run = dataclasses.replace(self.run, time_scale=self.auto_time_scale())
         spec = paper_spec(self.run)
-        self.fixed = plan(spec, PlanRequest("ppipe", objective="throughput", time_limit_s=60)).plan
+        self.fixed = plan(spec, PlanRequest("ppipe", objective="throughput", time_limit_s=60, verify=True)).plan
         self.rate = self.fixed.models[0].throughput_rps
         self.slo_ms = spec.models[0].slo_us / 1e3
         slow = f" (time x{self.run.time_scale:g}: latencies and SLO x{self.run.time_scale:g}, rates /" \

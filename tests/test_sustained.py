@@ -15,7 +15,14 @@ from planner import PlanRequest, plan
 from planner.ppipe.reference_plans import load_reference_plans, spec_from_reference
 from planner.sustained.capacity import predicted_rps
 from planner.sustained.queueing import PipelineTerms, PoolTerms, erlang_c, sustainable_rps
-from planner.sustained.search import OWN_PLAN_TOLERANCE, Candidate, costed, kept
+from planner.sustained.search import (
+    MODEL_ERROR,
+    OWN_PLAN_TOLERANCE,
+    CandidatePlan,
+    kept,
+    robust_best,
+    with_serving_costs,
+)
 from plans.arrivals import parse_arrivals
 from plans.spec.planning_spec import ClusterSpec, check_spec
 from poolpipe_common.errors import InputError
@@ -66,7 +73,7 @@ def test_more_vgpus_at_equal_capacity_sustain_more():
 def test_the_promised_rate_holds_on_other_arrivals(l4, t4, margin, load):
     """Over pool sizes (clusters and margins make them) and loads up to the promise: plan.json's sustainable_rps,
     simulated on arrivals it was not measured on, keeps >= PROMISE_ATTAINMENT."""
-    p = plan(small_spec(l4, t4, margin=margin), PlanRequest(objective="throughput", time_limit_s=30)).plan
+    p = plan(small_spec(l4, t4, margin=margin), PlanRequest(objective="throughput", time_limit_s=30, verify=True)).plan
     m = p.models[0]
     assert m.sustainable_rps is not None and m.sustainable_rps <= m.throughput_rps * 1.05
     if m.sustainable_rps > 0:
@@ -94,7 +101,8 @@ def test_plans_keep_the_way_outside_the_sidecars_clock_free():
     spec = small_spec(2, 3, margin=0.0)
     none = dataclasses.replace(DEFAULT_OVERHEADS, front_us=0.0)
     far = dataclasses.replace(DEFAULT_OVERHEADS, front_us=8_000.0)
-    assert costed(spec, 0.1, far).models[0].slo_margin_us == costed(spec, 0.1, none).models[0].slo_margin_us + 8_000
+    near = with_serving_costs(spec, 0.1, none).models[0].slo_margin_us
+    assert with_serving_costs(spec, 0.1, far).models[0].slo_margin_us == near + 8_000
     p = plan(spec, PlanRequest(objective="throughput", evaluator="none", time_limit_s=30)).plan
     arrivals = parse_arrivals("poisson")
     assert predicted_rps(p, arrivals, far)[MODEL] < predicted_rps(p, arrivals, none)[MODEL]
@@ -104,14 +112,14 @@ def test_sustained_plan_records_what_it_holds_and_beats_the_fixed_margin():
     """The default objective on the emulated 4 L4 + 12 T4: plan.json's sustainable_rps holds on other arrivals,
     and it is more than the old default plan (margin 0.3 of the SLO, nominal objective) holds."""
     sustained = plan(small_spec(4, 12, margin=0.0), PlanRequest(time_limit_s=30)).plan
-    fixed = plan(small_spec(4, 12, margin=0.3), PlanRequest(objective="throughput", time_limit_s=30)).plan
+    fixed = plan(small_spec(4, 12, margin=0.3), PlanRequest(objective="throughput", time_limit_s=30, verify=True)).plan
     m = sustained.models[0]
     assert m.arrivals == "poisson" and 0 < m.sustainable_rps <= m.throughput_rps * 1.05
     summary, _ = run_point(PointJob(sustained, {MODEL: m.throughput_rps}, "ppipe", parse_trace("poisson"),
                                     m.sustainable_rps / m.throughput_rps, 30.0, 7, driver="live",
                                     overheads=DEFAULT_OVERHEADS))
     assert summary["models"][MODEL]["slo_attainment"] >= PROMISE_ATTAINMENT
-    assert fixed.models[0].sustainable_rps is not None  # every objective's plan says what it holds
+    assert fixed.models[0].sustainable_rps is not None  # a verified throughput plan says what it holds
     assert m.sustainable_rps >= 1.1 * fixed.models[0].sustainable_rps, (m.sustainable_rps, fixed.models[0])
     doc = sustained.to_dict()
     assert doc["models"][0]["sustainable_rps"] == m.sustainable_rps and doc["request"]["objective"] == "sustained"
@@ -179,10 +187,11 @@ def test_promises_are_measured_in_the_specs_workload_mix():
     assert mix_rates(dataclasses.replace(plan, models=plan.models[1:2])) == {"b": pytest.approx(210.3)}
 
 
-def _candidate(margin: float | None, rate: float) -> Candidate:
-    """A measured candidate of one model (weight 1) that sustains ``rate``."""
-    one = SimpleNamespace(models=(SimpleNamespace(name="m", weight=1.0),))
-    return Candidate(margin, one, (), {"m": rate}, {"m": rate})
+def _candidate(margin: float | None, rate: float, stages: int = 2) -> CandidatePlan:
+    """A measured candidate of one model (weight 1) that sustains ``rate`` with pipelines of ``stages`` partitions."""
+    pipeline = SimpleNamespace(throughput_rps=rate, partitions=(None,) * stages)
+    one = SimpleNamespace(models=(SimpleNamespace(name="m", weight=1.0, pipelines=(pipeline,)),))
+    return CandidatePlan(margin, one, {"m": rate}, {"m": rate})
 
 
 def test_the_specs_own_plan_is_kept_unless_a_candidate_sustains_clearly_more():
@@ -193,3 +202,14 @@ def test_the_specs_own_plan_is_kept_unless_a_candidate_sustains_clearly_more():
     assert kept([own, close]) is own
     assert kept([close, own, clear]) is clear
     assert kept([close, _candidate(0.3, 90.0)]) is close  # no own plan measured: the best
+
+
+def test_between_plans_within_the_models_error_the_one_with_fewer_stage_calls_is_kept():
+    """A plan with fewer cuts loses less when serving's per-stage costs rise: within MODEL_ERROR it is preferred;
+    beyond it the plan that sustains more wins; among equals, the one with more slack."""
+    cut = _candidate(0.1, 100.0, stages=3)
+    whole = _candidate(0.05, 100.0 * (1 - MODEL_ERROR / 2), stages=1)
+    far = _candidate(0.05, 100.0 * (1 - 2 * MODEL_ERROR), stages=1)
+    assert robust_best([cut, whole]) is whole and robust_best([cut, far]) is cut
+    slack = _candidate(0.2, 99.5, stages=3)
+    assert robust_best([cut, slack]) is slack

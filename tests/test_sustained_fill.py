@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from planner import PlanRequest, plan
-from planner.planners import run_planner
+from planner.planners import PLANNERS
 from planner.solvers.milp_solvers import SolverOptions
 from planner.sustained.fill import fills, idle_gpus, merged
-from planner.sustained.search import costed, fill_margins
+from planner.sustained.search import fill_margins, with_serving_costs
 from plans.arrivals import parse_arrivals
 from poolpipe_common.overheads import DEFAULT_OVERHEADS
 from scheduler.sim.sustain import simulated_rps
@@ -18,19 +18,19 @@ from tests.test_sustained import MODEL, small_spec
 OPTS = SolverOptions("highs", 30.0, 1e-4)
 
 
-def _solve(planner: str):
-    return lambda s: (run_planner(s, planner, OPTS), ())
+def run_planner(spec, planner: str):
+    return PLANNERS[planner].solve(spec, OPTS)
 
 
 def test_idle_gpus_counts_whole_gpus_no_vgpu_sits_on_and_merging_adds_pipelines():
     spec = small_spec(4, 12, margin=0.0)
-    base = run_planner(costed(spec, 0.3, DEFAULT_OVERHEADS), "ppipe", OPTS)
+    base = run_planner(with_serving_costs(spec, 0.3, DEFAULT_OVERHEADS), "ppipe")
     used = base.physical_gpus_used()
     idle = idle_gpus(base, spec.cluster.gpus)
     # at 3x a margin of 0.3 rules out a T4 serving centernet whole, and the pipelines' T4 stages are fewer than 12
     assert idle.get("T4", 0) > 0 and all(used[t] + idle.get(t, 0) <= spec.cluster.gpus[t] for t in used)
-    extra = run_planner(replace(costed(spec, 0.0, DEFAULT_OVERHEADS),
-                                cluster=replace(spec.cluster, gpus=idle)), "np", OPTS)
+    extra = run_planner(replace(with_serving_costs(spec, 0.0, DEFAULT_OVERHEADS),
+                                cluster=replace(spec.cluster, gpus=idle)), "np")
     both = merged(base, extra)
     m, b, e = both.models[0], base.models[0], extra.models[0]
     assert m.pipelines == b.pipelines + e.pipelines
@@ -44,12 +44,12 @@ def test_filling_idle_gpus_sustains_more_than_the_plan_that_left_them_idle():
     plan with those T4s serving the model whole (margin 0) sustains more, simulated, than it does alone."""
     spec = small_spec(4, 12, margin=0.0)
     arrivals = parse_arrivals("poisson")
-    base = run_planner(costed(spec, 0.3, DEFAULT_OVERHEADS), "ppipe", OPTS)
-    out = fills(spec, base, idle_gpus(base, spec.cluster.gpus), (0.0,), [_solve("ppipe"), _solve("np")],
-                lambda s, m: costed(s, m, DEFAULT_OVERHEADS))
-    assert out and all(margin == 0.0 for margin, _, _ in out)
+    base = run_planner(with_serving_costs(spec, 0.3, DEFAULT_OVERHEADS), "ppipe")
+    out = fills(spec, base, idle_gpus(base, spec.cluster.gpus), (0.0,), [PLANNERS["ppipe"], PLANNERS["np"]], OPTS,
+                lambda s, m: with_serving_costs(s, m, DEFAULT_OVERHEADS))
+    assert out and all(margin == 0.0 for margin, _ in out)
     alone = simulated_rps(base, arrivals, DEFAULT_OVERHEADS)[MODEL]
-    with_fill = max(simulated_rps(p, arrivals, DEFAULT_OVERHEADS)[MODEL] for _, p, _ in out)
+    with_fill = max(simulated_rps(p, arrivals, DEFAULT_OVERHEADS)[MODEL] for _, p in out)
     assert with_fill > 1.05 * alone, (with_fill, alone)
 
 

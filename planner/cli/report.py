@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from planner.ppipe.candidates import partition_rate_rps
+from planner.ppipe.pipeline_columns import partition_rate_rps
 from plans.plan_json import ModelPlan, Plan
 from plans.spec.planning_spec import ModelSpec, PlanningSpec
 

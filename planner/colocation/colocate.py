@@ -23,7 +23,7 @@ from dataclasses import replace
 import numpy as np
 
 from planner.colocation.colocate_milp import solve_colocated
-from planner.ppipe.candidates import Candidates, enumerate_candidates
+from planner.ppipe.pipeline_columns import PipelineColumns, enumerate_candidates
 from planner.ppipe.pooled import InfeasibleError, ModelPipelines, assemble_plan, infeasible_reason, pipeline_plan
 from planner.solvers.milp_solvers import SolverOptions
 from plans.colocation_costs import (
@@ -53,7 +53,7 @@ def inflated(profile: Profile, factors: dict[tuple[str, int], float]) -> Profile
     return replace(profile, timings=timings)
 
 
-def memory_feasible(cand: Candidates, model: ModelSpec, spec: PlanningSpec) -> Candidates:
+def memory_feasible(cand: PipelineColumns, model: ModelSpec, spec: PlanningSpec) -> PipelineColumns:
     """The candidates whose every partition fits its vGPU's share of the GPU's memory."""
     types = spec.cluster.gpu_types
     keep = []
@@ -70,7 +70,7 @@ def memory_feasible(cand: Candidates, model: ModelSpec, spec: PlanningSpec) -> C
     return cand.take(np.flatnonzero(keep))
 
 
-def _candidates(spec: PlanningSpec, infl: dict[int, dict[tuple[str, int], float]]) -> list[Candidates]:
+def _candidates(spec: PlanningSpec, infl: dict[int, dict[tuple[str, int], float]]) -> list[PipelineColumns]:
     out = []
     for i, m in enumerate(spec.models):
         planned = replace(m, profile=inflated(m.profile, infl[i]))

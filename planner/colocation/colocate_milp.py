@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner.ppipe.candidates import Candidates
 from planner.ppipe.column_milp import ChosenPipeline, ColumnLayout, chosen_pipelines
+from planner.ppipe.pipeline_columns import PipelineColumns
 from planner.solvers.milp_solvers import MilpArrays, MilpResult, SolverOptions, solve_milp
 
 
-def build_colocated_milp(cands: list[Candidates], gpu_counts: np.ndarray, weights: tuple[float, ...]
+def build_colocated_milp(cands: list[PipelineColumns], gpu_counts: np.ndarray, weights: tuple[float, ...]
                          ) -> tuple[MilpArrays, ColumnLayout]:
-    all_c = Candidates.concat(cands, cands[0].gpu.shape[1])
+    all_c = PipelineColumns.concat(cands, cands[0].gpu.shape[1])
     model_of = np.concatenate([np.full(len(c), i) for i, c in enumerate(cands)]).astype(int)
     num_c, num_p = all_c.gpu.shape
     ci, pi = np.nonzero(all_c.gpu >= 0)
@@ -80,7 +80,7 @@ def build_colocated_milp(cands: list[Candidates], gpu_counts: np.ndarray, weight
     return milp, ColumnLayout(model_of, np.arange(num_c), n_index, g_idx, np.c_[np.zeros(ng, int), gkeys], z)
 
 
-def solve_colocated(cands: list[Candidates], gpu_counts: np.ndarray, weights: tuple[float, ...],
+def solve_colocated(cands: list[PipelineColumns], gpu_counts: np.ndarray, weights: tuple[float, ...],
                     opts: SolverOptions) -> tuple[MilpResult, list[ChosenPipeline]]:
     """Solve the MILP above (with the fill pass for several models); the pipelines it chose."""
     milp, lay = build_colocated_milp(cands, gpu_counts, weights)

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from planner.ppipe import whole_gpu
-from planner.ppipe.candidates import Candidates
 from planner.ppipe.column_milp import ChosenPipeline, Objective, relaxation_bound, solve_columns
+from planner.ppipe.pipeline_columns import PipelineColumns
 from planner.solvers.milp_solvers import MilpResult, SolverOptions
 
 CHECK_SHARE = 0.2  # a feasibility MILP may use this share of the time left (at least MIN_CHECK_S)
@@ -32,7 +32,7 @@ MIN_CHECK_S = 0.5
 class Feasibility:
     """Answers to "do these GPU counts serve the rates?", with the plan for every yes."""
 
-    cands: list[Candidates]
+    cands: list[PipelineColumns]
     rates: tuple[float, ...]
     opts: SolverOptions
     dp: np.ndarray | None  # max-min of F_m / R_m over (A, B) from the whole-GPU DP, if it applies
@@ -72,7 +72,7 @@ class Feasibility:
         return None
 
 
-def lp_least_b(cands: list[Candidates], counts: np.ndarray, rates: tuple[float, ...]) -> list[int]:
+def lp_least_b(cands: list[PipelineColumns], counts: np.ndarray, rates: tuple[float, ...]) -> list[int]:
     """For every A, the fewest low GPUs with which even the LP relaxation serves the rates (B + 1: never)."""
     ga, gb = int(counts[0]), int(counts[1])
     out = []
@@ -102,7 +102,7 @@ def _answer(feasible: Feasibility, a: int, b: int) -> bool | None:
     return feasible._milp(a, b)
 
 
-def cheapest_counts(cands: list[Candidates], counts: np.ndarray, rates: tuple[float, ...],
+def cheapest_counts(cands: list[PipelineColumns], counts: np.ndarray, rates: tuple[float, ...],
                     prices: tuple[float, ...], opts: SolverOptions) -> tuple[MilpResult, list[ChosenPipeline]]:
     """Least-cost (A, B) that serves ``rates`` and its plan; status time_limit if the search was cut short
     (its bound: the cheapest count still undecided)."""

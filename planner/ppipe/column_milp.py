@@ -1,6 +1,6 @@
 """The pooled-pipeline MILP over enumerated whole-pipeline candidates (column generation by enumeration).
 
-Variables, for every candidate pipeline c of every model m (see planner.ppipe.candidates):
+Variables, for every candidate pipeline c of every model m (see planner.ppipe.pipeline_columns):
   x_c >= 0        throughput of pipeline c (requests/s)
   n_ck in Z>=0    vGPUs of partition k of c (at c's vGPU level V_ck)
   y_mpt in Z>=0   whole physical GPUs of type t at partition position p of model m
@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from planner.ppipe import relaxed_dp
-from planner.ppipe.candidates import Candidates
+from planner.ppipe.pipeline_columns import PipelineColumns
 from planner.ppipe.reduction import aggregated_lp, throughput_caps, throughput_duals
 from planner.solvers.milp_passes import Tightener, solve_two_pass
 from planner.solvers.milp_solvers import MilpArrays, MilpResult, SolverOptions, relative_gap, solve_milp
@@ -59,7 +59,7 @@ class ColumnLayout:
 @dataclass(frozen=True)
 class ChosenPipeline:
     model: int
-    candidate: int  # row in that model's Candidates
+    candidate: int  # row in that model's PipelineColumns
     throughput_rps: float  # x_c from the solution
     num_vgpus: tuple[int, ...]  # per partition (minimal whole vGPUs carrying x_c)
 
@@ -84,9 +84,10 @@ class _Rows:
         self.count += len(lo)
 
 
-def _layout(cands: list[Candidates], max_min: bool) -> tuple[Candidates, ColumnLayout, np.ndarray, np.ndarray]:
+def _layout(cands: list[PipelineColumns], max_min: bool
+            ) -> tuple[PipelineColumns, ColumnLayout, np.ndarray, np.ndarray]:
     """Column positions of x, n, y (and z); also the (candidate, position) of every n and its y row."""
-    all_c = Candidates.concat(cands, cands[0].gpu.shape[1])
+    all_c = PipelineColumns.concat(cands, cands[0].gpu.shape[1])
     model_of = np.concatenate([np.full(len(c), i) for i, c in enumerate(cands)]).astype(int)
     num_c, num_p = all_c.gpu.shape
     ci, pi = np.nonzero(all_c.gpu >= 0)  # one n variable per used (candidate, position)
@@ -99,7 +100,7 @@ def _layout(cands: list[Candidates], max_min: bool) -> tuple[Candidates, ColumnL
     return all_c, layout, np.stack([ci, pi]), y_of_n.ravel()
 
 
-def build_column_milp(cands: list[Candidates], gpu_counts: np.ndarray, objective: Objective
+def build_column_milp(cands: list[PipelineColumns], gpu_counts: np.ndarray, objective: Objective
                       ) -> tuple[MilpArrays, ColumnLayout]:
     """Assemble the MILP above as arrays (no per-variable Python objects)."""
     all_c, lay, (ci, pi), y_of_n = _layout(cands, objective.max_min)
@@ -142,7 +143,7 @@ def build_column_milp(cands: list[Candidates], gpu_counts: np.ndarray, objective
     return milp, lay
 
 
-def chosen_pipelines(cands: list[Candidates], layout: ColumnLayout, x: np.ndarray,
+def chosen_pipelines(cands: list[PipelineColumns], layout: ColumnLayout, x: np.ndarray,
                      min_rps: float = 1e-6) -> list[ChosenPipeline]:
     """Pipelines with positive throughput in a solution, with the whole vGPUs each partition needs."""
     out = []
@@ -172,7 +173,7 @@ def _second_pass(milp: MilpArrays, layout: ColumnLayout, objective: Objective, z
                       milp.row_lower, milp.row_upper, True)
 
 
-def relaxation_bound(cands: list[Candidates], gpu_counts: np.ndarray, objective: Objective) -> float | None:
+def relaxation_bound(cands: list[PipelineColumns], gpu_counts: np.ndarray, objective: Objective) -> float | None:
     """The LP relaxation's optimum from an aggregated LP (planner.ppipe.reduction.aggregated_lp): with vGPUs
     and GPUs continuous it has the full relaxation's value. A bound for solves stopped before their root LP."""
     agg = aggregated_lp(cands, gpu_counts, objective.kind, objective.weights, objective.rates_rps, objective.prices)
@@ -189,7 +190,7 @@ def capped(milp: MilpArrays, layout: ColumnLayout, rates: np.ndarray, caps: np.n
     return replace(milp, upper=upper)
 
 
-def throughput_tightener(cands: list[Candidates], gpu_counts: np.ndarray, objective: Objective,
+def throughput_tightener(cands: list[PipelineColumns], gpu_counts: np.ndarray, objective: Objective,
                          layout: ColumnLayout) -> Tightener | None:
     """For the throughput objective: a function giving the MILP without the columns that no plan better
     than an incumbent can use (planner.ppipe.reduction, then planner.ppipe.relaxed_dp where it applies, with its
@@ -199,7 +200,7 @@ def throughput_tightener(cands: list[Candidates], gpu_counts: np.ndarray, object
     duals = throughput_duals(cands, gpu_counts, objective.weights)
     if duals is None:
         return None
-    rates = Candidates.concat(cands, cands[0].gpu.shape[1]).rate_rps
+    rates = PipelineColumns.concat(cands, cands[0].gpu.shape[1]).rate_rps
     rel: dict[float, relaxed_dp.Relaxation] = {}  # built at the first incumbent: valid for any better one
 
     def tighten(milp: MilpArrays, incumbent: float) -> tuple[MilpArrays, float | None]:
@@ -214,7 +215,7 @@ def throughput_tightener(cands: list[Candidates], gpu_counts: np.ndarray, object
     return tighten
 
 
-def solve_columns(cands: list[Candidates], gpu_counts: np.ndarray, objective: Objective, opts: SolverOptions,
+def solve_columns(cands: list[PipelineColumns], gpu_counts: np.ndarray, objective: Objective, opts: SolverOptions,
                   second_pass: str | None = "fill", start: np.ndarray | None = None
                   ) -> tuple[MilpResult, list[ChosenPipeline]]:
     """Solve the column MILP (from the MILP point ``start`` if given). With several models a second
@@ -244,7 +245,7 @@ def _with_relaxation_bound(res: MilpResult, lp: float | None, maximize: bool) ->
     return MilpResult(res.status, res.x, res.objective, res.seconds, relative_gap(res.objective, bound), bound)
 
 
-def column_start(cands: list[Candidates], gpu_counts: np.ndarray, objective: Objective,
+def column_start(cands: list[PipelineColumns], gpu_counts: np.ndarray, objective: Objective,
                  chosen: list[ChosenPipeline]) -> np.ndarray:
     """The MILP point of a set of chosen pipelines (x, n, y and z filled in), to start a solve from."""
     milp, lay = build_column_milp(cands, gpu_counts, objective)

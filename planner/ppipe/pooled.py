@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.ppipe import whole_gpu
-from planner.ppipe.candidates import Candidates, enumerate_candidates
 from planner.ppipe.column_milp import ChosenPipeline, Objective, column_start, relaxation_bound, solve_columns
+from planner.ppipe.pipeline_columns import PipelineColumns, enumerate_candidates
 from planner.solvers.milp_solvers import MilpResult, SolverOptions, relative_gap
 from plans.plan_json import ModelPlan, PartitionPlan, PipelinePlan, Plan, nominal_objective
 from plans.spec.planning_spec import ClusterSpec, ModelSpec, PlanningSpec
@@ -53,7 +53,7 @@ def infeasible_reason(model: ModelSpec, cluster: ClusterSpec) -> str:
             f"{model.latency_budget_us:.0f} us; raise the SLO or lower the margin")
 
 
-def model_candidates(spec: PlanningSpec, cluster: ClusterSpec, max_parts: int) -> list[Candidates]:
+def model_candidates(spec: PlanningSpec, cluster: ClusterSpec, max_parts: int) -> list[PipelineColumns]:
     """Pruned candidates of every model; a model with none is infeasible."""
     out = []
     for m in spec.models:
@@ -64,7 +64,7 @@ def model_candidates(spec: PlanningSpec, cluster: ClusterSpec, max_parts: int) -
     return out
 
 
-def pipeline_plan(cand: Candidates, c: int, num_vgpus: tuple[int, ...], gpu_types: list[str]) -> PipelinePlan:
+def pipeline_plan(cand: PipelineColumns, c: int, num_vgpus: tuple[int, ...], gpu_types: list[str]) -> PipelinePlan:
     """Candidate row ``c`` with its vGPU counts as a PipelinePlan (latency: partitions + transfers)."""
     k = int(cand.num_parts[c])
     parts = tuple(PartitionPlan((int(cand.cuts[c, p]), int(cand.cuts[c, p + 1])), gpu_types[int(cand.gpu[c, p])],
@@ -76,7 +76,7 @@ def pipeline_plan(cand: Candidates, c: int, num_vgpus: tuple[int, ...], gpu_type
     return PipelinePlan(parts, thr, lat)
 
 
-def chosen_to_models(spec: PlanningSpec, cands: list[Candidates], chosen: list[ChosenPipeline],
+def chosen_to_models(spec: PlanningSpec, cands: list[PipelineColumns], chosen: list[ChosenPipeline],
                      gpu_types: list[str]) -> list[ModelPipelines]:
     per = [[] for _ in spec.models]
     for ch in chosen:
@@ -84,7 +84,7 @@ def chosen_to_models(spec: PlanningSpec, cands: list[Candidates], chosen: list[C
     return [ModelPipelines(m, tuple(sorted(p, key=lambda x: -x.throughput_rps))) for m, p in zip(spec.models, per)]
 
 
-def solve_with_warm_start(cands: list[Candidates], counts: np.ndarray, objective: Objective, opts: SolverOptions,
+def solve_with_warm_start(cands: list[PipelineColumns], counts: np.ndarray, objective: Objective, opts: SolverOptions,
                           second_pass: str) -> tuple[MilpResult, list[ChosenPipeline]]:
     """The column MILP started from the whole-GPU DP's plan (planner.ppipe.whole_gpu) where the DP applies.
     One model needs no MILP when the DP's plan is proven: vGPU level 1 everywhere (nothing to share),

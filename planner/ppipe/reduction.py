@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.ppipe.candidates import Candidates
+from planner.ppipe.pipeline_columns import PipelineColumns
 from planner.solvers.milp_solvers import MilpArrays, solve_lp
 
 TOLERANCE = 1e-6  # relative: keep whatever comes within this of the incumbent
@@ -47,10 +47,10 @@ class Duals:
     coef: np.ndarray  # (M,) lam_m / w_m (throughput objective) or 1 (one model)
 
 
-def aggregated_lp(cands: list[Candidates], gpu_counts: np.ndarray, kind: str, weights: tuple[float, ...],
+def aggregated_lp(cands: list[PipelineColumns], gpu_counts: np.ndarray, kind: str, weights: tuple[float, ...],
                   rates: tuple[float, ...] = (), prices: tuple[float, ...] = ()) -> AggregatedLp:
     """Pipeline c uses sum_k 1 / (r_ck V_ck) GPUs of each type per req/s; rows: types, then models."""
-    all_c = Candidates.concat(cands, cands[0].gpu.shape[1])
+    all_c = PipelineColumns.concat(cands, cands[0].gpu.shape[1])
     model_of = np.concatenate([np.full(len(c), i) for i, c in enumerate(cands)]).astype(int)
     ci, pi = np.nonzero(all_c.gpu >= 0)
     nt, nc, nm = len(gpu_counts), len(all_c), len(cands)
@@ -80,7 +80,7 @@ def aggregated_lp(cands: list[Candidates], gpu_counts: np.ndarray, kind: str, we
     return AggregatedLp(lp, model_of, nt)
 
 
-def throughput_duals(cands: list[Candidates], gpu_counts: np.ndarray, weights: tuple[float, ...]) -> Duals | None:
+def throughput_duals(cands: list[PipelineColumns], gpu_counts: np.ndarray, weights: tuple[float, ...]) -> Duals | None:
     """pi and lam from the aggregated LP of the throughput objective (None if the LP has no optimum)."""
     agg = aggregated_lp(cands, gpu_counts, "throughput", weights)
     res = solve_lp(agg.lp)
@@ -98,7 +98,7 @@ def throughput_duals(cands: list[Candidates], gpu_counts: np.ndarray, weights: t
     return Duals(float(price @ gpu_counts), price, coef)
 
 
-def candidate_levels(c: Candidates, i: int, gpu_counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def candidate_levels(c: PipelineColumns, i: int, gpu_counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Throughputs where some partition of candidate i is exactly full, and the vGPUs each needs there."""
     k = int(c.num_parts[i])
     r, v, t = c.rate_rps[i, :k], c.v[i, :k], c.gpu[i, :k]
@@ -108,7 +108,7 @@ def candidate_levels(c: Candidates, i: int, gpu_counts: np.ndarray) -> tuple[np.
     return lv, np.ceil(lv[:, None] / r[None, :] - 1e-9)
 
 
-def level_terms(c: Candidates, i: int, gpu_counts: np.ndarray, duals: Duals, model: int
+def level_terms(c: PipelineColumns, i: int, gpu_counts: np.ndarray, duals: Duals, model: int
                 ) -> tuple[np.ndarray, np.ndarray]:
     """(levels, term at each level) of candidate i: lam/w x minus the priced whole vGPUs it needs."""
     k = int(c.num_parts[i])
@@ -117,7 +117,7 @@ def level_terms(c: Candidates, i: int, gpu_counts: np.ndarray, duals: Duals, mod
     return lv, duals.coef[model] * lv - n @ per_vgpu
 
 
-def throughput_caps(cands: list[Candidates], gpu_counts: np.ndarray, duals: Duals, incumbent: float
+def throughput_caps(cands: list[PipelineColumns], gpu_counts: np.ndarray, duals: Duals, incumbent: float
                     ) -> list[np.ndarray]:
     """Per model, the largest throughput of each candidate that a plan better than ``incumbent`` may
     give it (0: the candidate is in no such plan); see the module doc."""

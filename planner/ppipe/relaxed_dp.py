@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.ppipe.candidates import Candidates
+from planner.ppipe.pipeline_columns import PipelineColumns
 from planner.ppipe.reduction import TOLERANCE, candidate_levels
 
 MAX_STATES = 100_000
@@ -33,7 +33,7 @@ class Grid:
     shape: tuple[int, int]
 
 
-def applicable(cands: list[Candidates], gpu_counts: np.ndarray) -> bool:
+def applicable(cands: list[PipelineColumns], gpu_counts: np.ndarray) -> bool:
     """One model on one or two GPU types."""
     return len(cands) == 1 and len(gpu_counts) <= 2 and len(cands[0]) > 0
 
@@ -44,7 +44,7 @@ def _unit_choices(levels: np.ndarray) -> list[int]:
     return sorted({exact, *(u for u in (4, 2, 1) if u < exact)}, reverse=True)
 
 
-def grid(c: Candidates, gpu_counts: np.ndarray) -> Grid:
+def grid(c: PipelineColumns, gpu_counts: np.ndarray) -> Grid:
     """The finest grid (lcm of the vGPU levels in use) unless that exceeds MAX_STATES; then coarser on
     the type with more units first."""
     choices = [_unit_choices(np.unique(c.v[c.gpu == t])) for t in range(len(gpu_counts))]
@@ -61,7 +61,7 @@ def grid(c: Candidates, gpu_counts: np.ndarray) -> Grid:
     return Grid(units(), (dims[0], dims[1] if len(dims) > 1 else 1))
 
 
-def level_usage(c: Candidates, i: int, gpu_counts: np.ndarray, g: Grid, cap: float
+def level_usage(c: PipelineColumns, i: int, gpu_counts: np.ndarray, g: Grid, cap: float
                 ) -> tuple[np.ndarray, np.ndarray]:
     """Levels of candidate i up to ``cap`` and the grid units each uses per type (rounded down), (L, 2)."""
     lv, n = candidate_levels(c, i, gpu_counts)
@@ -75,7 +75,7 @@ def level_usage(c: Candidates, i: int, gpu_counts: np.ndarray, g: Grid, cap: flo
     return lv, np.floor(use + 1e-9).astype(int)
 
 
-def knapsack(c: Candidates, gpu_counts: np.ndarray, g: Grid, caps: np.ndarray) -> np.ndarray:
+def knapsack(c: PipelineColumns, gpu_counts: np.ndarray, g: Grid, caps: np.ndarray) -> np.ndarray:
     """F[a, b]: the most throughput within a and b units (each candidate once, at one level <= its cap)."""
     f = np.zeros(g.shape)
     na, nb = g.shape
@@ -101,12 +101,12 @@ class Relaxation:
         return float(self.table[-1, -1])
 
 
-def relax(c: Candidates, gpu_counts: np.ndarray, caps: np.ndarray) -> Relaxation:
+def relax(c: PipelineColumns, gpu_counts: np.ndarray, caps: np.ndarray) -> Relaxation:
     g = grid(c, gpu_counts)
     return Relaxation(g, knapsack(c, gpu_counts, g, caps))
 
 
-def dp_caps(c: Candidates, gpu_counts: np.ndarray, caps: np.ndarray, incumbent: float, rel: Relaxation
+def dp_caps(c: PipelineColumns, gpu_counts: np.ndarray, caps: np.ndarray, incumbent: float, rel: Relaxation
             ) -> np.ndarray:
     """The caps lowered to each candidate's best level that can still beat ``incumbent`` (see the module
     doc); ``rel`` must have been built with caps at least these."""

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.ppipe.candidates import Candidates
 from planner.ppipe.column_milp import ChosenPipeline
+from planner.ppipe.pipeline_columns import PipelineColumns
 
 MAX_STATES = 20_000  # (A + 1) x (B + 1); larger clusters skip the DP
 
@@ -34,24 +34,24 @@ class Table:
     items: list[tuple[int, float, tuple[int, ...]]]  # (candidate, throughput, whole GPUs per partition)
 
 
-def applicable(cands: list[Candidates], counts: np.ndarray) -> bool:
+def applicable(cands: list[PipelineColumns], counts: np.ndarray) -> bool:
     """The DP handles one or two GPU types of modest counts."""
     return len(counts) <= 2 and int(np.prod(counts.astype(int) + 1)) <= MAX_STATES and all(len(c) for c in cands)
 
 
-def exact_for(cands: list[Candidates]) -> bool:
+def exact_for(cands: list[PipelineColumns]) -> bool:
     """With vGPU level 1 everywhere, GPUs are never shared, so the DP's plan is optimal."""
     return all(int(c.v.max(initial=1)) <= 1 for c in cands)
 
 
-def _levels(c: Candidates, i: int, counts: np.ndarray) -> np.ndarray:
+def _levels(c: PipelineColumns, i: int, counts: np.ndarray) -> np.ndarray:
     """Throughputs worth trying for candidate i: every e_k x w up to the GPUs of partition k's type."""
     k = int(c.num_parts[i])
     e = c.rate_rps[i, :k] * c.v[i, :k]
     return np.unique(np.concatenate([e[p] * np.arange(1, counts[c.gpu[i, p]] + 1) for p in range(k)]))
 
 
-def _candidate_points(c: Candidates, i: int, counts: np.ndarray, shape: tuple[int, int]):
+def _candidate_points(c: PipelineColumns, i: int, counts: np.ndarray, shape: tuple[int, int]):
     """(throughput, a, b, whole GPUs per partition) of candidate i at every throughput worth trying."""
     k = int(c.num_parts[i])
     e = c.rate_rps[i, :k] * c.v[i, :k]
@@ -66,7 +66,7 @@ def _candidate_points(c: Candidates, i: int, counts: np.ndarray, shape: tuple[in
     return t[ok], a[ok], b[ok], wp
 
 
-def _best_single(c: Candidates, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, list]:
+def _best_single(c: PipelineColumns, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, list]:
     """best[a, b]: the most one pipeline carries on exactly a high / b low GPUs (and which item)."""
     shape = (int(counts[0]) + 1, int(counts[1]) + 1 if len(counts) > 1 else 1)
     pts = [_candidate_points(c, i, counts, shape) for i in range(len(c))]
@@ -102,7 +102,7 @@ def _prefix_max(best: np.ndarray, arg: np.ndarray) -> tuple[np.ndarray, np.ndarr
     return best, arg, where
 
 
-def model_table(c: Candidates, counts: np.ndarray) -> Table:
+def model_table(c: PipelineColumns, counts: np.ndarray) -> Table:
     """Unbounded knapsack over (A, B) with one pipeline per item: F[A, B] = max best[a, b] + F[A-a, B-b]."""
     best, arg, items = _best_single(c, counts)
     best, arg, where = _prefix_max(best, arg)
@@ -136,7 +136,7 @@ def rebuild(t: Table, a: int, b: int) -> list[tuple[int, float, tuple[int, ...]]
     return out
 
 
-def chosen(model: int, c: Candidates, picks: list[tuple[int, float, tuple[int, ...]]]) -> list[ChosenPipeline]:
+def chosen(model: int, c: PipelineColumns, picks: list[tuple[int, float, tuple[int, ...]]]) -> list[ChosenPipeline]:
     """Picks as ChosenPipelines; a candidate picked twice is one pool with the summed GPUs."""
     pooled: dict[int, np.ndarray] = {}
     for i, _, w in picks:
@@ -180,7 +180,7 @@ def split_max_min(splits: list[np.ndarray], at: tuple[int, int]) -> list[tuple[i
     return list(reversed(out))
 
 
-def whole_gpu_plan(cands: list[Candidates], counts: np.ndarray, weights: list[float]) -> list[ChosenPipeline]:
+def whole_gpu_plan(cands: list[PipelineColumns], counts: np.ndarray, weights: list[float]) -> list[ChosenPipeline]:
     """The best whole-GPU plan: max throughput (one model) or max smallest throughput/weight."""
     tables = [model_table(c, counts) for c in cands]
     if len(cands) == 1:

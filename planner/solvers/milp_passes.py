@@ -18,7 +18,6 @@ from dataclasses import replace
 import numpy as np
 
 from planner.solvers.milp_solvers import (
-    QUICK_PASS_S,
     MilpArrays,
     MilpResult,
     SolverOptions,
@@ -110,15 +109,13 @@ def aspiration_search(milp: MilpArrays, tighten: Tightener, opts: SolverOptions,
 
 def solve_two_pass(milp: MilpArrays, opts: SolverOptions, start: np.ndarray | None,
                    tighten: Tightener | None = None) -> MilpResult:
-    """HiGHS: a quick pass (root presolve only, at most QUICK_PASS_S) proves most models at the root; the
+    """HiGHS: a quick pass (root presolve only, at most QUICK_PASS_NODES nodes) proves most models at the root; the
     rest go on from the quick pass's incumbent, by the search on the objective where the tightening
     knows a bound, else with HiGHS's defaults. Other solvers: one pass. Each solve is of the MILP as
     ``tighten`` reduces it for the best point known when it starts."""
     if opts.solver != "highs":
         return _solve_tightened(milp, tighten, opts, start)
-    limit = QUICK_PASS_S if opts.time_limit_s is None else min(QUICK_PASS_S, opts.time_limit_s)
-    quick = SolverOptions(opts.solver, limit, opts.rel_gap, opts.log)
-    first = _solve_tightened(milp, tighten, quick, start, quick=True)
+    first = _solve_tightened(milp, tighten, opts, start, quick=True)
     left = opts.remaining(first.seconds)
     if first.status in ("optimal", "infeasible") or (opts.time_limit_s is not None and left.time_limit_s <= 1e-3):
         return first

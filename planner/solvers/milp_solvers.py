@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 
-from planner.solvers import highs_race
 from poolpipe_common.errors import InputError
 
 SOLVERS = ("highs", "cbc", "gurobi")
@@ -24,8 +23,10 @@ DEFAULT_REL_GAP = 1e-4  # the published planner ran Gurobi with this relative ga
 # HiGHS 1.16 solves the root LP of these models through a presolved IPM fallback whose singleton-column
 # stuffing is quadratic: 1-2 s for a 700-row model that takes 10 ms as a plain LP. With presolve at the
 # root only that path is skipped (40x faster on models proven at the root) but sub-MIP heuristics lose
-# presolve (2-3x slower on models that need a search). So a first pass runs that way for this long.
-QUICK_PASS_S = 1.0
+# presolve (2-3x slower on models that need a search). So a first pass runs that way, bounded by work (nodes and
+# improving solutions), not by seconds: a pass cut by the clock would give a slower machine another incumbent, and the
+# passes after it another plan. HiGHS's search is deterministic for a given model and options.
+QUICK_PASS_NODES = 200
 
 
 @dataclass(frozen=True)
@@ -131,37 +132,23 @@ def _set_start(h, m: MilpArrays, start: np.ndarray) -> None:
 
 
 def _solve_highs(m: MilpArrays, time_limit_s: float | None, rel_gap: float, log: bool,
-                 start: np.ndarray | None = None, quick: bool = False, race: bool | None = None) -> MilpResult:
-    """One HiGHS search; a full search on a MILP with integers races two (planner.solvers.highs_race) where a
-    second core is free (``race`` None) or when told to."""
-
-    def make(extra: dict) -> Any:
-        h = _highs_model(m)
-        if quick:  # see QUICK_PASS_S
-            h.setOptionValue("mip_root_presolve_only", True)
-        h.setOptionValue("output_flag", log and not extra)
-        h.setOptionValue("mip_rel_gap", rel_gap)
-        if time_limit_s is not None:
-            h.setOptionValue("time_limit", float(time_limit_s))
-        for k, v in extra.items():
-            h.setOptionValue(k, v)
-        if start is not None:
-            _set_start(h, m, start)
-        return h
-
+                 start: np.ndarray | None = None, quick: bool = False) -> MilpResult:
+    """One HiGHS search (single-threaded, so the same model gives the same answer on any machine that finishes it
+    within its time limit)."""
+    h = _highs_model(m)
+    if quick:  # see QUICK_PASS_NODES
+        h.setOptionValue("mip_root_presolve_only", True)
+        h.setOptionValue("mip_max_nodes", QUICK_PASS_NODES)
+    h.setOptionValue("output_flag", log)
+    h.setOptionValue("mip_rel_gap", rel_gap)
+    h.setOptionValue("threads", 1)
+    if time_limit_s is not None:
+        h.setOptionValue("time_limit", float(time_limit_s))
+    if start is not None:
+        _set_start(h, m, start)
     t = time.perf_counter()
-    if race is None:
-        race = not quick and bool(m.integer.any()) and highs_race.worth_racing()
-    if not race:
-        h = make({})
-        h.run()
-        return _highs_result(h, m, time.perf_counter() - t)
-    first, both = highs_race.race(make)
-    secs = time.perf_counter() - t
-    res = _highs_result(first, m, secs)
-    if res.status in ("optimal", "infeasible"):
-        return res
-    return _better_of([_highs_result(h, m, secs) for h in both], m.maximize)
+    h.run()
+    return _highs_result(h, m, time.perf_counter() - t)
 
 
 def _highs_result(h: Any, m: MilpArrays, secs: float) -> MilpResult:
@@ -189,18 +176,6 @@ def _highs_result(h: Any, m: MilpArrays, secs: float) -> MilpResult:
 
 def _finite(v: float) -> float | None:
     return float(v) if np.isfinite(v) else None
-
-
-def _better_of(results: list[MilpResult], maximize: bool) -> MilpResult:
-    """Two unfinished searches of one MILP: the better incumbent with the tighter of their (valid) bounds."""
-    sign = 1.0 if maximize else -1.0
-    with_x = [r for r in results if r.x is not None]
-    best = max(with_x, key=lambda r: sign * r.objective) if with_x else results[0]
-    bounds = [r.bound for r in results if r.bound is not None and np.isfinite(r.bound)]
-    bound = (min(bounds) if maximize else max(bounds)) if bounds else best.bound
-    if best.x is None:
-        return MilpResult(best.status, None, None, best.seconds, bound=bound)
-    return MilpResult(best.status, best.x, best.objective, best.seconds, relative_gap(best.objective, bound), bound)
 
 
 def is_feasible(m: MilpArrays, x: np.ndarray, tol: float = 1e-6) -> bool:
@@ -321,7 +296,7 @@ def solve_milp(m: MilpArrays, solver: str = "highs", time_limit_s: float | None 
                rel_gap: float = DEFAULT_REL_GAP, log: bool = False, start: np.ndarray | None = None,
                quick: bool = False) -> MilpResult:
     """Solve ``m`` with the named solver, from the feasible point ``start`` if given (HiGHS only);
-    ``quick``: HiGHS's presolve at the root only (see QUICK_PASS_S). Bad solver names and unusable
+    ``quick``: HiGHS's presolve at the root only (see QUICK_PASS_NODES). Bad solver names and unusable
     solvers raise InputError."""
     if solver not in SOLVERS:
         raise InputError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}")

@@ -1,30 +1,56 @@
-"""A plan's pipelines in the closed form's terms, and its predicted sustainable rate per model."""
+"""A plan's pipelines in the closed form's terms, and its predicted sustainable rate per model.
+
+The driver forms batches of any size up to each pipeline's planned one, so a plan whose planned batch misses the SLO
+once serving's costs are counted may still hold a good rate at a smaller batch: a model's rate is the best the closed
+form finds over the batch sizes the driver may use (each pipeline at min(b, its batch)), as the simulator would."""
 
 from __future__ import annotations
 
 from planner.sustained.queueing import PipelineTerms, PoolTerms, sustainable_rps
 from plans.arrivals import Arrivals
-from plans.plan_json import ModelPlan, Plan
+from plans.plan_json import ModelPlan, PartitionPlan, PipelinePlan, Plan
 from poolpipe_common.overheads import Overheads, driver_margin_us, sidecar_slo_us
 
 
-def pipeline_terms(model: ModelPlan, costs: Overheads) -> list[PipelineTerms]:
-    """Each pipeline's pools (a vGPU is busy for the compute, slowed as measured: the response's tail delays
-    the next stage, not the vGPU's next batch) and its unloaded latency (compute, transfers, and the lead and
-    tail of every stage call)."""
-    out = []
-    for pl in model.pipelines:
-        pools = tuple(PoolTerms(p.num_vgpus, p.latency_us * costs.slowdown) for p in pl.partitions)
-        latency = sum(p.latency_us * costs.slowdown + costs.lead_us + costs.tail_us + p.transfer_us
-                      for p in pl.partitions)
-        out.append(PipelineTerms(pl.batch, pools, latency))
-    return out
+def _compute_us(model: ModelPlan, pipeline: PipelinePlan, part: PartitionPlan, batch: int) -> float:
+    """One batch's compute on one of the partition's vGPUs (the profile's time at that batch; the planned batch's
+    latency where the profile has no column for it, as for an unequal size)."""
+    dev = part.timing_device
+    prof = model.profile
+    if batch == pipeline.batch or dev not in prof.timings or batch not in prof.batch_sizes(dev, part.v):
+        return part.latency_us
+    first, end = part.blocks
+    return prof.latency_us(dev, part.v, batch, first, end) * part.slowdown
+
+
+def pipeline_at(model: ModelPlan, pipeline: PipelinePlan, costs: Overheads, batch: int | None = None
+                ) -> PipelineTerms:
+    """One pipeline at ``batch`` (default and at most: its planned batch): its pools (a vGPU is busy for the compute,
+    slowed as measured: the response's tail delays the next stage, not the vGPU's next batch) and its unloaded latency
+    (compute, transfers, and the lead and tail of every stage call)."""
+    b = pipeline.batch if batch is None else min(batch, pipeline.batch)
+    pools, latency = [], 0.0
+    for part in pipeline.partitions:
+        compute = _compute_us(model, pipeline, part, b) * costs.slowdown
+        pools.append(PoolTerms(part.num_vgpus, compute))
+        latency += compute + costs.lead_us + costs.tail_us + part.transfer_us * b / pipeline.batch
+    return PipelineTerms(b, tuple(pools), latency)
+
+
+def pipeline_terms(model: ModelPlan, costs: Overheads, batch: int | None = None) -> list[PipelineTerms]:
+    """Every pipeline of ``model`` at ``batch`` (:func:`pipeline_at`)."""
+    return [pipeline_at(model, pl, costs, batch) for pl in model.pipelines]
+
+
+def model_rps(model: ModelPlan, arrivals: Arrivals, costs: Overheads) -> float:
+    """The closed form's sustainable rate of one model: the best over the batch sizes its driver may form."""
+    budget = sidecar_slo_us(model.slo_us, costs.front_us) - driver_margin_us(model.slo_us)
+    top = max((pl.batch for pl in model.pipelines), default=0)
+    return max((sustainable_rps(pipeline_terms(model, costs, b), budget, arrival_scv=arrivals.scv)
+                for b in range(1, top + 1)), default=0.0)
 
 
 def predicted_rps(plan: Plan, arrivals: Arrivals, costs: Overheads) -> dict[str, float]:
     """Per model, the closed form's sustainable rate at >= 99 % SLO attainment under ``arrivals``: the SLO less
     the margin the sidecar's driver keeps and the way outside its clock, and less the per-stage costs."""
-    return {m.name: sustainable_rps(pipeline_terms(m, costs),
-                                    sidecar_slo_us(m.slo_us, costs.front_us) - driver_margin_us(m.slo_us),
-                                    arrival_scv=arrivals.scv)
-            for m in plan.models}
+    return {m.name: model_rps(m, arrivals, costs) for m in plan.models}

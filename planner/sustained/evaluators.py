@@ -14,10 +14,19 @@ from plans.arrivals import Arrivals
 from plans.plan_json import Plan
 from poolpipe_common.errors import InputError
 from poolpipe_common.overheads import Overheads
-from scheduler.sim.sustain import simulated_rps
+from scheduler.sim.sustain import Precision, simulated_rps
 
-Evaluator = Callable[[Plan, Arrivals, Overheads], dict[str, float]]
-EVALUATORS: dict[str, Evaluator] = {"simulated": simulated_rps, "analytic": predicted_rps}
+# (plan, arrivals, costs, precision) -> {model: req/s}; precision None: the promise's (scheduler.sim.sustain)
+Evaluator = Callable[[Plan, Arrivals, Overheads, Precision | None], dict[str, float]]
+
+
+def analytic_rps(plan: Plan, arrivals: Arrivals, costs: Overheads, precision: Precision | None = None
+                 ) -> dict[str, float]:
+    """The closed form (planner.sustained.capacity); it has no precision to choose."""
+    return predicted_rps(plan, arrivals, costs)
+
+
+EVALUATORS: dict[str, Evaluator] = {"simulated": simulated_rps, "analytic": analytic_rps}
 DEFAULT_EVALUATOR = "simulated"
 NO_EVALUATOR = "none"  # plans that reproduce the paper's nominal figures may skip the measurement
 

@@ -14,11 +14,11 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
+from planner.planners import Planner
+from planner.solvers.milp_solvers import SolverOptions
 from plans.plan_json import Plan, nominal_objective
 from plans.spec.planning_spec import PlanningSpec
 from poolpipe_common.errors import InputError
-
-Solve = Callable[[PlanningSpec], tuple[Plan, tuple[str, ...]]]
 
 
 def idle_gpus(plan: Plan, gpus: dict[str, int]) -> dict[str, int]:
@@ -44,17 +44,18 @@ def merged(base: Plan, extra: Plan) -> Plan:
                    solve_seconds=base.solve_seconds + extra.solve_seconds)
 
 
-def fills(spec: PlanningSpec, plan: Plan, idle: dict[str, int], margins: Sequence[float], solves: Sequence[Solve],
-          costed: Callable[[PlanningSpec, float], PlanningSpec]) -> list[tuple[float, Plan, tuple[str, ...]]]:
-    """``plan`` with its ``idle`` GPUs (:func:`idle_gpus`) planned at each of ``margins`` by each solve: (fill
-    margin, merged plan, the fill's lines); none where no model fits on them within a margin."""
+def fills(spec: PlanningSpec, plan: Plan, idle: dict[str, int], margins: Sequence[float],
+          planners: Sequence[Planner], options: SolverOptions,
+          with_costs: Callable[[PlanningSpec, float], PlanningSpec]) -> list[tuple[float, Plan]]:
+    """``plan`` with its ``idle`` GPUs (:func:`idle_gpus`) planned at each of ``margins`` by each planner: (fill
+    margin, merged plan); none where no model fits on them within a margin."""
     rest = replace(spec, cluster=replace(spec.cluster, gpus=idle))
     out = []
     for margin in margins:
-        for solve in solves:
+        for planner in planners:
             try:
-                extra, lines = solve(costed(rest, margin))
+                extra = planner.solve(with_costs(rest, margin), options)
             except InputError:  # no model fits on these GPUs within this margin
                 continue
-            out.append((margin, merged(plan, extra), lines))
+            out.append((margin, merged(plan, extra)))
     return out

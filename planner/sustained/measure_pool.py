@@ -23,6 +23,7 @@ from planner.sustained.evaluators import evaluator
 from plans.arrivals import Arrivals
 from plans.plan_json import Plan
 from poolpipe_common.overheads import Overheads
+from scheduler.sim.sustain import Precision
 
 Rates = dict[str, float]
 STOP_WAIT_S = 5.0  # a worker whose stdin closed exits at once; one that does not is killed after this
@@ -34,21 +35,24 @@ def default_jobs() -> int:
 
 
 def measure_all(name: str, plans: Sequence[Plan], arrivals: Arrivals, costs: Overheads,
-                jobs: int | None = None, done: Callable[[], object] | None = None) -> list[Rates]:
-    """Each plan's sustainable rates by the evaluator ``name``, in order; in up to ``jobs`` processes (None: one
-    per core; 1: in this process). ``done`` is called once per plan measured (a progress bar's update)."""
+                jobs: int | None = None, done: Callable[[], object] | None = None,
+                precisions: Sequence[Precision | None] | None = None) -> list[Rates]:
+    """Each plan's sustainable rates by the evaluator ``name`` (each to its precision: scheduler.sim.sustain), in
+    order; in up to ``jobs`` processes (None: one per core; 1: in this process). ``done`` is called once per plan
+    measured (a progress bar's update)."""
     done = done or (lambda: None)
+    precisions = list(precisions) if precisions is not None else [None] * len(plans)
     workers = min(jobs or default_jobs(), len(plans))
     if workers <= 1 or name == "analytic":  # the closed form takes milliseconds: no process is worth starting
         _, evaluate = evaluator(name)
         out = []
-        for p in plans:
-            out.append(evaluate(p, arrivals, costs))
+        for p, precision in zip(plans, precisions, strict=True):
+            out.append(evaluate(p, arrivals, costs, precision))
             done()
         return out
-    todo: queue.Queue[tuple[int, Plan]] = queue.Queue()
-    for job in enumerate(plans):
-        todo.put(job)
+    todo: queue.Queue[tuple[int, Plan, Precision | None]] = queue.Queue()
+    for i, (p, precision) in enumerate(zip(plans, precisions, strict=True)):
+        todo.put((i, p, precision))
     results: list[Rates | BaseException | None] = [None] * len(plans)
     pool: list[_Worker] = []
     try:
@@ -81,11 +85,11 @@ class _Worker:
         """Measure jobs from ``todo`` until it is empty or this worker fails (its error is the job's result)."""
         while True:
             try:
-                i, plan = todo.get_nowait()
+                i, plan, precision = todo.get_nowait()
             except queue.Empty:
                 return
             try:
-                pickle.dump((plan, *shared), self.proc.stdin)  # type: ignore[arg-type]
+                pickle.dump((plan, precision, *shared), self.proc.stdin)  # type: ignore[arg-type]
                 self.proc.stdin.flush()  # type: ignore[union-attr]
                 results[i] = pickle.load(self.proc.stdout)  # type: ignore[arg-type]
             except (OSError, EOFError, pickle.UnpicklingError) as e:
@@ -111,15 +115,16 @@ class _Worker:
 
 
 def serve(jobs: BinaryIO, answers: BinaryIO) -> None:
-    """The worker's loop: (plan, evaluator name, arrivals, costs) in, the rates or the exception raised out."""
+    """The worker's loop: (plan, precision, evaluator name, arrivals, costs) in, the rates or the exception raised
+    out."""
     while True:
         try:
-            plan, name, arrivals, costs = pickle.load(jobs)
+            plan, precision, name, arrivals, costs = pickle.load(jobs)
         except EOFError:
             return
         result: Any
         try:
-            result = evaluator(name)[1](plan, arrivals, costs)
+            result = evaluator(name)[1](plan, arrivals, costs, precision)
         except Exception as e:  # noqa: BLE001 - handed to the planning process, which raises it
             result = e
         try:

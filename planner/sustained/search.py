@@ -1,14 +1,16 @@
-"""Plan for the rate a cluster sustains: candidate plans over SLO margins, ranked by the closed form, the best
-measured by the registered evaluator (the simulator), the one that sustains the most kept (the spec's own plan where
-none sustains clearly more: within the simulator's spread between seeds, a different plan is no gain).
+"""Plan for the rate a cluster sustains: candidate plans over SLO margins, each made by the request's planners with
+serving's costs counted, ranked by the closed form; the best few measured by the evaluator (the simulator), and the
+one that sustains the most kept (where several sustain within MODEL_ERROR of the best, the one with the fewest stage
+calls and the most slack, whose rate falls least when costs rise; the spec's own plan where none sustains clearly
+more).
 
 Why margins: a pooled pipeline needs slack under its SLO for batches to wait in its pools, and how much depends
 on the pools' sizes and batches, which the MILP picks. A plan made with no margin fills the SLO with compute
 and sustains little; one made with a large margin gives up throughput it could have held. Every candidate is
 planned with the per-stage costs of serving inside its latency (lead and tail of each stage call) and with the
-margin the sidecar's driver keeps, so none is shed whole at serve time. The best measured candidates that leave
-whole GPUs idle (a wide margin can rule out every pipeline on a slow GPU type) also have those GPUs planned at
-smaller margins (planner.sustained.fill), and the merged plans are measured too.
+margin the sidecar's driver keeps, so none is shed whole at serve time. The best-predicted candidate that leaves
+whole GPUs idle (a wide margin can rule out every pipeline on a slow GPU type) also has those GPUs planned at
+smaller margins (planner.sustained.fill), and the merged plans are ranked with the others.
 """
 
 from __future__ import annotations
@@ -19,32 +21,47 @@ from dataclasses import dataclass, replace
 
 from tqdm import tqdm
 
+from planner.planners import Planner
+from planner.solvers.milp_solvers import SolverOptions
 from planner.sustained.capacity import predicted_rps
 from planner.sustained.evaluators import evaluator
-from planner.sustained.fill import Solve, fills, idle_gpus
+from planner.sustained.fill import fills, idle_gpus
 from planner.sustained.measure_pool import measure_all
 from plans.arrivals import Arrivals
 from plans.plan_json import Plan
 from plans.spec.planning_spec import PlanningSpec
 from poolpipe_common.errors import InputError
 from poolpipe_common.overheads import Overheads, driver_margin_us
+from scheduler.sim.sustain import Precision, mix_rates
 
 # Shares of each model's SLO kept free for queueing, beyond the driver's own margin.
 MARGIN_FRACTIONS = (0.0, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4)
-MEASURED_CANDIDATES = 6  # how many of the best-predicted candidates the evaluator measures (the closed form
-# ranks plans of one batch size well, but undervalues larger batches, so most candidates are measured)
-FILLED_CANDIDATES = 3  # how many of the best measured candidates that leave whole GPUs idle get them filled
+# PipelineColumns are screened, not proven: their MILPs stop within this relative gap (queueing moves a plan's rate by
+# more than 1 %), which takes HiGHS from tens of seconds to under one on 100 GPUs and three models.
+SCREEN_GAP = 0.01
+MEASURED_CANDIDATES = 2  # the best-predicted candidates the evaluator measures, and as many whole-model ones, with
+# the spec's own plan: what np planned the same way would measure, so the kept plan does not sustain less than it
+FILLED_CANDIDATES = 2  # the best-predicted candidates that leave whole GPUs idle get them filled
 # A candidate replaces the spec's own plan only if it sustains more than this share more: the simulator's rates for
 # one plan move by about 1 % between seeds at 100 GPUs, and a plan kept for a gain within that left apcnet 7 % below
 # the reference plan on the seed the planner had not seen (benchmarks/sim_paper_sustained.py, V100 + T4, group 0).
 OWN_PLAN_TOLERANCE = 0.02
+# Between plans that sustain within this share of the best, the robust one is kept: fewer stage calls per request
+# (each costs a lead and a tail that grow with the rate) and more slack.
+MODEL_ERROR = 0.03
+# The candidates are screened on half-length points to MODEL_ERROR, the search starting from the closed form's rate
+# (within GUESS_BAND of the simulator's on most plans); the kept one is then measured to the promise's precision
+# (scheduler.sim.sustain.Precision's defaults) from its screened rate.
+SCREEN_FIDELITY = 0.5
+GUESS_BAND = 0.15
 
 
 @dataclass
-class Candidate:
+class CandidatePlan:
+    """A whole plan weighed by the sustained search (not a pipeline column: planner.ppipe.pipeline_columns)."""
+
     margin: float | None  # share of the SLO kept beyond the driver's; None: the spec's own margin, no serving costs
     plan: Plan
-    lines: tuple[str, ...]
     predicted: dict[str, float]
     measured: dict[str, float] | None = None
     fill_margin: float | None = None  # the plan's idle GPUs were planned at this margin (planner.sustained.fill)
@@ -58,7 +75,13 @@ def score(plan: Plan, rates: dict[str, float]) -> float:
     return min((rates.get(m.name, 0.0) / (m.weight or 1.0) for m in plan.models), default=0.0)
 
 
-def costed(spec: PlanningSpec, margin: float, costs: Overheads) -> PlanningSpec:
+def stage_calls(plan: Plan) -> float:
+    """Stage calls per request, weighted by each pipeline's share of its model's throughput."""
+    total = sum(pl.throughput_rps for m in plan.models for pl in m.pipelines) or 1.0
+    return sum(pl.throughput_rps * len(pl.partitions) for m in plan.models for pl in m.pipelines) / total
+
+
+def with_serving_costs(spec: PlanningSpec, margin: float, costs: Overheads) -> PlanningSpec:
     """``spec`` with each model's margin = the driver's + the way outside the sidecar's clock + ``margin`` x SLO
     (at least the spec's own) and the per-stage cost of serving added to every partition's latency."""
     return replace(spec, models=tuple(
@@ -68,30 +91,47 @@ def costed(spec: PlanningSpec, margin: float, costs: Overheads) -> PlanningSpec:
         for m in spec.models))
 
 
+def screening(options: SolverOptions) -> SolverOptions:
+    """The request's solver options with at least SCREEN_GAP."""
+    return replace(options, rel_gap=max(options.rel_gap, SCREEN_GAP))
+
+
 def _signature(plan: Plan) -> str:
     return repr([[p.to_dict() for p in m.pipelines] for m in plan.models])
 
 
-def candidates(spec: PlanningSpec, solves: Sequence[Solve], arrivals: Arrivals, costs: Overheads
-               ) -> list[Candidate]:
+def candidate_plans(spec: PlanningSpec, planners: Sequence[Planner], options: SolverOptions, arrivals: Arrivals,
+                    costs: Overheads) -> list[CandidatePlan]:
     """One plan per margin and planner, and the plan of the spec as it is (its own margin, no serving costs: PPipe's
     nominal plan, which on large pools often holds well), plans equal to an earlier one dropped; best predicted
-    first."""
-    out: dict[str, Candidate] = {}
+    first (ties: the order made, so the same inputs rank the same)."""
+    out: dict[str, CandidatePlan] = {}
     last_error: Exception | None = None
-    for solve in solves:
+    opts = screening(options)
+    for planner in planners:
         for margin in (None, *MARGIN_FRACTIONS):
             try:
-                plan, lines = solve(spec if margin is None else costed(spec, margin, costs))
+                plan = planner.solve(spec if margin is None else with_serving_costs(spec, margin, costs), opts)
             except InputError as e:  # this margin leaves no pipeline within the SLO
                 last_error = e
                 continue
-            out.setdefault(_signature(plan), Candidate(margin, plan, lines, predicted_rps(plan, arrivals, costs)))
+            out.setdefault(_signature(plan), CandidatePlan(margin, plan, predicted_rps(plan, arrivals, costs)))
     if not out:
         raise InputError(f"no plan fits the SLOs once serving's per-stage costs ({costs.lead_us:.0f} + "
                          f"{costs.tail_us:.0f} us per stage) and the driver's margin are counted: {last_error}; "
                          "raise the SLO or measure the costs (poolpipe serve --overheads-out) and pass --overheads")
     return sorted(out.values(), key=lambda c: -score(c.plan, c.predicted))
+
+
+def to_measure(cands: Sequence[CandidatePlan]) -> list[CandidatePlan]:
+    """The best-predicted MEASURED_CANDIDATES, as many best-predicted whole-model plans, and the spec's own plan."""
+    whole = [c for c in cands if stage_calls(c.plan) == 1.0][:MEASURED_CANDIDATES]
+    own = [c for c in cands if c.margin is None][:1]
+    chosen: list[CandidatePlan] = []
+    for c in (*cands[:MEASURED_CANDIDATES], *whole, *own):
+        if c not in chosen:
+            chosen.append(c)
+    return chosen
 
 
 def with_sustainable(plan: Plan, rates: dict[str, float], arrivals: Arrivals, evaluated_by: str,
@@ -103,47 +143,56 @@ def with_sustainable(plan: Plan, rates: dict[str, float], arrivals: Arrivals, ev
     return replace(plan, models=models, sustained=info)
 
 
-def plan_sustained(spec: PlanningSpec, solves: Sequence[Solve], arrivals: Arrivals, costs: Overheads,
-                   evaluator_name: str | None = None, jobs: int | None = None) -> tuple[Plan, tuple[str, ...]]:
+def plan_sustained(spec: PlanningSpec, planners: Sequence[Planner], options: SolverOptions, arrivals: Arrivals,
+                   costs: Overheads, evaluator_name: str | None = None, jobs: int | None = None
+                   ) -> tuple[Plan, tuple[str, ...]]:
     """The candidate plan that sustains the most (max-min over models), with its sustainable rates recorded; the
     candidates are measured in up to ``jobs`` processes (planner.sustained.measure_pool)."""
-    cands = candidates(spec, solves, arrivals, costs)
+    cands = candidate_plans(spec, planners, options, arrivals, costs)
+    cands = sorted(cands + filled(spec, cands, planners, options, arrivals, costs),
+                   key=lambda c: -score(c.plan, c.predicted))
     name, _ = evaluator(evaluator_name)
+    pool = cands
+    best = kept(pool)
     if name != "analytic":
-        # the spec's own plan is always measured, so the kept plan never sustains less than it
-        chosen = [c for i, c in enumerate(cands) if i < MEASURED_CANDIDATES or c.margin is None]
         # a bar on a terminal only (disable=None): the re-planner's and the tests' stderr stay clean
         with tqdm(total=0, desc=f"measuring candidate plans ({name})", unit="plan", file=sys.stderr, disable=None,
                   leave=False) as bar:
-            _measure(chosen, name, arrivals, costs, jobs, bar)
-            extra = filled(spec, cands, solves, arrivals, costs)
-            _measure(extra, name, arrivals, costs, jobs, bar)
-        cands += extra
-    pool = [c for c in cands if c.measured is not None] or cands
-    best = kept(pool)
+            pool = to_measure(cands)
+            _measure(pool, [screening_precision(c) for c in pool], name, arrivals, costs, jobs, bar)
+            best = kept(pool)
+            _measure([best], [promise_precision(best)], name, arrivals, costs, jobs, bar)
     table = [{"margin_fraction": c.margin, "fill_margin_fraction": c.fill_margin,
-              "nominal_rps": {m.name: m.throughput_rps for m in c.plan.models},
+              "nominal_rps": {m.name: m.throughput_rps for m in c.plan.models}, "stage_calls": stage_calls(c.plan),
               "predicted_rps": c.predicted, "measured_rps": c.measured, "chosen": c is best} for c in cands]
     how = ("the spec's own margin" if best.margin is None
            else f"margin {best.margin:g} x SLO (+ the driver's) and serving's costs")
     if best.fill_margin is not None:
         how += f", its idle GPUs planned at margin {best.fill_margin:g}"
-    lines = [f"sustained objective: {len(cands)} candidate plan(s) over SLO margins; kept the one planned with "
-             f"{how}; {name} sustains "
+    lines = [f"sustained objective: {len(cands)} candidate plan(s) over SLO margins, {len(pool)} screened; kept the "
+             f"one planned with {how}; {name} sustains "
              + ", ".join(f"{m} {r:,.1f} req/s" for m, r in best.rates().items()) + f" under {arrivals}"]
-    return with_sustainable(best.plan, best.rates(), arrivals, name, table), (*best.lines, *lines)
+    return with_sustainable(best.plan, best.rates(), arrivals, name, table), (*best.plan.notes, *lines)
 
 
-def kept(pool: Sequence[Candidate]) -> Candidate:
-    """The candidate that sustains the most (the smaller margin on a tie), unless the spec's own plan sustains within
-    OWN_PLAN_TOLERANCE of it: then that one."""
-    def held(c: Candidate) -> float:
-        return score(c.plan, c.rates())
-
-    best = max(pool, key=lambda c: (held(c), -(c.margin or 0.0)))
+def kept(pool: Sequence[CandidatePlan]) -> CandidatePlan:
+    """The spec's own plan unless a candidate sustains more than OWN_PLAN_TOLERANCE more than it; then the robust best
+    (:func:`robust_best`) of the candidates that do."""
     own = [c for c in pool if c.margin is None and c.measured is not None]
-    mine = max(own, key=held, default=None)
-    return mine if mine is not None and held(best) <= (1.0 + OWN_PLAN_TOLERANCE) * held(mine) else best
+    mine = max(own, key=lambda c: score(c.plan, c.rates()), default=None)
+    if mine is None:
+        return robust_best(pool)
+    bar = (1.0 + OWN_PLAN_TOLERANCE) * score(mine.plan, mine.rates())
+    better = [c for c in pool if score(c.plan, c.rates()) > bar]
+    return robust_best(better) if better else mine
+
+
+def robust_best(pool: Sequence[CandidatePlan]) -> CandidatePlan:
+    """Among the candidates that sustain within MODEL_ERROR of the most, the one with the fewest stage calls per
+    request, then the most slack, then the most sustained."""
+    top = max(score(c.plan, c.rates()) for c in pool)
+    near = [c for c in pool if score(c.plan, c.rates()) >= (1.0 - MODEL_ERROR) * top]
+    return min(near, key=lambda c: (round(stage_calls(c.plan), 6), -(c.margin or 0.0), -score(c.plan, c.rates())))
 
 
 def fill_margins(margin: float) -> tuple[float, ...]:
@@ -154,33 +203,48 @@ def fill_margins(margin: float) -> tuple[float, ...]:
     return tuple(sorted({0.0, half})) if margin > 0 else ()
 
 
-def filled(spec: PlanningSpec, cands: Sequence[Candidate], solves: Sequence[Solve], arrivals: Arrivals,
-           costs: Overheads) -> list[Candidate]:
-    """The best measured candidates that leave whole GPUs idle, those GPUs planned at smaller margins
-    (:func:`fill_margins`, planner.sustained.fill), not yet measured; plans equal to a candidate's dropped."""
+def filled(spec: PlanningSpec, cands: Sequence[CandidatePlan], planners: Sequence[Planner], options: SolverOptions,
+           arrivals: Arrivals, costs: Overheads) -> list[CandidatePlan]:
+    """The best-predicted candidates that leave whole GPUs idle, those GPUs planned at smaller margins
+    (:func:`fill_margins`, planner.sustained.fill); plans equal to a candidate's dropped."""
     seen = {_signature(c.plan) for c in cands}
-    idle = [(c, gpus) for c in cands if c.measured is not None and c.margin is not None
+    idle = [(c, gpus) for c in cands if c.margin is not None
             for gpus in [idle_gpus(c.plan, spec.cluster.gpus)] if gpus]
-    bases = sorted(idle, key=lambda cg: -score(cg[0].plan, cg[0].rates()))[:FILLED_CANDIDATES]
+    bases = sorted(idle, key=lambda cg: -score(cg[0].plan, cg[0].predicted))[:FILLED_CANDIDATES]
     out = []
     for base, gpus in bases:
-        for fill_margin, plan, lines in fills(spec, base.plan, gpus, fill_margins(base.margin), solves,
-                                              lambda s, m: costed(s, m, costs)):
+        for fill_margin, plan in fills(spec, base.plan, gpus, fill_margins(base.margin), planners, screening(options),
+                                       lambda s, m: with_serving_costs(s, m, costs)):
             if _signature(plan) in seen:
                 continue
             seen.add(_signature(plan))
-            out.append(Candidate(base.margin, plan, base.lines + lines, predicted_rps(plan, arrivals, costs),
-                                 None, fill_margin))
+            out.append(CandidatePlan(base.margin, plan, predicted_rps(plan, arrivals, costs), None, fill_margin))
     return out
 
 
-def _measure(cands: Sequence[Candidate], name: str, arrivals: Arrivals, costs: Overheads, jobs: int | None,
-             bar: tqdm) -> None:
+def screening_precision(c: CandidatePlan) -> Precision:
+    """Half-length points to MODEL_ERROR, from the closed form's rate (within GUESS_BAND)."""
+    rates = mix_rates(c.plan)
+    start = tuple((m, lf * (1 - GUESS_BAND), lf * (1 + GUESS_BAND)) for m, got in sorted(c.predicted.items())
+                  for lf in [got / rates[m] if rates.get(m) else 0.0] if lf > 0)
+    return Precision(MODEL_ERROR, SCREEN_FIDELITY, start)
+
+
+def promise_precision(c: CandidatePlan) -> Precision:
+    """The promise's precision, the search starting from the screened rate (to MODEL_ERROR above it)."""
+    rates = mix_rates(c.plan)
+    start = tuple((m, lf, lf + MODEL_ERROR) for m, got in sorted(c.rates().items())
+                  for lf in [got / rates[m] if rates.get(m) else 0.0] if lf > 0)
+    return Precision(start=start)
+
+
+def _measure(cands: Sequence[CandidatePlan], precisions: Sequence[Precision], name: str, arrivals: Arrivals,
+             costs: Overheads, jobs: int | None, bar: tqdm) -> None:
     """Each candidate's rates measured by the evaluator ``name`` (planner.sustained.measure_pool), ``bar`` counting."""
     bar.total += len(cands)
     bar.refresh()
-    for c, rates in zip(cands, measure_all(name, [c.plan for c in cands], arrivals, costs, jobs, bar.update),
-                        strict=True):
+    plans = [c.plan for c in cands]
+    for c, rates in zip(cands, measure_all(name, plans, arrivals, costs, jobs, bar.update, precisions), strict=True):
         c.measured = rates
 
 

@@ -59,6 +59,7 @@ class SimResult:
     margins_us: dict[str, float] = field(default_factory=dict)  # the driver's final deadline margin per model
     drop_reasons: Counter = field(default_factory=Counter)
     finish_us: dict[int, float] = field(default_factory=dict)  # request id -> when it finished (not dropped)
+    stopped_early: bool = False  # every model with a miss budget spent it (simulate's miss_budget)
 
     @property
     def unfinished(self) -> int:
@@ -69,8 +70,13 @@ class _Outcomes:
     """Counts every request's end exactly once."""
 
     def __init__(self, models: Sequence[str], arrivals: Sequence[tuple[float, str]], slo_us: dict[str, float],
-                 overheads: Overheads | None = None, seed: int = 0):
+                 overheads: Overheads | None = None, seed: int = 0, miss_budget: dict[str, int] | None = None):
         self.stats = {m: ModelStats() for m in models}
+        # models whose misses may end the run early: once each has missed more than its budget, the run's verdict
+        # on them is known (misses only grow), and a load search need not simulate the rest
+        self.budget = dict(miss_budget or {})
+        self.spent = {m: 0 for m in self.budget}
+        self.over: set[str] = set()
         self.arrivals = arrivals
         self.slo_us = slo_us
         # the way outside the sidecar's clock, per request: the client sees its answer this much later (a draw
@@ -105,7 +111,19 @@ class _Outcomes:
             s.met += 1
         else:
             s.late += 1
+            self._missed(model)
         s.latencies_us.append(t - at)
+
+    def _missed(self, model: str) -> None:
+        if model in self.spent:
+            self.spent[model] += 1
+            if self.spent[model] > self.budget[model]:
+                self.over.add(model)
+
+    @property
+    def settled(self) -> bool:
+        """Every model with a miss budget has spent it."""
+        return bool(self.budget) and len(self.over) == len(self.budget)
 
     def dropped(self, rid: int, model: str, reason: str) -> None:
         if self.outcomes.get(rid) == "cancelled":
@@ -113,6 +131,7 @@ class _Outcomes:
         self._once(rid, "dropped")
         self.stats.setdefault(model, ModelStats()).dropped += 1
         self.drop_reasons[reason] += 1
+        self._missed(model)
 
 
 def simulate(topology: Topology, scheduler: Scheduler, arrivals: Sequence[tuple[float, str]],
@@ -120,7 +139,7 @@ def simulate(topology: Topology, scheduler: Scheduler, arrivals: Sequence[tuple[
              on_progress: Callable[[float], None] | None = None, driver: DriverConfig | None = None,
              overheads: Overheads | None = None, faults: Sequence[Fault] = (), interference: Any = None,
              priorities: Sequence[int] | None = None,
-             cancels: Sequence[tuple[float, int]] = ()) -> SimResult:
+             cancels: Sequence[tuple[float, int]] = (), miss_budget: dict[str, int] | None = None) -> SimResult:
     """Run ``scheduler`` over ``arrivals`` ((time_us, model) sorted by time) until every request ended.
 
     ``driver`` is the loop's setting (default: ``DriverConfig.ideal()``, the policy alone; give
@@ -128,9 +147,11 @@ def simulate(topology: Topology, scheduler: Scheduler, arrivals: Sequence[tuple[
     (scheduler.sim.interference) slows each batch of a co-located plan by what runs beside it. ``priorities``:
     each arrival's ``priority`` parameter (Triton's; the topology's ``batcher`` controls say what it means).
     ``cancels``: (time_us, request index) at which a client goes away; a batch all of whose callers are gone
-    before its next stage starts is abandoned and its reservations go back to the core, as live."""
+    before its next stage starts is abandoned and its reservations go back to the core, as live. ``miss_budget``:
+    per model, how many late or dropped requests it may have; once every model named has missed more, the run stops
+    (``SimResult.stopped_early``): a load search knows the point fails."""
     front = overheads.front_us if overheads is not None else 0.0
-    out = _Outcomes(list(topology.pipelines), arrivals, topology.slo_us, overheads, seed)
+    out = _Outcomes(list(topology.pipelines), arrivals, topology.slo_us, overheads, seed, miss_budget)
     run = VirtualRun(topology, scheduler, driver or DriverConfig.ideal(), duration_us, noise_cv=noise_cv, seed=seed,
                      overheads=overheads, faults=faults, record_timeline=record_timeline, on_done=out.done,
                      on_reject=out.dropped, interference=interference, cancels=cancels,
@@ -139,7 +160,7 @@ def simulate(topology: Topology, scheduler: Scheduler, arrivals: Sequence[tuple[
     dispatch_us: list[float] = []
     n_arr, ai = len(arrivals), 0
     next_progress = 0.0
-    while ai < n_arr or ex.heap:
+    while (ai < n_arr or ex.heap) and not out.settled:
         t = ex.next_time()
         if ai < n_arr and arrivals[ai][0] <= t:
             t = arrivals[ai][0]
@@ -161,5 +182,6 @@ def simulate(topology: Topology, scheduler: Scheduler, arrivals: Sequence[tuple[
             next_progress = t + duration_us / 100
     return SimResult(out.stats, duration_us, ex.busy, utilization(topology, ex.busy, duration_us), ex.batch_sizes,
                      ex.dispatches, scheduler.probe_calls, dispatch_us, out.outcomes, ex.timeline,
-                     ex.paths, drv.retries, dict(drv.margin_us), out.drop_reasons, out.finish_us)
+                     ex.paths, drv.retries, dict(drv.margin_us), out.drop_reasons, out.finish_us,
+                     stopped_early=out.settled)
 

@@ -25,6 +25,51 @@ STRETCH_MIN_S, STRETCH_REQUESTS, MIN_STRETCHES = 6.0, 2_000, 3
 
 
 @dataclass(frozen=True)
+class Precision:
+    """How finely a plan's sustainable rate is measured: to ``resolution`` of each model's mix rate, on points
+    ``fidelity`` times the full length, searching ``start`` first (per model, a (lo, hi) load-factor bracket, each end
+    checked before it is trusted: a guess from the closed form or a coarser measurement; where an end is wrong, the
+    bracket moves by its width). The defaults are the planner's promise: 1 %, full length, bisection from 0."""
+
+    resolution: float = RESOLUTION
+    fidelity: float = 1.0
+    start: tuple[tuple[str, float, float], ...] = ()  # (model, lo, hi)
+
+
+@dataclass
+class _Bracket:
+    """One model's search: it holds at ``lo`` (once ``lo_ok``) and fails at ``hi`` (once ``hi_ok``)."""
+
+    lo: float = 0.0
+    hi: float = HIGHEST
+    lo_ok: bool = True
+    hi_ok: bool = True
+    step: float = HIGHEST
+
+    def width(self) -> float:
+        return math.inf if not (self.lo_ok and self.hi_ok) else self.hi - self.lo
+
+    def next_lf(self) -> float:
+        return self.lo if not self.lo_ok else self.hi if not self.hi_ok else 0.5 * (self.lo + self.hi)
+
+    def tells(self, lf: float) -> bool:
+        """Whether a point at ``lf`` says anything new."""
+        return self.lo < lf < self.hi or (lf == self.lo and not self.lo_ok) or (lf == self.hi and not self.hi_ok)
+
+    def update(self, lf: float, holds: bool) -> None:
+        if holds:
+            self.lo, self.lo_ok = lf, True
+            if lf >= self.hi:  # the guessed top held: look one step higher
+                self.hi = min(HIGHEST, lf + self.step)
+                self.hi_ok = self.hi >= HIGHEST
+        else:
+            self.hi, self.hi_ok = lf, True
+            if lf <= self.lo:  # the guessed bottom failed: look one step lower
+                self.lo = max(0.0, lf - self.step)
+                self.lo_ok = self.lo <= 0.0
+
+
+@dataclass(frozen=True)
 class Run:
     """One simulated run a load point is judged on: its seed (for a replay, where in the trace it starts:
     seed 0 at the trace's first arrival) and its length."""
@@ -33,19 +78,19 @@ class Run:
     duration_s: float
 
 
-def _duration_s(plan: Plan) -> float:
+def _duration_s(plan: Plan, fidelity: float = 1.0) -> float:
     total = sum(m.throughput_rps for m in plan.models) or 1.0
-    return min(MAX_DURATION_S, max(MIN_DURATION_S, MIN_REQUESTS / total))
+    return fidelity * min(MAX_DURATION_S, max(MIN_DURATION_S, MIN_REQUESTS / total))
 
 
-def point_runs(plan: Plan, trace: TraceSpec, seed: int = 0) -> list[Run]:
+def point_runs(plan: Plan, trace: TraceSpec, seed: int = 0, fidelity: float = 1.0) -> list[Run]:
     """A stationary process (Poisson, gamma gaps) is judged on one long run. A recorded trace is not stationary:
     its bursts cluster (azure-conv's first 2,000 gaps have a CV of 1.14, later stretches 0.99-1.06), and one long
     run both dilutes a burst among lulls and, scaled to the whole run's mean, offers a busy stretch less than the
     rate. So the same amount of trace is cut into stretches, each offered the point's rate on its own, the first at
     the trace's start, and the point holds only where every stretch holds: what a load test of any one of them
     measures."""
-    duration = _duration_s(plan)
+    duration = _duration_s(plan, fidelity)
     if trace.kind != "replay":
         return [Run(seed, duration)]
     total = sum(m.throughput_rps for m in plan.models) or 1.0
@@ -64,7 +109,7 @@ def _attainment(plan: Plan, rates: dict[str, float], trace: TraceSpec, lf: float
     least = {m: 1.0 for m in rates}
     for run in runs:
         summary, _ = run_point(PointJob(plan, rates, "ppipe", trace, lf, run.duration_s, run.seed, driver="live",
-                                        overheads=costs))
+                                        overheads=costs, stop_when_failed=tuple(sorted(open_))))
         for m, point in summary["models"].items():
             least[m] = min(least[m], point["slo_attainment"])
         if not any(_holds(least[m]) for m in open_):
@@ -81,26 +126,28 @@ def mix_rates(plan: Plan) -> dict[str, float]:
     return {m.name: m.weight * base if m.name in served else m.throughput_rps for m in plan.models}
 
 
-def simulated_rps(plan: Plan, arrivals: Arrivals, costs: Overheads, seed: int = 0) -> dict[str, float]:
-    """Per model, the largest rate (to RESOLUTION of its rate in the mix) the simulator serves at >= 99 %, every
-    model offered the same fraction of its rate in the spec's workload mix (``mix_rates``). Models that share
-    links or GPUs slow each other down, so a promise measured with the others offered less than their share (their
-    nominal fractions) would not hold in the mix clients send."""
+def simulated_rps(plan: Plan, arrivals: Arrivals, costs: Overheads, precision: Precision | None = None,
+                  seed: int = 0) -> dict[str, float]:
+    """Per model, the largest rate (to ``precision.resolution`` of its rate in the mix) the simulator serves at
+    >= 99 %, every model offered the same fraction of its rate in the spec's workload mix (``mix_rates``). Models
+    that share links or GPUs slow each other down, so a promise measured with the others offered less than their
+    share (their nominal fractions) would not hold in the mix clients send."""
+    precision = precision or Precision()
     rates = mix_rates(plan)
     trace = parse_trace(arrivals.text)
-    runs = point_runs(plan, trace, seed)
-    lo = {m: 0.0 for m in rates}
-    hi = {m: HIGHEST for m in rates}
+    runs = point_runs(plan, trace, seed, precision.fidelity)
+    brackets = {m: _Bracket() for m in rates}
+    for m, lo, hi in precision.start:
+        if m in brackets and 0.0 <= lo < hi:
+            lo, hi = round(lo, 4), round(min(hi, HIGHEST), 4)
+            brackets[m] = _Bracket(lo, hi, lo <= 0.0, hi >= HIGHEST, max(hi - lo, 2 * precision.resolution))
     for _ in range(MAX_POINTS):
-        widest = max(rates, key=lambda m: hi[m] - lo[m])
-        if hi[widest] - lo[widest] <= RESOLUTION:
+        widest = max(rates, key=lambda m: brackets[m].width())
+        if brackets[widest].width() <= precision.resolution:
             break
-        lf = round(0.5 * (lo[widest] + hi[widest]), 4)
-        open_ = {m for m in rates if lo[m] < lf < hi[m]}  # a point outside a model's bracket tells it nothing new
+        lf = round(brackets[widest].next_lf(), 4)
+        open_ = {m for m in rates if brackets[m].tells(lf)}  # a point outside a bracket tells that model nothing
         least = _attainment(plan, rates, trace, lf, runs, costs, open_)
         for m in open_:
-            if _holds(least[m]):
-                lo[m] = lf
-            else:
-                hi[m] = lf
-    return {m: lo[m] * rates[m] for m in rates}
+            brackets[m].update(lf, _holds(least[m]))
+    return {m: (brackets[m].lo if brackets[m].lo_ok else 0.0) * rates[m] for m in rates}

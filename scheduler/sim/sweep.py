@@ -4,6 +4,7 @@ the largest load factor that keeps SLO attainment >= the target (99% by default)
 from __future__ import annotations
 
 import os
+from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -64,6 +65,8 @@ class PointJob:
     overheads: Overheads | None = None  # what the live executor adds (poolpipe serve --overheads-out)
     shard: tuple[int, int] | None = None  # (I, N): only sidecar shard I of N, offered 1/N of the load
     controls: SimControls | None = None  # Triton's batcher controls and the priorities requests are sent with
+    # models whose failure to hold TARGET_ATTAINMENT ends the run as soon as it is certain (a load search's open ones)
+    stop_when_failed: tuple[str, ...] = ()
 
 
 def driver_config(driver: str, overheads: Overheads | None) -> DriverConfig:
@@ -92,16 +95,20 @@ def run_point(job: PointJob, record_timeline: bool = False) -> tuple[dict[str, A
     rates = {m: job.load_factor * r * share for m, r in job.rates_rps.items()}
     arrivals = mixed_arrivals(job.trace, rates, job.duration_s, job.seed)
     priorities = controls.draw(len(arrivals), job.seed)
+    counts = Counter(m for _, m in arrivals)
+    budget = {m: int((1.0 - TARGET_ATTAINMENT) * counts[m]) for m in job.stop_when_failed if counts[m]}
     res = simulate(topo, make_scheduler(job.policy, topo), arrivals, job.duration_s * 1e6,
                    noise_cv=job.noise_cv, seed=job.seed, record_timeline=record_timeline,
                    driver=driver_config(job.driver, job.overheads), overheads=job.overheads,
-                   interference=interference_of(job.plan), priorities=priorities)
+                   interference=interference_of(job.plan), priorities=priorities, miss_budget=budget)
     models = {}
     for m in job.rates_rps:
         st = res.models.get(m)
+        # a run stopped early is judged on every request it was to offer: its misses already exceed the budget
+        attainment = (1.0 - (st.late + st.dropped) / counts[m]) if res.stopped_early and m in budget else st.attainment
         models[m] = {"load_factor": job.load_factor,
-                     "offered_rps": st.offered / job.duration_s,
-                     "slo_attainment": st.attainment,
+                     "offered_rps": counts[m] / job.duration_s,
+                     "slo_attainment": attainment,
                      "dropped": st.dropped,
                      "late": st.late,
                      "p50_latency_us": st.latency_percentile(50),
@@ -110,7 +117,7 @@ def run_point(job: PointJob, record_timeline: bool = False) -> tuple[dict[str, A
     summary = {"load_factor": job.load_factor, "models": models, "dispatches": res.dispatches,
                "probe_calls": res.probe_calls, "dispatch_us": res.dispatch_us,
                "batch_sizes": {str(k): v for k, v in sorted(res.batch_sizes.items())},
-               "utilization": res.utilization, "unfinished": res.unfinished}
+               "utilization": res.utilization, "unfinished": res.unfinished, "stopped_early": res.stopped_early}
     if job.controls is not None:
         summary["by_priority"] = by_priority(res.outcomes, priorities)
         summary["drop_reasons"] = dict(res.drop_reasons)

@@ -40,7 +40,7 @@ class PartitionOption:
 
 
 @dataclass(frozen=True)
-class Candidates:
+class PipelineColumns:
     """Pipeline candidates of one model as parallel arrays; unused positions hold -1 / 0."""
 
     num_parts: np.ndarray  # (C,) K
@@ -56,19 +56,20 @@ class Candidates:
     def __len__(self) -> int:
         return len(self.num_parts)
 
-    def take(self, idx: np.ndarray) -> Candidates:
-        return Candidates(*(getattr(self, f)[idx] for f in self.__dataclass_fields__))
+    def take(self, idx: np.ndarray) -> PipelineColumns:
+        return PipelineColumns(*(getattr(self, f)[idx] for f in self.__dataclass_fields__))
 
     @staticmethod
-    def concat(parts: list[Candidates], max_parts: int) -> Candidates:
+    def concat(parts: list[PipelineColumns], max_parts: int) -> PipelineColumns:
         if not parts:
-            return Candidates.empty(max_parts)
-        return Candidates(*(np.concatenate([getattr(p, f) for p in parts]) for f in Candidates.__dataclass_fields__))
+            return PipelineColumns.empty(max_parts)
+        return PipelineColumns(*(np.concatenate([getattr(p, f) for p in parts])
+                                 for f in PipelineColumns.__dataclass_fields__))
 
     @staticmethod
-    def empty(max_parts: int) -> Candidates:
+    def empty(max_parts: int) -> PipelineColumns:
         z = np.zeros((0, max_parts))
-        return Candidates(np.zeros(0, int), np.zeros((0, max_parts + 1), int), z.astype(int), z.astype(int),
+        return PipelineColumns(np.zeros(0, int), np.zeros((0, max_parts + 1), int), z.astype(int), z.astype(int),
                           z.astype(int), z, z, z, np.zeros(0))
 
 
@@ -117,13 +118,13 @@ def _option_tables(model: ModelSpec, cluster: ClusterSpec, gpu_types: list[str],
 
 
 def enumerate_candidates(model: ModelSpec, cluster: ClusterSpec, gpu_types: list[str], max_parts: int,
-                         batch_unification: bool, prune: bool = False, chunk_cells: int = 2_000_000) -> Candidates:
+                         batch_unification: bool, prune: bool = False, chunk_cells: int = 2_000_000) -> PipelineColumns:
     """All pipelines within the latency budget (numpy, vectorised over cuts x option tuples, in chunks
     of about ``chunk_cells`` pipelines); with ``prune``, dominated candidates are dropped on the way."""
     n = model.profile.num_blocks
     opts = partition_options(model, cluster, gpu_types)
     if not opts:
-        return Candidates.empty(max_parts)
+        return PipelineColumns.empty(max_parts)
     tr = transfer_us_per_request(model, cluster.bandwidth_gbps)
     lat_t, rate_t = _option_tables(model, cluster, gpu_types, opts, tr)
     og = np.array([o.gpu for o in opts])
@@ -156,7 +157,7 @@ def enumerate_candidates(model: ModelSpec, cluster: ClusterSpec, gpu_types: list
                 continue
             pad = max_parts - k
             sel_o = ot[ti]
-            chunk = Candidates(
+            chunk = PipelineColumns(
                 num_parts=np.full(len(ti), k),
                 cuts=np.pad(cuts[ci], ((0, 0), (0, pad)), constant_values=n),
                 gpu=np.pad(og[sel_o], ((0, 0), (0, pad)), constant_values=-1),
@@ -167,11 +168,11 @@ def enumerate_candidates(model: ModelSpec, cluster: ClusterSpec, gpu_types: list
                 transfer_us=np.pad(trans[ti, ci], ((0, 0), (0, pad))),
                 pipeline_latency_us=total[ti, ci])
             found.append(prune_dominated(chunk) if prune else chunk)
-    out = Candidates.concat(found, max_parts)
+    out = PipelineColumns.concat(found, max_parts)
     return prune_dominated(out) if prune and len(found) > 1 else out
 
 
-def prune_dominated(c: Candidates) -> Candidates:
+def prune_dominated(c: PipelineColumns) -> PipelineColumns:
     """Drop candidates that another of the same shape beats at every position (see module doc)."""
     if len(c) <= 1:
         return c
