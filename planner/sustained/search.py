@@ -49,10 +49,10 @@ OWN_PLAN_TOLERANCE = 0.02
 # Between plans that sustain within this share of the best, the robust one is kept: fewer stage calls per request
 # (each costs a lead and a tail that grow with the rate) and more slack.
 MODEL_ERROR = 0.03
-# The candidates are screened on half-length points to MODEL_ERROR, the search starting from the closed form's rate
+# The candidates are screened on quarter-length points to MODEL_ERROR, the search starting from the closed form's rate
 # (within GUESS_BAND of the simulator's on most plans); the kept one is then measured to the promise's precision
 # (scheduler.sim.sustain.Precision's defaults) from its screened rate.
-SCREEN_FIDELITY = 0.5
+SCREEN_FIDELITY = 0.25
 GUESS_BAND = 0.15
 
 
@@ -222,20 +222,32 @@ def filled(spec: PlanningSpec, cands: Sequence[CandidatePlan], planners: Sequenc
     return out
 
 
+def _mix_fraction(c: CandidatePlan, rates: dict[str, float]) -> dict[str, float]:
+    """Each model's rate in ``rates`` as a fraction of its rate in the plan's mix (scheduler.sim.sustain.mix_rates)."""
+    mix = mix_rates(c.plan)
+    return {m: got / mix[m] for m, got in sorted(rates.items()) if mix.get(m)}
+
+
 def screening_precision(c: CandidatePlan) -> Precision:
-    """Half-length points to MODEL_ERROR, from the closed form's rate (within GUESS_BAND)."""
-    rates = mix_rates(c.plan)
-    start = tuple((m, lf * (1 - GUESS_BAND), lf * (1 + GUESS_BAND)) for m, got in sorted(c.predicted.items())
-                  for lf in [got / rates[m] if rates.get(m) else 0.0] if lf > 0)
-    return Precision(MODEL_ERROR, SCREEN_FIDELITY, start)
+    """The mix as one (what the max-min ranking needs), on half-length points to MODEL_ERROR, from the closed form's
+    fraction of the mix (within GUESS_BAND)."""
+    guess = min(_mix_fraction(c, c.predicted).values(), default=0.0)
+    start = (("*", guess * (1 - GUESS_BAND), guess * (1 + GUESS_BAND)),) if guess > 0 else ()
+    return Precision(MODEL_ERROR, SCREEN_FIDELITY, start, joint=True)
 
 
 def promise_precision(c: CandidatePlan) -> Precision:
-    """The promise's precision, the search starting from the screened rate (to MODEL_ERROR above it)."""
-    rates = mix_rates(c.plan)
-    start = tuple((m, lf, lf + MODEL_ERROR) for m, got in sorted(c.rates().items())
-                  for lf in [got / rates[m] if rates.get(m) else 0.0] if lf > 0)
-    return Precision(start=start)
+    """The promise's precision, each model's search starting from the screened fraction of the mix (held by all) to
+    MODEL_ERROR above it (the screen's resolution) for the model the closed form names the bottleneck, and up to its
+    closed form's rate for the others."""
+    held = min(_mix_fraction(c, c.rates()).values(), default=0.0)
+    if held <= 0:
+        return Precision()
+    guess = _mix_fraction(c, c.predicted)
+    neck = min(guess, key=guess.__getitem__, default=None)
+    return Precision(start=tuple((m, held, held + MODEL_ERROR if m == neck else max(held + MODEL_ERROR,
+                                                                                      g * (1 + GUESS_BAND)))
+                                 for m, g in guess.items()))
 
 
 def _measure(cands: Sequence[CandidatePlan], precisions: Sequence[Precision], name: str, arrivals: Arrivals,

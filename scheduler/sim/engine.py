@@ -70,11 +70,13 @@ class _Outcomes:
     """Counts every request's end exactly once."""
 
     def __init__(self, models: Sequence[str], arrivals: Sequence[tuple[float, str]], slo_us: dict[str, float],
-                 overheads: Overheads | None = None, seed: int = 0, miss_budget: dict[str, int] | None = None):
+                 overheads: Overheads | None = None, seed: int = 0, miss_budget: dict[str, int] | None = None,
+                 stop_on_any: bool = False):
         self.stats = {m: ModelStats() for m in models}
         # models whose misses may end the run early: once each has missed more than its budget, the run's verdict
         # on them is known (misses only grow), and a load search need not simulate the rest
         self.budget = dict(miss_budget or {})
+        self.stop_on_any = stop_on_any  # one model over its budget settles the run (a joint verdict)
         self.spent = {m: 0 for m in self.budget}
         self.over: set[str] = set()
         self.arrivals = arrivals
@@ -122,7 +124,9 @@ class _Outcomes:
 
     @property
     def settled(self) -> bool:
-        """Every model with a miss budget has spent it."""
+        """Every model with a miss budget has spent it (with stop_on_any: one has)."""
+        if self.stop_on_any:
+            return bool(self.over)
         return bool(self.budget) and len(self.over) == len(self.budget)
 
     def dropped(self, rid: int, model: str, reason: str) -> None:
@@ -139,7 +143,8 @@ def simulate(topology: Topology, scheduler: Scheduler, arrivals: Sequence[tuple[
              on_progress: Callable[[float], None] | None = None, driver: DriverConfig | None = None,
              overheads: Overheads | None = None, faults: Sequence[Fault] = (), interference: Any = None,
              priorities: Sequence[int] | None = None,
-             cancels: Sequence[tuple[float, int]] = (), miss_budget: dict[str, int] | None = None) -> SimResult:
+             cancels: Sequence[tuple[float, int]] = (), miss_budget: dict[str, int] | None = None,
+             stop_on_any: bool = False) -> SimResult:
     """Run ``scheduler`` over ``arrivals`` ((time_us, model) sorted by time) until every request ended.
 
     ``driver`` is the loop's setting (default: ``DriverConfig.ideal()``, the policy alone; give
@@ -149,9 +154,9 @@ def simulate(topology: Topology, scheduler: Scheduler, arrivals: Sequence[tuple[
     ``cancels``: (time_us, request index) at which a client goes away; a batch all of whose callers are gone
     before its next stage starts is abandoned and its reservations go back to the core, as live. ``miss_budget``:
     per model, how many late or dropped requests it may have; once every model named has missed more, the run stops
-    (``SimResult.stopped_early``): a load search knows the point fails."""
+    (``SimResult.stopped_early``; with ``stop_on_any``, once one has): a load search knows the point fails."""
     front = overheads.front_us if overheads is not None else 0.0
-    out = _Outcomes(list(topology.pipelines), arrivals, topology.slo_us, overheads, seed, miss_budget)
+    out = _Outcomes(list(topology.pipelines), arrivals, topology.slo_us, overheads, seed, miss_budget, stop_on_any)
     run = VirtualRun(topology, scheduler, driver or DriverConfig.ideal(), duration_us, noise_cv=noise_cv, seed=seed,
                      overheads=overheads, faults=faults, record_timeline=record_timeline, on_done=out.done,
                      on_reject=out.dropped, interference=interference, cancels=cancels,

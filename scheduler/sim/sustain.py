@@ -34,6 +34,9 @@ class Precision:
     resolution: float = RESOLUTION
     fidelity: float = 1.0
     start: tuple[tuple[str, float, float], ...] = ()  # (model, lo, hi)
+    # the mix as one: the largest fraction of the mix at which every model holds (its rates), one search instead of
+    # one per model; what a max-min ranking of plans needs
+    joint: bool = False
 
 
 @dataclass
@@ -59,14 +62,16 @@ class _Bracket:
     def update(self, lf: float, holds: bool) -> None:
         if holds:
             self.lo, self.lo_ok = lf, True
-            if lf >= self.hi:  # the guessed top held: look one step higher
-                self.hi = min(HIGHEST, lf + self.step)
+            if lf >= self.hi:  # the guessed top held: look a step higher, each step twice the last
+                self.hi = round(min(HIGHEST, lf + self.step), 4)
                 self.hi_ok = self.hi >= HIGHEST
+                self.step *= 2
         else:
             self.hi, self.hi_ok = lf, True
-            if lf <= self.lo:  # the guessed bottom failed: look one step lower
-                self.lo = max(0.0, lf - self.step)
+            if lf <= self.lo:  # the guessed bottom failed: look a step lower, each step twice the last
+                self.lo = round(max(0.0, lf - self.step), 4)
                 self.lo_ok = self.lo <= 0.0
+                self.step *= 2
 
 
 @dataclass(frozen=True)
@@ -104,15 +109,17 @@ def _holds(attainment: float) -> bool:
 
 
 def _attainment(plan: Plan, rates: dict[str, float], trace: TraceSpec, lf: float, runs: list[Run],
-                costs: Overheads, open_: set[str]) -> dict[str, float]:
-    """Per model, the least attainment over the runs; stops once every model still bracketed has missed."""
+                costs: Overheads, open_: set[str], joint: bool = False) -> dict[str, float]:
+    """Per model, the least attainment over the runs; stops once every model still bracketed has missed (joint:
+    once one has)."""
     least = {m: 1.0 for m in rates}
     for run in runs:
         summary, _ = run_point(PointJob(plan, rates, "ppipe", trace, lf, run.duration_s, run.seed, driver="live",
-                                        overheads=costs, stop_when_failed=tuple(sorted(open_))))
+                                        overheads=costs, stop_when_failed=tuple(sorted(open_)),
+                                        stop_on_any_failed=joint))
         for m, point in summary["models"].items():
             least[m] = min(least[m], point["slo_attainment"])
-        if not any(_holds(least[m]) for m in open_):
+        if not any(_holds(least[m]) for m in open_) or (joint and not all(_holds(a) for a in least.values())):
             break
     return least
 
@@ -134,20 +141,45 @@ def simulated_rps(plan: Plan, arrivals: Arrivals, costs: Overheads, precision: P
     share (their nominal fractions) would not hold in the mix clients send."""
     precision = precision or Precision()
     rates = mix_rates(plan)
+    if precision.joint:
+        return _joint_rps(plan, arrivals, costs, precision, seed, rates)
     trace = parse_trace(arrivals.text)
     runs = point_runs(plan, trace, seed, precision.fidelity)
-    brackets = {m: _Bracket() for m in rates}
-    for m, lo, hi in precision.start:
-        if m in brackets and 0.0 <= lo < hi:
-            lo, hi = round(lo, 4), round(min(hi, HIGHEST), 4)
-            brackets[m] = _Bracket(lo, hi, lo <= 0.0, hi >= HIGHEST, max(hi - lo, 2 * precision.resolution))
+    brackets = {m: _start(precision, m) for m in rates}
     for _ in range(MAX_POINTS):
         widest = max(rates, key=lambda m: brackets[m].width())
         if brackets[widest].width() <= precision.resolution:
             break
-        lf = round(brackets[widest].next_lf(), 4)
+        lf = round(brackets[widest].next_lf(), 4)  # bracket ends are kept to 4 places, so an end is a point
         open_ = {m for m in rates if brackets[m].tells(lf)}  # a point outside a bracket tells that model nothing
+        if not open_:
+            break
         least = _attainment(plan, rates, trace, lf, runs, costs, open_)
         for m in open_:
             brackets[m].update(lf, _holds(least[m]))
     return {m: (brackets[m].lo if brackets[m].lo_ok else 0.0) * rates[m] for m in rates}
+
+
+def _start(precision: Precision, model: str) -> _Bracket:
+    """The bracket ``precision.start`` gives ``model`` (the lowest lo and highest hi where it names the model more
+    than once), or the whole range."""
+    given = [(lo, hi) for m, lo, hi in precision.start if m == model and 0.0 <= lo < hi]
+    if not given:
+        return _Bracket()
+    lo, hi = round(min(x for x, _ in given), 4), round(min(HIGHEST, max(x for _, x in given)), 4)
+    return _Bracket(lo, hi, lo <= 0.0, hi >= HIGHEST, max(hi - lo, 2 * precision.resolution))
+
+
+def _joint_rps(plan: Plan, arrivals: Arrivals, costs: Overheads, precision: Precision, seed: int,
+               rates: dict[str, float]) -> dict[str, float]:
+    """Every model's rate at the largest fraction of the mix at which all of them hold (Precision.joint)."""
+    trace = parse_trace(arrivals.text)
+    runs = point_runs(plan, trace, seed, precision.fidelity)
+    bracket = _start(precision, "*") if any(m == "*" for m, _, _ in precision.start) else _Bracket()
+    for _ in range(MAX_POINTS):
+        if bracket.width() <= precision.resolution:
+            break
+        lf = round(bracket.next_lf(), 4)
+        least = _attainment(plan, rates, trace, lf, runs, costs, set(rates), joint=True)
+        bracket.update(lf, all(_holds(a) for a in least.values()))
+    return {m: (bracket.lo if bracket.lo_ok else 0.0) * r for m, r in rates.items()}

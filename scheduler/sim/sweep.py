@@ -67,6 +67,7 @@ class PointJob:
     controls: SimControls | None = None  # Triton's batcher controls and the priorities requests are sent with
     # models whose failure to hold TARGET_ATTAINMENT ends the run as soon as it is certain (a load search's open ones)
     stop_when_failed: tuple[str, ...] = ()
+    stop_on_any_failed: bool = False  # ... as soon as one of them has certainly failed (a joint verdict)
 
 
 def driver_config(driver: str, overheads: Overheads | None) -> DriverConfig:
@@ -100,12 +101,14 @@ def run_point(job: PointJob, record_timeline: bool = False) -> tuple[dict[str, A
     res = simulate(topo, make_scheduler(job.policy, topo), arrivals, job.duration_s * 1e6,
                    noise_cv=job.noise_cv, seed=job.seed, record_timeline=record_timeline,
                    driver=driver_config(job.driver, job.overheads), overheads=job.overheads,
-                   interference=interference_of(job.plan), priorities=priorities, miss_budget=budget)
+                   interference=interference_of(job.plan), priorities=priorities, miss_budget=budget,
+                   stop_on_any=job.stop_on_any_failed)
     models = {}
     for m in job.rates_rps:
         st = res.models.get(m)
         # a run stopped early is judged on every request it was to offer: its misses already exceed the budget
-        attainment = (1.0 - (st.late + st.dropped) / counts[m]) if res.stopped_early and m in budget else st.attainment
+        over = (st.late + st.dropped) > budget.get(m, counts[m])
+        attainment = (1.0 - (st.late + st.dropped) / counts[m]) if res.stopped_early and over else st.attainment
         models[m] = {"load_factor": job.load_factor,
                      "offered_rps": counts[m] / job.duration_s,
                      "slo_attainment": attainment,
