@@ -31,6 +31,7 @@ import yaml
 from model_repository_gen.k8s_monitoring import write_monitoring
 from model_repository_gen.manifest import Manifest, VGpuInfo
 from poolpipe_common.errors import InputError
+from profiling.gpu_types import gpu_products
 
 # The images containers/triton/Dockerfile and containers/sidecar/Dockerfile build (tagged with poolpipe's version)
 DEFAULT_TRITON_IMAGE = "poolpipe-triton:0.1.0"
@@ -41,9 +42,6 @@ DEFAULT_PLUGIN_NAMESPACE = "gpu-operator"
 PLUGIN_CONFIGMAP = "poolpipe-device-plugin-config"
 CONFIG_LABEL = "nvidia.com/device-plugin.config"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
-# GPU Feature Discovery's product label (the product name, spaces as '-'); --k8s-gpu-product overrides.
-GPU_PRODUCTS = {"T4": "Tesla-T4", "P4": "Tesla-P4", "V100": "Tesla-V100-SXM2-16GB", "L4": "NVIDIA-L4",
-                "A10": "NVIDIA-A10", "A100": "NVIDIA-A100-SXM4-80GB", "H100": "NVIDIA-H100-80GB-HBM3"}
 PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
 MODELS_MOUNT = "/models"
 CONFIGMAP_LIMIT = 1_000_000  # bytes; Kubernetes refuses larger ConfigMaps
@@ -78,8 +76,10 @@ class K8sOptions:
             raise InputError(f"--k8s-shards {self.shards}: expected 1..64 sidecar shards")
         return self
 
-    def product(self, gpu_type: str) -> str:
-        got = self.gpu_products.get(gpu_type) or GPU_PRODUCTS.get(gpu_type)
+    def products(self, gpu_type: str) -> tuple[str, ...]:
+        """The ``nvidia.com/gpu.product`` values of a GPU type: --k8s-gpu-product's, else every product name of the
+        type in the one table of GPU types (profiling.gpu_types)."""
+        got = (self.gpu_products[gpu_type],) if gpu_type in self.gpu_products else gpu_products(gpu_type)
         if not got:
             raise InputError(f"GPU type {gpu_type!r} has no known nvidia.com/gpu.product label; pass "
                              f"--k8s-gpu-product {gpu_type}=LABEL (the value GPU Feature Discovery puts on its nodes, "
@@ -144,8 +144,8 @@ def _probes(port: str = "http") -> dict[str, Any]:
             "startupProbe": probe("/v2/health/live", 5, 60)}
 
 
-def _affinity(product: str, config: str) -> dict[str, Any]:
-    terms = [{"key": PRODUCT_LABEL, "operator": "In", "values": [product]},
+def _affinity(products: tuple[str, ...], config: str) -> dict[str, Any]:
+    terms = [{"key": PRODUCT_LABEL, "operator": "In", "values": list(products)},
              {"key": CONFIG_LABEL, "operator": "In", "values": [config]}]
     return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
         "nodeSelectorTerms": [{"matchExpressions": terms}]}}}
@@ -169,7 +169,7 @@ def vgpu_workload(g: VGpuInfo, opts: K8sOptions) -> list[dict[str, Any]]:
     pod: dict[str, Any] = {"containers": [container], "volumes": [
         {"name": "repository", "persistentVolumeClaim": {"claimName": opts.repository_pvc, "readOnly": True}}]}
     if on_gpu:
-        pod["affinity"] = _affinity(opts.product(g.gpu_type), plugin_config_name(g.gpu_type, g.v))
+        pod["affinity"] = _affinity(opts.products(g.gpu_type), plugin_config_name(g.gpu_type, g.v))
     sts = {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": meta,
            "spec": {"serviceName": name, "replicas": 1, "selector": {"matchLabels": selector},
                     "template": {"metadata": {"labels": meta["labels"]}, "spec": pod}}}

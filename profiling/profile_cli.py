@@ -100,19 +100,34 @@ def _int_list(text: str, flag: str, lo: int = 1, hi: int | None = None) -> tuple
 
 
 def _default_label(device: str) -> str:
-    """'cpu', or the GPU's model as the planner names GPU types (NVIDIA L4 -> L4)."""
+    """'cpu', or the first GPU's type label from the one table (NVIDIA A100-SXM4-80GB -> A100-80, Tesla T4 -> T4)."""
     if device != "cuda":
         return "cpu"
-    from profiling.devices import gpu_names
+    from profiling.devices import cuda_device_name
+    from profiling.gpu_types import gpu_label
 
-    names = gpu_names()
-    words = names[0].replace("NVIDIA", "").replace("Tesla", "").split() if names else []
-    return words[0] if words else "cuda"
+    name = cuda_device_name()
+    return gpu_label(name) if name else "cuda"
+
+
+def _engine(device: str, named: str | None) -> str:
+    """The engine named, else the first that runs here; InputError naming every engine's problem on a GPU."""
+    from poolpipe_common.errors import InputError
+    from profiling.devices import check_engine, default_engine, gpu_names
+    from profiling.engines import EngineError
+
+    if named:
+        return named
+    if device == "cuda" and not gpu_names():
+        check_engine(device, "ort")  # the one-line "no GPU visible" error
+    try:
+        return default_engine(device)
+    except EngineError as e:
+        raise InputError(f"--device {device}: {e}") from None
 
 
 def _measure(args: argparse.Namespace) -> int:
     from poolpipe_common.errors import InputError
-    from profiling.devices import default_engine
     from profiling.profile import load_profile
     from profiling.profiler import MeasureOptions, measure_profile
 
@@ -127,7 +142,7 @@ def _measure(args: argparse.Namespace) -> int:
     if not args.emulate_slowdown >= 1.0 or (args.emulate_slowdown != 1.0 and args.device != "cpu"):
         raise InputError(f"--emulate-slowdown {args.emulate_slowdown:g}: must be >= 1, and only with --device cpu")
     opts = MeasureOptions(
-        device=args.device, engine=args.engine or default_engine(args.device),
+        device=args.device, engine=_engine(args.device, args.engine),
         label=args.label or _default_label(args.device), threads=args.threads,
         batch_sizes=_int_list(args.batch_sizes, "--batch-sizes"),
         repeats=args.repeats, warmup=args.warmup, vgpu_levels=_int_list(args.vgpu_levels, "--vgpu-levels", 1, 8),

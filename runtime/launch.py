@@ -19,6 +19,7 @@ from model_repository_gen.manifest import Manifest, load_manifest
 from poolpipe_common.errors import InputError
 from poolpipe_common.net import port_in_use
 from profiling.devices import mps_running
+from profiling.gpu_types import gpu_label, label_matches
 from runtime.launch_files import HostLaunch, ServerLaunch, load_host_launch
 from runtime.tritonserver import TritonProcess
 
@@ -56,9 +57,9 @@ def discover_gpus() -> list[GpuInfo]:
 
 
 def gpu_matches(gpu_type: str, name: str) -> bool:
-    """``L4`` matches "NVIDIA L4", ``V100`` "Tesla V100-SXM2-16GB"; ``T4`` does not match "NVIDIA RTX A4000"."""
-    tokens = name.upper().replace("-", " ").replace("_", " ").split()
-    return gpu_type.upper() in tokens
+    """Whether the card NVML names ``name`` is of ``gpu_type``, by the one table of GPU types (profiling.gpu_types):
+    ``A100`` matches "NVIDIA A100-SXM4-80GB" (its family), ``T4`` does not match "NVIDIA RTX A4000"."""
+    return label_matches(gpu_type, name)
 
 
 def check_host_hardware(launch: HostLaunch, gpus: Sequence[GpuInfo], mps: bool) -> None:
@@ -67,13 +68,14 @@ def check_host_hardware(launch: HostLaunch, gpus: Sequence[GpuInfo], mps: bool) 
         return
     matching = [g for g in gpus if gpu_matches(launch.gpu_type, g.name)]
     if len(matching) < launch.gpus or len(gpus) < launch.gpus:
-        found = ", ".join(f"{g.index}: {g.name}" for g in gpus) or "none"
+        found = ", ".join(f"{g.index}: {g.name} (type {gpu_label(g.name)})" for g in gpus) or "none"
         raise InputError(f"host {launch.host}: the cluster file says {launch.gpus} x {launch.gpu_type}, but this "
                          f"machine has {len(matching)} matching GPU(s) (found: {found}); launch it on the right "
                          f"machine or fix the cluster file and re-generate")
     wrong = [g for g in gpus[:launch.gpus] if not gpu_matches(launch.gpu_type, g.name)]
     if wrong:
-        raise InputError(f"host {launch.host}: GPU {wrong[0].index} is {wrong[0].name}, not {launch.gpu_type}; "
+        raise InputError(f"host {launch.host}: GPU {wrong[0].index} is {wrong[0].name} (type "
+                         f"{gpu_label(wrong[0].name)}), not {launch.gpu_type}; "
                          f"GPUs 0..{launch.gpus - 1} must all be {launch.gpu_type}")
     if launch.needs_mps and not mps:
         raise InputError(f"host {launch.host}: the plan splits its GPUs into vGPUs, which needs the MPS daemon; "

@@ -70,7 +70,7 @@ def test_gpu_plan_manifests_are_valid_and_match_the_plan(deployed):
     assert "sharing" not in yaml.safe_load(plugin["data"]["poolpipe-t4-mps1"])
     labels = (d / "label-nodes.sh").read_text()
     assert "nvidia.com/device-plugin.config=poolpipe-l4-mps2" in labels and "t4box" in labels
-    products = {"L4": "NVIDIA-L4", "T4": "Tesla-T4"}
+    products = {"L4": ["NVIDIA-L4"], "T4": ["Tesla-T4", "NVIDIA-T4"]}  # every name NVML gives the type
     for g in manifest.vgpus:
         name = "triton-" + g.id
         pod = stss[name]["spec"]["template"]["spec"]
@@ -83,7 +83,7 @@ def test_gpu_plan_manifests_are_valid_and_match_the_plan(deployed):
         terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
             "nodeSelectorTerms"][0]["matchExpressions"]
         assert {t["key"]: t["values"] for t in terms} == {
-            "nvidia.com/gpu.product": [products[g.gpu_type]],
+            "nvidia.com/gpu.product": products[g.gpu_type],
             "nvidia.com/device-plugin.config": [f"poolpipe-{g.gpu_type.lower()}-mps{g.v}"]}
         assert svcs[name]["spec"]["clusterIP"] == "None" and stss[name]["spec"]["serviceName"] == name
     # the in-cluster manifest: the sidecar reaches every vGPU at its Service's DNS name

@@ -237,6 +237,9 @@ def test_generate_sets_each_servers_mps_percentage_and_mig_device(tmp_path):
             assert json.loads((tmp_path / gpu / "g" / "launch.json").read_text())["needs_mps"]
         else:
             assert {e["POOLPIPE_MIG_PROFILE"] for e in envs} == {"3g.20gb", "4g.20gb"}
-            assert {e["POOLPIPE_MIG_PLACEMENT"] for e in envs} == {"GPU 0 memory slice 0", "GPU 0 memory slice 4"}
-            assert all(e["CUDA_VISIBLE_DEVICES"].startswith("<MIG UUID") for e in envs)
+            assert {(e["POOLPIPE_MIG_GPU"], e["POOLPIPE_MIG_START"]) for e in envs} == {("0", "0"), ("0", "4")}
+            # no placeholder reaches tritonserver: launch resolves the UUID, launch.sh refuses without one
+            assert all("CUDA_VISIBLE_DEVICES" not in e and e["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID" for e in envs)
+            sh = (tmp_path / gpu / "g" / "launch.sh").read_text()
+            assert "<MIG" not in sh and 'CUDA_VISIBLE_DEVICES="${POOLPIPE_MIG_UUID_G_GPU0_S' in sh
         assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" in (tmp_path / gpu / "g" / "launch.sh").read_text() or not want
