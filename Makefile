@@ -5,10 +5,12 @@
 # (pip install -e) into VENV whenever pyproject.toml is newer than VENV/.installed.
 PYTHON ?= python3
 VENV   := .venv
+# ONNX Runtime's distribution (pyproject's extras): cpu (onnxruntime) or gpu (onnxruntime-gpu and the GPU engines)
+ORT    ?= cpu
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench venv clean perf-analyzer native
+.PHONY: demo test lint bench venv clean perf-analyzer native gpu-check
 
 venv: $(STAMP) native
 
@@ -22,7 +24,7 @@ native: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test,$(ORT)]'
 	touch $(STAMP)
 
 # perf_analyzer (NVIDIA's load tool) for tests/test_triton_tools.py: from the tritonclient 2.41.1 wheel, with
@@ -41,6 +43,12 @@ lint: $(if $(and $(wildcard $(VENV)/bin/ruff),$(wildcard $(VENV)/bin/lint-import
 
 test: $(STAMP) lint $(PERF_ANALYZER) native
 	$(PY) -m pytest -q -p no:cacheprovider --durations=15
+
+# The GPU smoke (tests/gpu, pytest marker gpu; docs/deploying.md#first-gpu-run): checks that fail rather than print,
+# under ten minutes on one GPU. Where no NVIDIA GPU answers, one line says so and it exits 0. Use an environment
+# made with ORT=gpu (onnxruntime-gpu, TensorRT, torch, NVML): make gpu-check ORT=gpu.
+gpu-check: $(STAMP) native
+	$(PY) -m tests.gpu.run
 
 demo: $(STAMP) native
 	$(VENV)/bin/poolpipe demo --out demo-out

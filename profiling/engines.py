@@ -68,6 +68,20 @@ def _has(package: str) -> bool:
     return importlib.util.find_spec(package) is not None
 
 
+def onnxruntime_distributions() -> dict[str, str]:
+    """The ONNX Runtime distributions installed (name -> version): they all install the module ``onnxruntime``,
+    so more than one leaves whichever was installed last, half overwritten."""
+    from importlib import metadata
+
+    out = {}
+    for name in ("onnxruntime", "onnxruntime-gpu"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
 def _torch_cuda_problem() -> str | None:
     """Why PyTorch cannot reach a CUDA device here (a CPU build, no device visible), or None."""
     import torch
@@ -97,6 +111,11 @@ def engine_problem(engine: str, device: str) -> str | None:
         if problem:
             return f"engine {engine} needs PyTorch with CUDA: {problem}"
     chain = _ORT_CHAIN.get((engine, device))
+    both = onnxruntime_distributions()
+    if chain and len(both) > 1:
+        return (f"engine {engine} needs one ONNX Runtime, and {' and '.join(f'{k} {v}' for k, v in both.items())} "
+                "are both installed (one module); pip uninstall -y onnxruntime onnxruntime-gpu, then install "
+                "poolpipe[gpu] or poolpipe[cpu]")
     if chain and chain[0] not in _ort_providers():
         return (f"engine {engine} on {device} needs onnxruntime with {chain[0]} (this onnxruntime has "
                 f"{', '.join(_ort_providers())}; pip install onnxruntime-gpu)")
