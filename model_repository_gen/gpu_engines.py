@@ -46,13 +46,15 @@ def parse_engine_args(values: list[str]) -> dict[str, str]:
     return out
 
 
-def profiled_engine(m: ModelPlan, gpu_type: str) -> str | None:
-    """The engine the model's profile measured ``gpu_type`` with, or None where it records none."""
+def profiled_engine(m: ModelPlan, gpu_type: str) -> tuple[str | None, str]:
+    """(the engine the model's profile measured ``gpu_type`` with, or None where it records none; its device)."""
     prov = m.profile.provenance
     per_device = prov.get("devices") if isinstance(prov.get("devices"), dict) else None
     entry = per_device.get(gpu_type) if per_device else (prov if len(m.profile.timings) == 1 else None)
-    engine = entry.get("engine") if isinstance(entry, dict) else None
-    return engine if isinstance(engine, str) and engine else None
+    if not isinstance(entry, dict):
+        return None, ""
+    engine, device = entry.get("engine"), entry.get("device")
+    return (engine if isinstance(engine, str) and engine else None), (device if isinstance(device, str) else "")
 
 
 def choose_engine(m: ModelPlan, gpu_type: str, overrides: Mapping[str, str]) -> EngineChoice:
@@ -62,12 +64,13 @@ def choose_engine(m: ModelPlan, gpu_type: str, overrides: Mapping[str, str]) -> 
         return EngineChoice("ort", "cpu", "--engine")
     if named:
         return EngineChoice(named, "", "--engine")
-    measured = profiled_engine(m, gpu_type)
+    measured, device = profiled_engine(m, gpu_type)
     if measured is None:
         return EngineChoice("auto", "", "the profile records no engine")
-    if measured not in GPU_ENGINES:
-        raise InputError(f"profile {m.profile.model}: {gpu_type} was measured with engine {measured!r}, which does "
-                         f"not run on a GPU; measure it with --device cuda, or name one with --engine {gpu_type}=trt")
+    if measured not in GPU_ENGINES or device == "cpu":
+        raise InputError(f"profile {m.profile.model}: {gpu_type} was measured with engine {measured} on the CPU, "
+                         f"but its hosts have GPUs; measure it with --device cuda, or name the engine with "
+                         f"generate --engine {gpu_type}=ENGINE (cpu: ONNX Runtime on the CPU, as measured)")
     return EngineChoice(measured, "", "profile")
 
 

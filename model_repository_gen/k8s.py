@@ -13,8 +13,10 @@ Written to ``<out>/k8s/`` beside the launch files, one YAML document per file an
 - ``monitoring/``: ServiceMonitors and a Grafana dashboard (k8s_monitoring.py).
 
 GPU vGPUs request ``nvidia.com/gpu: 1`` (one MPS replica, 1/V of a GPU) on nodes whose
-``nvidia.com/gpu.product`` is the GPU type's and whose device-plugin config splits GPUs at the vGPU's
-level. Emulated and CPU hosts get CPU-only pods, so the same manifests run on a CPU-only cluster.
+``nvidia.com/gpu.product`` is one of the GPU type's product names and whose device-plugin config splits GPUs at
+the vGPU's level; an unequal share or a MIG instance is refused (k8s_pods.py). Emulated and CPU hosts get CPU-only
+pods, so the same manifests run on a CPU-only cluster. Every tritonserver pod mounts a /dev/shm sized for its
+tensors, and its startup probe covers a first TensorRT build where its engine may build one.
 """
 
 from __future__ import annotations
@@ -29,6 +31,15 @@ from typing import Any
 import yaml
 
 from model_repository_gen.k8s_monitoring import write_monitoring
+from model_repository_gen.k8s_pods import (
+    MIB,
+    STARTUP_S,
+    check_device_plugin_share,
+    shm_bytes,
+    shm_volume,
+    startup_probe,
+    startup_s,
+)
 from model_repository_gen.manifest import Manifest, VGpuInfo
 from poolpipe_common.errors import InputError
 from profiling.gpu_types import gpu_products
@@ -136,12 +147,12 @@ def _container_ports() -> list[dict[str, Any]]:
     return [{"name": n, "containerPort": p, "protocol": "TCP"} for n, p in PORTS.items()]
 
 
-def _probes(port: str = "http") -> dict[str, Any]:
+def _probes(port: str = "http", startup: int = STARTUP_S) -> dict[str, Any]:
     def probe(path: str, period: int, failures: int) -> dict[str, Any]:
         return {"httpGet": {"path": path, "port": port}, "periodSeconds": period, "failureThreshold": failures}
 
     return {"readinessProbe": probe("/v2/health/ready", 5, 3), "livenessProbe": probe("/v2/health/live", 10, 6),
-            "startupProbe": probe("/v2/health/live", 5, 60)}
+            "startupProbe": startup_probe(startup, port)}
 
 
 def _affinity(products: tuple[str, ...], config: str) -> dict[str, Any]:
@@ -151,23 +162,29 @@ def _affinity(products: tuple[str, ...], config: str) -> dict[str, Any]:
         "nodeSelectorTerms": [{"matchExpressions": terms}]}}}
 
 
-def vgpu_workload(g: VGpuInfo, opts: K8sOptions) -> list[dict[str, Any]]:
-    """One vGPU: a StatefulSet of one tritonserver pod and the headless Service that names it."""
+def vgpu_workload(g: VGpuInfo, opts: K8sOptions, manifest: Manifest) -> list[dict[str, Any]]:
+    """One vGPU: a StatefulSet of one tritonserver pod and the headless Service that names it (k8s_pods.py: its
+    /dev/shm, its startup probe, the share the device plugin gives it)."""
+    check_device_plugin_share(g)
     name = k8s_name(g.id, "triton-")
     meta = _meta(name, opts.namespace, "tritonserver", {"poolpipe.io/vgpu": name})
     selector = {"app.kubernetes.io/name": name}
     on_gpu = g.kind == "KIND_GPU"
-    resources: dict[str, Any] = {"requests": {"cpu": "1", "memory": "2Gi"}}
+    shm = shm_bytes(manifest, g.id)
+    resources: dict[str, Any] = {"requests": {"cpu": "1", "memory": f"{2048 + shm // MIB}Mi"}}  # /dev/shm counts
     if on_gpu:
         resources = {"requests": {**resources["requests"], "nvidia.com/gpu": 1}, "limits": {"nvidia.com/gpu": 1}}
     args = [f"--model-repository={MODELS_MOUNT}/{g.repository}", f"--http-port={PORTS['http']}",
             f"--grpc-port={PORTS['grpc']}", f"--metrics-port={PORTS['metrics']}"]
     env = [{"name": k, "value": v} for k, v in sorted(g.env.items()) if k != "CUDA_VISIBLE_DEVICES"]
     container = {"name": "tritonserver", "image": opts.triton_image, "command": ["tritonserver"], "args": args,
-                 "env": env, "ports": _container_ports(), "resources": resources, **_probes(),
-                 "volumeMounts": [{"name": "repository", "mountPath": MODELS_MOUNT, "readOnly": True}]}
+                 "env": env, "ports": _container_ports(), "resources": resources,
+                 **_probes(startup=startup_s(manifest, g.id))}
+    volume, mount = shm_volume(shm)
+    container["volumeMounts"] = [{"name": "repository", "mountPath": MODELS_MOUNT, "readOnly": True}, mount]
     pod: dict[str, Any] = {"containers": [container], "volumes": [
-        {"name": "repository", "persistentVolumeClaim": {"claimName": opts.repository_pvc, "readOnly": True}}]}
+        {"name": "repository", "persistentVolumeClaim": {"claimName": opts.repository_pvc, "readOnly": True}},
+        volume]}
     if on_gpu:
         pod["affinity"] = _affinity(opts.products(g.gpu_type), plugin_config_name(g.gpu_type, g.v))
     sts = {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": meta,
@@ -271,7 +288,7 @@ def k8s_documents(manifest: Manifest, opts: K8sOptions) -> dict[str, list[dict[s
         if fname in files:
             raise InputError(f"vGPU {g.id}: its Kubernetes name {fname[:-5]} is another vGPU's too; rename the "
                              "hosts in the cluster file so that their lowercase names differ")
-        files[fname] = vgpu_workload(g, opts)
+        files[fname] = vgpu_workload(g, opts, manifest)
     files["manifest-configmap.yaml"] = [manifest_configmap(manifest, opts.namespace)]
     files["sidecar.yaml"] = sidecar_documents(opts)
     return files

@@ -191,3 +191,43 @@ def test_one_onnx_runtime_per_environment() -> None:
     assert {"tensorrt", "torch", "nvidia-ml-py"} <= {r.split(">")[0] for r in extras["gpu"]}
     assert "'.[test,$(ORT)]'" in (ROOT / "Makefile").read_text()
     assert list(engines.onnxruntime_distributions()) == ["onnxruntime"]  # this environment: the cpu extra
+
+
+def test_gpu_partitions_run_the_engine_their_profile_measured(small_model: Path, tmp_path: Path) -> None:
+    """generate resolves the engine of GPU partitions once and prints it: the one the profile measured (here trt on
+    L4), auto where the profile records none (never the CPU), the CPU only where asked for by name."""
+    import json
+    from dataclasses import replace
+
+    from model_repository_gen.triton_config import parse_config
+    from tests.conftest import run_cli
+    from tests.deploy_helpers import make_plan, make_profile
+
+    prof = make_profile(small_model, "mobilenet", 2, {"L4": (1,), "T4": (1,), "P4": (1,)})
+    prof = replace(prof, provenance={"source": "tests", "devices": {"L4": {"engine": "trt", "providers": ["TensorRT"]},
+                                                                     "T4": {"source": "reference data"},
+                                                                     "P4": {"engine": "ort"}}})
+    plan = make_plan(prof, [[((0, 1), "L4", 1, 1), ((1, 2), "T4", 1, 1)], [((0, 2), "P4", 1, 1)]])
+    (tmp_path / "plan.json").write_text(json.dumps(plan.to_dict()))
+    hosts = [{"name": n, "address": f"10.0.0.{i}", "gpu_type": t, "gpus": 1, "bandwidth_gbps": 10}
+             for i, (n, t) in enumerate((("l4", "L4"), ("t4", "T4"), ("p4", "P4")))]
+    (tmp_path / "cluster.json").write_text(json.dumps({"hosts": hosts}))
+    r = run_cli("generate", "--plan", tmp_path / "plan.json", "--cluster", tmp_path / "cluster.json", "--onnx",
+                f"mobilenet={small_model}", "--out", tmp_path / "d", "--engine", "P4=cpu")
+    assert r.returncode == 0, r.stderr
+    assert "engine of mobilenet on L4: trt (profile)" in r.stdout
+    assert "engine of mobilenet on T4: auto (the profile records no engine)" in r.stdout
+    assert "engine of mobilenet on P4: cpu (--engine)" in r.stdout
+
+    def params(host: str) -> dict[str, str]:
+        cfg = parse_config(next((tmp_path / "d" / host).glob("*/model_repository/*/config.pbtxt")))
+        return {k: v.string_value for k, v in cfg.parameters.items() if k in ("engine", "device")}
+
+    assert params("l4") == {"engine": "trt"} and params("t4") == {"engine": "auto"}
+    assert params("p4") == {"engine": "ort", "device": "cpu"}
+    stages = json.loads((tmp_path / "d" / "manifest.json").read_text())["models"][0]["pipelines"]
+    assert [[s["engine"] for s in p["stages"]] for p in stages] == [["trt", "auto"], ["cpu"]]
+    for bad, why in ((["--engine", "L4=fast"], "ENGINE one of"), (["--engine", "V100=trt"], "no partition")):
+        r = run_cli("generate", "--plan", tmp_path / "plan.json", "--cluster", tmp_path / "cluster.json", "--onnx",
+                    f"mobilenet={small_model}", "--out", tmp_path / "e", *bad)
+        assert r.returncode == 2 and why in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

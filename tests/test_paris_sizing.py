@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from model_repository_gen.cluster_file import cluster_from_dict
 from model_repository_gen.generate import generate
+from model_repository_gen.k8s import K8sOptions, k8s_documents
 from planner.planners import solve_spec
 from planner.sizing.paris import (
     SizeCurve,
@@ -243,3 +244,7 @@ def test_generate_sets_each_servers_mps_percentage_and_mig_device(tmp_path):
             sh = (tmp_path / gpu / "g" / "launch.sh").read_text()
             assert "<MIG" not in sh and 'CUDA_VISIBLE_DEVICES="${POOLPIPE_MIG_UUID_G_GPU0_S' in sh
         assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" in (tmp_path / gpu / "g" / "launch.sh").read_text() or not want
+        # Kubernetes: the device plugin gives equal MPS replicas only and none of our MIG placements: one line
+        # at generate time (a 25/25/50 split asked for three whole GPUs and stayed Pending)
+        with pytest.raises(InputError, match="MPS share of an unequally split L4" if want else "MIG instance"):
+            k8s_documents(m, K8sOptions())
