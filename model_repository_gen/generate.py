@@ -47,6 +47,7 @@ from model_repository_gen.cluster_file import (
 from model_repository_gen.emulated_io import EmulatedTensors, check_scale, emulated_tensors
 from model_repository_gen.generations import generation_suffix, kept_ports
 from model_repository_gen.gpu_engines import EngineChoice, resolve_engines
+from model_repository_gen.gpu_memory import check_gpu_memory
 from model_repository_gen.manifest import (
     HostInfo,
     Manifest,
@@ -319,6 +320,7 @@ def generate(plan: Plan, onnx_paths: Mapping[str, Path], cluster: Cluster | str 
     assignment = assign_vgpus(plan, cluster)
     _check_onnx_args(plan, onnx_paths, assignment, scale)
     choices = resolve_engines(list(plan.models), gpu_pools(plan, assignment), engines or {})
+    check_gpu_memory(plan, assignment)  # before anything is written
     invented = {m.name: emulated_tensors(m.profile, scale, fp16_boundaries) for m in plan.models
                 if m.name not in onnx_paths}
     for name, t in invented.items():

@@ -231,3 +231,31 @@ def test_gpu_partitions_run_the_engine_their_profile_measured(small_model: Path,
         r = run_cli("generate", "--plan", tmp_path / "plan.json", "--cluster", tmp_path / "cluster.json", "--onnx",
                     f"mobilenet={small_model}", "--out", tmp_path / "e", *bad)
         assert r.returncode == 2 and why in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_generate_checks_each_vgpu_against_its_gpu_and_mps_share(small_model: Path, tmp_path: Path) -> None:
+    """Weights, activations at the planned batch, tritonserver's context and pool and one context and workspace
+    per backend instance, against 1/V of the GPU (the MPS limit) and the whole GPU; checked before writing."""
+    from dataclasses import replace
+
+    from model_repository_gen.cluster_file import cluster_from_dict
+    from model_repository_gen.generate import generate
+    from poolpipe_common.errors import InputError
+    from profiling.block_memory import BlockMemory
+    from tests.deploy_helpers import make_plan, make_profile
+
+    base = make_profile(small_model, "mobilenet", 2, {"L4": (1, 2)})
+    hosts = [{"name": "g", "address": "10.0.0.1", "gpu_type": "L4", "gpus": 2, "bandwidth_gbps": 10}]
+
+    def gen(activation_gb: float, v: int, out: str) -> None:
+        prof = replace(base, memory=BlockMemory((10 << 20, 10 << 20), (int(activation_gb * 1e9), 1 << 20)))
+        plan = make_plan(prof, [[((0, 1), "L4", v, 1), ((1, 2), "L4", v, 1)]], batch=2)
+        generate(plan, {"mobilenet": small_model}, cluster_from_dict({"hosts": hosts}), tmp_path / out)
+
+    gen(6.0, 1, "whole")  # 12 GB of activations and ~1 GB of processes fit a whole 24 GB L4
+    with pytest.raises(InputError, match=r"vGPU g-gpu0-s0 needs 13\.\d\d GB .*tritonserver and 1 backend instance"
+                                         r"\(s\) 1\.01 GB\) but a 1/2 share \(the MPS limit\) of a L4 has 12\.00 GB"):
+        gen(6.0, 2, "half")
+    assert not (tmp_path / "half").exists()  # refused before anything was written
+    with pytest.raises(InputError, match=r"needs 25\.\d\d GB .* but a whole L4 has 24\.00 GB"):
+        gen(12.0, 1, "over")
