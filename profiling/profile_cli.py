@@ -62,6 +62,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "the fitted coefficients in the profile's 'interference' field (on cpu: real CPU "
                         "interference; each process gets --threads/2 threads)")
     m.add_argument("--co-run-repeats", type=int, default=10, help="timed runs per block and co-run setting")
+    m.add_argument("--co-run-level", type=int, default=None, metavar="V",
+                   help="the vGPU level of the co-located plan: every --co-run process, the measured model's too, "
+                        "runs with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100/V (default: the largest of --vgpu-levels, "
+                        "at least 2)")
     m.add_argument("--model-name", default=None,
                    help="model name in the profile (default: the --like profile's model, else the file name stem)")
     m.add_argument("--out", required=True, type=Path, help="profile JSON to write")
@@ -133,7 +137,7 @@ def _measure(args: argparse.Namespace) -> int:
 
     for flag, val, lo in (("--threads", args.threads, 1), ("--blocks", args.blocks, 1), ("--repeats", args.repeats, 1),
                           ("--warmup", args.warmup, 0), ("--max-boundary-tensors", args.max_boundary_tensors, 1),
-                          ("--co-run-repeats", args.co_run_repeats, 1)):
+                          ("--co-run-repeats", args.co_run_repeats, 1), ("--co-run-level", args.co_run_level, 2)):
         if val is not None and val < lo:
             raise InputError(f"{flag} {val}: must be at least {lo}")
     if args.latency_quantiles and not 2 <= args.latency_quantiles <= args.repeats:
@@ -151,7 +155,8 @@ def _measure(args: argparse.Namespace) -> int:
     like = load_profile(args.like) if args.like else None
     prof = measure_profile(args.model, opts, n_blocks=args.blocks, like=like, like_path=str(args.like or ""),
                            model_name=args.model_name, inputs_path=args.inputs, co_run=tuple(args.co_run),
-                           co_run_repeats=args.co_run_repeats)
+                           co_run_repeats=args.co_run_repeats,
+                           co_run_level=args.co_run_level or max(2, *opts.vgpu_levels))
     prof.save(args.out)
     total = {v: prof.latency_us(opts.label, v, opts.batch_sizes[0]) for v in opts.vgpu_levels}
     per_level = ", ".join(f"V={v}: {us / 1000:.2f} ms" for v, us in total.items())

@@ -272,14 +272,15 @@ def _provenance(model_path: Path, opts: MeasureOptions) -> dict[str, Any]:
 def measure_profile(model_path: str | Path, opts: MeasureOptions, n_blocks: int | None = None,
                     like: Profile | None = None, like_path: str = "", model_name: str | None = None,
                     progress: bool | None = None, inputs_path: Path | None = None,
-                    co_run: tuple[Path, ...] = (), co_run_repeats: int = 10) -> Profile:
+                    co_run: tuple[Path, ...] = (), co_run_repeats: int = 10, co_run_level: int = 2) -> Profile:
     """Measure a profile of ``model_path`` on one device type (``opts.label``), all levels and batch sizes;
     timed over the samples of ``inputs_path`` (profiling.input_sets) where given, else over random inputs.
     Each block's weights and peak activations are recorded; with ``co_run`` models, the interference model
-    fitted from block timings next to them (profiling.corun)."""
+    fitted from block timings next to them (profiling.corun), every process at the MPS share of a 1/``co_run_level``
+    vGPU."""
     from tqdm import tqdm
 
-    check_engine(opts.device, opts.engine, opts.vgpu_levels)
+    check_engine(opts.device, opts.engine, (*opts.vgpu_levels, co_run_level) if co_run else opts.vgpu_levels)
     for v in opts.vgpu_levels:
         _level_threads(opts, v)
     model_path = Path(model_path)
@@ -330,7 +331,7 @@ def measure_profile(model_path: str | Path, opts: MeasureOptions, n_blocks: int 
     interference = {}
     if co_run:
         copts = CoRunOptions(opts.device, opts.engine, opts.label, max(1, (opts.threads or 2) // 2),
-                             co_run_repeats, max(1, opts.warmup))
+                             co_run_repeats, max(1, opts.warmup), co_run_level)
         interference[opts.label] = measure_interference(subs, specs, list(co_run), copts)
     return Profile(name, blocks, {opts.label: timings}, input_bytes,
                    plan.input_tensors, prov, memory, interference)
