@@ -1,4 +1,4 @@
-"""``make gpu-check``: the GPU smoke (tests/gpu, pytest marker ``gpu``) where an NVIDIA GPU is present; elsewhere
+"""``make gpu-check`` (``python tests/gpu/run.py``, standard library only): the GPU smoke (tests/gpu, pytest marker ``gpu``) where an NVIDIA GPU is present; elsewhere
 one line saying there is none, and exit 0.
 
 A GPU is present where the driver shows one: a /dev/nvidia<N> device or an ``nvidia-smi -L`` that lists one. Where
@@ -33,12 +33,16 @@ def gpu_present() -> str | None:
     return None
 
 
-def main() -> int:
+def main(argv: list[str]) -> int:
+    """``--probe``: exit 0 after the one line where no GPU is present, 3 where one is (the Makefile then builds the
+    GPU environment and runs this again without it)."""
     found = gpu_present()
     if found is None:
         print("gpu-check: no NVIDIA GPU on this machine (no /dev/nvidia* device, no GPU in nvidia-smi -L); "
               "nothing to check")
         return 0
+    if "--probe" in argv:
+        return 3
     print(f"gpu-check: {found}; running tests/gpu (pytest -m gpu)", flush=True)
     timeout = float(os.environ.get("POOLPIPE_GPU_CHECK_TIMEOUT_S", "600"))
     env = {**os.environ, "POOLPIPE_GPU_CHECK": "1"}
@@ -52,4 +56,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
