@@ -1,5 +1,5 @@
-"""``make gpu-check`` (``python tests/gpu/run.py``, standard library only): the GPU smoke (tests/gpu, pytest marker ``gpu``) where an NVIDIA GPU is present; elsewhere
-one line saying there is none, and exit 0.
+"""``make gpu-check`` (``python tests/gpu/run.py``, standard library only): the GPU smoke (tests/gpu, pytest
+marker ``gpu``) where an NVIDIA GPU is present; elsewhere one line saying there is none, and exit 0.
 
 A GPU is present where the driver shows one: a /dev/nvidia<N> device or an ``nvidia-smi -L`` that lists one. Where
 one is present and the checks cannot reach it (no NVML, no CUDA in ONNX Runtime), they fail: that is what they
