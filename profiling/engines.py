@@ -161,11 +161,12 @@ def open_engine(model: str | bytes, engine: str, device: str = "cpu", device_id:
 
 def _trt_module() -> Any:
     """engine_trt.py from beside this file (the package's, or the copy in a partition's version directory)."""
-    name = f"{__name__}_trt"
+    name, path = f"{__name__}_trt", Path(__file__).with_name("engine_trt.py")
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("engine_trt.py"))
-        if spec is None or spec.loader is None:
-            raise EngineError(f"{Path(__file__).with_name('engine_trt.py')} is missing; re-generate the repository")
+        spec = importlib.util.spec_from_file_location(name, path)
+        if not path.is_file() or spec is None or spec.loader is None:
+            raise EngineError(f"{path} is missing: 'poolpipe generate' copies engine_trt.py beside engines.py; "
+                              "re-generate the model repository")
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
