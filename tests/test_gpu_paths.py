@@ -63,11 +63,12 @@ def small_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_zoo_model("mobilenet", tmp_path_factory.mktemp("gpu-paths") / "mobilenet.onnx", input_hw=32)
 
 
-def test_an_onnxruntime_that_lists_cuda_but_runs_the_cpu_is_refused(small_model: Path,
+def test_an_onnxruntime_that_lists_cuda_but_runs_the_cpu_is_refused(small_model: Path, tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """onnxruntime-gpu lists CUDAExecutionProvider even where CUDA or cuDNN does not load, then builds a CPU
     session and only logs it (onnxruntime #17801, #23372). This CPU-only onnxruntime, asked for CUDA as that
     listing invites, does the same; the engine must refuse, naming the provider that ran."""
+    monkeypatch.setenv("POOLPIPE_ENGINE_CACHE", str(tmp_path))  # ort-trt's engine cache directory
     listed = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
     monkeypatch.setattr(engines, "_ort_providers", lambda: listed)
     with pytest.raises(engines.EngineError, match="asked onnxruntime .* for CUDAExecutionProvider, but the session "
