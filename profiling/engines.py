@@ -222,6 +222,19 @@ def _graph_io(proto: Any) -> tuple[list[str], list[str]]:
     return [i.name for i in proto.graph.input if i.name not in weights], [o.name for o in proto.graph.output]
 
 
+def _preload_gpu_libraries(ort: Any, provider: str) -> None:
+    """Load the CUDA, cuDNN and TensorRT libraries of pip's nvidia-* and tensorrt wheels, which ONNX Runtime's
+    providers do not find on the loader's path by themselves. Where that fails, the session runs on another
+    provider and is refused with its name (``_OrtEngine``), so nothing is hidden here."""
+    if hasattr(ort, "preload_dlls"):  # onnxruntime >= 1.21: CUDA and cuDNN from the nvidia-* wheels
+        try:
+            ort.preload_dlls()
+        except Exception:  # noqa: BLE001 - the provider check below names what ran instead
+            pass
+    if provider == "TensorrtExecutionProvider" and _has("tensorrt"):
+        import tensorrt  # noqa: F401 - its import loads libnvinfer from the tensorrt wheel for the provider
+
+
 class _OrtEngine(Engine):
     """An ONNX Runtime session on a provider chain, sequential execution; refused unless the chain's first
     provider is the session's first (what runs the model)."""
@@ -230,6 +243,8 @@ class _OrtEngine(Engine):
                  first_options: dict[str, Any], max_batch: int) -> None:
         import onnxruntime as ort
 
+        if chain[0] != "CPUExecutionProvider":
+            _preload_gpu_libraries(ort, chain[0])
         so = ort.SessionOptions()
         so.log_severity_level = 3
         if threads:
