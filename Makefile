@@ -5,10 +5,12 @@
 # (pip install -e) into VENV whenever pyproject.toml is newer than VENV/.installed.
 PYTHON ?= python3
 VENV   := .venv
+# ONNX Runtime's distribution (pyproject's extras): cpu (onnxruntime) or gpu (onnxruntime-gpu and the GPU engines)
+ORT    ?= cpu
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench venv clean perf-analyzer native
+.PHONY: demo test lint bench venv clean perf-analyzer native gpu-check
 
 venv: $(STAMP) native
 
@@ -22,7 +24,7 @@ native: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test,$(ORT)]'
 	touch $(STAMP)
 
 # perf_analyzer (NVIDIA's load tool) for tests/test_triton_tools.py: from the tritonclient 2.41.1 wheel, with
@@ -41,6 +43,13 @@ lint: $(if $(and $(wildcard $(VENV)/bin/ruff),$(wildcard $(VENV)/bin/lint-import
 
 test: $(STAMP) lint $(PERF_ANALYZER) native
 	$(PY) -m pytest -q -p no:cacheprovider --durations=15
+
+# The GPU smoke (tests/gpu, pytest marker gpu; docs/deploying.md#the-first-gpu-run): checks that fail rather than
+# print, under ten minutes on one GPU. Where no NVIDIA GPU is present, one line says so and it exits 0 (installing
+# nothing). Where one is, the environment is built with ORT=gpu (onnxruntime-gpu, TensorRT, torch, NVML) and the
+# smoke runs; `make test` never runs it.
+gpu-check:
+	@if $(PYTHON) tests/gpu/run.py --probe; then :; else $(MAKE) venv ORT=gpu && $(PY) tests/gpu/run.py; fi
 
 demo: $(STAMP) native
 	$(VENV)/bin/poolpipe demo --out demo-out

@@ -17,9 +17,10 @@ served only by emulated hosts needs no ONNX file, its tensors are invented from 
 (``emulated_io.py``, scaled by ``emulated_tensor_scale``; the manifest keeps their profiled size as each stage's
 ``link_bytes_per_request``, so the scheduler reserves a NIC for as long as the planned cluster's would take).
 Unequal vGPU sizes (plan ``gpu_splits``, plans/split_slots.py) take the first GPUs of their type: an MPS
-share's server gets ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` = its percentage; a MIG instance's server gets
-``POOLPIPE_MIG_PROFILE`` / ``POOLPIPE_MIG_PLACEMENT`` and a ``CUDA_VISIBLE_DEVICES`` placeholder that the
-operator (the instance's UUID from ``nvidia-smi -L``) or the Kubernetes device plugin fills in.
+share's server gets ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` = its percentage; a MIG instance's server names its
+instance by parent GPU, profile and placement, resolved by ``launch`` (model_repository_gen/vgpu_env.py).
+GPU partitions run the engine their profile measured, resolved here once (model_repository_gen/gpu_engines.py),
+and each GPU's vGPUs are checked against its memory and their MPS share of it (model_repository_gen/gpu_memory.py).
 """
 
 from __future__ import annotations
@@ -27,11 +28,10 @@ from __future__ import annotations
 import json
 import math
 import re
-import shlex
 import shutil
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +41,13 @@ from model_repository_gen import triton_config as tc
 from model_repository_gen.app_manifest import applications_from_list
 from model_repository_gen.cluster_file import (
     Cluster,
-    ClusterHost,
     cpu_cores,
     load_cluster,
 )
 from model_repository_gen.emulated_io import EmulatedTensors, check_scale, emulated_tensors
 from model_repository_gen.generations import generation_suffix, kept_ports
+from model_repository_gen.gpu_engines import EngineChoice, resolve_engines
+from model_repository_gen.gpu_memory import check_gpu_memory
 from model_repository_gen.manifest import (
     HostInfo,
     Manifest,
@@ -57,29 +58,14 @@ from model_repository_gen.manifest import (
 )
 from model_repository_gen.onnx_check import check_onnx_matches_profile
 from model_repository_gen.ports import assign_ports
+from model_repository_gen.vgpu_env import Slot, launch_sh, mps_percent, vgpu_env
 from plans.plan_json import ModelPlan, PartitionPlan, Plan
-from plans.split_slots import SizedSlot, sized_slots, split_gpu_counts
+from plans.split_slots import sized_slots, split_gpu_counts
 from poolpipe_common.batcher import BatcherControls
 from poolpipe_common.errors import InputError
 from poolpipe_common.tensors import TensorSpec
 
 LAUNCH_FORMAT = "poolpipe.launch/1"
-
-
-@dataclass(frozen=True)
-class Slot:
-    """One vGPU: slot ``slot`` of GPU ``gpu_index`` on ``host``, whose GPU is split into ``v``."""
-
-    host: ClusterHost
-    gpu_index: int
-    slot: int
-    v: int
-    size: SizedSlot | None = None  # an unequal share (MPS percentage or MIG instance); None: 1/v
-    mig: bool = False
-
-    @property
-    def id(self) -> str:
-        return f"{self.host.name}-gpu{self.gpu_index}-s{self.slot}"
 
 
 StageKey = tuple[str, int, int]  # (model, pipeline index, stage index)
@@ -136,6 +122,12 @@ def assign_vgpus(plan: Plan, cluster: Cluster) -> dict[StageKey, list[Slot]]:
     return out
 
 
+def gpu_pools(plan: Plan, assignment: dict[StageKey, list[Slot]]) -> dict[tuple[str, str], bool]:
+    """(model, GPU type) of every partition with a vGPU on a GPU host (the pairs that need an engine)."""
+    return {(name, plan.model(name).pipelines[j].partitions[k].gpu): True
+            for (name, j, k), pool in assignment.items() if any(s.host.on_gpu for s in pool)}
+
+
 def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", name)
 
@@ -152,54 +144,6 @@ def _load_onnx(path: Path, model: str) -> onnx.ModelProto:
     except Exception as e:  # noqa: BLE001 - onnx raises DecodeError, OSError, ...
         raise InputError(f"--onnx {model}={path}: not a readable ONNX model ({type(e).__name__}: "
                          f"{str(e).splitlines()[0] if str(e) else 'parse error'})") from None
-
-
-def _env(slot: Slot, threads: int) -> dict[str, str]:
-    if not slot.host.on_gpu:
-        return {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": str(max(threads, 1))}
-    if slot.size is not None and slot.mig:
-        where = f"GPU {slot.gpu_index} memory slice {slot.size.mig_start}"
-        return {"CUDA_VISIBLE_DEVICES": f"<MIG UUID of the {slot.size.label} instance at {where}>",
-                "POOLPIPE_MIG_PROFILE": slot.size.label, "POOLPIPE_MIG_PLACEMENT": where}
-    return {"CUDA_VISIBLE_DEVICES": str(slot.gpu_index), "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(mps_percent(slot))}
-
-
-def mps_percent(slot: Slot) -> int:
-    """The MPS thread percentage of a vGPU: its share's, or 100/V (100 on a MIG instance of its own)."""
-    if slot.size is not None:
-        return 100 if slot.mig else slot.size.mps_percent
-    return 100 // slot.v
-
-
-def _launch_sh(host: ClusterHost, servers: list[dict[str, Any]]) -> str:
-    lines = [
-        "#!/usr/bin/env bash",
-        f"# The tritonservers of host {host.name} ({host.gpus} x {host.gpu_type}, device {host.device}), "
-        "written by 'poolpipe generate'.",
-        "# 'poolpipe launch DIR --host NAME' does the same and also checks GPUs/MPS and waits for readiness.",
-        "# Explicit model control: 'poolpipe launch' loads the next generation's partitions into a kept server.",
-        "# TRITONSERVER / TRITON_BACKEND_DIR: the binary and its backends directory (with the python backend);",
-        "# PYTHONPATH must name the site-packages with numpy and onnxruntime (the partition backend adds it).",
-        "set -euo pipefail",
-        'cd "$(dirname "$0")"',
-        'TRITONSERVER="${TRITONSERVER:-/opt/tritonserver/bin/tritonserver}"',
-        'TRITON_BACKEND_DIR="${TRITON_BACKEND_DIR:-/opt/tritonserver/backends}"',
-        "pids=()",
-        'trap \'kill "${pids[@]}" 2>/dev/null || true; wait\' INT TERM EXIT',
-    ]
-    for s in servers:
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in s["env"].items())
-        lines += [
-            f"# vGPU {s['vgpu']}: GPU {s['gpu_index']} slot {s['slot']} of {s['v']}, models {', '.join(s['models'])}",
-            f'{env} "$TRITONSERVER" --model-repository={shlex.quote(s["repository"])} '
-            f'--backend-directory="$TRITON_BACKEND_DIR" --http-address={shlex.quote(host.address)} '
-            f"--http-port={s['http_port']} --grpc-address={shlex.quote(host.address)} --grpc-port={s['grpc_port']} "
-            f"--metrics-address={shlex.quote(host.address)} --metrics-port={s['metrics_port']} "
-            "--model-control-mode=explicit --load-model='*' &",
-            "pids+=($!)",
-        ]
-    lines.append("wait")
-    return "\n".join(lines) + "\n"
 
 
 def _prepare_out_dir(out: Path) -> None:
@@ -237,8 +181,8 @@ def _check_onnx_args(plan: Plan, onnx_paths: Mapping[str, Path], assignment: dic
                          "to scale; leave out the flag, or the --onnx of models that only emulated hosts serve")
 
 
-def _slot_settings(s: Slot, stage: int, p: PartitionPlan, m: ModelPlan, threads: int, emulated_backend: str
-                   ) -> tuple[tc.BackendSettings, str, int | None]:
+def _slot_settings(s: Slot, stage: int, p: PartitionPlan, m: ModelPlan, threads: int, emulated_backend: str,
+                   engine: EngineChoice | None) -> tuple[tc.BackendSettings, str, int | None]:
     """The partition backend's settings, instance kind and GPU index for one vGPU (emulated: ``emulated_backend``)."""
     dev = p.timing_device
     if s.host.emulated:
@@ -251,7 +195,9 @@ def _slot_settings(s: Slot, stage: int, p: PartitionPlan, m: ModelPlan, threads:
     if s.host.on_cpu:
         return (tc.BackendSettings(engine="ort", intra_op_threads=threads, emulate_slowdown=s.host.emulate_slowdown),
                 "KIND_CPU", None)
-    return tc.BackendSettings(mps_thread_percentage=mps_percent(s)), "KIND_GPU", 0
+    assert engine is not None, "every GPU pool has an engine (resolve_engines)"
+    return (tc.BackendSettings(mps_thread_percentage=mps_percent(s), engine=engine.engine, device=engine.device),
+            "KIND_GPU", 0)
 
 
 class _Writer:
@@ -260,7 +206,8 @@ class _Writer:
     def __init__(self, out: Path, work: Path, onnx_paths: Mapping[str, Path], fp16_boundaries: bool,
                  invented: dict[str, EmulatedTensors], ports: dict[str, tuple[int, int, int]],
                  vgpus_per_host: dict[str, int], generation: int = 0, emulated_backend: str = "python",
-                 profiled: dict[str, EmulatedTensors] | None = None) -> None:
+                 profiled: dict[str, EmulatedTensors] | None = None,
+                 engines: dict[tuple[str, str], EngineChoice] | None = None) -> None:
         self.out, self.work, self.onnx_paths, self.fp16 = out, work, onnx_paths, fp16_boundaries
         self.profiled = profiled or {}  # invented models' tensors at their profiled sizes, where ``invented`` shrank
         self.emulated_backend = emulated_backend
@@ -268,6 +215,7 @@ class _Writer:
         self.invented, self.ports, self.vgpus_per_host = invented, ports, vgpus_per_host
         self.cut_cache: dict[tuple[str, int, int], tuple[Path | None, list[TensorSpec], list[TensorSpec]]] = {}
         self.servers: dict[str, dict[str, Any]] = {}
+        self.engines = engines or {}  # (model, GPU type) -> the engine of its partitions on GPU hosts
 
     def partition(self, m: ModelPlan, first: int, end: int) -> tuple[Path | None, list[TensorSpec], list[TensorSpec]]:
         """(ONNX file or None for an invented model, inputs, outputs) of blocks [first, end)."""
@@ -290,7 +238,8 @@ class _Writer:
         name = partition_model_name(m.name, *p.blocks) + self.suffix
         for s in pool:
             threads = max(1, cpu_cores(s.host) // self.vgpus_per_host[s.host.name]) if s.host.on_cpu else 0
-            settings, kind, gpu = _slot_settings(s, k, p, m, threads, self.emulated_backend)
+            settings, kind, gpu = _slot_settings(s, k, p, m, threads, self.emulated_backend,
+                                                 self.engines.get((m.name, p.gpu)))
             cfg = tc.partition_config(name, ins, outs, batch, kind=kind, gpu=gpu, settings=settings)
             tc.write_model(self.out / s.host.name / s.id / "model_repository", cfg,
                            None if settings.emulated is not None else f)
@@ -298,13 +247,15 @@ class _Writer:
             srv = self.servers.setdefault(s.id, {
                 "vgpu": s.id, "host": s.host.name, "gpu_index": s.gpu_index, "slot": s.slot, "v": s.v,
                 "repository": f"{s.id}/model_repository", "http_port": http, "grpc_port": grpc,
-                "metrics_port": metrics, "env": _env(s, threads), "models": []})
+                "metrics_port": metrics, "env": vgpu_env(s, threads), "models": []})
             srv["models"].append(name)
         dev = p.timing_device  # 'GPU@size' for an unequal share, so the sidecar finds its timings
         lat = {b: m.profile.latency_us(dev, p.v, b, *p.blocks) for b in m.profile.batch_sizes(dev, p.v)}
         link = (sum(t.bytes_per_request() for t in self.profiled[m.name].stage_io(*p.blocks)[0])
                 if m.name in self.profiled else None)
-        return StageInfo(name, p.blocks, dev, p.v, tuple(s.id for s in pool), tuple(ins), tuple(outs), lat, link)
+        engine = self.engines[(m.name, p.gpu)].name if any(s.host.on_gpu for s in pool) else ""
+        return StageInfo(name, p.blocks, dev, p.v, tuple(s.id for s in pool), tuple(ins), tuple(outs), lat, link,
+                         engine)
 
     def model(self, m: ModelPlan, io: tuple[list[TensorSpec], list[TensorSpec]],
               assignment: dict[StageKey, list[Slot]]) -> ModelInfo:
@@ -335,7 +286,7 @@ def _write_launch_files(out: Path, cluster: Cluster, servers: dict[str, dict[str
                                                 != "100" for s in mine), "servers": mine}
         (out / h.name / "launch.json").write_text(json.dumps(launch, indent=1) + "\n")
         sh = out / h.name / "launch.sh"
-        sh.write_text(_launch_sh(h, mine))
+        sh.write_text(launch_sh(h, mine))
         sh.chmod(0o755)
     return vgpus
 
@@ -343,14 +294,16 @@ def _write_launch_files(out: Path, cluster: Cluster, servers: dict[str, dict[str
 def generate(plan: Plan, onnx_paths: Mapping[str, Path], cluster: Cluster | str | Path, out_dir: str | Path,
              fp16_boundaries: bool = False, emulated_tensor_scale: float = 1.0,
              previous: Manifest | None = None, batcher: Mapping[str, BatcherControls] | None = None,
-             emulated_backend: str = "auto") -> Manifest:
+             emulated_backend: str = "auto", engines: Mapping[str, str] | None = None) -> Manifest:
     """Write repositories, launch files and manifest.json for ``plan`` under ``out_dir``; returns the manifest.
 
     ``onnx_paths`` may leave out models that only emulated hosts serve; their tensors are invented from the
     profile, their bytes scaled by ``emulated_tensor_scale`` (0 < scale <= 1). ``previous``: the deployment that
     runs now; the new one is generated to migrate from it (model_repository_gen.generations). ``batcher``: Triton's
     dynamic-batcher controls per model (priority levels, queue policy) for the sidecar. ``emulated_backend``: what
-    serves emulated partitions (auto: the native backend where it builds, else the Python one; native; python)."""
+    serves emulated partitions (auto: the native backend where it builds, else the Python one; native; python).
+    ``engines``: GPU type -> engine of its GPU hosts' partitions, where not the one the profile measured
+    (model_repository_gen.gpu_engines)."""
     from model_repository_gen.cut import partition_io  # onnx graph work only when generating
 
     if not isinstance(cluster, Cluster):
@@ -366,6 +319,8 @@ def generate(plan: Plan, onnx_paths: Mapping[str, Path], cluster: Cluster | str 
             io[m.name] = partition_io(model)
     assignment = assign_vgpus(plan, cluster)
     _check_onnx_args(plan, onnx_paths, assignment, scale)
+    choices = resolve_engines(list(plan.models), gpu_pools(plan, assignment), engines or {})
+    check_gpu_memory(plan, assignment)  # before anything is written
     invented = {m.name: emulated_tensors(m.profile, scale, fp16_boundaries) for m in plan.models
                 if m.name not in onnx_paths}
     for name, t in invented.items():
@@ -380,7 +335,7 @@ def generate(plan: Plan, onnx_paths: Mapping[str, Path], cluster: Cluster | str 
                    key=lambda s: (s.host.name, s.gpu_index, s.slot))
     vgpus_per_host = {h.name: sum(1 for s in slots if s.host.name == h.name) for h in cluster.hosts}
     generation = previous.generation + 1 if previous else 0
-    keep, busy = kept_ports(previous, [(s.id, s.host.address, _env(s, 0)) for s in slots]) if previous else ({}, {})
+    keep, busy = kept_ports(previous, [(s.id, s.host.address, vgpu_env(s, 0)) for s in slots]) if previous else ({}, {})
     ports = assign_ports(cluster, [(s.id, s.host) for s in slots], keep, busy)
 
     out = Path(out_dir)
@@ -388,7 +343,7 @@ def generate(plan: Plan, onnx_paths: Mapping[str, Path], cluster: Cluster | str 
     work = Path(tempfile.mkdtemp(prefix=".partitions-", dir=out))
     try:
         writer = _Writer(out, work, onnx_paths, fp16_boundaries, invented, ports, vgpus_per_host, generation, backend,
-                         profiled)
+                         profiled, choices)
         models = [writer.model(m, io[m.name], assignment) for m in plan.models]
         models = [replace(m, dynamic_batching=batcher[m.name]) if batcher and m.name in batcher else m for m in models]
     finally:

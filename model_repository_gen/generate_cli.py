@@ -38,6 +38,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "default_priority_level: 2 default_queue_policy { max_queue_size: 64 timeout_action: DELAY "
                         "default_timeout_microseconds: 50000 allow_timeout_override: true }', or @FILE (such text, or "
                         "a config.pbtxt holding a dynamic_batching block); repeat per model")
+    p.add_argument("--engine", action="append", default=[], metavar="GPU_TYPE=ENGINE",
+                   help="the engine of GPU hosts' partitions of GPU_TYPE where not the one its profile measured "
+                        "(trt, ort-trt, ort, torch; cpu: ONNX Runtime on the CPU of a GPU host, only so named; "
+                        "auto: the first GPU engine that loads there); repeat per type")
     k8s_cli.add_arguments(p)
     p.set_defaults(func=_run)
 
@@ -60,7 +64,8 @@ def parse_onnx_args(values: list[str]) -> dict[str, Path]:
 def _run(args: argparse.Namespace) -> int:
     from model_repository_gen.batcher_flags import controls_for, parse_dynamic_batching_args
     from model_repository_gen.cluster_file import load_cluster
-    from model_repository_gen.generate import generate
+    from model_repository_gen.generate import assign_vgpus, generate, gpu_pools
+    from model_repository_gen.gpu_engines import engine_lines, parse_engine_args, resolve_engines
     from model_repository_gen.manifest import load_manifest
     from plans.plan_json import load_plan
     from poolpipe_common.errors import InputError
@@ -75,8 +80,13 @@ def _run(args: argparse.Namespace) -> int:
                          "(e.g. DIR-2) and point a symlink or 'poolpipe launch' at it")
     plan = load_plan(args.plan)
     controls = controls_for([m.name for m in plan.models], batcher)
-    manifest = generate(plan, onnx_paths, load_cluster(args.cluster), args.out, args.fp16_boundaries,
-                        args.emulated_tensor_scale, previous, controls, args.emulated_backend)
+    engines = parse_engine_args(args.engine)
+    cluster = load_cluster(args.cluster)
+    manifest = generate(plan, onnx_paths, cluster, args.out, args.fp16_boundaries,
+                        args.emulated_tensor_scale, previous, controls, args.emulated_backend, engines)
+    for line in engine_lines(resolve_engines(list(plan.models), gpu_pools(plan, assign_vgpus(plan, cluster)),
+                                             engines)):
+        print(line)
     for note in notes:
         print(note)
     per_host: dict[str, int] = {}

@@ -13,10 +13,10 @@ from collections.abc import Mapping, Sequence
 
 from model_repository_gen.manifest import Manifest
 from model_repository_gen.ports import interface
+from model_repository_gen.vgpu_env import DEVICE_ENV_KEYS
 
-# The environment that decides which device (and share of it) a server computes on; servers differing only in
-# other variables (thread counts) can be kept.
-DEVICE_ENV_KEYS = ("CUDA_VISIBLE_DEVICES", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")
+# DEVICE_ENV_KEYS: the environment that decides which device (and share of it) a server computes on; servers
+# differing only in other variables (thread counts) can be kept.
 
 
 def device_env(env: Mapping[str, str]) -> dict[str, str]:

@@ -13,8 +13,10 @@ Written to ``<out>/k8s/`` beside the launch files, one YAML document per file an
 - ``monitoring/``: ServiceMonitors and a Grafana dashboard (k8s_monitoring.py).
 
 GPU vGPUs request ``nvidia.com/gpu: 1`` (one MPS replica, 1/V of a GPU) on nodes whose
-``nvidia.com/gpu.product`` is the GPU type's and whose device-plugin config splits GPUs at the vGPU's
-level. Emulated and CPU hosts get CPU-only pods, so the same manifests run on a CPU-only cluster.
+``nvidia.com/gpu.product`` is one of the GPU type's product names and whose device-plugin config splits GPUs at
+the vGPU's level; an unequal share or a MIG instance is refused (k8s_pods.py). Emulated and CPU hosts get CPU-only
+pods, so the same manifests run on a CPU-only cluster. Every tritonserver pod mounts a /dev/shm sized for its
+tensors, and its startup probe covers a first TensorRT build where its engine may build one.
 """
 
 from __future__ import annotations
@@ -29,8 +31,18 @@ from typing import Any
 import yaml
 
 from model_repository_gen.k8s_monitoring import write_monitoring
+from model_repository_gen.k8s_pods import (
+    MIB,
+    STARTUP_S,
+    check_device_plugin_share,
+    shm_bytes,
+    shm_volume,
+    startup_probe,
+    startup_s,
+)
 from model_repository_gen.manifest import Manifest, VGpuInfo
 from poolpipe_common.errors import InputError
+from profiling.gpu_types import gpu_products
 
 # The images containers/triton/Dockerfile and containers/sidecar/Dockerfile build (tagged with poolpipe's version)
 DEFAULT_TRITON_IMAGE = "poolpipe-triton:0.1.0"
@@ -41,9 +53,6 @@ DEFAULT_PLUGIN_NAMESPACE = "gpu-operator"
 PLUGIN_CONFIGMAP = "poolpipe-device-plugin-config"
 CONFIG_LABEL = "nvidia.com/device-plugin.config"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
-# GPU Feature Discovery's product label (the product name, spaces as '-'); --k8s-gpu-product overrides.
-GPU_PRODUCTS = {"T4": "Tesla-T4", "P4": "Tesla-P4", "V100": "Tesla-V100-SXM2-16GB", "L4": "NVIDIA-L4",
-                "A10": "NVIDIA-A10", "A100": "NVIDIA-A100-SXM4-80GB", "H100": "NVIDIA-H100-80GB-HBM3"}
 PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
 MODELS_MOUNT = "/models"
 CONFIGMAP_LIMIT = 1_000_000  # bytes; Kubernetes refuses larger ConfigMaps
@@ -78,8 +87,10 @@ class K8sOptions:
             raise InputError(f"--k8s-shards {self.shards}: expected 1..64 sidecar shards")
         return self
 
-    def product(self, gpu_type: str) -> str:
-        got = self.gpu_products.get(gpu_type) or GPU_PRODUCTS.get(gpu_type)
+    def products(self, gpu_type: str) -> tuple[str, ...]:
+        """The ``nvidia.com/gpu.product`` values of a GPU type: --k8s-gpu-product's, else every product name of the
+        type in the one table of GPU types (profiling.gpu_types)."""
+        got = (self.gpu_products[gpu_type],) if gpu_type in self.gpu_products else gpu_products(gpu_type)
         if not got:
             raise InputError(f"GPU type {gpu_type!r} has no known nvidia.com/gpu.product label; pass "
                              f"--k8s-gpu-product {gpu_type}=LABEL (the value GPU Feature Discovery puts on its nodes, "
@@ -136,40 +147,46 @@ def _container_ports() -> list[dict[str, Any]]:
     return [{"name": n, "containerPort": p, "protocol": "TCP"} for n, p in PORTS.items()]
 
 
-def _probes(port: str = "http") -> dict[str, Any]:
+def _probes(port: str = "http", startup: int = STARTUP_S) -> dict[str, Any]:
     def probe(path: str, period: int, failures: int) -> dict[str, Any]:
         return {"httpGet": {"path": path, "port": port}, "periodSeconds": period, "failureThreshold": failures}
 
     return {"readinessProbe": probe("/v2/health/ready", 5, 3), "livenessProbe": probe("/v2/health/live", 10, 6),
-            "startupProbe": probe("/v2/health/live", 5, 60)}
+            "startupProbe": startup_probe(startup, port)}
 
 
-def _affinity(product: str, config: str) -> dict[str, Any]:
-    terms = [{"key": PRODUCT_LABEL, "operator": "In", "values": [product]},
+def _affinity(products: tuple[str, ...], config: str) -> dict[str, Any]:
+    terms = [{"key": PRODUCT_LABEL, "operator": "In", "values": list(products)},
              {"key": CONFIG_LABEL, "operator": "In", "values": [config]}]
     return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
         "nodeSelectorTerms": [{"matchExpressions": terms}]}}}
 
 
-def vgpu_workload(g: VGpuInfo, opts: K8sOptions) -> list[dict[str, Any]]:
-    """One vGPU: a StatefulSet of one tritonserver pod and the headless Service that names it."""
+def vgpu_workload(g: VGpuInfo, opts: K8sOptions, manifest: Manifest) -> list[dict[str, Any]]:
+    """One vGPU: a StatefulSet of one tritonserver pod and the headless Service that names it (k8s_pods.py: its
+    /dev/shm, its startup probe, the share the device plugin gives it)."""
+    check_device_plugin_share(g)
     name = k8s_name(g.id, "triton-")
     meta = _meta(name, opts.namespace, "tritonserver", {"poolpipe.io/vgpu": name})
     selector = {"app.kubernetes.io/name": name}
     on_gpu = g.kind == "KIND_GPU"
-    resources: dict[str, Any] = {"requests": {"cpu": "1", "memory": "2Gi"}}
+    shm = shm_bytes(manifest, g.id)
+    resources: dict[str, Any] = {"requests": {"cpu": "1", "memory": f"{2048 + shm // MIB}Mi"}}  # /dev/shm counts
     if on_gpu:
         resources = {"requests": {**resources["requests"], "nvidia.com/gpu": 1}, "limits": {"nvidia.com/gpu": 1}}
     args = [f"--model-repository={MODELS_MOUNT}/{g.repository}", f"--http-port={PORTS['http']}",
             f"--grpc-port={PORTS['grpc']}", f"--metrics-port={PORTS['metrics']}"]
     env = [{"name": k, "value": v} for k, v in sorted(g.env.items()) if k != "CUDA_VISIBLE_DEVICES"]
     container = {"name": "tritonserver", "image": opts.triton_image, "command": ["tritonserver"], "args": args,
-                 "env": env, "ports": _container_ports(), "resources": resources, **_probes(),
-                 "volumeMounts": [{"name": "repository", "mountPath": MODELS_MOUNT, "readOnly": True}]}
+                 "env": env, "ports": _container_ports(), "resources": resources,
+                 **_probes(startup=startup_s(manifest, g.id))}
+    volume, mount = shm_volume(shm)
+    container["volumeMounts"] = [{"name": "repository", "mountPath": MODELS_MOUNT, "readOnly": True}, mount]
     pod: dict[str, Any] = {"containers": [container], "volumes": [
-        {"name": "repository", "persistentVolumeClaim": {"claimName": opts.repository_pvc, "readOnly": True}}]}
+        {"name": "repository", "persistentVolumeClaim": {"claimName": opts.repository_pvc, "readOnly": True}},
+        volume]}
     if on_gpu:
-        pod["affinity"] = _affinity(opts.product(g.gpu_type), plugin_config_name(g.gpu_type, g.v))
+        pod["affinity"] = _affinity(opts.products(g.gpu_type), plugin_config_name(g.gpu_type, g.v))
     sts = {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": meta,
            "spec": {"serviceName": name, "replicas": 1, "selector": {"matchLabels": selector},
                     "template": {"metadata": {"labels": meta["labels"]}, "spec": pod}}}
@@ -271,7 +288,7 @@ def k8s_documents(manifest: Manifest, opts: K8sOptions) -> dict[str, list[dict[s
         if fname in files:
             raise InputError(f"vGPU {g.id}: its Kubernetes name {fname[:-5]} is another vGPU's too; rename the "
                              "hosts in the cluster file so that their lowercase names differ")
-        files[fname] = vgpu_workload(g, opts)
+        files[fname] = vgpu_workload(g, opts, manifest)
     files["manifest-configmap.yaml"] = [manifest_configmap(manifest, opts.namespace)]
     files["sidecar.yaml"] = sidecar_documents(opts)
     return files

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from model_repository_gen import k8s
 from poolpipe_common.errors import InputError
+from profiling.gpu_types import GPU_TYPES
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -29,8 +30,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--k8s-device-plugin-namespace", default=k8s.DEFAULT_PLUGIN_NAMESPACE, metavar="NAME",
                    help="namespace of the NVIDIA device plugin / GPU Operator (default: %(default)s)")
     g.add_argument("--k8s-gpu-product", action="append", default=[], metavar="TYPE=LABEL",
-                   help="the nvidia.com/gpu.product node label of GPU type TYPE (repeat per type; defaults: "
-                        + ", ".join(f"{t}={v}" for t, v in k8s.GPU_PRODUCTS.items()) + ")")
+                   help="the nvidia.com/gpu.product node label of GPU type TYPE (repeat per type; default: the "
+                        "product names NVML reports for the type, e.g. "
+                        + ", ".join(f"{t.label}={'|'.join(t.products)}" for t in GPU_TYPES[-3:]) + ")")
     g.add_argument("--k8s-shards", type=int, default=1, metavar="N",
                    help="run N sidecar shards (a StatefulSet, each serving 'poolpipe serve --shard I/N') behind "
                         "one Service (default: 1, a Deployment)")

@@ -64,6 +64,9 @@ class StageInfo:
     # Bytes of one request's input that a link carries on the planned cluster, where they differ from the inputs'
     # own (emulated tensors shrunk by --emulated-tensor-scale keep the profiled NIC time); None: the inputs' bytes.
     link_bytes_per_request: int | None = None
+    # The engine of its partitions on GPU hosts, resolved by generate (model_repository_gen.gpu_engines); "" where
+    # none of its vGPUs is on a GPU host
+    engine: str = ""
 
     def network_bytes_per_request(self) -> int:
         """What the scheduler reserves a NIC for when this stage's input crosses servers."""
@@ -140,6 +143,7 @@ class Manifest:
                                 "latency_us": {str(b): x for b, x in sorted(s.latency_us.items())}}
                                | ({"link_bytes_per_request": s.link_bytes_per_request}
                                   if s.link_bytes_per_request is not None else {})
+                               | ({"engine": s.engine} if s.engine else {})
                                for s in p.stages]} for p in m.pipelines]}
                        | ({"dynamic_batching": m.dynamic_batching.to_dict()} if m.dynamic_batching.active else {})
                        for m in self.models],
@@ -155,7 +159,7 @@ MANIFEST_FIELDS = ("format", "hosts", "vgpus", "models", "plan", "generation", "
 MODEL_FIELDS = ("name", "slo_us", "max_batch_size", "inputs", "outputs", "pipelines", "dynamic_batching")
 PIPELINE_FIELDS = ("id", "batch", "throughput_rps", "latency_us", "stages")
 STAGE_FIELDS = ("triton_model", "blocks", "gpu_type", "v", "vgpus", "inputs", "outputs", "latency_us",
-                "link_bytes_per_request")
+                "link_bytes_per_request", "engine")
 TENSOR_FIELDS = ("name", "datatype", "shape")  # inputs[] and outputs[] of models and stages
 
 
@@ -223,7 +227,14 @@ def _stage(s: Any, vgpu_ids: set[str], ws: str) -> StageInfo:
                      _tensors(need(s, "inputs", ws), f"{ws}.inputs"), _tensors(need(s, "outputs", ws), f"{ws}.outputs"),
                      {int(b): as_float(x, f"{ws}.latency_us.{b}", 0) for b, x in lat.items()},
                      None if s.get("link_bytes_per_request") is None
-                     else as_int(s["link_bytes_per_request"], f"{ws}.link_bytes_per_request", 0))
+                     else as_int(s["link_bytes_per_request"], f"{ws}.link_bytes_per_request", 0),
+                     _engine_name(s.get("engine", ""), f"{ws}.engine"))
+
+
+def _engine_name(x: Any, where: str) -> str:
+    if not isinstance(x, str):
+        raise InputError(f"{where}: expected an engine name, got {x!r}")
+    return x
 
 
 def _pipeline(p: Any, vgpu_ids: set[str], wp: str) -> PipelineInfo:

@@ -93,6 +93,7 @@ class BackendSettings:
     mps_thread_percentage: int = 0
     emulate_slowdown: float = 1.0  # CPU hosts emulating a slower device class (see the backend's docstring)
     emulated: EmulatedSettings | None = None  # an emulated device instead of an engine (no ONNX file)
+    device: str = ""  # "cpu": the engine runs on the CPU although the instance is KIND_GPU (asked for by name)
 
     def parameters(self) -> dict[str, str]:
         common = {"intra_op_threads": str(self.intra_op_threads), "inter_op_threads": str(self.inter_op_threads),
@@ -100,7 +101,7 @@ class BackendSettings:
         if self.emulated is not None:
             return {**common, **self.emulated.parameters()}
         return {"onnx_file": self.onnx_file, "engine": self.engine, **common,
-                "emulate_slowdown": f"{self.emulate_slowdown:g}"}
+                "emulate_slowdown": f"{self.emulate_slowdown:g}", **({"device": self.device} if self.device else {})}
 
 
 def _tensor(t: mc.ModelInput | mc.ModelOutput, spec: TensorSpec) -> None:

@@ -6,9 +6,12 @@ blocks [first, end) at batch b on one vGPU (one Triton process) needs
 
     context + sum(weights) + b * max(activations)
 
-bytes of device memory (InSS's m_i(b_i), section 3.2); ``context`` is the per-process CUDA/framework
-overhead. Its memory *pressure*, the bandwidth proxy of the interference model (profiling.interference), is
-the bytes it touches per second, sum(weights) + b * sum(activations), over the device's memory bandwidth.
+bytes of device memory (InSS's m_i(b_i), section 3.2); ``context`` is what the vGPU's processes hold
+besides: tritonserver's CUDA context and memory pool, and per Python-backend model instance (a stub
+process of its own) one more CUDA context with cuDNN/cuBLAS and the engine's workspace
+(``vgpu_overhead_bytes``). Its memory *pressure*, the bandwidth proxy of the interference model
+(profiling.interference), is the bytes it touches per second, sum(weights) + b * sum(activations), over
+the device's memory bandwidth.
 """
 
 from __future__ import annotations
@@ -20,18 +23,35 @@ import onnx
 
 from poolpipe_common.documents import check_fields
 from poolpipe_common.errors import InputError
+from profiling.gpu_types import GPU_TYPES
 
 MEMORY_FIELDS = ("weight_bytes", "activation_bytes", "source")
 GIB = 1 << 30
 
-# Device memory capacity (GB) and bandwidth (GB/s) by GPU type, from the vendors' data sheets. V100 comes
-# in 16 and 32 GB: the default is 16, give cluster.gpu_memory_gb {V100: 32} for the larger card. "cpu" is
-# this machine's host memory bandwidth order of magnitude (the co-run profiler's pressure unit).
-DEVICE_MEMORY_GB = {"L4": 24.0, "T4": 16.0, "P4": 8.0, "V100": 16.0, "V100-32": 32.0, "A100": 40.0, "H100": 80.0}
-DEVICE_BANDWIDTH_GBS = {"L4": 300.0, "T4": 320.0, "P4": 192.0, "V100": 900.0, "V100-32": 900.0, "A100": 1555.0,
-                        "H100": 3350.0, "cpu": 20.0}
+# Device memory capacity (GB) and bandwidth (GB/s) by GPU type, from the one table (profiling.gpu_types). V100
+# comes in 16 and 32 GB: a 32 GB card is type V100-32 (or give cluster.gpu_memory_gb {V100: 32}). "cpu" is this
+# machine's host memory bandwidth order of magnitude (the co-run profiler's pressure unit).
+DEVICE_MEMORY_GB = {t.label: t.memory_gb for t in GPU_TYPES}
+DEVICE_BANDWIDTH_GBS = {**{t.label: t.bandwidth_gbs for t in GPU_TYPES}, "cpu": 20.0}
 DEFAULT_BANDWIDTH_GBS = 300.0
-CONTEXT_BYTES = 512 << 20  # CUDA context + ONNX Runtime/TensorRT workspace of one Triton process (about 0.5 GiB)
+MIB = 1 << 20
+# What one vGPU's processes hold on the device besides weights and activations. tritonserver: its CUDA context
+# and its CUDA memory pool (--cuda-memory-pool-byte-size, 64 MiB by default). Each Python-backend model instance
+# runs in a stub process of its own: one more CUDA context with cuDNN/cuBLAS loaded, and the engine's workspace
+# (TensorRT's is capped at ENGINE_WORKSPACE_BYTES by profiling.engine_trt). `make gpu-check` compares them with
+# what nvidia-smi shows per process.
+SERVER_CONTEXT_BYTES = 256 * MIB + 64 * MIB
+INSTANCE_CONTEXT_BYTES = 384 * MIB
+ENGINE_WORKSPACE_BYTES = 256 * MIB
+
+
+def vgpu_overhead_bytes(instances: int = 1) -> int:
+    """Device memory of one tritonserver with ``instances`` Python-backend model instances, before weights and
+    activations."""
+    return SERVER_CONTEXT_BYTES + instances * (INSTANCE_CONTEXT_BYTES + ENGINE_WORKSPACE_BYTES)
+
+
+CONTEXT_BYTES = vgpu_overhead_bytes(1)  # a vGPU serving one partition (one instance), the plan's unit
 
 
 @dataclass(frozen=True)

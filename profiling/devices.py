@@ -19,7 +19,8 @@ from poolpipe_common.errors import InputError
 from profiling import engines
 from profiling.engines import DEVICES, ENGINES, Engine, default_engine
 
-__all__ = ["DEVICES", "ENGINES", "Engine", "check_engine", "default_engine", "gpu_names", "make_runner", "mps_running"]
+__all__ = ["DEVICES", "ENGINES", "Engine", "check_engine", "cuda_device_name", "default_engine", "gpu_names",
+           "make_runner", "mps_running"]
 
 
 def gpu_names() -> list[str]:
@@ -44,6 +45,16 @@ def gpu_names() -> list[str]:
     except (OSError, subprocess.TimeoutExpired):
         return []
     return [line.strip() for line in out.stdout.splitlines() if line.strip()] if out.returncode == 0 else []
+
+
+def cuda_device_name() -> str | None:
+    """NVML's name of CUDA device 0 of this process: the first of CUDA_VISIBLE_DEVICES where that names an index
+    (CUDA counts in PCI bus order, as NVML, once CUDA_DEVICE_ORDER=PCI_BUS_ID), else NVML's first GPU."""
+    names = gpu_names()
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    if first.isdigit() and int(first) < len(names):
+        return names[int(first)]
+    return names[0] if names else None
 
 
 def check_engine(device: str, engine: str, vgpu_levels: tuple[int, ...] = (1,)) -> None:
@@ -82,10 +93,15 @@ def mps_running(proc: Path = Path("/proc")) -> bool:
     return False
 
 
-def make_runner(model: onnx.ModelProto, device: str = "cpu", engine: str = "ort", threads: int | None = None
-                ) -> Engine:
-    """``engine`` on ``model``; call ``check_engine`` first for a clear error when hardware is missing."""
+def make_runner(model: onnx.ModelProto, device: str = "cpu", engine: str = "ort", threads: int | None = None,
+                max_batch: int = 64) -> Engine:
+    """``engine`` on ``model`` (batches up to ``max_batch``); call ``check_engine`` first for a clear error when
+    hardware is missing. CUDA numbers devices as NVML does (PCI bus order), so device 0 is the GPU whose name
+    labels the profile."""
+    if device == "cuda":
+        os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     try:
-        return engines.open_engine(model.SerializeToString(), engine, device, threads=threads or 0)
+        return engines.open_engine(model.SerializeToString(), engine, device, threads=threads or 0,
+                                   max_batch=max_batch)
     except engines.EngineError as e:
         raise InputError(f"--engine {engine}: {e}") from None

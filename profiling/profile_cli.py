@@ -62,6 +62,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "the fitted coefficients in the profile's 'interference' field (on cpu: real CPU "
                         "interference; each process gets --threads/2 threads)")
     m.add_argument("--co-run-repeats", type=int, default=10, help="timed runs per block and co-run setting")
+    m.add_argument("--co-run-level", type=int, default=None, metavar="V",
+                   help="the vGPU level of the co-located plan: every --co-run process, the measured model's too, "
+                        "runs with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100/V (default: the largest of --vgpu-levels, "
+                        "at least 2)")
     m.add_argument("--model-name", default=None,
                    help="model name in the profile (default: the --like profile's model, else the file name stem)")
     m.add_argument("--out", required=True, type=Path, help="profile JSON to write")
@@ -100,25 +104,40 @@ def _int_list(text: str, flag: str, lo: int = 1, hi: int | None = None) -> tuple
 
 
 def _default_label(device: str) -> str:
-    """'cpu', or the GPU's model as the planner names GPU types (NVIDIA L4 -> L4)."""
+    """'cpu', or the first GPU's type label from the one table (NVIDIA A100-SXM4-80GB -> A100-80, Tesla T4 -> T4)."""
     if device != "cuda":
         return "cpu"
-    from profiling.devices import gpu_names
+    from profiling.devices import cuda_device_name
+    from profiling.gpu_types import gpu_label
 
-    names = gpu_names()
-    words = names[0].replace("NVIDIA", "").replace("Tesla", "").split() if names else []
-    return words[0] if words else "cuda"
+    name = cuda_device_name()
+    return gpu_label(name) if name else "cuda"
+
+
+def _engine(device: str, named: str | None) -> str:
+    """The engine named, else the first that runs here; InputError naming every engine's problem on a GPU."""
+    from poolpipe_common.errors import InputError
+    from profiling.devices import check_engine, default_engine, gpu_names
+    from profiling.engines import EngineError
+
+    if named:
+        return named
+    if device == "cuda" and not gpu_names():
+        check_engine(device, "ort")  # the one-line "no GPU visible" error
+    try:
+        return default_engine(device)
+    except EngineError as e:
+        raise InputError(f"--device {device}: {e}") from None
 
 
 def _measure(args: argparse.Namespace) -> int:
     from poolpipe_common.errors import InputError
-    from profiling.devices import default_engine
     from profiling.profile import load_profile
     from profiling.profiler import MeasureOptions, measure_profile
 
     for flag, val, lo in (("--threads", args.threads, 1), ("--blocks", args.blocks, 1), ("--repeats", args.repeats, 1),
                           ("--warmup", args.warmup, 0), ("--max-boundary-tensors", args.max_boundary_tensors, 1),
-                          ("--co-run-repeats", args.co_run_repeats, 1)):
+                          ("--co-run-repeats", args.co_run_repeats, 1), ("--co-run-level", args.co_run_level, 2)):
         if val is not None and val < lo:
             raise InputError(f"{flag} {val}: must be at least {lo}")
     if args.latency_quantiles and not 2 <= args.latency_quantiles <= args.repeats:
@@ -127,7 +146,7 @@ def _measure(args: argparse.Namespace) -> int:
     if not args.emulate_slowdown >= 1.0 or (args.emulate_slowdown != 1.0 and args.device != "cpu"):
         raise InputError(f"--emulate-slowdown {args.emulate_slowdown:g}: must be >= 1, and only with --device cpu")
     opts = MeasureOptions(
-        device=args.device, engine=args.engine or default_engine(args.device),
+        device=args.device, engine=_engine(args.device, args.engine),
         label=args.label or _default_label(args.device), threads=args.threads,
         batch_sizes=_int_list(args.batch_sizes, "--batch-sizes"),
         repeats=args.repeats, warmup=args.warmup, vgpu_levels=_int_list(args.vgpu_levels, "--vgpu-levels", 1, 8),
@@ -136,7 +155,8 @@ def _measure(args: argparse.Namespace) -> int:
     like = load_profile(args.like) if args.like else None
     prof = measure_profile(args.model, opts, n_blocks=args.blocks, like=like, like_path=str(args.like or ""),
                            model_name=args.model_name, inputs_path=args.inputs, co_run=tuple(args.co_run),
-                           co_run_repeats=args.co_run_repeats)
+                           co_run_repeats=args.co_run_repeats,
+                           co_run_level=args.co_run_level or max(2, *opts.vgpu_levels))
     prof.save(args.out)
     total = {v: prof.latency_us(opts.label, v, opts.batch_sizes[0]) for v in opts.vgpu_levels}
     per_level = ", ".join(f"V={v}: {us / 1000:.2f} ms" for v, us in total.items())

@@ -29,7 +29,7 @@ import onnx.utils
 from poolpipe_common.errors import InputError
 from profiling.block_memory import memory_of_blocks
 from profiling.corun import CoRunOptions, measure_interference
-from profiling.devices import check_engine, gpu_names, make_runner
+from profiling.devices import check_engine, cuda_device_name, make_runner
 from profiling.input_sets import input_batches, load_input_set
 from profiling.latency_quantiles import LatencyQuantiles
 from profiling.onnx_graph import (
@@ -136,10 +136,11 @@ def block_models(model: onnx.ModelProto, plan: BlockPlan) -> list[onnx.ModelProt
 
 
 def _measure_blocks(models: list[bytes], input_specs: list[TensorSpec], opts: MeasureOptions, threads: int | None,
-                    sync: Callable[[], None], report: Callable[[int, list[float]], None]) -> None:
-    """Time every block at every batch size, calling ``sync`` before and ``report(step, runs in µs)`` after each."""
+                    sync: Callable[[], None], report: Callable[[int, list[float]], None]) -> list[str]:
+    """Time every block at every batch size, calling ``sync`` before and ``report(step, runs in µs)`` after each;
+    returns the execution providers that ran them (every engine refuses to run on another than asked)."""
     subs = [onnx.load_from_string(m) for m in models]
-    runners = [make_runner(s, opts.device, opts.engine, threads) for s in subs]
+    runners = [make_runner(s, opts.device, opts.engine, threads, max(opts.batch_sizes)) for s in subs]
     ins = [[i.name for i in s.graph.input if i.name not in {t.name for t in s.graph.initializer}] for s in subs]
     outs = [[o.name for o in s.graph.output] for s in subs]
     for bi, batch in enumerate(opts.batch_sizes):
@@ -155,6 +156,7 @@ def _measure_blocks(models: list[bytes], input_specs: list[TensorSpec], opts: Me
                                                opts.warmup if j == 0 else min(1, opts.warmup))
                 feeds.update(zip(outs[k], runner.run(block_feeds)))
             report(bi * len(runners) + k, runs)
+    return list(runners[0].providers)
 
 
 def _worker(models: list[bytes], input_specs: list[TensorSpec], opts: MeasureOptions, v: int, threads: int | None,
@@ -162,9 +164,9 @@ def _worker(models: list[bytes], input_specs: list[TensorSpec], opts: MeasureOpt
     """One of V concurrent processes of vGPU level V; sets its MPS share before any CUDA work."""
     os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(100 // v)
     try:
-        _measure_blocks(models, input_specs, opts, threads, lambda: barrier.wait(WORKER_TIMEOUT_S),
-                        lambda step, us: results.put((worker, step, us)))
-        results.put((worker, -1, 0.0))
+        providers = _measure_blocks(models, input_specs, opts, threads, lambda: barrier.wait(WORKER_TIMEOUT_S),
+                                    lambda step, us: results.put((worker, step, us)))
+        results.put((worker, -1, providers))
     except BaseException as e:  # reported to the parent, which fails the measurement with it
         barrier.abort()
         results.put((worker, -2, f"{type(e).__name__}: {e}"))
@@ -180,9 +182,10 @@ def _level_threads(opts: MeasureOptions, v: int) -> int | None:
 
 
 def measure_level(models: list[bytes], input_specs: list[TensorSpec], opts: MeasureOptions, v: int,
-                  tick: Callable[[], None] = lambda: None) -> tuple[np.ndarray, np.ndarray | None]:
+                  tick: Callable[[], None] = lambda: None) -> tuple[np.ndarray, np.ndarray | None, list[str]]:
     """Latency matrix (blocks x batch sizes, µs) of one vGPU while V of them run at once (the median over the
-    workers' medians) and, with ``opts.quantile_levels``, the quantiles of all their runs (blocks x sizes x levels)."""
+    workers' medians), with ``opts.quantile_levels`` the quantiles of all their runs (blocks x sizes x levels), and
+    the execution providers that ran them."""
     n_blocks, n_bs = len(models), len(opts.batch_sizes)
     threads = _level_threads(opts, v)
     lat = np.zeros((n_blocks, n_bs))
@@ -196,13 +199,14 @@ def measure_level(models: list[bytes], input_specs: list[TensorSpec], opts: Meas
         tick()
 
     if v == 1:
-        _measure_blocks(models, input_specs, opts, threads, lambda: None, lambda s, us: store(s, [us]))
-        return lat, quant
+        providers = _measure_blocks(models, input_specs, opts, threads, lambda: None, lambda s, us: store(s, [us]))
+        return lat, quant, providers
     ctx = mp.get_context("spawn")  # fresh interpreters: no CUDA context inherited, MPS share set first
     barrier, results = ctx.Barrier(v), ctx.Queue()
     procs = [ctx.Process(target=_worker, args=(models, input_specs, opts, v, threads, barrier, results, w),
                          daemon=True) for w in range(v)]
     pending: dict[int, list[list[float]]] = {}
+    providers: list[str] = []
     try:
         for p in procs:
             p.start()
@@ -217,6 +221,7 @@ def measure_level(models: list[bytes], input_specs: list[TensorSpec], opts: Meas
                 raise RuntimeError(f"vGPU level {v}: worker {worker} failed: {value}")
             if step == -1:
                 done += 1
+                providers = value
                 continue
             pending.setdefault(step, []).append(value)
             if len(pending[step]) == v:
@@ -227,7 +232,7 @@ def measure_level(models: list[bytes], input_specs: list[TensorSpec], opts: Meas
             if p.is_alive():
                 p.terminate()
                 p.join()
-    return lat, quant
+    return lat, quant, providers
 
 
 def _cpu_model() -> str:
@@ -260,21 +265,22 @@ def _provenance(model_path: Path, opts: MeasureOptions) -> dict[str, Any]:
         p["method"] += (f"; emulated device class: engine time x {opts.emulate_slowdown:g} (the partition "
                         "backend's emulate_slowdown stays busy as long)")
     if opts.device == "cuda":
-        p["gpu"] = (gpu_names() or ["unknown"])[0]
+        p["gpu"] = cuda_device_name() or "unknown"
     return p
 
 
 def measure_profile(model_path: str | Path, opts: MeasureOptions, n_blocks: int | None = None,
                     like: Profile | None = None, like_path: str = "", model_name: str | None = None,
                     progress: bool | None = None, inputs_path: Path | None = None,
-                    co_run: tuple[Path, ...] = (), co_run_repeats: int = 10) -> Profile:
+                    co_run: tuple[Path, ...] = (), co_run_repeats: int = 10, co_run_level: int = 2) -> Profile:
     """Measure a profile of ``model_path`` on one device type (``opts.label``), all levels and batch sizes;
     timed over the samples of ``inputs_path`` (profiling.input_sets) where given, else over random inputs.
     Each block's weights and peak activations are recorded; with ``co_run`` models, the interference model
-    fitted from block timings next to them (profiling.corun)."""
+    fitted from block timings next to them (profiling.corun), every process at the MPS share of a 1/``co_run_level``
+    vGPU."""
     from tqdm import tqdm
 
-    check_engine(opts.device, opts.engine, opts.vgpu_levels)
+    check_engine(opts.device, opts.engine, (*opts.vgpu_levels, co_run_level) if co_run else opts.vgpu_levels)
     for v in opts.vgpu_levels:
         _level_threads(opts, v)
     model_path = Path(model_path)
@@ -303,16 +309,19 @@ def measure_profile(model_path: str | Path, opts: MeasureOptions, n_blocks: int 
     models = [s.SerializeToString() for s in subs]
     steps = len(opts.vgpu_levels) * len(subs) * len(opts.batch_sizes)
     timings: dict[int, DeviceTiming] = {}
+    providers: list[str] = []
     with tqdm(total=steps, desc=f"profile {model_path.name} on {opts.label}", unit="block",
               disable=(None if progress is None else not progress)) as bar:
         for v in opts.vgpu_levels:
             bar.set_postfix_str(f"V={v}")
-            lat, quant = measure_level(models, specs, opts, v, lambda: bar.update(1))
+            lat, quant, ran = measure_level(models, specs, opts, v, lambda: bar.update(1))
+            providers = providers or ran
             timings[v] = DeviceTiming(tuple(opts.batch_sizes), lat,
                                       None if quant is None else LatencyQuantiles(opts.levels, quant))
 
     blocks = tuple(Block(name, b, outs) for name, b, outs in zip(plan.names, out_bytes, plan.output_tensors))
-    dev_prov = {**_provenance(model_path, opts), **plan.origin}
+    # the engine and the execution providers that ran the timed blocks (the Contract: provenance.engine/.providers)
+    dev_prov = {**_provenance(model_path, opts), "providers": providers, **plan.origin}
     prov = {"source": "poolpipe profile measure", "model_file": model_path.name,
             "model_sha256": hashlib.sha256(model_path.read_bytes()).hexdigest(),
             **dev_prov, "devices": {opts.label: dev_prov}}
@@ -322,7 +331,7 @@ def measure_profile(model_path: str | Path, opts: MeasureOptions, n_blocks: int 
     interference = {}
     if co_run:
         copts = CoRunOptions(opts.device, opts.engine, opts.label, max(1, (opts.threads or 2) // 2),
-                             co_run_repeats, max(1, opts.warmup))
+                             co_run_repeats, max(1, opts.warmup), co_run_level)
         interference[opts.label] = measure_interference(subs, specs, list(co_run), copts)
     return Profile(name, blocks, {opts.label: timings}, input_bytes,
                    plan.input_tensors, prov, memory, interference)

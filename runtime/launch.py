@@ -2,8 +2,10 @@
 
 :class:`Deployment` reads ``DIR/manifest.json`` and ``DIR/<host>/launch.json`` (written by
 ``poolpipe generate``), checks each GPU host's hardware (pynvml: GPU names and count, MPS daemon when
-a GPU is split into vGPUs), starts every server of the chosen hosts in parallel, waits until all
-are ready, and stops them all on exit, removing their shared-memory regions.
+a GPU is split into vGPUs) and that its partitions' engines load in the backend's Python, resolves MIG
+vGPUs to their instances (runtime.gpu_preflight), starts every server of the chosen hosts in parallel,
+waits until all are ready (long enough for a first TensorRT build where one may happen, reporting
+progress), and stops them all on exit, removing their shared-memory regions.
 """
 
 from __future__ import annotations
@@ -15,14 +17,24 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from backends.partition import ENGINE_FILES
 from model_repository_gen.manifest import Manifest, load_manifest
 from poolpipe_common.errors import InputError
 from poolpipe_common.net import port_in_use
 from profiling.devices import mps_running
+from profiling.gpu_types import gpu_label, label_matches
+from runtime.gpu_preflight import (
+    discover_mig_instances,
+    engine_problems,
+    mig_env,
+    ready_timeout_s,
+    stage_engines,
+)
 from runtime.launch_files import HostLaunch, ServerLaunch, load_host_launch
-from runtime.tritonserver import TritonProcess
+from runtime.tritonserver import TritonProcess, find_triton
 
 __all__ = ["Deployment", "GpuInfo", "HostLaunch", "ServerLaunch", "load_host_launch"]
+WAIT_REPORT_S = 15.0  # how often on_wait hears which servers are still loading
 
 
 @dataclass(frozen=True)
@@ -56,9 +68,9 @@ def discover_gpus() -> list[GpuInfo]:
 
 
 def gpu_matches(gpu_type: str, name: str) -> bool:
-    """``L4`` matches "NVIDIA L4", ``V100`` "Tesla V100-SXM2-16GB"; ``T4`` does not match "NVIDIA RTX A4000"."""
-    tokens = name.upper().replace("-", " ").replace("_", " ").split()
-    return gpu_type.upper() in tokens
+    """Whether the card NVML names ``name`` is of ``gpu_type``, by the one table of GPU types (profiling.gpu_types):
+    ``A100`` matches "NVIDIA A100-SXM4-80GB" (its family), ``T4`` does not match "NVIDIA RTX A4000"."""
+    return label_matches(gpu_type, name)
 
 
 def check_host_hardware(launch: HostLaunch, gpus: Sequence[GpuInfo], mps: bool) -> None:
@@ -67,13 +79,14 @@ def check_host_hardware(launch: HostLaunch, gpus: Sequence[GpuInfo], mps: bool) 
         return
     matching = [g for g in gpus if gpu_matches(launch.gpu_type, g.name)]
     if len(matching) < launch.gpus or len(gpus) < launch.gpus:
-        found = ", ".join(f"{g.index}: {g.name}" for g in gpus) or "none"
+        found = ", ".join(f"{g.index}: {g.name} (type {gpu_label(g.name)})" for g in gpus) or "none"
         raise InputError(f"host {launch.host}: the cluster file says {launch.gpus} x {launch.gpu_type}, but this "
                          f"machine has {len(matching)} matching GPU(s) (found: {found}); launch it on the right "
                          f"machine or fix the cluster file and re-generate")
     wrong = [g for g in gpus[:launch.gpus] if not gpu_matches(launch.gpu_type, g.name)]
     if wrong:
-        raise InputError(f"host {launch.host}: GPU {wrong[0].index} is {wrong[0].name}, not {launch.gpu_type}; "
+        raise InputError(f"host {launch.host}: GPU {wrong[0].index} is {wrong[0].name} (type "
+                         f"{gpu_label(wrong[0].name)}), not {launch.gpu_type}; "
                          f"GPUs 0..{launch.gpus - 1} must all be {launch.gpu_type}")
     if launch.needs_mps and not mps:
         raise InputError(f"host {launch.host}: the plan splits its GPUs into vGPUs, which needs the MPS daemon; "
@@ -87,12 +100,17 @@ class Deployment:
     """
 
     def __init__(self, directory: str | Path, hosts: Sequence[str] | None = None, *, check_hardware: bool = True,
-                 timeout_s: float = 180.0, log_dir: str | Path | None = None,
-                 on_ready: Callable[[str, int, int], None] | None = None) -> None:
+                 timeout_s: float | None = None, log_dir: str | Path | None = None,
+                 on_ready: Callable[[str, int, int], None] | None = None,
+                 on_wait: Callable[[list[str], float], None] | None = None) -> None:
         self.hosts = tuple(hosts or ())
         self.directory, self.manifest, self.launches = self.read(directory)
         self.check_hardware = check_hardware
-        self.timeout_s = timeout_s
+        # None: long enough for a first TensorRT build where one of these servers' engines may build one
+        self.timeout_s = (timeout_s if timeout_s is not None else
+                          ready_timeout_s(self.manifest, {s.vgpu for s in self.server_launches}))
+        self.on_wait = on_wait  # (servers not ready yet, seconds waited), every WAIT_REPORT_S while waiting
+        self.device_env: dict[str, dict[str, str]] = {}  # vGPU -> its environment with its MIG instance resolved
         self.log_dir = Path(log_dir) if log_dir else None
         self.on_ready = on_ready
         self.servers: dict[str, TritonProcess] = {}
@@ -120,6 +138,8 @@ class Deployment:
             self.gpus, mps = discover_gpus(), mps_running()
             for h in gpu_hosts:
                 check_host_hardware(h, self.gpus, mps)
+                self.check_engines(h)
+        self.resolve_mig()
         owner: dict[tuple[str, int], str] = {}
         for s in self.server_launches:
             for port in (s.http_port, s.grpc_port, s.metrics_port):
@@ -150,15 +170,44 @@ class Deployment:
                    else s.repository.parent / "tritonserver.log")
             log.parent.mkdir(parents=True, exist_ok=True)
             started[s.vgpu] = self.servers[s.vgpu] = TritonProcess(
-                s.repository, s.http_port, s.grpc_port, s.metrics_port, host=s.address, env=s.env, log_path=log,
-                name=f"vGPU {s.vgpu}").spawn()
+                s.repository, s.http_port, s.grpc_port, s.metrics_port, host=s.address, env=self.env_of(s),
+                log_path=log, name=f"vGPU {s.vgpu}").spawn()
         self._wait_all_ready(started)
         return started
+
+    def check_engines(self, h: HostLaunch) -> None:
+        """The engines of a GPU host's partitions can run in the backend's Python; else one line naming why."""
+        install = find_triton()
+        if install.python is None:
+            return  # the backend's Python is unknown ($POOLPIPE_TRITONSERVER without $POOLPIPE_BACKEND_PYTHON)
+        engines = stage_engines(self.manifest, {s.vgpu for s in h.servers})
+        problems = engine_problems(install.python, ENGINE_FILES[0], sorted(engines))
+        if problems:
+            engine, why = sorted(problems.items())[0]
+            raise InputError(f"host {h.host}: its GPU partitions run engine {engine}, which cannot load in the Python "
+                             f"backend's Python ({install.python}): {why}")
+
+    def resolve_mig(self) -> None:
+        """Each MIG vGPU's environment with its instance's UUID (NVML); InputError when one is missing."""
+        mig = [s for s in self.server_launches if "POOLPIPE_MIG_GPU" in s.env]
+        if not mig:
+            return
+        if not self.check_hardware:
+            raise InputError(f"vGPU {mig[0].vgpu} runs on a MIG instance, which launch finds through NVML; launch "
+                             "without --no-hardware-check")
+        instances = discover_mig_instances()
+        for s in mig:
+            self.device_env[s.vgpu] = mig_env(s.vgpu, s.env, instances)
+
+    def env_of(self, s: ServerLaunch) -> dict[str, str]:
+        """The environment a vGPU's server starts with (a MIG vGPU's with its instance resolved)."""
+        return self.device_env.get(s.vgpu, s.env)
 
     def _wait_all_ready(self, servers: dict[str, TritonProcess]) -> None:
         pending = dict(servers)
         total = len(pending)
-        deadline = time.monotonic() + self.timeout_s
+        start = time.monotonic()
+        deadline, report = start + self.timeout_s, start + WAIT_REPORT_S
         while pending:
             for vid, srv in list(pending.items()):
                 if srv.exited() is not None:
@@ -167,6 +216,9 @@ class Deployment:
                     del pending[vid]
                     if self.on_ready:
                         self.on_ready(vid, total - len(pending), total)
+            if pending and self.on_wait and time.monotonic() >= report:
+                report = time.monotonic() + WAIT_REPORT_S
+                self.on_wait(sorted(pending), time.monotonic() - start)
             if pending and time.monotonic() > deadline:
                 raise TimeoutError(f"{len(pending)} tritonserver(s) not ready after {self.timeout_s:.0f} s: "
                                    f"{', '.join(pending)} (logs: {next(iter(pending.values())).log_path})")

@@ -32,7 +32,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "launch that was killed are stopped and removed at start (one line says what).")
     p.add_argument("dir", type=Path, help="output directory of 'poolpipe generate' (a symlink to one, to migrate)")
     p.add_argument("--host", action="append", help="start only this host's servers (repeatable; default: all)")
-    p.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for readiness (default 180)")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds to wait for readiness (default 180, or 1800 where a server's engine may build a "
+                        "TensorRT engine on first load: trt, ort-trt, auto; progress is printed every 15 s)")
     p.add_argument("--no-hardware-check", action="store_true",
                    help="skip the pynvml check of GPU names/count and of the MPS daemon")
     p.add_argument("--sidecar", metavar="HOST:PORT",
@@ -103,6 +105,18 @@ class Migrator:
             print(f"migrated to {m.directory}: {report.line()}", flush=True)
 
 
+def waiting_line(dep: Deployment, pending: list[str], waited: float) -> str:
+    """Progress while servers load: which are not ready, the deadline, the last line of the first one's log."""
+    line = f"still loading after {waited:.0f} s of {dep.timeout_s:.0f}: {', '.join(pending)}"
+    srv = dep.servers.get(pending[0])
+    log = Path(srv.log_path) if srv is not None and srv.log_path else None
+    if log is not None and log.is_file():
+        last = [x for x in log.read_text(errors="replace").splitlines() if x.strip()][-1:]
+        if last:
+            line += f"; {pending[0]}: {last[0][:160]}"
+    return line
+
+
 def _run(args: argparse.Namespace) -> int:
     import signal
 
@@ -140,12 +154,13 @@ def _run(args: argparse.Namespace) -> int:
                       console=err, transient=False) as progress:
             task = progress.add_task("start", total=total)
             dep.on_ready = lambda _vid, ready, _total: progress.update(task, completed=ready)
+            dep.on_wait = lambda pending, waited: progress.console.print(waiting_line(dep, pending, waited))
             try:
                 dep.start(preflight=False)
             except (RuntimeError, TimeoutError) as e:
                 err.print(f"poolpipe launch: error: {e}")
                 return 1
-        dep.on_ready = None
+        dep.on_ready = dep.on_wait = None
         for s in dep.server_launches:
             models = ", ".join(sorted(p.name for p in s.repository.iterdir() if p.is_dir()))
             print(f"{s.vgpu}: grpc {s.address}:{s.grpc_port}  http {s.address}:{s.http_port}  "

@@ -14,7 +14,9 @@ from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException
 
-LOAD_TIMEOUT_S = 300.0
+from model_repository_gen.k8s_pods import FIRST_BUILD_S
+
+LOAD_TIMEOUT_S = float(FIRST_BUILD_S)  # a load may build a TensorRT engine first (model_repository_gen.k8s_pods)
 
 
 def model_files(model_dir: Path) -> dict[str, bytes]:

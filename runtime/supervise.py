@@ -200,7 +200,8 @@ class Supervisor:
         if log is not None and log.exists():
             os.replace(log, log.with_name(log.name + ".previous"))
         srv = TritonProcess(launch.repository if launch else old.model_repository, old.http_port, old.grpc_port,
-                            old.metrics_port, host=old.host, env=launch.env if launch else old.env, log_path=log,
+                            old.metrics_port, host=old.host, env=self.dep.env_of(launch) if launch else old.env,
+                            log_path=log,
                             extra_args=old.extra_args, name=old.name)
         self.dep.servers[vid] = srv.spawn()
         return srv

@@ -37,6 +37,9 @@ class TritonInstall:
     binary: Path
     backend_dir: Path
     lib_dirs: tuple[Path, ...]
+    # The Python interpreter its Python backend's stub runs: this one for the wheel (a stub matched to it),
+    # NGC's python3 in the container, $POOLPIPE_BACKEND_PYTHON beside $POOLPIPE_TRITONSERVER (None: unknown)
+    python: str | None = None
 
 
 def _pytriton_root() -> Path | None:
@@ -71,26 +74,30 @@ def find_triton() -> TritonInstall:
     env_bin = os.environ.get("POOLPIPE_TRITONSERVER")
     if env_bin:
         b = Path(env_bin)
-        return TritonInstall(b, b.parent.parent / "backends", ())
+        return TritonInstall(b, b.parent.parent / "backends", (), os.environ.get("POOLPIPE_BACKEND_PYTHON"))
     if (CONTAINER_ROOT / "bin" / "tritonserver").is_file():
-        return TritonInstall(CONTAINER_ROOT / "bin" / "tritonserver", CONTAINER_ROOT / "backends", ())
+        python = shutil.which("python3")
+        return TritonInstall(CONTAINER_ROOT / "bin" / "tritonserver", CONTAINER_ROOT / "backends", (), python)
     root = _pytriton_root()
     if root is None or not (root / "tritonserver" / "bin" / "tritonserver").is_file():
         raise InputError("no tritonserver found: install the nvidia-pytriton wheel (pip install nvidia-pytriton), "
                          "run inside NVIDIA's Triton container, or set POOLPIPE_TRITONSERVER")
     libs = (root.parent / "nvidia_pytriton.libs", root / "tritonserver" / "backends" / "python")
-    return TritonInstall(root / "tritonserver" / "bin" / "tritonserver", backend_directory(root), libs)
+    return TritonInstall(root / "tritonserver" / "bin" / "tritonserver", backend_directory(root), libs, sys.executable)
 
 
 def server_env(install: TritonInstall, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment for a tritonserver: its libraries, and this interpreter's packages for Python models."""
+    """Environment for a tritonserver: its libraries, and for Python models this interpreter's packages, only where
+    the backend's stub runs this interpreter: another Python (NGC's) would import wrong-ABI numpy/onnxruntime from
+    them, so it keeps its own packages and the PYTHONPATH the user set."""
     env = dict(os.environ)
     if install.lib_dirs:
         env["LD_LIBRARY_PATH"] = os.pathsep.join([*(str(p) for p in install.lib_dirs),
                                                   env.get("LD_LIBRARY_PATH", "")]).rstrip(os.pathsep)
-    # The backend stub ignores PYTHONPATH for its own sys.path; our model.py files read it explicitly.
-    paths = [p for p in sys.path if p and Path(p).is_dir()]
-    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths + [str(Path(__file__).resolve().parent.parent)]))
+    if install.python is not None and Path(install.python).resolve() == Path(sys.executable).resolve():
+        # The backend stub ignores PYTHONPATH for its own sys.path; our model.py files read it explicitly.
+        paths = [p for p in sys.path if p and Path(p).is_dir()]
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths + [str(Path(__file__).resolve().parent.parent)]))
     env.update(extra or {})
     return env
 
@@ -152,6 +159,9 @@ class TritonProcess:
                              (self.metrics_port, False)):
             if port_in_use(port, self.host, shared):
                 raise InputError(f"{self.name}: port {port} on {self.host} is already in use; choose another port")
+        if "POOLPIPE_MIG_GPU" in self.env and not self.env.get("CUDA_VISIBLE_DEVICES"):
+            raise InputError(f"{self.name}: a MIG vGPU whose instance is not resolved; start it with poolpipe launch "
+                             "(which finds its UUID through NVML)")
         install = find_triton()
         exit_on_sigterm()
         log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL

@@ -19,7 +19,7 @@ from tests.conftest import ROOT
 
 CONTAINERS = ROOT / "containers"
 PROVIDED_BY_TRITON = {"triton_python_backend_utils"}
-DISTRIBUTIONS = {"onnxruntime": "onnxruntime-gpu"}  # module -> the requirement that provides it on a GPU image
+DISTRIBUTIONS = {"onnxruntime": "onnxruntime-gpu", "pynvml": "nvidia-ml-py"}  # module -> the requirement providing it
 
 
 def test_sidecar_environment_builds_as_its_recipe_and_serves(tmp_path: Path) -> None:

@@ -93,7 +93,10 @@ def test_gpu_hosts_get_kind_gpu_visible_devices_and_mps_percentage(resnet, tmp_p
     manifest = generate(make_plan(prof, PIPELINES), {"resnet": onnx_path}, cluster_from_dict({"hosts": hosts}),
                         tmp_path / "d", fp16_boundaries=True)
     g = manifest.vgpu("g-gpu1-s0")
-    assert g.kind == "KIND_GPU" and g.env == {"CUDA_VISIBLE_DEVICES": "1", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50"}
+    # CUDA numbers devices as NVML does (launch checks NVML's index 1): PCI bus order, not fastest first
+    assert g.kind == "KIND_GPU" and g.env == {"CUDA_VISIBLE_DEVICES": "1", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50",
+                                              "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    assert "CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=1 " in (tmp_path / "d" / "g" / "launch.sh").read_text()
     assert g.grpc_url == "10.0.0.1:8007" and g.http_url == "10.0.0.1:8006"  # base 8000, the host's 3rd vGPU
     cfg = parse_config(tmp_path / "d" / "g" / "g-gpu1-s0" / "model_repository" / g_model(manifest, g.id) /
                        "config.pbtxt")
@@ -110,7 +113,7 @@ def test_gpu_hosts_get_kind_gpu_visible_devices_and_mps_percentage(resnet, tmp_p
         check_host_hardware(launch, l4, mps=False)
     with pytest.raises(InputError, match="2 x L4.*1 matching"):
         check_host_hardware(launch, l4[:1], mps=True)
-    with pytest.raises(InputError, match="GPU 0 is Tesla T4, not L4"):
+    with pytest.raises(InputError, match=r"GPU 0 is Tesla T4 \(type T4\), not L4"):
         check_host_hardware(launch, [GpuInfo(0, "Tesla T4", 1), *l4], mps=True)
     assert gpu_matches("V100", "Tesla V100-SXM2-16GB") and not gpu_matches("T4", "NVIDIA RTX A4000")
 

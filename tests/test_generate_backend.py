@@ -105,7 +105,8 @@ def test_one_engine_module_serves_the_profiler_and_the_backend(tmp_path: Path) -
     ins, outs = [TensorSpec("input", "FP32", (3, 4, 4))], [TensorSpec("out/put:0", "FP32", (4, 4, 4))]
     version = tc.write_model(tmp_path / "repo", tc.partition_config("tiny", ins, outs, 2), onnx_path) / "1"
     assert (version / "engines.py").read_bytes() == Path(engines.__file__).read_bytes()
-    assert sorted(p.name for p in version.iterdir()) == ["emulated.py", "engines.py", "model.onnx", "model.py"]
+    assert sorted(p.name for p in version.iterdir()) == ["emulated.py", "engine_trt.py", "engines.py", "model.onnx",
+                                                         "model.py"]
     # the profiler's runner is the backend's engine: same outputs, by the same code
     runner = devices.make_runner(onnx.load(str(onnx_path)), "cpu", "ort", threads=1)
     x = np.random.default_rng(2).standard_normal((2, 3, 4, 4)).astype(np.float32)

@@ -71,13 +71,17 @@ def test_co_run_measures_memory_and_fits_a_valid_model(tmp_path):
     other = build_zoo_model("resnet", tmp_path / "resnet.onnx")
     out = tmp_path / "p.json"
     r = run_cli("profile", "measure", victim, "--blocks", "2", "--threads", "2", "--batch-sizes", "1",
-                "--repeats", "3", "--warmup", "1", "--co-run", other, "--co-run-repeats", "3", "--out", out)
+                "--repeats", "3", "--warmup", "1", "--co-run", other, "--co-run-repeats", "3", "--co-run-level", "3",
+                "--out", out)
     assert r.returncode == 0, r.stderr
     assert "interference on cpu (measured)" in r.stdout
     p = load_profile(out)
     im = p.interference["cpu"]
     assert im.points == 2 * 2  # 2 blocks x (1 co-runner at 2 duty cycles)
     assert min(im.per_corunner, im.per_pressure, im.sensitivity) >= 0 and "resnet.onnx" in im.method
+    # every process, the measured model's too, ran with the MPS share a 1/3 vGPU of the co-located plan has (each
+    # reported what it ran with; before, all ran as whole-GPU processes)
+    assert "every process at CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=33 (a 1/3 vGPU)" in im.method
     assert p.memory is not None and len(p.memory.weight_bytes) == 2
     assert all(w > 0 for w in p.memory.weight_bytes) and all(a > 0 for a in p.memory.activation_bytes)
     # the round trip keeps both fields

@@ -70,7 +70,7 @@ def test_gpu_plan_manifests_are_valid_and_match_the_plan(deployed):
     assert "sharing" not in yaml.safe_load(plugin["data"]["poolpipe-t4-mps1"])
     labels = (d / "label-nodes.sh").read_text()
     assert "nvidia.com/device-plugin.config=poolpipe-l4-mps2" in labels and "t4box" in labels
-    products = {"L4": "NVIDIA-L4", "T4": "Tesla-T4"}
+    products = {"L4": ["NVIDIA-L4"], "T4": ["Tesla-T4", "NVIDIA-T4"]}  # every name NVML gives the type
     for g in manifest.vgpus:
         name = "triton-" + g.id
         pod = stss[name]["spec"]["template"]["spec"]
@@ -83,9 +83,10 @@ def test_gpu_plan_manifests_are_valid_and_match_the_plan(deployed):
         terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
             "nodeSelectorTerms"][0]["matchExpressions"]
         assert {t["key"]: t["values"] for t in terms} == {
-            "nvidia.com/gpu.product": [products[g.gpu_type]],
+            "nvidia.com/gpu.product": products[g.gpu_type],
             "nvidia.com/device-plugin.config": [f"poolpipe-{g.gpu_type.lower()}-mps{g.v}"]}
         assert svcs[name]["spec"]["clusterIP"] == "None" and stss[name]["spec"]["serviceName"] == name
+        check_shm_and_startup(pod, manifest, g.id, first_build=True)
     # the in-cluster manifest: the sidecar reaches every vGPU at its Service's DNS name
     text = by_kind(docs, "ConfigMap")["poolpipe-manifest"]["data"]["manifest.json"]
     inside = manifest_from_dict(json.loads(text))
@@ -116,8 +117,11 @@ def test_emulated_hosts_give_cpu_only_pods_and_shards_a_statefulset(tmp_path):
     manifest = load_manifest(tmp_path / "deploy")
     pods = [s["spec"]["template"]["spec"] for n, s in by_kind(docs, "StatefulSet").items() if n.startswith("triton")]
     assert len(pods) == len(manifest.vgpus) >= 2
-    for pod in pods:
-        assert "affinity" not in pod and "nvidia.com/gpu" not in json.dumps(pod["containers"][0]["resources"])
+    for name, sts in by_kind(docs, "StatefulSet").items():
+        if name.startswith("triton"):
+            pod = sts["spec"]["template"]["spec"]
+            assert "affinity" not in pod and "nvidia.com/gpu" not in json.dumps(pod["containers"][0]["resources"])
+            check_shm_and_startup(pod, manifest, name.removeprefix("triton-"), first_build=False)
     assert "device-plugin-config.yaml" not in [p.name for p in (tmp_path / "deploy" / "k8s").iterdir()]
     sidecar = by_kind(docs, "StatefulSet")["poolpipe-sidecar"]
     assert sidecar["spec"]["replicas"] == 2
@@ -129,6 +133,25 @@ def test_emulated_hosts_give_cpu_only_pods_and_shards_a_statefulset(tmp_path):
     r = run_cli("generate", "--plan", tmp_path / "plan.json", "--cluster", tmp_path / "cluster.json",
                 "--out", tmp_path / "deploy2", "--k8s", "--k8s-gpu-product", "T4")
     assert r.returncode == 2 and "TYPE=LABEL" in r.stderr and not (tmp_path / "deploy2").exists()
+
+
+def check_shm_and_startup(pod: dict, manifest, vgpu: str, first_build: bool) -> None:
+    """/dev/shm: a memory-backed emptyDir holding two batches of every stage's inputs and outputs besides the
+    Python backend's own 64 MiB (the runtime's default is 64 MiB in all), counted in the pod's memory request; the
+    startup probe outlasts a first TensorRT build where the engine may build one (auto, trt, ort-trt)."""
+    c = pod["containers"][0]
+    vgpu = next(g.id for g in manifest.vgpus if g.id.lower().replace("_", "-") == vgpu or g.id == vgpu)
+    need = sum(2 * p.batch * sum(t.bytes_per_request() for t in (*s.inputs, *s.outputs))
+               for m in manifest.models for p in m.pipelines for s in p.stages if vgpu in s.vgpus)
+    assert need > 0
+    dshm = next(v for v in pod["volumes"] if v["name"] == "dshm")
+    size = int(dshm["emptyDir"]["sizeLimit"].removesuffix("Mi")) << 20
+    assert dshm["emptyDir"]["medium"] == "Memory" and need + (64 << 20) <= size < need + (66 << 20)
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+    assert int(c["resources"]["requests"]["memory"].removesuffix("Mi")) << 20 >= (2 << 30) + size
+    probe = c["startupProbe"]
+    assert probe["periodSeconds"] * probe["failureThreshold"] >= (1800 if first_build else 300)
+    assert first_build or probe["periodSeconds"] * probe["failureThreshold"] <= 300
 
 
 def test_bad_k8s_input_is_one_clear_error(deployed):

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from model_repository_gen.cluster_file import cluster_from_dict
 from model_repository_gen.generate import generate
+from model_repository_gen.k8s import K8sOptions, k8s_documents
 from planner.planners import solve_spec
 from planner.sizing.paris import (
     SizeCurve,
@@ -237,6 +238,13 @@ def test_generate_sets_each_servers_mps_percentage_and_mig_device(tmp_path):
             assert json.loads((tmp_path / gpu / "g" / "launch.json").read_text())["needs_mps"]
         else:
             assert {e["POOLPIPE_MIG_PROFILE"] for e in envs} == {"3g.20gb", "4g.20gb"}
-            assert {e["POOLPIPE_MIG_PLACEMENT"] for e in envs} == {"GPU 0 memory slice 0", "GPU 0 memory slice 4"}
-            assert all(e["CUDA_VISIBLE_DEVICES"].startswith("<MIG UUID") for e in envs)
+            assert {(e["POOLPIPE_MIG_GPU"], e["POOLPIPE_MIG_START"]) for e in envs} == {("0", "0"), ("0", "4")}
+            # no placeholder reaches tritonserver: launch resolves the UUID, launch.sh refuses without one
+            assert all("CUDA_VISIBLE_DEVICES" not in e and e["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID" for e in envs)
+            sh = (tmp_path / gpu / "g" / "launch.sh").read_text()
+            assert "<MIG" not in sh and 'CUDA_VISIBLE_DEVICES="${POOLPIPE_MIG_UUID_G_GPU0_S' in sh
         assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" in (tmp_path / gpu / "g" / "launch.sh").read_text() or not want
+        # Kubernetes: the device plugin gives equal MPS replicas only and none of our MIG placements: one line
+        # at generate time (a 25/25/50 split asked for three whole GPUs and stayed Pending)
+        with pytest.raises(InputError, match="MPS share of an unequally split L4" if want else "MIG instance"):
+            k8s_documents(m, K8sOptions())

@@ -46,6 +46,9 @@ def test_measure_fills_blocks_tensors_bytes_and_provenance(measured):
     for key in ("host", "cpu_model", "threads", "onnxruntime", "date", "repeats", "method", "model_sha256"):
         assert key in p.provenance, key
     assert p.provenance["threads"] == 1 and p.provenance["repeats"] == 3
+    # the Contract: the engine and the execution providers that ran the timed blocks, per device label too
+    assert p.provenance["engine"] == "ort" and p.provenance["providers"] == ["CPUExecutionProvider"]
+    assert p.provenance["devices"]["cpu-1t"]["providers"] == ["CPUExecutionProvider"]
     # each boundary's bytes are those of the tensor the cut partitions exchange
     for i, blk in enumerate(p.blocks[:-1]):
         _, outs = partition_io(cut_partition(measured["model"], p, i, i + 1))
@@ -60,6 +63,10 @@ def test_like_keeps_blocks_and_vgpu_levels_are_measured(measured):
     assert b.levels("cpu-2t") == [1, 2]
     assert np.all(b.timings["cpu-2t"][2].latency_us > 0)
     assert b.provenance["blocks_from"] == str(measured["a"])
+    assert b.provenance["providers"] == ["CPUExecutionProvider"]  # reported by the V=2 worker processes too
+    merged = load_profile(measured["merged"]).provenance["devices"]
+    assert {d: (merged[d]["engine"], merged[d]["providers"]) for d in merged} == {
+        "cpu-1t": ("ort", ["CPUExecutionProvider"]), "cpu-2t": ("ort", ["CPUExecutionProvider"])}
     assert b.model == a.model == "mobilenet"
 
 

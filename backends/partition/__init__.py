@@ -8,4 +8,5 @@ from profiling import engines as _engines  # the one module of the project a bac
 _HERE = Path(__file__).resolve().parent
 MODEL_PY = _HERE / "model.py"
 # Every file of a partition model's version directory besides the ONNX file: model.py and its siblings.
-BACKEND_FILES = (MODEL_PY, Path(_engines.__file__).resolve(), _HERE / "emulated.py")
+ENGINE_FILES = (Path(_engines.__file__).resolve(), Path(_engines.__file__).resolve().with_name("engine_trt.py"))
+BACKEND_FILES = (MODEL_PY, *ENGINE_FILES, _HERE / "emulated.py")

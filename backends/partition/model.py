@@ -7,7 +7,12 @@ it. It reads its settings from the ``parameters`` of its config.pbtxt:
 ==========================  =====================================================================
 ``engine``                  ``auto`` (default), ``ort``, ``ort-trt``, ``trt``, ``torch`` (see engines.py; the
                             device is the instance's kind: KIND_GPU -> cuda, KIND_CPU -> cpu), or
-                            ``emulated`` (no engine: hold each batch for its profiled latency)
+                            ``emulated`` (no engine: hold each batch for its profiled latency). ``auto`` on
+                            KIND_GPU takes the first GPU engine that runs here, or fails to load naming each
+                            engine's problem: never the CPU. ``poolpipe generate`` writes the engine the
+                            profile measured.
+``device``                  ``cpu``: run the engine (``ort``) on the CPU although the instance is KIND_GPU, only
+                            where asked for by name (``generate --engine TYPE=cpu``); empty: the instance's kind
 ``onnx_file``               ONNX file, relative to the version directory (default ``model.onnx``)
 ``intra_op_threads``        ONNX Runtime intra-op threads (0 = ONNX Runtime's default)
 ``inter_op_threads``        ONNX Runtime inter-op threads (default 1)
@@ -55,7 +60,7 @@ COMPUTE_START_OUTPUT = "POOLPIPE_COMPUTE_START_NS"
 COMPUTE_END_OUTPUT = "POOLPIPE_COMPUTE_END_NS"
 TIMING_OUTPUTS = (COMPUTE_START_OUTPUT, COMPUTE_END_OUTPUT)
 # The config parameters this backend reads (the table above); any other is ignored, with a warning at load.
-PARAMETERS = ("engine", "onnx_file", "intra_op_threads", "inter_op_threads", "mps_thread_percentage",
+PARAMETERS = ("engine", "device", "onnx_file", "intra_op_threads", "inter_op_threads", "mps_thread_percentage",
               "emulate_slowdown", "emulated_latency_us", "emulated_stage", "emulated_latency_quantiles_us",
               "emulated_latency_cv", "emulated_seed")
 
@@ -94,25 +99,26 @@ def _sibling(version_dir, name):
     return module
 
 
-def _open_engine(engines, args, params, version_dir, max_batch, logger):
-    """The configured engine on this instance's device; ``auto`` falls back to ort on the CPU when the
-    GPU instance has no GPU engine."""
+def _open_engine(engines, args, params, version_dir, max_batch, shapes):
+    """The configured engine on this instance's device. A GPU instance runs a GPU engine or fails to load with
+    the engine's problem (the missing library); the CPU only where the ``device`` parameter names it."""
     path = os.path.join(version_dir, params.get("onnx_file", "") or "model.onnx")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"ONNX partition {path} not found (config parameter onnx_file)")
     device = "cuda" if args.get("model_instance_kind", "CPU") == "GPU" else "cpu"
+    asked = params.get("device", "")
+    if asked not in ("", "cpu"):
+        raise ValueError(f"config parameter device={asked!r}: only 'cpu' (a CPU engine asked for by name) or empty")
+    device = asked or device
     engine = params.get("engine", "") or "auto"
     if engine == "auto":
-        engine = engines.default_engine(device)
-        if device == "cuda" and engines.engine_problem(engine, device):
-            logger.log_warn(f"no GPU engine can run here ({engines.engine_problem(engine, device)}); using ort on cpu")
-            device = "cpu"
+        engine = engines.default_engine(device)  # EngineError naming every GPU engine's problem: no silent CPU
     elif engine not in engines.ENGINES:
         raise ValueError(f"config parameter engine={engine!r} is not one of auto, emulated, "
                          f"{', '.join(engines.ENGINES)}")
     return engines.open_engine(path, engine, device, int(args.get("model_instance_device_id", 0) or 0),
                                _number(params, "intra_op_threads", 0), _number(params, "inter_op_threads", 1),
-                               max_batch)
+                               max_batch, shapes)
 
 
 def _open_emulated(emulated, params, outputs):
@@ -160,13 +166,14 @@ class TritonPythonModel:
             what = self.emulated.description
         else:
             self.emulated = None
+            shapes = {name: dims for name, _, dims in self.inputs}
             self.engine = _open_engine(_sibling(version_dir, "engines"), args, params, version_dir,
-                                       int(config.get("max_batch_size", 0) or 1), self.logger)
+                                       int(config.get("max_batch_size", 0) or 1), shapes)
             missing = [n for n in self.outputs if n not in self.engine.outputs]
             if missing:
                 raise ValueError(f"config output(s) {missing} are not outputs of the ONNX partition "
                                  f"({self.engine.outputs})")
-            what = self.engine.description
+            what = f"engine {params.get('engine', '') or 'auto'}: {self.engine.description}"
         self.logger.log_info(f"poolpipe partition {args['model_name']}: {what}")
 
     def _feeds(self, request):

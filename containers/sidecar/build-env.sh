@@ -9,7 +9,8 @@ shift
 src=$(cd "$(dirname "$0")/../.." && pwd)
 "${PYTHON:-python3}" -m venv "$prefix"
 "$prefix/bin/pip" wheel --quiet --no-cache-dir --no-deps --wheel-dir "$prefix/wheels" "$src"
-"$prefix/bin/pip" install --quiet --no-cache-dir "$@" "$prefix"/wheels/poolpipe-*.whl
+wheel=$(ls "$prefix"/wheels/poolpipe-*.whl)
+"$prefix/bin/pip" install --quiet --no-cache-dir "$@" "$wheel[cpu]"  # ONNX Runtime's CPU distribution
 rm -rf "$prefix/wheels"
 "$prefix/bin/poolpipe" serve --help >/dev/null
 echo "poolpipe environment ready: $prefix"
