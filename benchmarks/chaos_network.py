@@ -10,6 +10,7 @@ namespace, process or shm region is left. Every namespace the run makes is delet
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import json
 import os
 import re
@@ -234,7 +235,7 @@ def main(argv: list[str]) -> int:
         work = args.work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         exp = PaperExperiment(PaperRun(args.model, l4=args.l4, t4=args.t4, time_scale=0.0), work)
-        exp.run = run = exp.run.__class__(**{**exp.run.__dict__, "time_scale": exp.auto_time_scale()})
+        exp.run = run = dataclasses.replace(exp.run, time_scale=exp.auto_time_scale())
         spec = paper_spec(run)
         p = plan(spec, PlanRequest("ppipe", time_limit_s=60)).plan
         try:
