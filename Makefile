@@ -15,11 +15,12 @@ STAMP  := $(VENV)/.installed
 venv: $(STAMP) native
 
 # The native backends (C): the emulated device (backends/native) and the sidecar's front end (backends/native_front),
-# built by cc once per source version; where one cannot be built, one line says so (emulated partitions then run the
-# Python backend; serve --native-grpc-port is refused) and make goes on.
+# built by cc once per source version. A compile error fails make; only where no C compiler can be run does one line
+# say so (emulated partitions then run the Python backend; serve --native-grpc-port is refused) and make goes on.
+# NATIVE_FLAGS=--require fails there too (.ci/run).
 native: $(STAMP)
-	$(PY) -m backends.native
-	$(PY) -m backends.native_front
+	$(PY) -m backends.native $(NATIVE_FLAGS)
+	$(PY) -m backends.native_front $(NATIVE_FLAGS)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)

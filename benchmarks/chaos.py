@@ -6,10 +6,9 @@ ports, a reload (SIGHUP), a 3x overload burst, and a client cancellation storm. 
 requests, answers, explicit errors, hung requests (no answer within the SLO + 10 s: none allowed) and the time to
 recover to >= 99 % attainment; attainment outside the fault windows; RSS, open fds and threads of every poolpipe
 process and the shm regions at start (after warm-up) and end; and whether any process or /dev/shm entry is left
-after the run.
+after the run. ``--network``: hosts in network namespaces, faults on their links (benchmarks/chaos_network.py).
 
-    python -P benchmarks/chaos.py            # 20 minutes, real time
-    python -P benchmarks/chaos.py --quick    # 3 minutes
+    python -P benchmarks/chaos.py [--quick] [--network]   # 20 minutes, real time (--quick: 3)
 """
 
 from __future__ import annotations
@@ -332,7 +331,9 @@ def main() -> int:
                     help="emulated latencies and the SLO multiplied by this (default 1: real time; 0: the demo's slow "
                          "motion, the smallest whole scale >= 8 at which this machine drives the plan calmly)")
     ap.add_argument("--work", type=Path, help="keep deployment and logs here (default: a temporary directory)")
-    args = ap.parse_args()
+    ap.add_argument("--network", action="store_true", help="hosts in network namespaces, faults on their links")
+    if (args := ap.parse_args()).network:  # the same cluster and load, each host in a network namespace of its own
+        os.execl(sys.executable, sys.executable, "-P", str(Path(__file__).with_name("chaos_network.py")), *sys.argv[1:])
     minutes = args.minutes or (3.0 if args.quick else 20.0)
     duration = minutes * 60.0
     warmup, period, burst_s = (20.0, 30.0, 5.0) if minutes <= 5 else (60.0, 60.0, 10.0)

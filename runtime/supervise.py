@@ -4,9 +4,10 @@ limit), and it names what it runs so that a successor reclaims what a dead ``lau
 Each running ``launch`` keeps a state file, ``<cache>/launch/<pid>.json``: its directory and the pid of every
 server it started (a sidecar that re-plans, and so starts servers, keeps one too, of kind ``sidecar``, which only
 a sidecar reclaims). The Python backend's shared-memory regions of its servers are named ``poolpipe_pb_<pid>_...``
-(runtime.tritonserver). A ``launch`` that starts finds the state files of dead ``launch`` processes, stops the
-servers they left running (they run in their own sessions, so they outlive a SIGKILLed ``launch``), removes the
-shared-memory regions of every dead ``launch``, and reports it in one line.
+(runtime.tritonserver). A ``launch`` that starts finds the state files of dead ``launch`` processes (gone, or
+zombies nobody reaped yet), stops the servers they left running (they run in their own sessions, so they outlive a
+SIGKILLed ``launch``), removes the shared-memory regions of every dead ``launch``, and reports it in one line; each
+server it starts removes what dead predecessors left on its own port (TritonProcess.spawn).
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from pathlib import Path
 
 from poolpipe_common.errors import InputError
 from runtime.launch import Deployment
-from runtime.tritonserver import CACHE_DIR, SHM_PREFIX, TritonProcess, pid_alive, remove_shm_regions
+from runtime.tritonserver import CACHE_DIR, SHM_PREFIX, TritonProcess, exited, pid_alive, remove_shm_regions
 
-__all__ = ["Reclaimed", "RestartPolicy", "STATE_DIR", "Supervisor", "pid_alive", "reclaim_predecessors",
+__all__ = ["Reclaimed", "RestartPolicy", "STATE_DIR", "Supervisor", "exited", "pid_alive", "reclaim_predecessors",
            "remove_state", "write_state"]
 
 STATE_DIR = CACHE_DIR / "launch"
@@ -34,26 +35,6 @@ def _is_tritonserver(pid: int) -> bool:
         return b"tritonserver" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
-
-
-def exited(pid: int) -> bool:
-    """Gone, or a zombie with every thread exited: its files, listening sockets included, are closed. (Its cmdline
-    reads empty earlier, while it is still exiting with its sockets open, so the name is no test of this; nor is the
-    leader's own state: the main thread of a multi-threaded server such as tritonserver can be a zombie while its
-    other threads still exit, holding the process's files.)"""
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return True
-    return all(_task_state(pid, t) in ("Z", "X", None) for t in tasks)
-
-
-def _task_state(pid: int, tid: str) -> str | None:
-    """One thread's state letter (None: gone meanwhile)."""
-    try:
-        return Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
 
 
 def _stop_group(pid: int, timeout_s: float = 10.0) -> None:
@@ -86,8 +67,9 @@ class Reclaimed:
 
 
 def _dead_owner(name: str) -> bool:
+    """A region whose owner has exited: gone, or a zombie its parent has not reaped (a SIGKILLed ``launch``)."""
     head = name[len(SHM_PREFIX):].split("_", 1)[0]
-    return head.isdigit() and int(head) != os.getpid() and not pid_alive(int(head))
+    return head.isdigit() and int(head) != os.getpid() and exited(int(head))
 
 
 def reclaim_predecessors(kind: str = "launch", state_dir: Path = STATE_DIR) -> Reclaimed:
@@ -100,7 +82,7 @@ def reclaim_predecessors(kind: str = "launch", state_dir: Path = STATE_DIR) -> R
             pid = int(state["pid"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        if pid == os.getpid() or pid_alive(pid) or state.get("kind", "launch") != kind:
+        if pid == os.getpid() or not exited(pid) or state.get("kind", "launch") != kind:
             continue
         launches.append(pid)
         for spid in state.get("servers", {}).values():

@@ -4,12 +4,14 @@ The wheel ships the binary, its libraries and Python-backend stubs for several P
 no ready backend directory, so :func:`backend_directory` assembles one (python backend + the stub
 matching the running interpreter) under a cache directory. :class:`TritonProcess` starts one server,
 waits until it is ready, and stops it (SIGTERM, then SIGKILL), removing the Python backend's
-shared-memory regions it owned.
+shared-memory regions it owned; before it starts, it removes the regions that dead predecessors left on its gRPC
+port (a SIGKILLed server's, whose owner died too), in one log line.
 """
 
 from __future__ import annotations
 
 import http.client
+import logging
 import os
 import shutil
 import signal
@@ -30,6 +32,7 @@ from poolpipe_common.net import free_port, port_in_use
 CONTAINER_ROOT = Path("/opt/tritonserver")
 CACHE_DIR = Path(os.environ.get("POOLPIPE_CACHE", Path(tempfile.gettempdir()) / "poolpipe-triton"))
 SHM_PREFIX = "poolpipe_pb_"  # Python-backend shm regions get this prefix, so leftovers can be found
+_log = logging.getLogger("poolpipe.runtime")
 
 
 @dataclass(frozen=True)
@@ -162,6 +165,7 @@ class TritonProcess:
         if "POOLPIPE_MIG_GPU" in self.env and not self.env.get("CUDA_VISIBLE_DEVICES"):
             raise InputError(f"{self.name}: a MIG vGPU whose instance is not resolved; start it with poolpipe launch "
                              "(which finds its UUID through NVML)")
+        reclaim_port_regions(self.grpc_port)
         install = find_triton()
         exit_on_sigterm()
         log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
@@ -256,6 +260,50 @@ def exit_on_sigterm() -> None:
 
 def _exit_on_signal(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
+
+
+def exited(pid: int) -> bool:
+    """Gone, or a zombie with every thread exited: its files, listening sockets included, are closed. (Its cmdline
+    reads empty earlier, while it is still exiting with its sockets open, so the name is no test of this; nor is the
+    leader's own state: the main thread of a multi-threaded server such as tritonserver can be a zombie while its
+    other threads still exit, holding the process's files.) A SIGKILLed process its parent has not reaped yet is
+    exited, although ``kill(pid, 0)`` still finds it."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return True
+    return all(_task_state(pid, t) in ("Z", "X", None) for t in tasks)
+
+
+def _task_state(pid: int, tid: str) -> str | None:
+    """One thread's state letter (None: gone meanwhile)."""
+    try:
+        return Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def region_owner(name: str) -> tuple[int, int] | None:
+    """(owner pid, gRPC port) of a region named ``poolpipe_pb_<pid>_<port>_...`` (TritonProcess.shm_prefix)."""
+    fields = name[len(SHM_PREFIX):].split("_", 2) if name.startswith(SHM_PREFIX) else []
+    if len(fields) < 3 or not (fields[0].isdigit() and fields[1].isdigit()):
+        return None
+    return int(fields[0]), int(fields[1])
+
+
+def reclaim_port_regions(grpc_port: int, shm_dir: Path = Path("/dev/shm")) -> list[str]:
+    """Remove the Python-backend regions that servers of dead owners left on ``grpc_port`` (a server about to take
+    the port is their successor: none of them can still be in use); one log line when there were any."""
+    def dead_here(name: str) -> bool:
+        owner = region_owner(name)
+        return owner is not None and owner[1] == grpc_port and owner[0] != os.getpid() and exited(owner[0])
+
+    removed = remove_shm_regions(SHM_PREFIX, shm_dir, only=dead_here)
+    if removed:
+        owners = sorted({n[len(SHM_PREFIX):].split("_", 1)[0] for n in removed})
+        _log.info("event=reclaimed shm_regions=%d port=%d predecessors=%s", len(removed), grpc_port,
+                  ",".join(owners))
+    return removed
 
 
 def pid_alive(pid: int) -> bool:

@@ -24,6 +24,7 @@ from runtime.launch import Deployment
 from runtime.sidecar_process import SidecarProcess
 from tests.conftest import REFERENCE_DIR, run_cli
 from tests.deploy_helpers import make_plan, write_cluster
+from tests.planned_testbed import metric
 
 pytestmark = pytest.mark.triton
 MODEL = "googlenet-v3-pytorch"  # on a whole emulated T4: 18 ms for 1 request, 30 ms for 2
@@ -31,6 +32,7 @@ SPEC = ("priority_levels: 2 default_priority_level: 2 max_queue_delay_microsecon
         "default_queue_policy { max_queue_size: 4 default_timeout_microseconds: 10000000 allow_timeout_override: true }"
         " priority_queue_policy { key: 1 value { max_queue_size: 16 default_timeout_microseconds: 10000000"
         " allow_timeout_override: true } }")
+BUSY = 4  # priority-1 batches of the stream outstanding: one runs, the others queue (level 1 holds 16)
 
 
 @pytest.fixture(scope="module")
@@ -74,27 +76,52 @@ async def _call(c: grpcaio.InferenceServerClient, name: str, done: dict, rows: i
         done[name] = e
 
 
-async def _scenario(url: str) -> dict:
+def _metric(metrics_port: int, name: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
+        return metric(r.read().decode(), name, f'model="{MODEL}"')
+
+
+async def _until(metrics_port: int, name: str, at_least: float) -> None:
+    """Wait until the sidecar's own metric ``name`` reaches ``at_least`` (the order of events is the sidecar's,
+    not the client's clock)."""
+    while await asyncio.to_thread(_metric, metrics_port, name) < at_least:
+        await asyncio.sleep(0.01)
+
+
+async def _scenario(url: str, metrics_port: int) -> tuple[dict, int]:
+    """A stream of priority-1 batches (``BUSY`` outstanding, two rows each: a full batch) keeps the T4 busy with one
+    always queued, so no priority-2 request can start while it runs, however slow this machine. While it runs: six
+    priority-2 requests (level 2 holds four: two are refused), a priority-1 request with a 1 ms timeout (it waits
+    behind a queued batch of the stream: it expires), then four priority-1 requests H, queued after the four L. The
+    stream ends once every H is answered; then the L are served. Returns the outcomes and the stream's count."""
     done: dict = {}
+    stop = asyncio.Event()
+    sent = 0
+
+    async def busy(c: grpcaio.InferenceServerClient) -> None:
+        nonlocal sent
+        while not stop.is_set():
+            sent += 1
+            await _call(c, f"B{sent}", done, rows=2, priority=1)
+
     async with grpcaio.InferenceServerClient(url) as c:
-        tasks = [asyncio.ensure_future(_call(c, f"B{i}", done, rows=2, priority=1)) for i in range(4)]  # ~120 ms
-        await asyncio.sleep(0.01)
-        for i in range(6):  # level 2 holds 4 requests
-            tasks.append(asyncio.ensure_future(_call(c, f"L{i}", done)))
-            await asyncio.sleep(0.002)
-        await asyncio.sleep(0.01)
-        tasks.append(asyncio.ensure_future(_call(c, "T", done, priority=1, timeout=1000)))  # 1 ms in the queue
-        for i in range(4):
-            tasks.append(asyncio.ensure_future(_call(c, f"H{i}", done, priority=1)))
-        await asyncio.gather(*tasks)
-    return done
+        stream = [asyncio.ensure_future(busy(c)) for _ in range(BUSY)]
+        await _until(metrics_port, "nv_inference_pending_request_count", 2)  # one runs, the others queue
+        low = [asyncio.ensure_future(_call(c, f"L{i}", done)) for i in range(6)]
+        await _until(metrics_port, "nv_inference_request_failure", 2)  # all six arrived: two refused
+        await _call(c, "T", done, priority=1, timeout=1000)
+        await asyncio.gather(*[_call(c, f"H{i}", done, rows=2, priority=1) for i in range(4)])
+        stop.set()
+        await asyncio.gather(*stream, *low)
+    return done, sent
 
 
 def test_priority_order_queue_size_and_timeout_live(sidecar: SidecarProcess) -> None:
-    done = asyncio.run(_scenario(sidecar.grpc_url))
+    done, busy = asyncio.run(_scenario(sidecar.grpc_url, sidecar.metrics_port))
     errors = {k: v for k, v in done.items() if isinstance(v, InferenceServerException)}
-    assert sorted(errors) == ["L4", "L5", "T"], errors
-    for k in ("L4", "L5"):
+    refused = sorted(k for k in errors if k.startswith("L"))
+    assert len(refused) == 2 and sorted(errors) == [*refused, "T"], errors
+    for k in refused:
         assert errors[k].status() == "StatusCode.UNAVAILABLE" and errors[k].message() == "Exceeds maximum queue size"
     assert errors["T"].status() == "StatusCode.UNAVAILABLE" and errors["T"].message() == "Request timeout expired"
     # the refusals are failures with Triton's reason REJECTED, in the statistics and nv_inference_request_failure
@@ -104,9 +131,9 @@ def test_priority_order_queue_size_and_timeout_live(sidecar: SidecarProcess) -> 
     assert re.search(rf"^nv_inference_request_failure\{{{labels}\}} 3(\.0)?$", metrics, re.M), metrics
     with httpclient.InferenceServerClient(sidecar.http_url) as h:
         stats = h.get_inference_statistics(MODEL)["model_stats"][0]["inference_stats"]
-    assert int(stats["fail"]["count"]) == 3 and int(stats["success"]["count"]) == 12
+    assert int(stats["fail"]["count"]) == 3 and int(stats["success"]["count"]) == busy + 8
     high = [done[f"H{i}"] for i in range(4)]
-    low = [done[f"L{i}"] for i in range(4)]
+    low = [done[k] for k in (f"L{i}" for i in range(6)) if k not in refused]
     assert max(high) < min(low), "priority 1 is served before the queued priority 2"
     # HTTP: the same parameters, Triton's type check
     with httpclient.InferenceServerClient(sidecar.http_url) as h:

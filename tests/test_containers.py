@@ -11,7 +11,10 @@ import sys
 import sysconfig
 from pathlib import Path
 
-import tomllib
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10 (requires-python allows it): pytest depends on tomli there
+    import tomli as tomllib
 
 from backends.partition import BACKEND_FILES  # what generate copies beside every partition
 from model_repository_gen import k8s

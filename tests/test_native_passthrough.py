@@ -155,8 +155,12 @@ def test_the_native_front_forwards_the_passthrough_tritons_models(tmp_path: Path
 
 def _perf_analyzer(url: str) -> None:
     """NVIDIA's perf_analyzer on the front port, unchanged (no -x): it finds the model's version by the front's
-    statistics, and its server-side section counts the requests it sent."""
-    server = run_perf_analyzer(url, "simple", "grpc", "--concurrency-range", "2").split("Server:", 1)[1]
+    statistics, and its server-side section counts the requests it sent. Stability is not this test's subject: a
+    sub-millisecond Python-backend request varies by more than perf_analyzer's default 10 % between windows on a
+    loaded host (it failed to stabilise within 10 windows beside other test runs), so 50 % here; the planned model's
+    stability with the defaults is tests/test_perf_analyzer_planned.py's."""
+    server = run_perf_analyzer(url, "simple", "grpc", "--concurrency-range", "2",
+                               "--stability-percentage", "50").split("Server:", 1)[1]
     assert int(re.search(r"Successful request count: (\d+)", server).group(1)) > 0
 
 

@@ -164,16 +164,25 @@ def test_simulate_cli_end_to_end(tmp_path, ppipe_plan):
 
 
 def test_simulate_with_live_overheads_uses_the_live_driver(tmp_path, ppipe_plan):
-    """--overheads (as the sidecar writes them) makes the simulation run the sidecar's driver with its costs:
-    a slow executor then sheds (margin) instead of finishing late, and the result says what it ran."""
+    """--overheads (as the sidecar writes them) makes the simulation run the sidecar's driver with its costs: every
+    request takes at least a response tail longer than on the ideal executor, the vGPUs are busy by the slowdown
+    longer, nothing finishes late (the margin sheds instead), and the result says what it ran."""
     ppipe_plan.save(tmp_path / "p.json")
     (tmp_path / "ov.json").write_text(json.dumps({"format": "poolpipe.overheads/1", "lead_us": 2000,
                                                  "tail_us": 1500, "wake_late_us": 300, "slowdown": 1.1}))
-    r = run_cli("simulate", "--plan", tmp_path / "p.json", "--load-factors", "0.5", "--duration-s", "1",
-                "--jobs", "1", "--overheads", tmp_path / "ov.json", "--out", tmp_path / "r.json")
-    assert r.returncode == 0, r.stderr
-    res = json.loads((tmp_path / "r.json").read_text())
-    assert res["driver"] == "live" and res["overheads"]["tail_us"] == 1500
+    runs = {}
+    for name, extra in (("ideal", ()), ("live", ("--overheads", tmp_path / "ov.json"))):
+        r = run_cli("simulate", "--plan", tmp_path / "p.json", "--load-factors", "0.5", "--duration-s", "1",
+                    "--jobs", "1", *extra, "--out", tmp_path / f"{name}.json")
+        assert r.returncode == 0, r.stderr
+        runs[name] = json.loads((tmp_path / f"{name}.json").read_text())
+    res, ideal = runs["live"], runs["ideal"]
+    assert res["driver"] == "live" and res["overheads"]["tail_us"] == 1500 and ideal["driver"] == "ideal"
+    for m, base in zip(res["models"], ideal["models"], strict=True):
+        pt, bpt = m["points"][0], base["points"][0]
+        assert pt["late"] == 0 and pt["p50_latency_us"] >= bpt["p50_latency_us"] + 1500, (pt, bpt)
+        for gpu, busy in bpt["utilization"].items():
+            assert 1.05 <= pt["utilization"][gpu] / busy <= 1.15, (gpu, pt["utilization"], bpt["utilization"])
     (tmp_path / "bad.json").write_text(json.dumps({"lead_us": -1}))
     r = run_cli("simulate", "--plan", tmp_path / "p.json", "--overheads", tmp_path / "bad.json",
                 "--out", tmp_path / "r.json")

@@ -94,7 +94,10 @@ def test_a_cancellation_storm_gives_the_reserved_gpu_time_back(servers: tuple[Pa
                 break
         assert backlog_s > 0.4, f"{served} of {n} were served and {waiting} waiting at the cancel: " \
                                 f"{backlog_s:.2f} s left, no storm"
-        assert latency < 0.2, f"a request after the storm took {latency * 1e3:.0f} ms"
+        # behind the abandoned work it would take the backlog's time; served at once it takes a fraction of it (a
+        # slower host leaves a larger backlog and takes longer for the next request alike)
+        assert latency < backlog_s / 2, f"a request after the storm took {latency * 1e3:.0f} ms " \
+                                        f"against a backlog of {backlog_s * 1e3:.0f} ms"
         for _ in range(3):  # and it serves on
             grpcclient.InferenceServerClient(sc.grpc_url).infer(EMULATED_MODEL, [_input(req)])
     finally:

@@ -106,9 +106,17 @@ def test_stage_lead_times_are_calibrated_at_start(testbed: dict) -> None:
     clock = [float(line.rsplit("lead_us=", 1)[1]) for line in log_text.splitlines() if "event=clock_lead" in line]
     assert len(clock) == 1 and 0 < clock[0] <= min(v for (_, k), v in leads.items() if k == 0)
     assert log_text.index("event=clock_lead") < log_text.index("event=listening")
-    batches = testbed["work"] / "batches.jsonl"
-    if batches.exists():
-        assert all(json.loads(line)["dispatch"] > 0 for line in batches.read_text().splitlines())
+    g = grpcclient.InferenceServerClient(testbed["sc"].grpc_url)
+    gi = grpcclient.InferInput("input", [1, 3, 112, 112], "FP32")
+    gi.set_data_from_numpy(inputs(1, 4))
+    g.infer(MODEL, [gi])  # at least one client batch, whichever tests ran before
+    logged = [json.loads(line) for line in (testbed["work"] / "batches.jsonl").read_text().splitlines()]
+    assert {s["stage"] for s in logged} == {0, 1, 2} and all(s["dispatch"] > 0 for s in logged)
+    # only client batches: the rows of the logged batches that ran to the last stage are rows clients were answered
+    # (calibration's zeros are not logged)
+    done = {s["dispatch"] for s in logged if s["stage"] == 2}
+    rows = sum(s["batch"] for s in logged if s["stage"] == 0 and s["dispatch"] in done)
+    assert 0 < rows <= g.get_inference_statistics(MODEL).model_stats[0].inference_count
 
 
 def test_many_concurrent_clients_are_batched(testbed: dict) -> None:

@@ -101,6 +101,34 @@ def test_a_dead_server_is_unavailable(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
+def test_a_connection_not_made_is_unavailable_within_the_calls_timeout() -> None:
+    """A host that answers no SYN (cut off the network; here a listener whose accept queue is full, on loopback):
+    the call fails UNAVAILABLE within its own timeout, not after the kernel's minutes of SYN retries (before: the
+    request was never answered)."""
+    import socket
+    import time
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    fillers = [socket.socket() for _ in range(4)]
+    try:
+        for f in fillers:  # fill the accept queue: later SYNs are dropped
+            f.setblocking(False)
+            f.connect_ex(("127.0.0.1", port))
+
+        async def main() -> StageCallError:
+            return await asyncio.wait_for(_raises(_call(HttpStageClient(f"127.0.0.1:{port}"), timeout_s=0.3)), 20)
+        t0 = time.monotonic()
+        e = asyncio.run(main())
+        assert e.code == grpc.StatusCode.UNAVAILABLE and "within 0.300 s" in str(e), e
+        assert time.monotonic() - t0 < 5.0
+    finally:
+        for f in (*fillers, listener):
+            f.close()
+
+
 def test_an_answer_decodes_binary_and_shared_memory_outputs() -> None:
     head = b'{"outputs":[{"name":"a","shape":[2,1],"parameters":{"binary_data_size":8}},' \
            b'{"name":"b","shape":[2,3],"parameters":{"shared_memory_region":"r"}},' \

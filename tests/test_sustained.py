@@ -75,12 +75,12 @@ def test_the_promised_rate_holds_on_other_arrivals(l4, t4, margin, load):
     simulated on arrivals it was not measured on, keeps >= PROMISE_ATTAINMENT."""
     p = plan(small_spec(l4, t4, margin=margin), PlanRequest(objective="throughput", time_limit_s=30, verify=True)).plan
     m = p.models[0]
-    assert m.sustainable_rps is not None and m.sustainable_rps <= m.throughput_rps * 1.05
-    if m.sustainable_rps > 0:
-        summary, _ = run_point(PointJob(p, {MODEL: m.throughput_rps}, "ppipe", parse_trace("poisson"),
-                                        load * m.sustainable_rps / m.throughput_rps, 20.0, 7, driver="live",
-                                        overheads=DEFAULT_OVERHEADS))
-        assert summary["models"][MODEL]["slo_attainment"] >= PROMISE_ATTAINMENT, (load, m.sustainable_rps)
+    # an L4 runs the whole model within a third of the SLO: every such cluster sustains some rate
+    assert m.sustainable_rps is not None and 0 < m.sustainable_rps <= m.throughput_rps * 1.05, m
+    summary, _ = run_point(PointJob(p, {MODEL: m.throughput_rps}, "ppipe", parse_trace("poisson"),
+                                    load * m.sustainable_rps / m.throughput_rps, 20.0, 7, driver="live",
+                                    overheads=DEFAULT_OVERHEADS))
+    assert summary["models"][MODEL]["slo_attainment"] >= PROMISE_ATTAINMENT, (load, m.sustainable_rps)
 
 
 @pytest.mark.parametrize("l4,t4,margin", [(2, 0, 0.2), (2, 3, 0.3), (1, 4, 0.2)])

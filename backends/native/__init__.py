@@ -3,19 +3,23 @@ default ``cc``) into a Triton backend library that ``poolpipe generate`` copies 
 
 The library is built once per source version (``make venv``/``make test`` run ``python -m backends.native``; a
 missing one is built on first use) into ``build/<hash>/`` here, or the cache directory when this directory is
-read-only. Where it cannot be built, :func:`library` logs one line and returns None: emulated partitions then
-run the Python partition backend (backends/partition/), which emulates the same device at a higher cost per call.
+read-only. Only where no C compiler can be run does :func:`library` log one line and return None: emulated
+partitions then run the Python partition backend (backends/partition/), which emulates the same device at a higher
+cost per call. A compiler that rejects the sources is an error (BuildError), never a quiet fallback.
 Imports nothing of the project (a backend package).
 """
 
 from __future__ import annotations
 
+import argparse
 import functools
 import hashlib
 import logging
 import os
 import subprocess
+import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +34,10 @@ _log = logging.getLogger("poolpipe.native")
 
 class BuildError(RuntimeError):
     """The native backend could not be compiled here (the message says why)."""
+
+
+class NoCompiler(BuildError):
+    """No C compiler can be run here: the one case where the native parts may be missing."""
 
 
 @dataclass(frozen=True)
@@ -83,9 +91,12 @@ def build(root: Path | None = None, cc: str | None = None, lib: NativeLibrary = 
     cmd = [cc, *CFLAGS, *includes, *map(str, lib.sources), "-lm", "-lpthread", "-o", str(tmp)]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    except (OSError, subprocess.TimeoutExpired) as e:
+    except OSError as e:
         _discard(tmp)
-        raise BuildError(f"cannot run the C compiler {cc!r}: {e}") from None
+        raise NoCompiler(f"cannot run the C compiler {cc!r}: {e}") from None
+    except subprocess.TimeoutExpired:
+        _discard(tmp)
+        raise BuildError(f"{cc} did not finish within 120 s") from None
     if r.returncode != 0:
         _discard(tmp)
         tail = " | ".join(r.stderr.strip().splitlines()[-3:])
@@ -105,9 +116,30 @@ def _discard(tmp: Path) -> None:
 
 @functools.cache
 def library() -> Path | None:
-    """The built library, or None (after one log line saying why) where it cannot be built."""
+    """The built library, or None (after one log line saying why) where no C compiler can be run; raises
+    BuildError where the sources do not compile."""
     try:
         return build()
-    except BuildError as e:
+    except NoCompiler as e:
         _log.warning("native emulated backend not built (%s); emulated partitions use the Python backend", e)
         return None
+
+
+def build_main(what: str, library_fn: Callable[[], Path | None], argv: list[str]) -> int:
+    """``python -m backends.native[_front] [--require]``: build now and say where. 1 when the sources do not
+    compile; without a compiler 0 (the log line says so) unless ``--require`` (CI: the native parts are required)."""
+    parser = argparse.ArgumentParser(prog=f"python -m {what}")
+    parser.add_argument("--require", action="store_true", help="fail where no C compiler can be run too")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    try:
+        path = library_fn()
+    except BuildError as e:
+        print(f"{what}: build failed: {e}", file=sys.stderr)
+        return 1
+    if path is None:
+        if args.require:
+            print(f"{what}: not built, and --require says it must be", file=sys.stderr)
+        return 1 if args.require else 0
+    print(f"{what}: {path}")
+    return 0

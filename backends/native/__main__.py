@@ -1,12 +1,9 @@
-"""``python -m backends.native``: build the native emulated backend now (``make venv``/``make test`` run it).
-Exits 0 either way: without a compiler, emulated partitions run the Python backend (one line says so)."""
+"""``python -m backends.native [--require]``: build the native emulated backend now (``make venv``/``make test`` run
+it). Exits 1 when the sources do not compile; without a C compiler it exits 0 (one line says so: emulated partitions
+run the Python backend), unless ``--require`` (CI)."""
 
-import logging
 import sys
 
-from backends.native import library
+from backends.native import build_main, library
 
-logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-path = library()
-if path is not None:
-    print(f"native emulated backend: {path}")
+sys.exit(build_main("backends.native", library, sys.argv[1:]))

@@ -3,7 +3,8 @@ backends/native/) that hands each request tritonserver received to the sidecar's
 and answers it when the sidecar does (``serve --native-grpc-port``; scheduler/server/front/native_front.py), or, for
 the pass-through Triton's models (``serve --passthrough-http``), forwards it there over HTTP itself.
 
-Where it cannot be built, :func:`library` logs one line and returns None, and serve says the flag cannot be used.
+Where no C compiler can be run, :func:`library` logs one line and returns None, and serve says the flag cannot be
+used; sources that do not compile raise native.BuildError.
 Imports nothing of the project but the native build (a backend package).
 """
 
@@ -28,9 +29,10 @@ _log = logging.getLogger("poolpipe.native")
 
 @functools.cache
 def library() -> Path | None:
-    """The built library, or None (after one log line saying why) where it cannot be built."""
+    """The built library, or None (after one log line saying why) where no C compiler can be run; raises
+    native.BuildError where the sources do not compile."""
     try:
         return native.build(lib=FRONT)
-    except native.BuildError as e:
+    except native.NoCompiler as e:
         _log.warning("native front end not built (%s)", e)
         return None

@@ -1,12 +1,10 @@
-"""``python -m backends.native_front``: build the native front end now (``make venv``/``make test`` run it).
-Exits 0 either way: without a compiler, ``serve --native-grpc-port`` says it cannot be used (one line says why)."""
+"""``python -m backends.native_front [--require]``: build the native front end now (``make venv``/``make test`` run
+it). Exits 1 when the sources do not compile; without a C compiler it exits 0 (one line says so: ``serve
+--native-grpc-port`` cannot be used), unless ``--require`` (CI)."""
 
-import logging
 import sys
 
+from backends.native import build_main
 from backends.native_front import library
 
-logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-path = library()
-if path is not None:
-    print(f"native front end: {path}")
+sys.exit(build_main("backends.native_front", library, sys.argv[1:]))

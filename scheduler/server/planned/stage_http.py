@@ -143,14 +143,19 @@ class HttpStageClient:
         self.idle: list[_Connection] = []
         self.closed = False
 
-    async def _connection(self) -> tuple[_Connection, bool]:
-        """An open connection, and whether it was kept from an earlier call."""
+    async def _connection(self, timeout_s: float) -> tuple[_Connection, bool]:
+        """An open connection, and whether it was kept from an earlier call. A new one that is not made within
+        ``timeout_s`` (a host cut off the network answers no SYN: the kernel would retry for minutes) is UNAVAILABLE."""
         while self.idle:
             conn = self.idle.pop()
             if conn.reusable and not conn.transport.is_closing():
                 return conn, True
         try:
-            _, conn = await asyncio.get_running_loop().create_connection(_Connection, self.host, self.port)
+            _, conn = await asyncio.wait_for(
+                asyncio.get_running_loop().create_connection(_Connection, self.host, self.port), max(timeout_s, 0.0))
+        except asyncio.TimeoutError:
+            raise StageCallError(grpc.StatusCode.UNAVAILABLE, f"cannot connect to {self.host}:{self.port} within "
+                                 f"{timeout_s:.3f} s") from None
         except OSError as e:
             raise StageCallError(grpc.StatusCode.UNAVAILABLE, f"cannot connect to {self.host}:{self.port}: {e}"
                                  ) from None
@@ -162,15 +167,17 @@ class HttpStageClient:
         request = [b"POST /v2/models/%s/infer HTTP/1.1\r\nHost: %s\r\nContent-Type: application/octet-stream\r\n"
                    b"Inference-Header-Content-Length: %d\r\nContent-Length: %d\r\n\r\n"
                    % (model.encode(), self.host.encode(), len(head), len(head) + sum(map(len, binary))), head, *binary]
-        conn, kept = await self._connection()
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout_s  # one timeout for the connection and the exchange together
+        conn, kept = await self._connection(timeout_s)
         try:
-            status, header_length, body = await self._exchange(conn, request, timeout_s)
+            status, header_length, body = await self._exchange(conn, request, end - loop.time())
         except StageCallError as e:
             if not (kept and e.code == grpc.StatusCode.UNAVAILABLE):
                 raise
             # The server closed a kept connection as this call went out (an idle timeout): once more on a new one.
-            conn, _ = await self._connection()
-            status, header_length, body = await self._exchange(conn, request, timeout_s)
+            conn, _ = await self._connection(end - loop.time())
+            status, header_length, body = await self._exchange(conn, request, end - loop.time())
         if conn.reusable and not self.closed and len(self.idle) < self.max_idle:
             self.idle.append(conn)
         elif conn.transport is not None:

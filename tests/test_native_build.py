@@ -1,0 +1,74 @@
+"""Build failures fail: a compile error in the native backends fails ``python -m backends.native[_front]`` and
+``make native`` (so ``make`` and ``make test``); only a missing C compiler is passed over, in one line, and
+``--require`` (CI) fails there too. Each case runs on a copy of backends/ in a temporary directory: the tree's own
+sources are never touched."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+BROKEN = "\nint poolpipe_broken_on_purpose(void) { return }\n"  # a syntax error
+
+
+def _copy(tmp: Path, break_in: str | None) -> Path:
+    """backends/ (and the Makefile) copied under ``tmp``, with a syntax error appended to ``break_in`` (a C source
+    relative to the repository root) when given."""
+    shutil.copytree(ROOT / "backends", tmp / "backends", ignore=shutil.ignore_patterns("build", "__pycache__"))
+    shutil.copy(ROOT / "Makefile", tmp / "Makefile")
+    if break_in:
+        with open(tmp / break_in, "a") as f:
+            f.write(BROKEN)
+    return tmp
+
+
+def _build(tree: Path, package: str, *args: str, cc: str | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "CC")}
+    if cc:
+        env["CC"] = cc
+    return subprocess.run([sys.executable, "-m", package, *args], cwd=tree, capture_output=True, text=True,
+                          timeout=300, env=env)
+
+
+@pytest.mark.parametrize(("package", "source"), [("backends.native", "backends/native/execute.c"),
+                                                  ("backends.native_front", "backends/native_front/passthrough.c")])
+def test_a_compile_error_fails_the_build(tmp_path: Path, package: str, source: str) -> None:
+    tree = _copy(tmp_path, source)
+    r = _build(tree, package)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert lines[-1].startswith(f"{package}: build failed: ") and "error" in lines[-1], r.stderr
+    assert not list((tree / Path(source).parent).glob("build/*/*.so"))  # nothing half-built is left to load
+
+
+def test_make_native_fails_on_a_compile_error(tmp_path: Path) -> None:
+    """The Makefile's ``native`` target (which ``make``, ``make demo`` and ``make test`` depend on) stops with an
+    error; the environment is this one, marked up to date so that make installs nothing into it."""
+    if shutil.which("make") is None:
+        pytest.fail("make is missing: the README requires it")
+    tree = _copy(tmp_path, "backends/native_front/passthrough.c")
+    venv = Path(sys.prefix)
+    r = subprocess.run(["make", "-C", str(tree), "native", f"VENV={venv}", "-o", str(venv / ".installed")],
+                       capture_output=True, text=True, timeout=600,
+                       env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert r.returncode != 0, r.stdout + r.stderr
+    assert "backends.native_front: build failed" in r.stderr, r.stderr
+
+
+def test_only_a_missing_compiler_is_passed_over_and_require_fails_there(tmp_path: Path) -> None:
+    tree = _copy(tmp_path, None)
+    missing = str(tmp_path / "no-such-cc")
+    quiet = _build(tree, "backends.native", cc=missing)
+    assert quiet.returncode == 0 and quiet.stdout == "", (quiet.stdout, quiet.stderr)
+    assert quiet.stderr.count("\n") == 1 and "native emulated backend not built" in quiet.stderr, quiet.stderr
+    required = _build(tree, "backends.native_front", "--require", cc=missing)
+    assert required.returncode == 1 and "--require" in required.stderr, required.stderr
+    built = _build(tree, "backends.native", "--require")
+    assert built.returncode == 0 and built.stdout.startswith("backends.native: "), (built.stdout, built.stderr)
