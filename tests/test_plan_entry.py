@@ -90,6 +90,17 @@ def test_the_plan_is_the_same_for_any_number_of_measuring_processes(tmp_path: Pa
     assert one.sustained["evaluated_by"] == "simulated" and one.models[0].sustainable_rps > 0
 
 
+def test_a_promise_on_default_costs_says_so(tmp_path: Path) -> None:
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(_tiny_spec(tmp_path)))
+    spec = load_spec(tmp_path / "spec.yaml")
+    default = plan(spec, PlanRequest(jobs=1))
+    assert default.plan.sustained["costs"] == "default"
+    assert any(line.startswith("costs uncalibrated:") and "--overheads" in line for line in default.lines)
+    measured = plan(spec, PlanRequest(jobs=1, overheads=Overheads(lead_us=300.0, tail_us=200.0)))
+    assert measured.plan.sustained["costs"] == "measured"
+    assert not any(line.startswith("costs uncalibrated:") for line in measured.lines)
+
+
 def test_the_throughput_objective_measures_only_when_asked(tmp_path: Path) -> None:
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(_tiny_spec(tmp_path)))
     spec = load_spec(tmp_path / "spec.yaml")
