@@ -26,7 +26,7 @@ from model_repository_gen.manifest import load_manifest
 from poolpipe_common.errors import InputError
 from scheduler.server.common.errors import ServeError
 from scheduler.server.common.event_loop import freeze_heap
-from scheduler.server.common.wire import DecodedRequest
+from scheduler.server.common.wire import InferRequest
 from scheduler.server.planned.calls import now_us
 from scheduler.server.planned.service import PlannedModels
 
@@ -108,17 +108,10 @@ class ReloadablePlanned:
     def triton_metrics(self) -> bytes:
         return self.current.triton_metrics()
 
-    async def infer(self, request: service_pb2.ModelInferRequest, deadline_s: float | None
-                    ) -> service_pb2.ModelInferResponse:
+    def submit(self, request: InferRequest) -> asyncio.Future:
         if self.on_arrival is not None:
             self.on_arrival(request.model_name)
-        return await self.current.infer(request, deadline_s)
-
-    def start(self, request: service_pb2.ModelInferRequest | DecodedRequest, deadline_s: float | None
-              ) -> asyncio.Future:
-        if self.on_arrival is not None:
-            self.on_arrival(request.model_name)
-        return self.current.start(request, deadline_s)
+        return self.current.submit(request)
 
     @property
     def reloading(self) -> bool:

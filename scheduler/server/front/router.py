@@ -21,7 +21,7 @@ from scheduler.server.common.log_settings import LogSettings
 from scheduler.server.common.metrics import SidecarMetrics
 from scheduler.server.common.trace_settings import settings_from_request
 from scheduler.server.common.tracing import Tracer
-from scheduler.server.common.wire import INFER_METHOD, DecodedRequest, model_name, parse_request
+from scheduler.server.common.wire import INFER_METHOD, InferRequest
 
 log = logging.getLogger("poolpipe.sidecar")
 
@@ -56,11 +56,7 @@ class PlannedService(Protocol):
 
     def statistics(self, model: str) -> service_pb2.ModelStatistics: ...
 
-    async def infer(self, request: service_pb2.ModelInferRequest, deadline_s: float | None
-                    ) -> service_pb2.ModelInferResponse: ...
-
-    def start(self, request: service_pb2.ModelInferRequest | DecodedRequest, deadline_s: float | None
-              ) -> asyncio.Future: ...
+    def submit(self, request: InferRequest) -> asyncio.Future: ...
 
 
 class Router:
@@ -261,43 +257,39 @@ class Router:
 
     # --- inference -----------------------------------------------------------------------------------------
 
-    async def infer_wire(self, data: bytes, deadline_s: float | None) -> service_pb2.ModelInferResponse | bytes:
-        """One serialized inference (gRPC): a pass-through model's goes to Triton as received and its answer comes
-        back as Triton's bytes; a planned model's is decoded and answered by :meth:`infer`."""
-        model = model_name(data)
-        if self._infer_raw is None or self.is_planned(model):
-            return await self.infer(parse_request(data), deadline_s)
-        return await self._measured(model, "passthrough", self._forward_raw(data, deadline_s))
-
-    async def infer(self, request: service_pb2.ModelInferRequest, deadline_s: float | None
-                    ) -> service_pb2.ModelInferResponse:
-        """One inference; ``deadline_s`` is the client's absolute deadline on time.monotonic() (None: none)."""
-        model = request.model_name
-        if self.is_planned(model):
-            return await self._measured(model, "planned", self.planned.infer(request, deadline_s))
-        return await self._measured(model, "passthrough", self.forward("ModelInfer", request, _left_s(deadline_s)))
-
-    def start_infer(self, request: service_pb2.ModelInferRequest | DecodedRequest, deadline_s: float | None
-                    ) -> asyncio.Future:
-        """:meth:`infer`'s answer as a future, for a front end that answers from a callback (the native front end):
-        a planned model's request is submitted now and counted as infer counts it, without a task of its own."""
+    def submit(self, request: InferRequest) -> asyncio.Future:
+        """The one way in for an inference, whichever front end decoded it: a planned model's request is checked
+        and queued now (its answer, or a ServeError, comes in the future; cancelling the future withdraws it); any
+        other goes to the pass-through Triton, as received when it came as bytes. Raises ServeError for a planned
+        request refused at once."""
         model = request.model_name
         if not self.is_planned(model):
-            proto = request.to_proto() if isinstance(request, DecodedRequest) else request
-            return asyncio.ensure_future(self.infer(proto, deadline_s))
+            return asyncio.ensure_future(self._measured(model, "passthrough", self._forward(request)))
         series = self.metrics.series(model, "planned")
         series.requests.inc()
         t0 = time.monotonic()
         try:
-            future = self.planned.start(request, deadline_s)
+            future = self.planned.submit(request)
         except ServeError as e:
             self._count(model, series, t0, e)
             raise
+
         def done(f: asyncio.Future) -> None:
-            if not f.cancelled():  # withdrawn by the front end: counted neither way, as a cancelled infer()
+            if not f.cancelled():  # withdrawn by its front end or client: counted neither way
                 self._count(model, series, t0, f.exception())
         future.add_done_callback(done)
         return future
+
+    async def _forward(self, request: InferRequest) -> service_pb2.ModelInferResponse | bytes:
+        """A pass-through model's inference: its bytes as received (Triton's answer comes back as bytes), else the
+        message."""
+        left = _left_s(request.deadline_s)
+        if request.wire is not None and self._infer_raw is not None:
+            try:
+                return await self._infer_raw(request.wire, timeout=left)
+            except grpc.aio.AioRpcError as e:
+                raise from_rpc_error(e) from None
+        return await self.forward("ModelInfer", request.message(), left)
 
     def _count(self, model: str, series: Any, t0: float, error: BaseException | None) -> None:
         """Count one answered request (``error`` None) or one failed with a ServeError (other errors are not)."""
@@ -306,12 +298,6 @@ class Router:
             series.latency.observe(time.monotonic() - t0)
         elif isinstance(error, ServeError):
             self.metrics.child(self.metrics.failures, model, error.code.name).inc()
-
-    async def _forward_raw(self, data: bytes, deadline_s: float | None) -> bytes:
-        try:
-            return await self._infer_raw(data, timeout=_left_s(deadline_s))  # type: ignore[misc]
-        except grpc.aio.AioRpcError as e:
-            raise from_rpc_error(e) from None
 
     async def _measured(self, model: str, route: str, answer: Awaitable[Any]) -> Any:
         """Await ``answer`` and count it in the request metrics of (model, route)."""

@@ -4,9 +4,10 @@ scheduler.sim.virtual).
 A dispatched batch stacks its samples' inputs, runs each stage on the chosen vGPU's tritonserver (sent
 ahead of its reserved compute start by the stage's calibrated lead time), hands the boundary tensors to
 the next stage through a shared-memory region of the machine's pool when both servers share it (else as
-gRPC bytes through the sidecar), and splits the last stage's outputs back to the calls. Measured compute
-intervals, completions and failures go back to the shared driver, one StageOutcome per stage through the
-report it gave with the dispatch; its answer says what follows (the next stage, hand the outputs on, or stop).
+gRPC bytes through the sidecar), and hands the last stage's outputs back. Measured compute intervals,
+outputs and failures go back to the shared driver, one StageOutcome per stage through the report it gave with
+the dispatch; its answer says what follows (the next stage and its assignment, or the end), and the driver, not
+the executor, answers the calls (scheduler.server.planned.calls.PlannedCallers).
 """
 
 from __future__ import annotations
@@ -20,10 +21,9 @@ import grpc
 
 from model_repository_gen.manifest import ModelInfo, PipelineInfo, StageInfo
 from model_repository_gen.triton_config import COMPUTE_END_OUTPUT, COMPUTE_START_OUTPUT
-from poolpipe_common.batcher import QUEUE_FULL, QUEUE_TIMEOUT
 from scheduler.core.api import Dispatch
 from scheduler.core.driver import EARLY_SEND_US, Action, NextStep, Report, StageOutcome
-from scheduler.server.common.errors import ServeError, shed
+from scheduler.server.common.errors import ServeError
 from scheduler.server.common.metrics import SidecarMetrics
 from scheduler.server.common.tracing import DispatchTraces, Tracer
 from scheduler.server.planned.batch_log import BatchLog
@@ -39,7 +39,6 @@ from scheduler.server.planned.stage_io import (
     StageTiming,
     infer_request,
     raw_outputs,
-    row_of,
     stacked,
     wall_ns_to_mono_us,
 )
@@ -93,18 +92,6 @@ class LiveExecutor:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    def reject(self, item: Any, model: str, reason: str, *, failure: bool = False) -> None:
-        sample: Sample = item
-        if failure:
-            self.answers.fail(sample.call, ServeError(grpc.StatusCode.UNAVAILABLE, f"request failed: {reason}"),
-                              "BACKEND")
-        elif reason in (QUEUE_FULL, QUEUE_TIMEOUT):  # the queue policy's refusals, in Triton's words
-            self.metrics.child(self.metrics.drops, model, reason).inc()
-            self.answers.fail(sample.call, ServeError(grpc.StatusCode.UNAVAILABLE, reason), "REJECTED")
-        else:
-            self.metrics.child(self.metrics.drops, model, reason).inc()
-            self.answers.fail(sample.call, shed(model, reason))
-
     # -- one dispatch ---------------------------------------------------------------------------------------
     def _calibrated_lead(self, pipeline_id: str, stage: int, batch: int) -> float:
         per_stage = self.lead_us.get(pipeline_id)
@@ -134,13 +121,14 @@ class LiveExecutor:
         if first == 0:
             pad = max(0, pipe.batch - len(live)) if d.model in self.padded else 0
             return [HopTensor(t, [len(live) + pad, *t.shape], stacked(
-                [s.call.checked.inputs[t.name][s.row] for s in live], pad * t.bytes_per_request()))
+                [s.call.inputs[t.name][s.row] for s in live], pad * t.bytes_per_request()))
                     for t in self.models[d.model].inputs]
         return [HopTensor(t, [len(live), *t.shape], stacked([s.carry[t.name] for s in live]))  # type: ignore[index]
                 for t in pipe.stages[first].inputs]
 
     async def _run(self, d: Dispatch, samples: list[Sample], report: Report) -> None:
-        """Run the dispatch's stages, each reported to the driver, as long as it answers NEXT_STAGE."""
+        """Run the dispatch's stages, each reported to the driver, as long as it answers NEXT_STAGE (with the
+        assignment to run the next one at); the last stage's report carries the outputs."""
         live = [s for s in samples if s.wanted]
         if not live:
             report(StageOutcome(d, 0, now_us(), gave_up=True))
@@ -149,13 +137,13 @@ class LiveExecutor:
         self.metrics.child(self.metrics.batch_size, d.model).observe(len(live))
         self.answers.stats[d.model].executions += 1
         hops: list[HopTensor] = []
-        k, step = 0, NextStep(Action.STOP)
+        k, step, a = 0, NextStep(Action.STOP), d.stages[0]
         first: StageTiming | None = None  # stage 0's timing in this dispatch (the batch statistics)
         traces = DispatchTraces.of([s.call for s in live], d.id, d.pipeline_id, now_us()) if self.tracer.on else None
         try:
             hops = self._inputs(d, live)
             deadline_us = max(s.call.deadline_us for s in live)
-            for k, a in enumerate(d.stages):
+            for k in range(len(d.stages)):
                 if d.reserved:  # send ahead of the reserved compute start by the stage's lead time
                     wait_us = a.start_us - self._lead(d.pipeline_id, a.stage, len(live)) - now_us()
                     if wait_us >= EARLY_SEND_US:
@@ -181,41 +169,32 @@ class LiveExecutor:
                         asyncio.get_running_loop().call_soon(self._account, *account)
                     else:  # before the answers, whose statistics read the marks
                         self._account(*account)
-                nxt_lead = self._lead(d.pipeline_id, following.stage, len(live)) if following else None
-                step = report(StageOutcome(d, k, now_us(), held, next_lead_us=nxt_lead))
+                if following is None:
+                    outputs = {h.spec.name: (h.data, h.spec.bytes_per_request()) for h in hops}
+                    step = report(StageOutcome(d, k, now_us(), held, wanted=live, outputs=outputs))
+                    break
+                nxt_lead = self._lead(d.pipeline_id, following.stage, len(live))
+                step = report(StageOutcome(d, k, now_us(), held, wanted=live, next_lead_us=nxt_lead))
                 if step.action is not Action.NEXT_STAGE:
                     break
+                a = step.next or following
         except StageFault as f:
             self.release(hops)
             self._on_fault(report, d, k, f, live)
             return
         except asyncio.CancelledError:  # close(): its calls get an explicit error, never silence
             self.release(hops)
-            for s in live:
-                self.answers.fail(s.call, shutting_down())
+            report(StageOutcome(d, k, now_us(), gave_up=True, wanted=live, error=shutting_down()))
             raise
         except Exception as e:  # noqa: BLE001 - never leave a client waiting on a bug: answer, log, go on
             log.exception("event=dispatch_failed dispatch=%d", d.id)
             self.release(hops)
-            report(StageOutcome(d, k, now_us(), gave_up=True))
-            for s in live:
-                self.answers.fail(s.call, ServeError(grpc.StatusCode.INTERNAL, f"dispatch {d.id} failed: {e}"))
+            report(StageOutcome(d, k, now_us(), gave_up=True, wanted=live,
+                                error=ServeError(grpc.StatusCode.INTERNAL, f"dispatch {d.id} failed: {e}")))
             return
-        if step.action is Action.FINISH:
-            self._hand_on(d, live, hops)
-        else:
+        if step.action is not Action.FINISH:
             self.release(hops)
         self.kick()
-
-    def _hand_on(self, d: Dispatch, live: list[Sample], hops: list[HopTensor]) -> None:
-        """A finished dispatch's outputs: its calls' answers (a final dispatch), else the next dispatch's input
-        (each sample carries its rows' bytes)."""
-        outputs = {h.spec.name: (h.data, h.spec.bytes_per_request()) for h in hops}
-        if d.final:
-            self.answers.complete(live, outputs)  # type: ignore[arg-type]
-        else:
-            for i, s in enumerate(live):
-                s.carry = row_of(outputs, i)  # type: ignore[arg-type]
 
     def _account(self, d: Dispatch, stage: int, vgpu: str, live: list[Sample], t: StageTiming, idle: bool,
                  first: StageTiming | None, traces: DispatchTraces | None, hop: str | None) -> None:
@@ -259,14 +238,12 @@ class LiveExecutor:
         if (code in CLIENT_FAULTS and not lost_shm) or code == grpc.StatusCode.DEADLINE_EXCEEDED:
             # The request is wrong, or the server answered too slowly (overload, not down: the call's
             # timeout is the deadline plus a second): fail the batch, keep the vGPU.
-            report(StageOutcome(d, k, now_us(), gave_up=True))
             err = (ServeError(grpc.StatusCode.DEADLINE_EXCEEDED, f"request failed: stage on vGPU {fault.vgpu} ran "
                                                                  "past the request's deadline (server overloaded)")
                    if code == grpc.StatusCode.DEADLINE_EXCEEDED else
                    ServeError(grpc.StatusCode.INTERNAL, f"stage {fault.vgpu} of pipeline {d.pipeline_id} rejected "
                                                         f"the batch: {fault.details}"))
-            for s in live:
-                self.answers.fail(s.call, err)
+            report(StageOutcome(d, k, now_us(), gave_up=True, wanted=live, error=err))
             return
         self.fleet.set_up(self.fleet.servers[fault.vgpu], False, f"{code.name}: {fault.details}")
         retried = report(StageOutcome(d, k, now_us(), failed=f"Triton server of vGPU {fault.vgpu} failed ({code.name})",

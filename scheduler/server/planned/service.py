@@ -26,7 +26,7 @@ from scheduler.server.common.loop_busy import LoopBusy
 from scheduler.server.common.metrics import SidecarMetrics
 from scheduler.server.common.tracing import Tracer
 from scheduler.server.common.triton_metrics import triton_exposition
-from scheduler.server.common.wire import DecodedRequest
+from scheduler.server.common.wire import InferRequest
 from scheduler.server.planned.applications import Applications
 from scheduler.server.planned.batch_log import BatchLog
 from scheduler.server.planned.calibration import (
@@ -36,14 +36,23 @@ from scheduler.server.planned.calibration import (
     no_slack_warning,
     recalibrate_vgpu,
 )
-from scheduler.server.planned.calls import Answers, ClientCall, Sample, now_us, request_deadline_us, shutting_down
+from scheduler.server.planned.calls import (
+    Answers,
+    ClientCall,
+    OutputTarget,
+    PlannedCallers,
+    Sample,
+    now_us,
+    request_deadline_us,
+    shutting_down,
+)
 from scheduler.server.planned.executor import LiveExecutor
 from scheduler.server.planned.fleet import Fleet, VGpuServer
 from scheduler.server.planned.manifest_shard import manifest_shard
 from scheduler.server.planned.manifest_topology import topology_from_manifest
 from scheduler.server.planned.shm_pool import log_reclaimed, remove_stale_regions
 from scheduler.server.planned.stage_io import StageFault
-from scheduler.server.planned.validate import CheckedRequest, OutputTarget, check_decoded, check_request
+from scheduler.server.planned.validate import check
 
 log = logging.getLogger("poolpipe.sidecar.planned")
 
@@ -71,6 +80,7 @@ class PlannedModels:
         self.client_shm = client_shm  # the regions clients registered with the sidecar (the front end's registry)
         self.tracer = tracer or Tracer()
         self.answers = Answers(metrics, list(self.models) + apps, client_shm, tracer=self.tracer)
+        self.callers = PlannedCallers(self.answers, metrics)  # whom the driver answers
         self.apps = Applications(manifest.applications, self.answers, self.run_module, front_us)
         self._kick = asyncio.Event()
         self.fleet = Fleet(manifest, self._vgpu_changed, generation, stage_protocol)
@@ -117,7 +127,7 @@ class PlannedModels:
         if self.overheads and len(self.overheads) == len(self.pipelines):
             lead = min(min(o.lead_us[0].values(), default=0.0) for o in self.overheads.values())
         drv = Driver(make_scheduler(self.policy, topology), topology, self.executor,
-                     DriverConfig.live(clock_lead_us=lead))
+                     DriverConfig.live(clock_lead_us=lead), callers=self.callers)
         for srv in self.fleet.servers.values():
             if not srv.up:
                 drv.set_vgpu_up(srv.id, False, now_us())
@@ -322,33 +332,25 @@ class PlannedModels:
         for m in self.models:
             self.metrics.queue_length.labels(m).set(queues.get(m, 0))
 
-    async def infer(self, request: service_pb2.ModelInferRequest, deadline_s: float | None
-                    ) -> service_pb2.ModelInferResponse:
-        return await _awaited(self.start(request, deadline_s))
-
-    def start(self, request: service_pb2.ModelInferRequest | DecodedRequest, deadline_s: float | None
-              ) -> asyncio.Future:
-        """Check and submit one request now; its answer (or ServeError) comes in the future returned. Raises
+    def submit(self, request: InferRequest) -> asyncio.Future:
+        """Check and queue one request now; its answer (or ServeError) comes in the future returned. Raises
         ServeError for a request refused at once. Cancelling the future withdraws the request."""
         if self._closing:
             raise shutting_down()
-        decoded = isinstance(request, DecodedRequest)  # from the native front end: answered with a RawAnswer
         if self.apps.has(request.model_name):
-            proto = request.to_proto() if decoded else request
-            return asyncio.ensure_future(self.apps.infer(proto, deadline_s, self.client_shm))
+            return asyncio.ensure_future(self.apps.infer(request.message(), request.deadline_s, self.client_shm))
         model = self.models[request.model_name]
         t = now_us()  # before decoding the input: that time counts against the deadline too
-        checked = (check_decoded(request, model, self.client_shm) if decoded
-                   else check_request(request, model, self.client_shm))
+        call = check(request, model, self.client_shm)
         # with Triton's batcher controls, "timeout" is their queue timeout; without, it tightens the deadline
         controlled = model.dynamic_batching.active
-        deadline = request_deadline_us(t, model.slo_us, None if controlled else checked.timeout_us, deadline_s,
-                                       self.front_us)
-        call = ClientCall(model, request.id, checked, asyncio.get_running_loop().create_future(), t, deadline,
-                          [None] * checked.batch, checked.batch, raw=decoded)
+        call.arrival_us = t
+        call.deadline_us = request_deadline_us(t, model.slo_us, None if controlled else call.timeout_us,
+                                               request.deadline_s, self.front_us)
+        call.future = asyncio.get_running_loop().create_future()
         if self.tracer.on:
-            call.trace = self.tracer.start(model.name, request.id, t, {"poolpipe.rows": checked.batch,
-                                                                        "triton.priority": checked.priority})
+            call.trace = self.tracer.start(model.name, call.request_id, t, {"poolpipe.rows": call.batch,
+                                                                             "triton.priority": call.priority})
         self._enqueue(call)
         return call.future
 
@@ -360,18 +362,16 @@ class PlannedModels:
             raise shutting_down()
         model = self.models[model_name]
         rows = next(iter(inputs.values())).shape[0]
-        checked = CheckedRequest(rows, inputs, tuple(OutputTarget(t) for t in model.outputs), None)
-        call = ClientCall(model, request_id, checked,
-                          asyncio.get_running_loop().create_future(), now_us(), deadline_us, [None] * rows, rows,
-                          internal=True)
+        call = ClientCall(model, request_id, rows, inputs, tuple(OutputTarget(t) for t in model.outputs),
+                          arrival_us=now_us(), deadline_us=deadline_us,
+                          future=asyncio.get_running_loop().create_future(), internal=True)
         self._enqueue(call)
         return await _awaited(call.future)
 
     def _enqueue(self, call: ClientCall) -> None:
-        c = call.checked
-        timeout = int(c.timeout_us or 0) if call.model.dynamic_batching.active else 0
-        for row in range(c.batch):
-            if not self.driver.submit(Sample(call, row), call.model.name, now_us(), call.deadline_us, c.priority,
+        timeout = int(call.timeout_us or 0) if call.model.dynamic_batching.active else 0
+        for row in range(call.batch):
+            if not self.driver.submit(Sample(call, row), call.model.name, now_us(), call.deadline_us, call.priority,
                                       timeout, counted=row == 0):
                 break  # refused (its queue is full): the call is answered; its other rows would be refused too
         self._kick_loop()
