@@ -28,17 +28,15 @@ from scheduler.server.common.metrics import SidecarMetrics
 from scheduler.server.common.tracing import DispatchTraces, Tracer
 from scheduler.server.planned.batch_log import BatchLog
 from scheduler.server.planned.calls import Answers, Sample, now_us, shutting_down
-from scheduler.server.planned.fleet import Fleet, VGpuServer
+from scheduler.server.planned.fleet import Fleet
 from scheduler.server.planned.lead import LeadLearner
 from scheduler.server.planned.overhead_meter import OverheadMeter
 from scheduler.server.planned.shm_pool import Region
-from scheduler.server.planned.stage_http import StageCallError, encode_call
+from scheduler.server.planned.stage_http import StageCallError
 from scheduler.server.planned.stage_io import (
     HopTensor,
     StageFault,
     StageTiming,
-    infer_request,
-    raw_outputs,
     stacked,
     wall_ns_to_mono_us,
 )
@@ -268,7 +266,7 @@ class LiveExecutor:
         timeout = max(deadline_us - now_us(), 0.0) / 1e6 + 1.0
         t_send = now_us()
         try:
-            raw, offsets = await self._call(srv, stage, inputs, out_region, batch, request_id, timeout)
+            raw, offsets = await srv.stage.call(stage, inputs, out_region, batch, request_id, timeout)
             t_recv = now_us()
         except StageCallError as e:
             if out_region is not None:
@@ -282,22 +280,6 @@ class LiveExecutor:
         s_us = wall_ns_to_mono_us(float(min(memoryview(start[1]).cast("q"))))  # INT64, one per row
         e_us = wall_ns_to_mono_us(float(max(memoryview(end[1]).cast("q"))))
         return outputs, StageTiming(t_ready, t_send, s_us, e_us, t_recv)
-
-    @staticmethod
-    async def _call(srv: VGpuServer, stage: StageInfo, inputs: list[HopTensor], out_region: Region | None,
-                    batch: int, request_id: str, timeout: float
-                    ) -> tuple[dict[str, tuple[list[int], bytes]], dict[str, int]]:
-        """One inference on the server, over HTTP where the fleet opened it (the cheaper path), else gRPC: its
-        outputs by name (shape, bytes) and each shm output's offset; a StageCallError on failure."""
-        if srv.http is not None:
-            head, binary, offsets = encode_call(stage, inputs, out_region, batch, request_id)
-            return await srv.http.infer(stage.triton_model, head, binary, timeout), offsets
-        req, offsets = infer_request(stage, inputs, out_region, batch, request_id)
-        try:
-            resp = await srv.stub.ModelInfer(req, timeout=timeout)
-        except grpc.aio.AioRpcError as e:
-            raise StageCallError(e.code(), e.details() or "") from None
-        return raw_outputs(resp, set(offsets)), offsets
 
     def _outputs(self, stage: StageInfo, raw: dict[str, tuple[list[int], bytes]], batch: int,
                  out_region: Region | None, offsets: dict[str, int]) -> list[HopTensor]:
