@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from scheduler.core.api import Dispatch
 from scheduler.server.planned.stage_io import StageTiming
+
+if TYPE_CHECKING:
+    from scheduler.server.planned.stage_observers import StageRecord
 
 
 class BatchLog:
@@ -24,6 +28,10 @@ class BatchLog:
                                   "reserved_start_s": None if reserved is None else reserved / 1e6,
                                   "ready_s": t.ready_us / 1e6, "sent_s": t.send_us / 1e6,
                                   "received_s": t.recv_us / 1e6}) + "\n")
+
+    def stage_done(self, r: StageRecord) -> None:
+        """A StageObserver: the stage's line, with its first request's arrival."""
+        self.stage(r.dispatch, r.stage, r.vgpu, r.batch, r.timing, min(s.call.arrival_us for s in r.live))
 
     def close(self) -> None:
         self._f.close()

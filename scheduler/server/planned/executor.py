@@ -26,11 +26,9 @@ from scheduler.core.driver import EARLY_SEND_US, Action, NextStep, Report, Stage
 from scheduler.server.common.errors import ServeError
 from scheduler.server.common.metrics import SidecarMetrics
 from scheduler.server.common.tracing import DispatchTraces, Tracer
-from scheduler.server.planned.batch_log import BatchLog
 from scheduler.server.planned.calls import Answers, Sample, now_us, shutting_down
 from scheduler.server.planned.fleet import Fleet
-from scheduler.server.planned.lead import LeadLearner
-from scheduler.server.planned.overhead_meter import OverheadMeter
+from scheduler.server.planned.lead import Leads
 from scheduler.server.planned.shm_pool import Region
 from scheduler.server.planned.stage_http import StageCallError
 from scheduler.server.planned.stage_io import (
@@ -40,6 +38,7 @@ from scheduler.server.planned.stage_io import (
     stacked,
     wall_ns_to_mono_us,
 )
+from scheduler.server.planned.stage_observers import StageObserver, StageRecord
 from scheduler.server.planned.vgpu_occupancy import VgpuOccupancy
 
 log = logging.getLogger("poolpipe.sidecar.executor")
@@ -58,13 +57,13 @@ class LiveExecutor:
     """The Executor of the shared driver on the event loop; it holds no driver.
 
     ``kick`` wakes the planned service's scheduler loop when something changed (a batch finished or failed);
-    ``lead_learned`` hands the planned service the extra send-to-compute lead measured under load (its driver's
-    clock leads by it too)."""
+    ``leads`` says how far ahead of its reservation to send a stage; each measured stage goes to ``observer``
+    (scheduler/server/planned/stage_observers.py), which also learns the leads. The vGPU occupancy is asked, not
+    told: what a stage held its vGPU for is part of the outcome the driver hears."""
 
     def __init__(self, fleet: Fleet, models: dict[str, ModelInfo], pipelines: dict[str, PipelineInfo],
-                 answers: Answers, metrics: SidecarMetrics, kick: Callable[[], None],
-                 lead_learned: Callable[[float], None], batch_log: BatchLog | None = None,
-                 padded: frozenset[str] = frozenset(), tracer: Tracer | None = None) -> None:
+                 answers: Answers, metrics: SidecarMetrics, kick: Callable[[], None], leads: Leads,
+                 observer: StageObserver, padded: frozenset[str] = frozenset(), tracer: Tracer | None = None) -> None:
         self.fleet = fleet
         self.padded = padded  # models whose first-stage batches are padded to the planned batch (dummy requests)
         self.tracer = tracer or Tracer()  # records each stage into the traced calls' spans (when tracing is on)
@@ -72,17 +71,11 @@ class LiveExecutor:
         self.pipelines = pipelines
         self.answers = answers
         self.metrics = metrics
-        self.batch_log = batch_log
         self.kick = kick
-        self.lead_learned = lead_learned
-        self.lead_us: dict[str, list[dict[int, float]]] = {}  # pipeline -> stage -> batch -> send-to-compute
-        # Under load a stage takes longer from send to compute than calibration measured at idle (the servers'
-        # and the sidecar's CPU is shared): learned from stages sent to an idle server, added to every lead.
-        self.extra_lead_us = 0.0
-        self._lead_learner = LeadLearner()
+        self.leads = leads  # each stage's send-to-compute lead, calibrated and learned under load
+        self.observer = observer  # what each measured stage feeds (metrics, meter, leads, batch log, marks, traces)
         self.occupancy = VgpuOccupancy()  # what a stage holds its vGPU for: compute and the server's turnaround
         self.tasks: set[asyncio.Task] = set()
-        self.meter = OverheadMeter()
 
     # -- the Executor protocol ------------------------------------------------------------------------------
     def execute(self, dispatch: Dispatch, items: list[Any], report: Report) -> None:
@@ -91,25 +84,8 @@ class LiveExecutor:
         task.add_done_callback(self.tasks.discard)
 
     # -- one dispatch ---------------------------------------------------------------------------------------
-    def _calibrated_lead(self, pipeline_id: str, stage: int, batch: int) -> float:
-        per_stage = self.lead_us.get(pipeline_id)
-        return per_stage[stage].get(batch, 0.0) if per_stage is not None else 0.0
-
     def _lead(self, pipeline_id: str, stage: int, batch: int) -> float:
-        return self._calibrated_lead(pipeline_id, stage, batch) + self.extra_lead_us
-
-    def _learn_lead(self, d: Dispatch, stage: int, batch: int, t: StageTiming) -> None:
-        """A stage sent to an idle server (the only kind passed here: one that waited in the server's queue shows
-        the server's turnaround between batches instead) shows the real send-to-compute lead: keep the excess over
-        the calibrated one, and lead by a high percentile of its recent values (the core's clock with it)."""
-        if d.pipeline_id not in self.lead_us:
-            return
-        base = self._calibrated_lead(d.pipeline_id, stage, batch)
-        new = self._lead_learner.observe(t.recv_us, t.start_us - t.send_us - base)
-        if new is not None:
-            self.extra_lead_us = new
-            self.lead_learned(new)
-            self.meter.learned_lead(self.extra_lead_us)
+        return self.leads.lead_us(pipeline_id, stage, batch)
 
     def _inputs(self, d: Dispatch, live: list[Sample]) -> list[HopTensor]:
         """The batch's input: the model's inputs for stage 0, else what the previous dispatch carried; each
@@ -162,11 +138,11 @@ class LiveExecutor:
                     idle = self.occupancy.measured(a.vgpu, timing.send_us, timing.start_us, timing.end_us)
                     held = self.occupancy.held(a.vgpu, *timing.compute_us)
                     first = timing if a.stage == 0 else first
-                    account = (d, a.stage, a.vgpu, live, timing, idle, first, traces, hop)
+                    record = StageRecord(d, a.stage, a.vgpu, live, timing, idle, first, traces, hop)
                     if following is not None:  # after the next stage's call is written: off the request's path
-                        asyncio.get_running_loop().call_soon(self._account, *account)
+                        asyncio.get_running_loop().call_soon(self.observer.stage_done, record)
                     else:  # before the answers, whose statistics read the marks
-                        self._account(*account)
+                        self.observer.stage_done(record)
                 if following is None:
                     outputs = {h.spec.name: (h.data, h.spec.bytes_per_request()) for h in hops}
                     step = report(StageOutcome(d, k, now_us(), held, wanted=live, outputs=outputs))
@@ -193,40 +169,6 @@ class LiveExecutor:
         if step.action is not Action.FINISH:
             self.release(hops)
         self.kick()
-
-    def _account(self, d: Dispatch, stage: int, vgpu: str, live: list[Sample], t: StageTiming, idle: bool,
-                 first: StageTiming | None, traces: DispatchTraces | None, hop: str | None) -> None:
-        """A measured stage's bookkeeping: metrics, the overhead meter, the learned lead, the batch log, the calls'
-        marks and traces."""
-        batch = len(live)
-        self.metrics.child(self.metrics.vgpu_busy, vgpu).inc(max(t.end_us - t.start_us, 0.0) / 1e6)
-        planned = self.pipelines[d.pipeline_id].stages[stage].latency_us.get(batch, 0.0)
-        self.meter.stage(planned, t.start_us, t.end_us, t.recv_us)
-        if idle:
-            self._learn_lead(d, stage, batch, t)
-        if self.batch_log is not None:
-            self.batch_log.stage(d, stage, vgpu, batch, t, min(s.call.arrival_us for s in live))
-        if log.isEnabledFor(logging.DEBUG):
-            a = next(x for x in d.stages if x.stage == stage)
-            log.debug("event=stage dispatch=%d stage=%d vgpu=%s batch=%d planned_us=%.0f-%.0f measured_us=%.0f-%.0f "
-                      "send_to_compute=%.0f compute_to_recv=%.0f", d.id, stage, vgpu, batch, a.start_us, a.end_us,
-                      t.start_us, t.end_us, t.start_us - t.send_us, t.recv_us - t.end_us)
-        self._mark(d, stage, live, t, first)
-        if traces is not None:
-            stage_info = self.pipelines[d.pipeline_id].stages[stage]
-            traces.stage(stage, stage_info.triton_model, vgpu, self.fleet.servers[vgpu].grpc_url, hop, t)
-
-    def _mark(self, d: Dispatch, stage: int, live: list[Sample], t: StageTiming, first: StageTiming | None) -> None:
-        """The statistics' marks: stage 0 ends the requests' queueing, the last stage their compute; a dispatch
-        that ran both (``first``: its stage 0's timing) is one execution at its batch size."""
-        if stage == 0:
-            for s in live:
-                s.call.marks.first_stage(t.ready_us, t.start_us)
-        if stage == len(self.pipelines[d.pipeline_id].stages) - 1:
-            for s in live:
-                s.call.marks.last_stage(t.end_us)
-            if first is not None:
-                self.answers.stats[d.model].executed(len(live), first.ready_us, first.start_us, t.end_us, t.recv_us)
 
     def _on_fault(self, report: Report, d: Dispatch, k: int, fault: StageFault, live: list[Sample]) -> None:
         code = fault.code

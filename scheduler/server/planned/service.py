@@ -48,10 +48,13 @@ from scheduler.server.planned.calls import (
 )
 from scheduler.server.planned.executor import LiveExecutor
 from scheduler.server.planned.fleet import Fleet, VGpuServer
+from scheduler.server.planned.lead import Leads
 from scheduler.server.planned.manifest_shard import manifest_shard
 from scheduler.server.planned.manifest_topology import topology_from_manifest
+from scheduler.server.planned.overhead_meter import OverheadMeter
 from scheduler.server.planned.shm_pool import log_reclaimed, remove_stale_regions
 from scheduler.server.planned.stage_io import StageFault
+from scheduler.server.planned.stage_observers import stage_sink
 from scheduler.server.planned.validate import check
 
 log = logging.getLogger("poolpipe.sidecar.planned")
@@ -84,11 +87,13 @@ class PlannedModels:
         self.apps = Applications(manifest.applications, self.answers, self.run_module, front_us)
         self._kick = asyncio.Event()
         self.fleet = Fleet(manifest, self._vgpu_changed, generation, stage_protocol)
+        self.meter = OverheadMeter(front_us=front_us)
+        self.leads = Leads(self._lead_learned)
+        self.batch_log = BatchLog(batch_log) if batch_log else None
+        sink = stage_sink(metrics, self.meter, self.leads, self.batch_log, self.answers, self.pipelines,
+                          lambda v: self.fleet.servers[v].grpc_url)
         self.executor = LiveExecutor(self.fleet, self.models, self.pipelines, self.answers, metrics, self._kick_loop,
-                                     self._lead_learned, BatchLog(batch_log) if batch_log else None,
-                                     padded_models(manifest.applications), self.tracer)
-        self.meter = self.executor.meter
-        self.meter.front_us = front_us
+                                     self.leads, sink, padded_models(manifest.applications), self.tracer)
         self.overheads_out = overheads_out
         self.overheads: dict[str, StageOverheads] = {}  # pipeline id -> calibrated lead/tail
         self.driver = self._new_driver()
@@ -131,8 +136,8 @@ class PlannedModels:
         for srv in self.fleet.servers.values():
             if not srv.up:
                 drv.set_vgpu_up(srv.id, False, now_us())
-        drv.extra_lead_us = self.executor.extra_lead_us
-        self.executor.lead_us = {p: o.lead_us for p, o in self.overheads.items()}
+        drv.extra_lead_us = self.leads.extra_us
+        self.leads.calibrated = {p: o.lead_us for p, o in self.overheads.items()}
         return drv
 
     async def _calibrate(self, rejoined: str | None) -> None:
@@ -167,13 +172,14 @@ class PlannedModels:
             log.info("event=clock_lead calibrated=%d/%d lead_us=%.0f", len(self.overheads), len(self.pipelines),
                      self.driver.lead_us)
         else:
-            self.executor.lead_us = {p: o.lead_us for p, o in self.overheads.items()}
+            self.leads.calibrated = {p: o.lead_us for p, o in self.overheads.items()}
         self._kick_loop()
 
     def _lead_learned(self, extra_us: float) -> None:
         """The executor measured a larger send-to-compute lead under load: the core's clock leads by it too
         (logged when it moved by 5 ms or more: a stalled host shows here first)."""
         self.driver.extra_lead_us = extra_us
+        self.meter.learned_lead(extra_us)
         if abs(extra_us - self._logged_lead_us) >= 5000.0:
             self._logged_lead_us = extra_us
             log.info("event=lead_learned extra_us=%.0f clock_lead_us=%.0f cap_us=%.0f", extra_us,
@@ -233,8 +239,8 @@ class PlannedModels:
             self.answers.fail(tk.item.call, shutting_down())
         self.driver.tickets.clear()
         removed = await self.fleet.close()
-        if self.executor.batch_log is not None:
-            self.executor.batch_log.close()
+        if self.batch_log is not None:
+            self.batch_log.close()
         if self.overheads_out is not None:
             self.meter.write(self.overheads_out)
         log.info("event=planned_closed shm_regions_removed=%d", removed)
