@@ -7,7 +7,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
@@ -22,6 +22,10 @@ from scheduler.server.common.metrics import SidecarMetrics
 from scheduler.server.common.trace_settings import settings_from_request
 from scheduler.server.common.tracing import Tracer
 from scheduler.server.common.wire import INFER_METHOD, InferRequest
+
+if TYPE_CHECKING:  # the planned service is imported where a manifest is served (scheduler/server/app.py)
+    from scheduler.server.control.reload import PlanSwitch
+    from scheduler.server.planned.service import PlannedService
 
 log = logging.getLogger("poolpipe.sidecar")
 
@@ -41,32 +45,14 @@ def _left_s(deadline_s: float | None) -> float | None:
     return None if deadline_s is None else max(deadline_s - time.monotonic(), 0.0)
 
 
-class PlannedService(Protocol):
-    """The planned models (pooled pipelines) behind the sidecar; see scheduler/server/planned/service.py."""
-
-    def has(self, model: str) -> bool: ...
-
-    def names(self) -> list[str]: ...
-
-    def ready(self, model: str) -> bool: ...
-
-    def metadata(self, model: str) -> service_pb2.ModelMetadataResponse: ...
-
-    def config(self, model: str) -> service_pb2.ModelConfigResponse: ...
-
-    def statistics(self, model: str) -> service_pb2.ModelStatistics: ...
-
-    def submit(self, request: InferRequest) -> asyncio.Future: ...
-
-
 class Router:
     """Routes calls by model name; shared-memory registrations are kept locally and mirrored to the pass-through."""
 
-    def __init__(self, passthrough: str | None, planned: PlannedService | None, metrics: SidecarMetrics,
+    def __init__(self, passthrough: str | None, plans: PlanSwitch | None, metrics: SidecarMetrics,
                  shm: ClientShmRegistry, tracer: Tracer | None = None) -> None:
         self.passthrough_url = passthrough
         self.tracer = tracer  # the sidecar's trace settings (planned models); None: trace calls go to the pass-through
-        self.planned = planned
+        self.plans = plans  # which plan serves the planned models (None: no manifest, everything passes through)
         self.metrics = metrics
         self.shm = shm  # shared with the planned service, which reads inputs from and writes outputs to it
         self.log_settings = LogSettings()  # the logging extension, for the sidecar's own log
@@ -93,6 +79,11 @@ class Router:
             await self._channel.close()
 
     # --- helpers -------------------------------------------------------------------------------------------
+    @property
+    def planned(self) -> PlannedService | None:
+        """The plan serving now (a reload swaps it between two calls, never during one)."""
+        return self.plans.current if self.plans is not None else None
+
 
     def is_planned(self, model: str) -> bool:
         return self.planned is not None and self.planned.has(model)
@@ -268,8 +259,10 @@ class Router:
         series = self.metrics.series(model, "planned")
         series.requests.inc()
         t0 = time.monotonic()
+        if self.plans.on_arrival is not None:  # type: ignore[union-attr]
+            self.plans.on_arrival(model)  # type: ignore[union-attr]
         try:
-            future = self.planned.submit(request)
+            future = self.plans.current.submit(request)  # type: ignore[union-attr]
         except ServeError as e:
             self._count(model, series, t0, e)
             raise

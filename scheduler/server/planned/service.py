@@ -63,8 +63,9 @@ DEFAULT_POLICY = "ppipe"
 LIVE_POLICIES = ("ppipe", "fifs", "elsa", "reactive", "orloj")
 
 
-class PlannedModels:
-    """The PlannedService of the Router for every model of one manifest."""
+class PlannedService:
+    """The planned service of one plan: every model of one manifest, as the Router sees them (submit, ready,
+    metadata, config, statistics); a reload opens the next plan's beside it (scheduler/server/control/reload.py)."""
 
     def __init__(self, manifest: Manifest, policy: str, metrics: SidecarMetrics, client_shm: ClientShmRegistry,
                  batch_log: Path | None = None, overheads_out: Path | None = None, generation: int = 0,
@@ -111,7 +112,7 @@ class PlannedModels:
                      batch_log: Path | None = None, overheads_out: Path | None = None,
                      shard: tuple[int, int] = (0, 1), generation: int = 0,
                      tracer: Tracer | None = None, front_us: float = 0.0, stage_protocol: str = "http"
-                     ) -> "PlannedModels":
+                     ) -> "PlannedService":
         self = cls(manifest_shard(load_manifest(manifest_path), *shard), policy, metrics, client_shm, batch_log,
                    overheads_out, generation, tracer, front_us, stage_protocol)
         removed = remove_stale_regions()
@@ -285,7 +286,7 @@ class PlannedModels:
         self.metrics.loop_busy.set(busy)
         self.metrics.executor_saturated.set(1 if self.driver.executor_load.saturated else 0)
 
-    # --- the Router's PlannedService -----------------------------------------------------------------------
+    # --- what the Router asks -----------------------------------------------------------------------
     def has(self, model: str) -> bool:
         return model in self.models or self.apps.has(model)
 
