@@ -26,6 +26,7 @@ from poolpipe_common.overheads import DRIVER_MARGIN_FRACTION, DRIVER_MIN_MARGIN_
 from poolpipe_common.quantile import percentile
 from scheduler.core.api import Dispatch, Request, Scheduler, StageAssignment
 from scheduler.core.executor_load import ExecutorLoad
+from scheduler.core.policies.retired import RetiredPolicy
 from scheduler.core.topology import Topology
 
 log = logging.getLogger("poolpipe.driver")
@@ -330,6 +331,16 @@ class Driver:
         self.tickets = {rid: t for rid, t in self.tickets.items() if id(t) not in moved}
         return queued
 
+    def retire(self) -> list[Ticket]:
+        """The policy failed and its state cannot be trusted: returns every ticket this driver held (queued, or
+        between the dispatches of a per-stage policy) for the owner to fail; the policy is dropped, so batches in
+        flight run on and complete here without it, and a retry is refused at once (the owner's new driver
+        serves what comes next)."""
+        held = list(self.tickets.values())
+        self.tickets.clear()
+        self.scheduler = RetiredPolicy()
+        return held
+
     def adopt(self, tickets: list[Ticket], now_us: float) -> None:
         """Take over another driver's queued tickets (same deadlines; this is not a retry)."""
         for tk in tickets:
@@ -379,3 +390,4 @@ class Driver:
         slo = self.topology.slo_us[model]
         slack = min(slo, slo - self.fastest_us[model] - self.lead_us)
         return max(self.base_margin_us[model], self.config.max_margin_fraction * slack)
+

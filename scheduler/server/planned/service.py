@@ -10,18 +10,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+import grpc
 import numpy as np
-from google.protobuf import json_format
-from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2
 
 from model_repository_gen.app_manifest import padded_models
 from model_repository_gen.manifest import Manifest, load_manifest
 from poolpipe_common.errors import InputError
-from poolpipe_common.tensors import TensorSpec
 from scheduler.core import make_scheduler
 from scheduler.core.driver import Driver, DriverConfig
 from scheduler.server.common.client_shm import ClientShmRegistry
+from scheduler.server.common.errors import ServeError
 from scheduler.server.common.loop_busy import LoopBusy
 from scheduler.server.common.metrics import SidecarMetrics
 from scheduler.server.common.tracing import Tracer
@@ -48,6 +47,7 @@ from scheduler.server.planned.calls import (
 )
 from scheduler.server.planned.executor import LiveExecutor
 from scheduler.server.planned.fleet import Fleet, VGpuServer
+from scheduler.server.planned.kserve_model import model_config, model_metadata
 from scheduler.server.planned.lead import Leads
 from scheduler.server.planned.manifest_shard import manifest_shard
 from scheduler.server.planned.manifest_topology import topology_from_manifest
@@ -267,9 +267,8 @@ class PlannedService:
             t0 = time.perf_counter()
             try:
                 self._wake_us = self.driver.step(now_us())
-            except Exception:  # noqa: BLE001 - a policy bug must not stop serving: log it, keep the loop
-                log.exception("event=step_failed")
-                self._wake_us = None
+            except Exception as e:  # noqa: BLE001 - a policy bug must not stop serving, nor strand a request
+                self._step_failed(e)
             self.metrics.decision.observe(time.perf_counter() - t0)
             if busy.due() and (fraction := busy.sample()) is not None:
                 self._loop_load(fraction)
@@ -279,6 +278,22 @@ class PlannedService:
                     if not f.done():
                         f.set_result(t)
                 self._step_waiters.clear()
+
+    def _step_failed(self, error: Exception) -> None:
+        """A policy step raised: every request the driver holds gets an explicit error (counted: Triton's
+        nv_inference_request_failure with reason BACKEND, and poolpipe_sidecar_policy_failures_total), and a new
+        driver with a fresh policy takes over, since the failed one's state cannot be trusted; batches in flight
+        finish through the retired driver."""
+        log.exception("event=step_failed policy=%s", self.policy)
+        self.metrics.policy_failures.inc()
+        held = self.driver.retire()
+        self.driver = self._new_driver()
+        err = ServeError(grpc.StatusCode.INTERNAL, f"the scheduling policy '{self.policy}' failed ({error!r}); "
+                                                   "the request was not run")
+        for tk in held:
+            self.answers.fail(tk.item.call, err, "BACKEND")
+        log.error("event=step_failed_requests_failed count=%d", len({id(tk.item.call) for tk in held}))
+        self._wake_us = None
 
     def _loop_load(self, busy: float) -> None:
         if self.driver.executor_busy(busy):
@@ -302,30 +317,10 @@ class PlannedService:
                    for p in self.models[model].pipelines)
 
     def metadata(self, model: str) -> service_pb2.ModelMetadataResponse:
-        if self.apps.has(model):
-            return self.apps.metadata(model)
-        m = self.models[model]
-
-        def tensors(ts: tuple[TensorSpec, ...]) -> list:
-            return [service_pb2.ModelMetadataResponse.TensorMetadata(name=t.name, datatype=t.datatype,
-                                                                     shape=[-1, *t.shape]) for t in ts]
-        return service_pb2.ModelMetadataResponse(name=m.name, versions=["1"], platform="poolpipe_pipeline",
-                                                 inputs=tensors(m.inputs), outputs=tensors(m.outputs))
+        return self.apps.metadata(model) if self.apps.has(model) else model_metadata(self.models[model])
 
     def config(self, model: str) -> service_pb2.ModelConfigResponse:
-        if self.apps.has(model):
-            return self.apps.config(model)
-        m = self.models[model]
-        cfg = mc.ModelConfig(name=m.name, platform="poolpipe_pipeline", max_batch_size=m.max_batch_size)
-        for t in m.inputs:
-            cfg.input.add(name=t.name, data_type=mc.DataType.Value("TYPE_" + t.datatype), dims=list(t.shape))
-        for t in m.outputs:
-            cfg.output.add(name=t.name, data_type=mc.DataType.Value("TYPE_" + t.datatype), dims=list(t.shape))
-        if m.dynamic_batching.active:  # what the sidecar honours of Triton's dynamic batcher
-            json_format.ParseDict(m.dynamic_batching.to_dict(), cfg.dynamic_batching)
-        cfg.parameters["poolpipe_slo_us"].string_value = str(m.slo_us)
-        cfg.parameters["poolpipe_pipelines"].string_value = ",".join(p.id for p in m.pipelines)
-        return service_pb2.ModelConfigResponse(config=cfg)
+        return self.apps.config(model) if self.apps.has(model) else model_config(self.models[model])
 
     def statistics(self, model: str) -> service_pb2.ModelStatistics:
         return self.answers.statistics(model)
