@@ -138,7 +138,7 @@ class LiveExecutor:
                     idle = self.occupancy.measured(a.vgpu, timing.send_us, timing.start_us, timing.end_us)
                     held = self.occupancy.held(a.vgpu, *timing.compute_us)
                     first = timing if a.stage == 0 else first
-                    record = StageRecord(d, a.stage, a.vgpu, live, timing, idle, first, traces, hop)
+                    record = StageRecord(d, a, live, timing, idle, first, traces, hop)
                     if following is not None:  # after the next stage's call is written: off the request's path
                         asyncio.get_running_loop().call_soon(self.observer.stage_done, record)
                     else:  # before the answers, whose statistics read the marks

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from model_repository_gen.manifest import PipelineInfo
-from scheduler.core.api import Dispatch
+from scheduler.core.api import Dispatch, StageAssignment
 from scheduler.server.common.metrics import SidecarMetrics
 from scheduler.server.common.tracing import DispatchTraces
 from scheduler.server.planned.calls import Answers, Sample
@@ -25,14 +25,22 @@ class StageRecord:
     """One measured stage of a dispatch."""
 
     dispatch: Dispatch
-    stage: int  # the pipeline's stage index
-    vgpu: str
+    assignment: StageAssignment  # the reservation it ran at (the dispatched one, or the one the policy moved)
     live: list[Sample]  # the rows it ran for
     timing: StageTiming
     idle: bool  # sent to an idle server (its send-to-compute shows the real lead, not the server's queue)
     first: StageTiming | None  # this dispatch's stage 0 timing, when it ran it
     traces: DispatchTraces | None  # the traced calls riding it
     hop: str | None  # how its input came from the previous stage (shm, http, grpc; None for the first)
+
+    @property
+    def stage(self) -> int:
+        """The pipeline's stage index."""
+        return self.assignment.stage
+
+    @property
+    def vgpu(self) -> str:
+        return self.assignment.vgpu
 
     @property
     def batch(self) -> int:
@@ -64,8 +72,7 @@ class StageMetrics:
         t = r.timing
         self.metrics.child(self.metrics.vgpu_busy, r.vgpu).inc(max(t.end_us - t.start_us, 0.0) / 1e6)
         if log.isEnabledFor(logging.DEBUG):
-            d = r.dispatch
-            a = next(x for x in d.stages if x.stage == r.stage)
+            d, a = r.dispatch, r.assignment
             log.debug("event=stage dispatch=%d stage=%d vgpu=%s batch=%d planned_us=%.0f-%.0f measured_us=%.0f-%.0f "
                       "send_to_compute=%.0f compute_to_recv=%.0f", d.id, r.stage, r.vgpu, r.batch, a.start_us,
                       a.end_us, t.start_us, t.end_us, t.start_us - t.send_us, t.recv_us - t.end_us)
