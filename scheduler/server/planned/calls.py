@@ -19,6 +19,7 @@ from poolpipe_common.batcher import QUEUE_FULL, QUEUE_TIMEOUT
 from poolpipe_common.overheads import SIDECAR_LATENCY_PARAMETER, sidecar_slo_us
 from poolpipe_common.tensors import TensorSpec
 from scheduler.core.api import Dispatch
+from scheduler.core.policies.retired import POLICY_FAILED
 from scheduler.server.common.client_shm import ClientShmRegistry
 from scheduler.server.common.errors import ServeError, shed
 from scheduler.server.common.metrics import SidecarMetrics
@@ -195,7 +196,9 @@ class PlannedCallers:
                 s.carry = row_of(outputs, i)
 
     def reject(self, item: Sample, model: str, reason: str, *, failure: bool = False) -> None:
-        if failure:
+        if reason == POLICY_FAILED:  # a retry that a retired driver refused (PlannedService._step_failed)
+            self.answers.fail(item.call, ServeError(grpc.StatusCode.INTERNAL, f"request failed: {reason}"), "BACKEND")
+        elif failure:
             self.answers.fail(item.call, ServeError(grpc.StatusCode.UNAVAILABLE, f"request failed: {reason}"),
                               "BACKEND")
         elif reason in (QUEUE_FULL, QUEUE_TIMEOUT):  # the queue policy's refusals, in Triton's words
