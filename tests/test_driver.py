@@ -108,7 +108,7 @@ class _AsksForTheSameInstant:
 
 def test_a_late_wake_up_is_stepped_at_the_time_asked_for_only_once():
     core = _AsksForTheSameInstant()
-    driver = Driver(core, two_stage_topology(), executor=None, config=DriverConfig.live())
+    driver = Driver(core, two_stage_topology(), executor=None, config=DriverConfig.live(), callers=None)
     assert driver.step(0.0) == 1000.0
     assert driver.step(1001.0) == 1000.0  # woken late: stepped at 1000, and the core asks for 1000 again
     assert driver.step(1002.0) is None  # stepped at the loop's time now, not at 1000 until the tolerance ran out
@@ -160,15 +160,25 @@ def test_reactive_runs_through_the_driver_stage_by_stage():
 
 
 class _Recorder:
+    """Executor and callers at once: what the driver hands out and answers."""
+
     def __init__(self) -> None:
         self.executed: list[tuple[Dispatch, list]] = []
         self.rejected: list[tuple[object, str, bool]] = []
+        self.finished: list[tuple[int, list, object]] = []
+        self.failed: list[tuple[list, object]] = []
 
     def execute(self, dispatch, items, report):
         self.executed.append((dispatch, items, report))
 
+    def finish(self, dispatch, items, outputs, now_us):
+        self.finished.append((dispatch.id, list(items), outputs))
+
     def reject(self, item, model, reason, *, failure=False):
         self.rejected.append((item, reason, failure))
+
+    def fail(self, dispatch, items, error):
+        self.failed.append((list(items), error))
 
 
 class _OneShot:
@@ -218,7 +228,8 @@ def test_every_item_ends_exactly_once_whatever_fails(n, attempts, fails):
     rejected, exactly once; retries never exceed the attempts allowed."""
     ex = _Recorder()
     core = _OneShot()
-    drv = Driver(core, two_stage_topology(), ex, DriverConfig.live(max_attempts=attempts, clock_lead_us=500.0))
+    drv = Driver(core, two_stage_topology(), ex, DriverConfig.live(max_attempts=attempts, clock_lead_us=500.0),
+                 callers=ex)
     for i in range(n):
         drv.submit(i, "m", 0.0, SLO_US)
     t = 0.0
@@ -232,7 +243,8 @@ def test_every_item_ends_exactly_once_whatever_fails(n, attempts, fails):
         if k < fails:
             assert report(StageOutcome(d, 0, t, failed="vGPU a0 failed", wanted=items)).action is Action.STOP
         else:
-            assert report(StageOutcome(d, 0, t, (t - 1000.0, t))).action is Action.FINISH
+            assert report(StageOutcome(d, 0, t, (t - 1000.0, t), wanted=items, outputs="out")).action is Action.FINISH
+            assert ex.finished[-1] == (d.id, items, "out")  # the driver, not the executor, answers the callers
             done.extend(items)
     rejected = [i for i, _, failure in ex.rejected if failure]
     assert sorted(done + rejected) == list(range(n))
@@ -244,7 +256,7 @@ def test_one_report_per_stage_says_what_follows():
     """The executor's one call into the driver: a stage before the last answers NEXT_STAGE (its measured interval
     reaches the core), the last FINISH (the dispatch is complete: lateness learned), a given-up dispatch STOP."""
     ex, core = _Recorder(), _OneShot()
-    drv = Driver(core, two_stage_topology(), ex, DriverConfig.live())
+    drv = Driver(core, two_stage_topology(), ex, DriverConfig.live(), callers=ex)
     drv.submit("x", "m", 0.0, SLO_US)
     drv.step(0.0)
     d, items, report = ex.executed.pop()
@@ -265,16 +277,19 @@ def test_a_stage_ready_before_its_reservation_runs_early_and_the_completion_foll
     """Stage 0 measured far faster than profiled: the executor's next stage starts when its input is ready (its
     vGPU is free), not at the reserved start, and the dispatch's predicted completion moves with it."""
     ex = _Recorder()
-    drv = Driver(make_scheduler("ppipe", two_stage_topology()), two_stage_topology(), ex, DriverConfig.live())
+    drv = Driver(make_scheduler("ppipe", two_stage_topology()), two_stage_topology(), ex, DriverConfig.live(),
+                 callers=ex)
     drv.submit("x", "m", 0.0, SLO_US)
     drv.step(0.0)
     d, _, report = ex.executed.pop()
     reserved, completion = d.stages[1], d.completion_us
-    assert report(StageOutcome(d, 0, 1500.0, (0.0, 1000.0))).action is Action.NEXT_STAGE
-    moved = d.stages[1]
+    step = report(StageOutcome(d, 0, 1500.0, (0.0, 1000.0)))
+    assert step.action is Action.NEXT_STAGE
+    moved = step.next  # the executor runs the moved assignment the driver hands it
     assert moved.start_us < reserved.start_us - 2000.0 and moved.start_us >= 1500.0 + drv.lead_us
     assert moved.end_us - moved.start_us == pytest.approx(reserved.end_us - reserved.start_us)
-    assert d.completion_us == pytest.approx(completion - (reserved.end_us - moved.end_us))
+    assert d.stages[1] == reserved and d.completion_us == completion  # the dispatch is not changed under it
+    assert drv._completion_us[d.id] == pytest.approx(completion - (reserved.end_us - moved.end_us))
     assert report(StageOutcome(d, 1, moved.end_us + 500.0, (moved.start_us, moved.end_us))).action is Action.FINISH
 
 
@@ -282,7 +297,7 @@ def test_a_bursts_lateness_is_forgotten_after_the_horizon():
     """A burst's late batches raise the margin; once it has been over for two seconds, on-time batches bring it
     back to the base (it cannot outlive the burst to shed requests after it)."""
     ex, core = _Recorder(), _OneShot()
-    drv = Driver(core, two_stage_topology(), ex, DriverConfig.live())
+    drv = Driver(core, two_stage_topology(), ex, DriverConfig.live(), callers=ex)
     base = drv.base_margin_us["m"]
 
     def batch(t: float, late_us: float) -> None:
@@ -369,7 +384,7 @@ def test_a_lead_learned_in_a_stall_cannot_shed_every_request():
     The lead is capped at the share of the slack the margin may take: requests are still dispatched."""
     ex = _Recorder()
     topo = two_stage_topology()
-    drv = Driver(make_scheduler("ppipe", topo), topo, ex, DriverConfig.live(clock_lead_us=1000.0))
+    drv = Driver(make_scheduler("ppipe", topo), topo, ex, DriverConfig.live(clock_lead_us=1000.0), callers=ex)
     fastest = sum(st.latency(1) for st in topo.pipelines["m"][0].stages)
     assert drv.lead_us == 1000.0 and drv.lead_cap_us == pytest.approx(0.5 * (SLO_US - fastest))
     drv.extra_lead_us = 2 * SLO_US  # what a stall taught

@@ -52,7 +52,7 @@ def test_a_window_longer_than_a_second_is_not_a_reading():
 def test_the_driver_tells_the_policy_when_its_executor_saturates_and_recovers():
     topo = one_stage({1: 10.0, 2: 15.0}, 2, 10_000.0)
     policy = make_scheduler("ppipe", topo)
-    drv = Driver(policy, topo, executor=None)  # type: ignore[arg-type]  # no dispatch reaches it here
+    drv = Driver(policy, topo, executor=None, callers=None)  # type: ignore[arg-type]  # no dispatch reaches it here
     assert not any(drv.executor_busy(0.7) for _ in range(20)) and not policy.executor_saturated
     assert [drv.executor_busy(0.95) for _ in range(20)].count(True) == 1  # changed once: the caller steps again
     assert policy.executor_saturated

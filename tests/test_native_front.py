@@ -33,7 +33,7 @@ from runtime.sidecar_process import SidecarProcess
 from runtime.testbed import EMULATED_MODEL, build_emulated_deployment
 from scheduler.server.common.client_shm import ClientShmRegistry
 from scheduler.server.common.errors import ServeError
-from scheduler.server.common.wire import DecodedRequest, RawAnswer
+from scheduler.server.common.wire import DecodedRequest, InferRequest, RawAnswer
 from scheduler.server.front.native_frames import (
     HELLO_ID,
     FrameError,
@@ -44,7 +44,7 @@ from scheduler.server.front.native_frames import (
     split_frames,
 )
 from scheduler.server.front.native_front import DIR_PREFIX, reclaim_dirs
-from scheduler.server.planned.validate import check_decoded, check_request
+from scheduler.server.planned.validate import check
 from tests.conftest import run_cli
 
 
@@ -269,15 +269,17 @@ def test_a_shed_request_gets_the_sidecars_error_through_the_native_front(tmp_pat
 
 
 def test_a_request_triton_checked_is_taken_as_the_full_check_takes_it() -> None:
-    """check_decoded gives what check_request gives; what does not match the model (a reload changed it) gets
-    check_request's own Triton-worded error."""
+    """The one check takes a request Triton decoded as it takes the same request as protobuf; what does not match
+    the model (a reload changed it) gets the full check's own Triton-worded error."""
     model = ModelInfo("m", 1e5, 4, (TensorSpec("x", "FP32", (3,)),),
                       (TensorSpec("y", "FP32", (3,)), TensorSpec("z", "INT64", (1,))), ())
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
     registry = ClientShmRegistry()
     for outputs, timeout_us in (((), 0), (("z",), 1500), (("z", "y"), 0)):
         req = DecodedRequest("m", "r", (("x", "FP32", (2, 3), x.tobytes()),), outputs, timeout_us)
-        fast, full = check_decoded(req, model, registry), check_request(req.to_proto(), model, registry)
+        fast = check(InferRequest.from_decoded(req, None), model, registry)
+        full = check(InferRequest.from_message(req.to_proto(), None), model, registry)
+        assert fast.raw and not full.raw  # the native front end's is answered with raw tensors
         assert (fast.batch, fast.timeout_us, fast.priority, fast.outputs) == \
             (full.batch, full.timeout_us, full.priority, full.outputs)
         assert fast.batch == 2 and np.array_equal(fast.inputs["x"], full.inputs["x"])
@@ -289,7 +291,8 @@ def test_a_request_triton_checked_is_taken_as_the_full_check_takes_it() -> None:
              "batch-size must be <= 4": ("x", "FP32", (5, 3), bytes(60))}
     for message, tensor in wrong.items():
         with pytest.raises(ServeError, match=message) as e:
-            check_decoded(DecodedRequest("m", "r", (tensor,), ()), model, registry)
+            check(InferRequest.from_decoded(DecodedRequest("m", "r", (tensor,), ()), None), model, registry)
         assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
     with pytest.raises(ServeError, match="unexpected inference output 'q'"):
-        check_decoded(DecodedRequest("m", "r", (("x", "FP32", (2, 3), x.tobytes()),), ("q",)), model, registry)
+        check(InferRequest.from_decoded(DecodedRequest("m", "r", (("x", "FP32", (2, 3), x.tobytes()),), ("q",)), None),
+              model, registry)

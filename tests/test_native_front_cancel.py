@@ -26,12 +26,12 @@ from tests.test_native_front import _request_frame, _s
 
 
 class _Router:
-    """The router's start_infer as the connection sees it: each request's future, answered by the test."""
+    """The router's submit as the connection sees it: each request's future, answered by the test."""
 
     def __init__(self) -> None:
         self.futures: list[asyncio.Future] = []
 
-    def start_infer(self, request, deadline_s) -> asyncio.Future:
+    def submit(self, request) -> asyncio.Future:
         self.futures.append(asyncio.get_running_loop().create_future())
         return self.futures[-1]
 

@@ -4,11 +4,13 @@ The policy decides (``Scheduler.step``); the driver owns what happens around it,
 enqueueing with a deadline margin, stepping the core ahead of the clock by the executor's lead time,
 snapping late wake-ups, answering drops, handing dispatches to the executor, reporting measured stage
 timings back (feedback), learning how late batches finish against the core's prediction (the margin),
-and retrying the requests of a batch whose server failed. An executor (virtual in the simulator, Triton
-calls in the sidecar) only executes: it holds no driver, and reports each stage of a dispatch through one
-call, ``on_stage_done(StageOutcome)``, whose answer (``NextStep``) says what it does with the dispatch next.
-Whatever it adds that the profiles do not know (per-hop overhead, lateness) reaches the core through that
-same path, so the simulator predicts what the sidecar does.
+retrying the requests of a batch whose server failed, and completing dispatches: the driver, not the executor,
+answers the callers (``Callers``), as vLLM's ``EngineCore.step`` -> ``update_from_output`` does. An executor
+(virtual in the simulator, Triton calls in the sidecar) only executes: it holds no driver, and hands each stage's
+outcome of a dispatch back through one call, ``on_stage_done(StageOutcome)`` (the last stage's with its outputs),
+whose answer (``NextStep``) says what it does next and with which assignment: the policy's dispatch is not
+changed under it. Whatever it adds that the profiles do not know (per-hop overhead, lateness) reaches the core
+through that same path, so the simulator predicts what the sidecar does.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from typing import Any, Protocol
 
 from poolpipe_common.overheads import DRIVER_MARGIN_FRACTION, DRIVER_MIN_MARGIN_US
 from poolpipe_common.quantile import percentile
-from scheduler.core.api import Dispatch, Request, Scheduler
+from scheduler.core.api import Dispatch, Request, Scheduler, StageAssignment
 from scheduler.core.executor_load import ExecutorLoad
+from scheduler.core.policies.retired import RetiredPolicy
 from scheduler.core.topology import Topology
 
 log = logging.getLogger("poolpipe.driver")
@@ -95,11 +98,14 @@ class StageOutcome:
     """What became of one stage of a dispatch: the executor's one report to the driver (executor clock).
 
     ``compute_us``: the interval the stage held its vGPU, as measured: its compute, plus the server's turnaround
-    to its next batch where the executor knows it (None: not measured). ``failed``: the stage's server
-    failed (why); the driver retries or rejects the ``wanted`` items (those whose callers still wait).
-    ``gave_up``: the executor abandoned the dispatch (no caller waits, or it answered them itself): nothing to
-    learn from it. ``next_lead_us``: how long after ``now_us`` the next stage could start computing if sent now
-    (None: the core's clock lead), for moving it earlier when its input is ready before its reservation."""
+    to its next batch where the executor knows it (None: not measured). ``wanted``: the items the batch ran for
+    (those whose callers still waited when it started), in the order of its rows. ``outputs``: the last stage's
+    outputs (the executor's own form, row i for ``wanted[i]``), which the driver hands to the callers.
+    ``failed``: the stage's server failed (why); the driver retries or rejects the ``wanted`` items.
+    ``gave_up``: the executor abandoned the dispatch (no caller waits, or ``error``: it cannot run, and the driver
+    fails the ``wanted`` items with that error): nothing to learn from it. ``next_lead_us``: how long after
+    ``now_us`` the next stage could start computing if sent now (None: the core's clock lead), for moving it
+    earlier when its input is ready before its reservation."""
 
     dispatch: Dispatch
     index: int  # which of dispatch.stages
@@ -109,12 +115,14 @@ class StageOutcome:
     wanted: Sequence[Any] = ()
     gave_up: bool = False
     next_lead_us: float | None = None
+    outputs: Any = None
+    error: Any = None
 
 
 class Action(Enum):
     NEXT_STAGE = "next_stage"  # run the dispatch's next stage
-    FINISH = "finish"  # its work is done: hand the outputs on (answer the calls, or carry them to the next dispatch)
-    STOP = "stop"  # it ended without outputs; the driver re-enqueued or rejected its items
+    FINISH = "finish"  # its work is done: the driver handed the outputs on (answers, or the next dispatch's input)
+    STOP = "stop"  # it ended without outputs; the driver re-enqueued, rejected or failed its items
 
 
 @dataclass(frozen=True)
@@ -123,6 +131,8 @@ class NextStep:
 
     action: Action
     retried: int = 0  # after a failure: how many items were re-enqueued (the others were rejected)
+    # NEXT_STAGE: the next stage's assignment (moved earlier where the policy could), which the executor runs
+    next: StageAssignment | None = None
 
 
 Report = Callable[[StageOutcome], NextStep]
@@ -135,19 +145,32 @@ class Executor(Protocol):
         """Start running ``dispatch`` (its requests' items, in order); report each stage's outcome to ``report``
         and follow its answer."""
 
+
+class Callers(Protocol):
+    """Who waits for the items (the sidecar's client calls, the simulator's outcome log): the driver answers them."""
+
+    def finish(self, dispatch: Dispatch, items: Sequence[Any], outputs: Any, now_us: float) -> None:
+        """``dispatch`` completed with ``outputs`` (row i for ``items[i]``): answer the callers (a final
+        dispatch), or keep each item's rows for its next dispatch (``Dispatch.final`` False)."""
+
     def reject(self, item: Any, model: str, reason: str, *, failure: bool = False) -> None:
         """Answer ``item`` with an explicit error: the core dropped (shed) it, or (``failure``) a server failed
         its batch and no retry can meet its deadline."""
+
+    def fail(self, dispatch: Dispatch, items: Sequence[Any], error: Any) -> None:
+        """Answer ``items`` (of ``dispatch``) with the executor's ``error``: their batch could not run (a bug, a
+        refused request, a stop)."""
 
 
 class Driver:
     """Runs one Scheduler for one Executor; every clock value is the executor's (the core's = it + lead)."""
 
     def __init__(self, scheduler: Scheduler, topology: Topology, executor: Executor,
-                 config: DriverConfig | None = None) -> None:
+                 config: DriverConfig | None = None, *, callers: Callers) -> None:
         self.scheduler = scheduler
         self.topology = topology
         self.executor = executor
+        self.callers = callers
         self.config = config or DriverConfig.live()
         c = self.config
         self.base_margin_us = {m: max(c.min_margin_us, c.margin_fraction * slo) for m, slo in topology.slo_us.items()}
@@ -170,6 +193,7 @@ class Driver:
         self.learned = 0
         self._next_id = 1
         self._in_flight: dict[int, list[Ticket]] = {}
+        self._completion_us: dict[int, float] = {}  # each dispatch's predicted completion, as stages move earlier
 
     @property
     def lead_us(self) -> float:
@@ -201,7 +225,7 @@ class Driver:
                                                    t.counted))
         if refused is not None:
             del self.tickets[rid]
-            self.executor.reject(t.item, t.model, refused)
+            self.callers.reject(t.item, t.model, refused)
             return False
         return True
 
@@ -219,65 +243,76 @@ class Driver:
         for drop in result.drops:
             ticket = self.tickets.pop(drop.request.id, None)
             if ticket is not None:
-                self.executor.reject(ticket.item, ticket.model, drop.reason)
+                self.callers.reject(ticket.item, ticket.model, drop.reason)
         for d in result.dispatches:
             tickets = [self.tickets[r.id] for r in d.requests]
             if d.final:
                 for r in d.requests:
                     del self.tickets[r.id]
             self._in_flight[d.id] = tickets
+            self._completion_us[d.id] = d.completion_us
             self.executor.execute(d, [tk.item for tk in tickets], self.on_stage_done)
         return self.wake_us
 
     # -- feedback from the executor -----------------------------------------------------------------------
     def on_stage_done(self, o: StageOutcome) -> NextStep:
         """One stage's outcome: a measured interval corrects the core's tables; the last stage completes the
-        dispatch (a final one teaches the margin how late batches run); a failure retries or rejects its items."""
+        dispatch (its outputs go to the callers; a final one teaches the margin how late batches run); a failure
+        retries or rejects its items; an executor's error fails them."""
         d = o.dispatch
         if o.gave_up:  # nobody waits for the rest: what it holds from now on goes back to the core
-            self._in_flight.pop(d.id, None)
-            if not d.final:  # a per-stage dispatch still holds its tickets under the requests' ids
-                for r in d.requests:
-                    self.tickets.pop(r.id, None)
+            self._forget(d)
             self.scheduler.release(d.id, o.now_us + self.lead_us)
+            if o.error is not None:
+                self.callers.fail(d, o.wanted, o.error)
             return NextStep(Action.STOP)
         if o.failed is not None:
             return NextStep(Action.STOP, self._failed(d, o.wanted, o.now_us, o.failed))
         if o.compute_us is not None:
             self.scheduler.report(d.id, d.stages[o.index].stage, *o.compute_us)
         if o.index + 1 < len(d.stages):
-            self._advance(d, o.index + 1, o.now_us + (self.lead_us if o.next_lead_us is None else o.next_lead_us))
-            return NextStep(Action.NEXT_STAGE)
+            ready = o.now_us + (self.lead_us if o.next_lead_us is None else o.next_lead_us)
+            return NextStep(Action.NEXT_STAGE, next=self._advance(d, o.index + 1, ready))
+        completion = self._completion_us.pop(d.id, d.completion_us)
         self._in_flight.pop(d.id, None)
         if d.final and self.config.learn_lateness:
-            self._learn(d.model, o.now_us - d.completion_us, o.now_us)
+            self._learn(d.model, o.now_us - completion, o.now_us)
+        self.callers.finish(d, o.wanted, o.outputs, o.now_us)
         return NextStep(Action.FINISH)
 
-    def _advance(self, d: Dispatch, k: int, ready_us: float) -> None:
-        """Stage ``k`` of ``d`` can start at ``ready_us`` (core clock): the executor runs it at the core's answer."""
+    def _forget(self, d: Dispatch) -> list[Ticket]:
+        """The dispatch ends without completing: its tickets (a per-stage dispatch still holds them under the
+        requests' ids)."""
+        self._completion_us.pop(d.id, None)
+        tickets = self._in_flight.pop(d.id, [])
+        if not d.final:
+            for r in d.requests:
+                self.tickets.pop(r.id, None)
+        return tickets
+
+    def _advance(self, d: Dispatch, k: int, ready_us: float) -> StageAssignment:
+        """Stage ``k`` of ``d`` can start at ``ready_us`` (core clock): the assignment the executor runs it at (the
+        policy's answer, or the one dispatched), and the dispatch's predicted completion moves with the last."""
         old = d.stages[k]
         new = self.scheduler.advance(d.id, old.stage, ready_us)
         if new is None:
-            return
-        d.stages[k] = new
-        if k == len(d.stages) - 1:
-            d.completion_us -= old.end_us - new.end_us
+            return old
+        if k == len(d.stages) - 1 and d.id in self._completion_us:
+            self._completion_us[d.id] -= old.end_us - new.end_us
+        return new
 
     def _failed(self, dispatch: Dispatch, items: Sequence[Any], now_us: float, reason: str) -> int:
         """A server failed the batch: re-enqueue ``items`` (those still wanted) that have attempts and time
         left, reject the rest; returns how many were retried."""
-        tickets = self._in_flight.pop(dispatch.id, [])
-        if not dispatch.final:  # a per-stage dispatch still holds its tickets under the requests' ids
-            for r in dispatch.requests:
-                self.tickets.pop(r.id, None)
+        tickets = self._forget(dispatch)
         wanted = {id(item) for item in items}
         retried = 0
         for tk in tickets:
             if id(tk.item) not in wanted:
                 continue
             if tk.attempts >= self.config.max_attempts or now_us >= tk.deadline_us:
-                self.executor.reject(tk.item, tk.model, f"{reason} and no retry could meet the deadline",
-                                     failure=True)
+                self.callers.reject(tk.item, tk.model, f"{reason} and no retry could meet the deadline",
+                                    failure=True)
             elif self._enqueue(tk, now_us):  # (refused by a full queue: rejected there)
                 retried += 1
         self.retries += retried
@@ -295,6 +330,16 @@ class Driver:
         moved = {id(t) for t in queued}
         self.tickets = {rid: t for rid, t in self.tickets.items() if id(t) not in moved}
         return queued
+
+    def retire(self) -> list[Ticket]:
+        """The policy failed and its state cannot be trusted: returns every ticket this driver held (queued, or
+        between the dispatches of a per-stage policy) for the owner to fail; the policy is dropped, so batches in
+        flight run on and complete here without it, and a retry is refused at once (the owner's new driver
+        serves what comes next)."""
+        held = list(self.tickets.values())
+        self.tickets.clear()
+        self.scheduler = RetiredPolicy()
+        return held
 
     def adopt(self, tickets: list[Ticket], now_us: float) -> None:
         """Take over another driver's queued tickets (same deadlines; this is not a retry)."""
@@ -345,3 +390,4 @@ class Driver:
         slo = self.topology.slo_us[model]
         slack = min(slo, slo - self.fastest_us[model] - self.lead_us)
         return max(self.base_margin_us[model], self.config.max_margin_fraction * slack)
+

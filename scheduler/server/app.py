@@ -61,7 +61,7 @@ class Sidecar:
         self.metrics = SidecarMetrics()
         self.client_shm = ClientShmRegistry()  # registered through the router, read and written by planned models
         self.tracer = Tracer(config.trace)
-        self.planned = None
+        self.plans = None  # which plan serves (control.reload.PlanSwitch; None without a manifest)
         self.router: Router | None = None
         self._grpc = None
         self._native = None
@@ -78,20 +78,20 @@ class Sidecar:
                 log.info("event=reclaimed_servers count=%d predecessors=%s", len(gone.servers),
                          ",".join(map(str, gone.launches)))
         if c.manifest is not None:
-            from scheduler.server.control.reload import ReloadablePlanned  # noqa: PLC0415
-            from scheduler.server.planned.service import PlannedModels  # noqa: PLC0415
+            from scheduler.server.control.reload import PlanSwitch  # noqa: PLC0415
+            from scheduler.server.planned.service import PlannedService  # noqa: PLC0415
 
-            def open_plan(path: Path, generation: int = 0) -> Awaitable[PlannedModels]:
-                return PlannedModels.create(path, c.policy, self.metrics, self.client_shm, c.batch_log,
+            def open_plan(path: Path, generation: int = 0) -> Awaitable[PlannedService]:
+                return PlannedService.create(path, c.policy, self.metrics, self.client_shm, c.batch_log,
                                             c.overheads_out, c.shard, generation, self.tracer, c.front_us,
                                             c.stage_protocol)
-            self.planned = ReloadablePlanned(await open_plan(c.manifest), c.manifest, open_plan)
+            self.plans = PlanSwitch(await open_plan(c.manifest), c.manifest, open_plan)
             if c.replan is not None:
                 from scheduler.server.control.replanner import AutoReplanner, load_settings  # noqa: PLC0415
-                self.replanner = AutoReplanner(load_settings(c.replan), self.planned, self.metrics)
+                self.replanner = AutoReplanner(load_settings(c.replan), self.plans, self.metrics)
                 self.replanner.start()
-        router_args = (c.passthrough, self.planned, self.metrics, self.client_shm,
-                       self.tracer if self.planned is not None else None)  # else trace settings pass through
+        router_args = (c.passthrough, self.plans, self.metrics, self.client_shm,
+                       self.tracer if self.plans is not None else None)  # else trace settings pass through
         if peers is None:
             self.router = Router(*router_args)
         else:
@@ -103,21 +103,21 @@ class Sidecar:
             self._native = NativeFront(self.router, c.bind, c.native_grpc_port, c.native_http_port,
                                        shared=c.group is not None, passthrough_http=c.passthrough_http)
             await self._native.start(self._planned_configs())
-            if self.planned is not None:
-                self.planned.after_reload.append(lambda: self._native.follow(self._planned_configs()))
+            if self.plans is not None:
+                self.plans.after_reload.append(lambda: self._native.follow(self._planned_configs()))
         grpc_rules = RestrictedApis.parse(c.grpc_restricted, "--grpc-restricted-protocol", grpc_prefix=True)
         http_rules = RestrictedApis.parse(c.http_restricted, "--http-restricted-api", grpc_prefix=False)
         shared = peers is not None  # the workers of serve --workers listen on the same ports (SO_REUSEPORT)
         self._grpc = await start_grpc(self.router, c.bind, c.grpc_port, grpc_rules, reuse_port=shared)
         http_app = HttpFront(self.router, http_rules).app()
-        if self.planned is not None:
+        if self.plans is not None:
             from scheduler.server.front.admin import plan_handler, reload_handler  # noqa: PLC0415
             run = None
             if peers is not None:
                 from scheduler.server.peers import reload_everywhere  # noqa: PLC0415
                 run = reload_everywhere(self, peers)
-            http_app.router.add_post("/v2/poolpipe/reload", reload_handler(self.planned, c.bind, run))
-            http_app.router.add_get("/v2/poolpipe/plan", plan_handler(self.planned))
+            http_app.router.add_post("/v2/poolpipe/reload", reload_handler(self.plans, c.bind, run))
+            http_app.router.add_get("/v2/poolpipe/plan", plan_handler(self.plans))
         self._runners.append(await start_http(http_app, c.bind, c.http_port, c.drain_timeout_s, reuse_port=shared))
         if peers is None:
             metrics_app = web.Application()
@@ -125,11 +125,14 @@ class Sidecar:
             self._runners.append(await start_http(metrics_app, c.bind, c.metrics_port))
         log.info("event=listening grpc=%s:%d http=%s:%d metrics=%s:%d planned=%s passthrough=%s", c.bind,
                  c.grpc_port, c.bind, c.http_port, c.bind, c.metrics_port,
-                 ",".join(self.planned.names()) if self.planned else "-", c.passthrough or "-")
+                 ",".join(self.plans.current.names()) if self.plans else "-", c.passthrough or "-")
 
     def _planned_configs(self) -> list:
         """The model configs of the plan being served (none without a manifest)."""
-        return [self.planned.config(m).config for m in self.planned.names()] if self.planned is not None else []
+        if self.plans is None:
+            return []
+        plan = self.plans.current
+        return [plan.config(m).config for m in plan.names()]
 
     async def _join_group(self):  # -> Peers
         """A worker of serve --workers: its private port (metrics for the parent, the peer endpoints) opens first,
@@ -149,10 +152,11 @@ class Sidecar:
         return peers
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        if self.planned is None:
+        if self.plans is None:
             return web.Response(body=self.metrics.exposition(), content_type="text/plain")
-        self.planned.refresh_gauges()  # poolpipe's own families, then Triton's for the planned models
-        body = self.metrics.exposition() + self.planned.triton_metrics()
+        plan = self.plans.current
+        plan.refresh_gauges()  # poolpipe's own families, then Triton's for the planned models
+        body = self.metrics.exposition() + plan.triton_metrics()
         return web.Response(body=body, content_type="text/plain")
 
     async def stop(self) -> None:
@@ -164,8 +168,8 @@ class Sidecar:
         if self._grpc is not None:
             stops.append(self._grpc.stop(self.config.drain_timeout_s))
         await asyncio.gather(*stops, return_exceptions=True)  # both front ends drain at once
-        if self.planned is not None:
-            await self.planned.close()
+        if self.plans is not None:
+            await self.plans.close()
         if self.replanner is not None:
             await self.replanner.close()
         if self.router is not None:
@@ -181,9 +185,9 @@ class Sidecar:
         await self.start()
         event_loop.freeze_heap()
         reloads: list[asyncio.Task] = []
-        if self.planned is not None:
+        if self.plans is not None:
             from scheduler.server.control.reload import reload_on_signal  # noqa: PLC0415
-            loop.add_signal_handler(signal.SIGHUP, lambda: reloads.append(reload_on_signal(self.planned)))
+            loop.add_signal_handler(signal.SIGHUP, lambda: reloads.append(reload_on_signal(self.plans)))
         try:
             await stop.wait()
         finally:

@@ -254,7 +254,7 @@ def peer_routes(app: web.Application, sidecar: Any) -> None:
     async def reload(request: web.Request) -> web.Response:
         manifest = (await request.json()).get("manifest")
         try:
-            report = await sidecar.planned.reload(Path(manifest) if manifest else None)
+            report = await sidecar.plans.reload(Path(manifest) if manifest else None)
         except ReloadError as e:
             return web.json_response({"error": str(e)}, status=e.status)
         return web.json_response(report.to_dict())
@@ -302,13 +302,13 @@ def reload_everywhere(sidecar: Any, peers: Peers) -> Any:
     worker's report with every worker's under ``workers`` (an error naming each worker that failed)."""
     async def own(path: Path | None) -> tuple[int, dict]:
         try:
-            return 200, (await sidecar.planned.reload(path)).to_dict()
+            return 200, (await sidecar.plans.reload(path)).to_dict()
         except ReloadError as e:
             return e.status, {"error": str(e)}
 
     async def run(path: Path | None) -> dict:
         n = len(peers.group.ports)
-        await asyncio.to_thread(check_split, path or sidecar.planned.manifest_path, n)
+        await asyncio.to_thread(check_split, path or sidecar.plans.manifest_path, n)
         mine, theirs = await asyncio.gather(own(path), peers.all(
             "/peer/reload", {"manifest": str(path) if path else ""}, READY_TIMEOUT_S + FLUSH_TIMEOUT_S + 10))
         answers = [_json_answer(a) for a in theirs]

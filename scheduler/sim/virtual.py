@@ -8,9 +8,10 @@ distribution (a variable-latency model) instead draws each request's level u onc
 stage) and runs the batch for the distribution's latency at the largest u in it (padded to the longest). What a live
 executor adds on top (``Overheads``: a lead from send to compute, a tail from compute end to the
 response, late wake-ups of the driver) and failing servers (``Fault``) can be given, so that the shared
-driver's margin learning and retries act here as they do live. As live, the executor holds no driver: each
-stage's outcome goes to the report the driver gave with the dispatch, and a fault's vGPU going down or coming
-back goes to the owner's ``on_vgpu_change`` (``VirtualRun`` relays it to its driver, as the sidecar's fleet does).
+driver's margin learning and retries act here as they do live. As live, the executor holds no driver and answers
+no caller: each stage's outcome goes to the report the driver gave with the dispatch (the driver completes the
+dispatch and answers the callers, ``VirtualCallers``), and a fault's vGPU going down or coming back goes to the
+owner's ``on_vgpu_change`` (``VirtualRun`` relays it to its driver, as the sidecar's fleet does).
 """
 
 from __future__ import annotations
@@ -57,10 +58,11 @@ class Batch:
 class _Flight:
     """A dispatched batch moving through its stages."""
 
-    __slots__ = ("d", "pipeline", "items", "report", "starts", "pending", "send_at", "abandoned")
+    __slots__ = ("d", "stages", "pipeline", "items", "report", "starts", "pending", "send_at", "abandoned")
 
     def __init__(self, d: Dispatch, pipeline: Pipeline, items: list[Any], report: Report) -> None:
         self.d = d
+        self.stages = list(d.stages)  # as dispatched, then as the driver's answers move them
         self.pipeline = pipeline
         self.items = items
         self.report = report
@@ -86,7 +88,6 @@ class VirtualExecutor:
 
     def __init__(self, topology: Topology, duration_us: float, *, noise_cv: float = 0.0, seed: int = 0,
                  overheads: Overheads | None = None, faults: Sequence[Fault] = (), record_timeline: bool = False,
-                 on_done: Callable[[Any, float], None], on_reject: Callable[[Any, str, str], None],
                  on_vgpu_change: Callable[[str, bool, float], None], interference: Any = None,
                  cancels: Sequence[tuple[float, Any]] = (), on_cancel: Callable[[Any, float], None] | None = None
                  ) -> None:
@@ -105,8 +106,6 @@ class VirtualExecutor:
         self.record_timeline = record_timeline
         self.timeline: list[Batch] = []
         self.paths: dict[int, list[str]] = {}
-        self.on_done = on_done
-        self.on_reject = on_reject
         self.on_vgpu_change = on_vgpu_change  # (vgpu, up, now): a fault took it down (heard at a failed stage) or ended
         self.interference = interference  # co-located plans: scheduler.sim.interference.CoRunInterference
         self.batch_sizes: Counter = Counter()
@@ -139,9 +138,9 @@ class VirtualExecutor:
             return
         self._advance(fl, 0, self.now)
 
-    def reject(self, item: Any, model: str, reason: str, *, failure: bool = False) -> None:
+    def forget(self, item: Any) -> None:
+        """``item`` ended (answered or rejected): its latency level is no longer needed."""
         self._level.pop(item, None)
-        self.on_reject(item, model, reason)
 
     # -- events ---------------------------------------------------------------------------------------------
     def push(self, when: float, kind: int, obj: Any, k: int) -> None:
@@ -207,13 +206,13 @@ class VirtualExecutor:
     def _advance(self, fl: _Flight, k: int, t: float) -> None:
         """Stage k's input is at hand at t: transfer it if it crosses servers, then send it."""
         d = fl.d
-        a = d.stages[k]
+        a = fl.stages[k]
         st = fl.pipeline.stages[a.stage]
         fl.pending, fl.send_at = k, math.inf
         if self._track:
             for x in fl.items:
                 self._waiting[x] = fl
-        crosses = (self.server[d.stages[k - 1].vgpu] != self.server[a.vgpu] if k > 0
+        crosses = (self.server[fl.stages[k - 1].vgpu] != self.server[a.vgpu] if k > 0
                    else a.transfer_start_us is not None)
         if st.in_bytes_per_request > 0 and crosses:
             ts = a.transfer_start_us if d.reserved and a.transfer_start_us is not None else t
@@ -223,7 +222,7 @@ class VirtualExecutor:
 
     def _send(self, fl: _Flight, k: int, t: float) -> None:
         """Send stage k no earlier than its reserved start less the lead; it reaches the server a lead later."""
-        a = fl.d.stages[k]
+        a = fl.stages[k]
         lead = self.ov.lead_us
         send = a.start_us - lead if fl.d.reserved and a.start_us - lead >= t + EARLY_SEND_US else t
         fl.send_at = send
@@ -233,12 +232,12 @@ class VirtualExecutor:
         if fl.abandoned:
             return
         d = fl.d
-        a = d.stages[k]
+        a = fl.stages[k]
         st = fl.pipeline.stages[a.stage]
         dur = st.in_bytes_per_request * len(d.requests) * self.topology.us_per_byte
         dst = self.server[a.vgpu]
         if k > 0:
-            src = self.server[d.stages[k - 1].vgpu]
+            src = self.server[fl.stages[k - 1].vgpu]
             s0 = max(t, self.upfree.get(src, 0.0), self.downfree.get(dst, 0.0))
             self.upfree[src] = s0 + dur
         else:
@@ -252,7 +251,7 @@ class VirtualExecutor:
         if self._track:
             self._unwait(fl)
         d = fl.d
-        a = d.stages[k]
+        a = fl.stages[k]
         v = a.vgpu
         if v in self.down:
             self._fail(fl, k, v, t)
@@ -284,13 +283,11 @@ class VirtualExecutor:
     def _stage_end(self, fl: _Flight, k: int, t: float) -> None:
         """Stage k's response is back: report it; the driver says whether the next stage runs or the batch is done."""
         d = fl.d
-        step = fl.report(StageOutcome(d, k, t, (fl.starts[k], t - self.ov.tail_us)))
+        step = fl.report(StageOutcome(d, k, t, (fl.starts[k], t - self.ov.tail_us), wanted=fl.items))
         if step.action is Action.NEXT_STAGE:
+            if step.next is not None:
+                fl.stages[k + 1] = step.next
             self._advance(fl, k + 1, t)
-        elif step.action is Action.FINISH and d.final:
-            for item in fl.items:
-                self._level.pop(item, None)
-                self.on_done(item, t)
 
     def _fail(self, fl: _Flight, k: int, vgpu: str, t: float) -> None:
         """Stage k reached a failed vGPU: it goes out of service, then the driver retries or rejects the batch."""
@@ -298,14 +295,43 @@ class VirtualExecutor:
         fl.report(StageOutcome(fl.d, k, t, failed=f"vGPU {vgpu} failed", wanted=fl.items))
 
 
-class VirtualRun:
-    """One scheduler on the virtual cluster: the executor, the driver that runs the scheduler on it, and the
-    fault schedule's vGPU changes relayed to that driver (as the sidecar's fleet tells its planned service)."""
+class VirtualCallers:
+    """The simulated requests' callers, whom the driver answers: a finished request's time, a rejected one's
+    reason, to the simulation's outcome log."""
 
-    def __init__(self, topology: Topology, scheduler: Scheduler, config: DriverConfig, duration_us: float,
+    def __init__(self, executor: VirtualExecutor, on_done: Callable[[Any, float], None],
+                 on_reject: Callable[[Any, str, str], None]) -> None:
+        self.executor = executor
+        self.on_done = on_done
+        self.on_reject = on_reject
+
+    def finish(self, dispatch: Dispatch, items: Sequence[Any], outputs: Any, now_us: float) -> None:
+        if dispatch.final:
+            for item in items:
+                self.executor.forget(item)
+                self.on_done(item, now_us)
+
+    def reject(self, item: Any, model: str, reason: str, *, failure: bool = False) -> None:
+        self.executor.forget(item)
+        self.on_reject(item, model, reason)
+
+    def fail(self, dispatch: Dispatch, items: Sequence[Any], error: Any) -> None:  # (a virtual stage never errs)
+        for item in items:
+            self.executor.forget(item)
+            self.on_reject(item, dispatch.model, str(error))
+
+
+class VirtualRun:
+    """One scheduler on the virtual cluster: the executor, the driver that runs the scheduler on it and answers the
+    callers (``on_done``, ``on_reject``), and the fault schedule's vGPU changes relayed to that driver (as the
+    sidecar's fleet tells its planned service)."""
+
+    def __init__(self, topology: Topology, scheduler: Scheduler, config: DriverConfig, duration_us: float, *,
+                 on_done: Callable[[Any, float], None], on_reject: Callable[[Any, str, str], None],
                  **executor_args: Any) -> None:
         self.executor = VirtualExecutor(topology, duration_us, on_vgpu_change=self._vgpu_changed, **executor_args)
-        self.driver = Driver(scheduler, topology, self.executor, config)
+        self.callers = VirtualCallers(self.executor, on_done, on_reject)
+        self.driver = Driver(scheduler, topology, self.executor, config, callers=self.callers)
 
     def _vgpu_changed(self, vgpu: str, up: bool, now_us: float) -> None:
         self.driver.set_vgpu_up(vgpu, up, now_us)

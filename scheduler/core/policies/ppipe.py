@@ -241,4 +241,6 @@ class PPipePolicy(QueueingPolicy):
         q = self.queues[model]
         requests = self.take_meeting(q, r.batch, r.completion_us)  # fewer than probed: reserved as that batch
         self.live[did] = (r.completion_us, stages)
-        result.dispatches.append(Dispatch(did, model, cp.id, requests, stages, r.completion_us))
+        # the dispatch gets its own list: the policy moves its reservations in its own (advance), the driver
+        # hands the executor the moved assignment
+        result.dispatches.append(Dispatch(did, model, cp.id, requests, list(stages), r.completion_us))

@@ -51,6 +51,8 @@ class SidecarMetrics:
                                   buckets=(1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2))
         self.retries = Counter(_P + "retries", "Batches retried on another path after a server fault", ["model"],
                                registry=r)
+        self.policy_failures = Counter(_P + "policy_failures", "Scheduler policy steps that raised (the requests "
+                                       "they held were answered with an error)", registry=r)
         self.hops = Counter(_P + "hops", "Boundary tensors handed between stages, by how", ["kind"], registry=r)
         self.reloads = Counter(_P + "reloads", "Plan reloads (SIGHUP, the endpoint, --replan)", ["outcome"],
                                registry=r)

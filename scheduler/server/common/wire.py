@@ -128,3 +128,41 @@ class RawAnswer:
 
     outputs: tuple[tuple[str, str, tuple[int, ...], bytes], ...]  # (name, datatype, shape, raw bytes)
     parameters: tuple[tuple[str, int], ...] = ()  # int64 response parameters (the sidecar's own latency)
+
+
+class InferRequest:
+    """One inference request as every front end hands it to the router (``Router.submit``): the gRPC port's bytes
+    as received (decoded only for a planned model: a pass-through one is forwarded as they are), a protobuf message
+    (the HTTP port, the gRPC stream) or the native front end's DecodedRequest; and the client's absolute deadline
+    on time.monotonic() (None: none)."""
+
+    __slots__ = ("model_name", "deadline_s", "wire", "decoded", "_message")
+
+    def __init__(self, model: str, deadline_s: float | None, *, wire: bytes | None = None,
+                 message: service_pb2.ModelInferRequest | None = None, decoded: DecodedRequest | None = None
+                 ) -> None:
+        self.model_name = model
+        self.deadline_s = deadline_s
+        self.wire = wire
+        self.decoded = decoded
+        self._message = message
+
+    @classmethod
+    def from_wire(cls, data: bytes, deadline_s: float | None) -> "InferRequest":
+        """A serialized ModelInferRequest (its model name read without decoding the tensors)."""
+        return cls(model_name(data), deadline_s, wire=data)
+
+    @classmethod
+    def from_message(cls, message: service_pb2.ModelInferRequest, deadline_s: float | None) -> "InferRequest":
+        return cls(message.model_name, deadline_s, message=message)
+
+    @classmethod
+    def from_decoded(cls, decoded: DecodedRequest, deadline_s: float | None) -> "InferRequest":
+        return cls(decoded.model_name, deadline_s, decoded=decoded)
+
+    def message(self) -> service_pb2.ModelInferRequest:
+        """The request as protobuf: decoded from the wire once (INVALID_ARGUMENT when malformed), or built from a
+        DecodedRequest."""
+        if self._message is None:
+            self._message = parse_request(self.wire) if self.wire is not None else self.decoded.to_proto()  # type: ignore[union-attr]
+        return self._message

@@ -1,4 +1,5 @@
-"""Reloading the plan while serving: the Router's planned service, swapped from one manifest's plan to the next.
+"""Reloading the plan while serving: the Router's current planned service, swapped from one manifest's plan to the
+next.
 
 A reload (SIGHUP, or ``POST /v2/poolpipe/reload``) loads the manifest and brings the new plan up beside
 the old one (its own connections, shared-memory pool and calibration; the old plan keeps serving
@@ -20,15 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
-from tritonclient.grpc import service_pb2
 
 from model_repository_gen.manifest import load_manifest
 from poolpipe_common.errors import InputError
 from scheduler.server.common.errors import ServeError
 from scheduler.server.common.event_loop import freeze_heap
-from scheduler.server.common.wire import DecodedRequest
 from scheduler.server.planned.calls import now_us
-from scheduler.server.planned.service import PlannedModels
+from scheduler.server.planned.service import PlannedService
 
 log = logging.getLogger("poolpipe.sidecar.reload")
 
@@ -60,19 +59,21 @@ class ReloadReport:
         return dict(self.__dict__)
 
 
-def incompatible(old: PlannedModels, new: PlannedModels) -> list[str]:
+def incompatible(old: PlannedService, new: PlannedService) -> list[str]:
     """Models in both plans whose tensors differ: their clients would break, so the reload is refused."""
     return [m for m, info in new.models.items() if m in old.models
             and (old.models[m].inputs, old.models[m].outputs) != (info.inputs, info.outputs)]
 
 
-class ReloadablePlanned:
-    """The Router's PlannedService: delegates to the current plan; ``reload()`` swaps in the next."""
+class PlanSwitch:
+    """Which plan serves: the Router asks ``current`` (one PlannedService per plan); ``reload()`` swaps in the next.
+    It only swaps plans: everything a request meets is the current plan's."""
 
-    def __init__(self, current: PlannedModels, manifest_path: Path,
-                 open_plan: Callable[[Path, int], Awaitable[PlannedModels]]) -> None:
+    def __init__(self, current: PlannedService, manifest_path: Path,
+                 open_plan: Callable[[Path, int], Awaitable[PlannedService]]) -> None:
         self.current = current
-        self.on_arrival: Callable[[str], None] | None = None  # each planned request's model (serve --replan)
+        # the Router tells it each planned request's model (serve --replan counts them across reloads)
+        self.on_arrival: Callable[[str], None] | None = None
         self.manifest_path = manifest_path
         self.serving = manifest_directory(manifest_path)  # what the current plan was loaded from, resolved
         self.open_plan = open_plan
@@ -82,43 +83,6 @@ class ReloadablePlanned:
         # that fails is logged: the new plan serves either way
         self.after_reload: list[Callable[[], Awaitable[None]]] = []
         self._lock = asyncio.Lock()
-
-    # --- the PlannedService, delegated ------------------------------------------------------------------
-    def has(self, model: str) -> bool:
-        return self.current.has(model)
-
-    def names(self) -> list[str]:
-        return self.current.names()
-
-    def ready(self, model: str) -> bool:
-        return self.current.ready(model)
-
-    def metadata(self, model: str) -> service_pb2.ModelMetadataResponse:
-        return self.current.metadata(model)
-
-    def config(self, model: str) -> service_pb2.ModelConfigResponse:
-        return self.current.config(model)
-
-    def statistics(self, model: str) -> service_pb2.ModelStatistics:
-        return self.current.statistics(model)
-
-    def refresh_gauges(self) -> None:
-        self.current.refresh_gauges()
-
-    def triton_metrics(self) -> bytes:
-        return self.current.triton_metrics()
-
-    async def infer(self, request: service_pb2.ModelInferRequest, deadline_s: float | None
-                    ) -> service_pb2.ModelInferResponse:
-        if self.on_arrival is not None:
-            self.on_arrival(request.model_name)
-        return await self.current.infer(request, deadline_s)
-
-    def start(self, request: service_pb2.ModelInferRequest | DecodedRequest, deadline_s: float | None
-              ) -> asyncio.Future:
-        if self.on_arrival is not None:
-            self.on_arrival(request.model_name)
-        return self.current.start(request, deadline_s)
 
     @property
     def reloading(self) -> bool:
@@ -170,7 +134,7 @@ class ReloadablePlanned:
                     log.exception("event=after_reload_failed generation=%d", self.generation)
             return report
 
-    async def _ready(self, new: PlannedModels) -> None:
+    async def _ready(self, new: PlannedService) -> None:
         bad = incompatible(self.current, new)
         if bad:
             raise ReloadError(f"cannot reload: model(s) {', '.join(bad)} change their input or output tensors; "
@@ -183,7 +147,7 @@ class ReloadablePlanned:
                                   f"after {READY_TIMEOUT_S:.0f} s (are their Triton servers launched?)")
             await asyncio.sleep(0.05)
 
-    async def _switch(self, old: PlannedModels, new: PlannedModels, path: Path) -> ReloadReport:
+    async def _switch(self, old: PlannedService, new: PlannedService, path: Path) -> ReloadReport:
         old_urls = {s.grpc_url for s in old.fleet.servers.values()}
         new_urls = {s.grpc_url for s in new.fleet.servers.values()}
         for m, stats in old.answers.stats.items():  # statistics carry on across the reload
@@ -212,13 +176,13 @@ class ReloadablePlanned:
         return report
 
     @staticmethod
-    async def _flush(old: PlannedModels) -> None:
+    async def _flush(old: PlannedService) -> None:
         tasks = list(old.executor.tasks)
         if tasks:
             await asyncio.wait(tasks, timeout=FLUSH_TIMEOUT_S)
 
     @staticmethod
-    def _hand_over(old: PlannedModels, new: PlannedModels) -> tuple[int, list[str]]:
+    def _hand_over(old: PlannedService, new: PlannedService) -> tuple[int, list[str]]:
         """Move the old driver's queued tickets to the new one; those of models the new plan lacks fail."""
         now = now_us()
         keep, failed = [], []
@@ -239,11 +203,11 @@ def manifest_directory(path: Path) -> Path:
     return p if p.is_dir() else p.parent
 
 
-def reload_on_signal(planned: ReloadablePlanned) -> asyncio.Task:
+def reload_on_signal(plans: PlanSwitch) -> asyncio.Task:
     """SIGHUP: reload from the manifest path the sidecar was started with (errors are logged; it serves on)."""
     async def run() -> None:
         try:
-            await planned.reload()
+            await plans.reload()
         except ReloadError as e:
             log.warning("event=reload_failed reason=%s", e)
     return asyncio.ensure_future(run())

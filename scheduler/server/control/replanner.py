@@ -47,7 +47,7 @@ from runtime.migration import begin_migration
 from runtime.supervise import remove_state, write_state
 from scheduler.core.replan_trigger import ReplanConfig, ReplanDecision, ReplanTrigger
 from scheduler.server.common.metrics import SidecarMetrics
-from scheduler.server.control.reload import ReloadablePlanned
+from scheduler.server.control.reload import PlanSwitch
 from scheduler.server.planned.calls import now_us
 
 log = logging.getLogger("poolpipe.sidecar.replan")
@@ -146,7 +146,7 @@ def plan_and_generate(job: ReplanJob) -> tuple[str, float, dict[str, float]]:
     return str(job.out / "manifest.json"), new.solve_seconds, new.capacity_rps()
 
 
-def planned_capacity(planned: ReloadablePlanned) -> dict[str, float]:
+def planned_capacity(planned: PlanSwitch) -> dict[str, float]:
     """What the serving plan holds per model: its sustainable rate where the plan measured one, else nominal."""
     held = planned.current.manifest.plan.capacity_rps()
     return {m: held.get(m, sum(p.throughput_rps for p in info.pipelines))
@@ -156,7 +156,7 @@ def planned_capacity(planned: ReloadablePlanned) -> dict[str, float]:
 class AutoReplanner:
     """Watches the arrivals of the planned models and re-plans, generates, launches and reloads (module doc)."""
 
-    def __init__(self, settings: ReplanSettings, planned: ReloadablePlanned, metrics: SidecarMetrics) -> None:
+    def __init__(self, settings: ReplanSettings, planned: PlanSwitch, metrics: SidecarMetrics) -> None:
         self.settings = settings
         self.planned = planned
         self.metrics = metrics

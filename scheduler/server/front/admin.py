@@ -10,12 +10,12 @@ from pathlib import Path
 
 from aiohttp import web
 
-from scheduler.server.control.reload import ReloadablePlanned, ReloadError
+from scheduler.server.control.reload import PlanSwitch, ReloadError
 
 log = logging.getLogger("poolpipe.sidecar.reload")
 
 
-def plan_handler(planned: ReloadablePlanned) -> Callable[[web.Request], Awaitable[web.Response]]:
+def plan_handler(planned: PlanSwitch) -> Callable[[web.Request], Awaitable[web.Response]]:
     """``GET /v2/poolpipe/plan``: the deployment the sidecar dispatches to now (``poolpipe launch --sidecar``
     waits for it before stopping the servers of the previous one)."""
     async def handle(_request: web.Request) -> web.Response:
@@ -32,7 +32,7 @@ def is_loopback(address: str) -> bool:
         return address == "localhost"
 
 
-def reload_handler(planned: ReloadablePlanned, bind: str,
+def reload_handler(planned: PlanSwitch, bind: str,
                    run: Callable[[Path | None], Awaitable[dict]] | None = None
                    ) -> Callable[[web.Request], Awaitable[web.Response]]:
     """``POST /v2/poolpipe/reload`` (optional JSON body ``{"manifest": PATH}``): the report, or an error.

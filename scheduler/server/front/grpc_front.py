@@ -14,7 +14,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from scheduler.server.common.channels import SERVER_OPTIONS
 from scheduler.server.common.errors import ServeError
 from scheduler.server.common.restricted import GRPC_METHODS, RestrictedApis
-from scheduler.server.common.wire import serialize_response
+from scheduler.server.common.wire import InferRequest, serialize_response
 from scheduler.server.front.router import Router
 
 log = logging.getLogger("poolpipe.sidecar.grpc")
@@ -97,7 +97,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         """The serialized request: the router decodes a planned model's, forwards another's as received."""
         try:
             self._check("ModelInfer", context)
-            return await self.router.infer_wire(request, _deadline(context))
+            return await self.router.submit(InferRequest.from_wire(request, _deadline(context)))
         except ServeError as e:
             await context.abort(e.code, e.message)
 
@@ -115,7 +115,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
         async def planned_one(req: service_pb2.ModelInferRequest) -> None:
             try:
-                out.put_nowait(service_pb2.ModelStreamInferResponse(infer_response=await self.router.infer(req, None)))
+                out.put_nowait(service_pb2.ModelStreamInferResponse(infer_response=await self.router.submit(
+                    InferRequest.from_message(req, None))))
             except ServeError as e:
                 out.put_nowait(service_pb2.ModelStreamInferResponse(error_message=e.message))
 

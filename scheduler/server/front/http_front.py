@@ -16,6 +16,7 @@ from tritonclient.grpc import service_pb2
 from scheduler.server.common.errors import ServeError, invalid
 from scheduler.server.common.restricted import RestrictedApis, http_category
 from scheduler.server.common.tensors import param_value, proto_to_json, set_param
+from scheduler.server.common.wire import InferRequest
 from scheduler.server.front.http_infer import HEADER_LENGTH, infer_response_to_http, parse_infer_request
 from scheduler.server.front.router import Router
 
@@ -221,7 +222,7 @@ class HttpFront:
         m, v = self._names(request)
         body = await request.read()
         req, binary, default_binary, shm_outputs = parse_infer_request(m, v, body, request.headers.get(HEADER_LENGTH))
-        resp = await self.router.infer(req, None)
+        resp = await self.router.submit(InferRequest.from_message(req, None))
         return infer_response_to_http(resp, binary, default_binary, shm_outputs)
 
 

@@ -33,6 +33,7 @@ from model_repository_gen.triton_config import config_text
 from poolpipe_common.errors import InputError
 from runtime.tritonserver import TritonProcess, pid_alive
 from scheduler.server.common.errors import ServeError
+from scheduler.server.common.wire import InferRequest
 from scheduler.server.front.native_frames import (
     FrameError,
     decode_cancel,
@@ -127,7 +128,7 @@ class _Connection(asyncio.Protocol):
 
     def _submit(self, ident: int, request) -> None:
         try:
-            future = self.router.start_infer(request, None)
+            future = self.router.submit(InferRequest.from_decoded(request, None))
         except ServeError as e:
             self._send(encode_error(ident, e.code, e.message))
             return

@@ -7,7 +7,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
@@ -21,7 +21,11 @@ from scheduler.server.common.log_settings import LogSettings
 from scheduler.server.common.metrics import SidecarMetrics
 from scheduler.server.common.trace_settings import settings_from_request
 from scheduler.server.common.tracing import Tracer
-from scheduler.server.common.wire import INFER_METHOD, DecodedRequest, model_name, parse_request
+from scheduler.server.common.wire import INFER_METHOD, InferRequest
+
+if TYPE_CHECKING:  # the planned service is imported where a manifest is served (scheduler/server/app.py)
+    from scheduler.server.control.reload import PlanSwitch
+    from scheduler.server.planned.service import PlannedService
 
 log = logging.getLogger("poolpipe.sidecar")
 
@@ -41,36 +45,14 @@ def _left_s(deadline_s: float | None) -> float | None:
     return None if deadline_s is None else max(deadline_s - time.monotonic(), 0.0)
 
 
-class PlannedService(Protocol):
-    """The planned models (pooled pipelines) behind the sidecar; see scheduler/server/planned/service.py."""
-
-    def has(self, model: str) -> bool: ...
-
-    def names(self) -> list[str]: ...
-
-    def ready(self, model: str) -> bool: ...
-
-    def metadata(self, model: str) -> service_pb2.ModelMetadataResponse: ...
-
-    def config(self, model: str) -> service_pb2.ModelConfigResponse: ...
-
-    def statistics(self, model: str) -> service_pb2.ModelStatistics: ...
-
-    async def infer(self, request: service_pb2.ModelInferRequest, deadline_s: float | None
-                    ) -> service_pb2.ModelInferResponse: ...
-
-    def start(self, request: service_pb2.ModelInferRequest | DecodedRequest, deadline_s: float | None
-              ) -> asyncio.Future: ...
-
-
 class Router:
     """Routes calls by model name; shared-memory registrations are kept locally and mirrored to the pass-through."""
 
-    def __init__(self, passthrough: str | None, planned: PlannedService | None, metrics: SidecarMetrics,
+    def __init__(self, passthrough: str | None, plans: PlanSwitch | None, metrics: SidecarMetrics,
                  shm: ClientShmRegistry, tracer: Tracer | None = None) -> None:
         self.passthrough_url = passthrough
         self.tracer = tracer  # the sidecar's trace settings (planned models); None: trace calls go to the pass-through
-        self.planned = planned
+        self.plans = plans  # which plan serves the planned models (None: no manifest, everything passes through)
         self.metrics = metrics
         self.shm = shm  # shared with the planned service, which reads inputs from and writes outputs to it
         self.log_settings = LogSettings()  # the logging extension, for the sidecar's own log
@@ -97,6 +79,11 @@ class Router:
             await self._channel.close()
 
     # --- helpers -------------------------------------------------------------------------------------------
+    @property
+    def planned(self) -> PlannedService | None:
+        """The plan serving now (a reload swaps it between two calls, never during one)."""
+        return self.plans.current if self.plans is not None else None
+
 
     def is_planned(self, model: str) -> bool:
         return self.planned is not None and self.planned.has(model)
@@ -261,43 +248,41 @@ class Router:
 
     # --- inference -----------------------------------------------------------------------------------------
 
-    async def infer_wire(self, data: bytes, deadline_s: float | None) -> service_pb2.ModelInferResponse | bytes:
-        """One serialized inference (gRPC): a pass-through model's goes to Triton as received and its answer comes
-        back as Triton's bytes; a planned model's is decoded and answered by :meth:`infer`."""
-        model = model_name(data)
-        if self._infer_raw is None or self.is_planned(model):
-            return await self.infer(parse_request(data), deadline_s)
-        return await self._measured(model, "passthrough", self._forward_raw(data, deadline_s))
-
-    async def infer(self, request: service_pb2.ModelInferRequest, deadline_s: float | None
-                    ) -> service_pb2.ModelInferResponse:
-        """One inference; ``deadline_s`` is the client's absolute deadline on time.monotonic() (None: none)."""
-        model = request.model_name
-        if self.is_planned(model):
-            return await self._measured(model, "planned", self.planned.infer(request, deadline_s))
-        return await self._measured(model, "passthrough", self.forward("ModelInfer", request, _left_s(deadline_s)))
-
-    def start_infer(self, request: service_pb2.ModelInferRequest | DecodedRequest, deadline_s: float | None
-                    ) -> asyncio.Future:
-        """:meth:`infer`'s answer as a future, for a front end that answers from a callback (the native front end):
-        a planned model's request is submitted now and counted as infer counts it, without a task of its own."""
+    def submit(self, request: InferRequest) -> asyncio.Future:
+        """The one way in for an inference, whichever front end decoded it: a planned model's request is checked
+        and queued now (its answer, or a ServeError, comes in the future; cancelling the future withdraws it); any
+        other goes to the pass-through Triton, as received when it came as bytes. Raises ServeError for a planned
+        request refused at once."""
         model = request.model_name
         if not self.is_planned(model):
-            proto = request.to_proto() if isinstance(request, DecodedRequest) else request
-            return asyncio.ensure_future(self.infer(proto, deadline_s))
+            return asyncio.ensure_future(self._measured(model, "passthrough", self._forward(request)))
         series = self.metrics.series(model, "planned")
         series.requests.inc()
         t0 = time.monotonic()
+        if self.plans.on_arrival is not None:  # type: ignore[union-attr]
+            self.plans.on_arrival(model)  # type: ignore[union-attr]
         try:
-            future = self.planned.start(request, deadline_s)
+            future = self.plans.current.submit(request)  # type: ignore[union-attr]
         except ServeError as e:
             self._count(model, series, t0, e)
             raise
+
         def done(f: asyncio.Future) -> None:
-            if not f.cancelled():  # withdrawn by the front end: counted neither way, as a cancelled infer()
+            if not f.cancelled():  # withdrawn by its front end or client: counted neither way
                 self._count(model, series, t0, f.exception())
         future.add_done_callback(done)
         return future
+
+    async def _forward(self, request: InferRequest) -> service_pb2.ModelInferResponse | bytes:
+        """A pass-through model's inference: its bytes as received (Triton's answer comes back as bytes), else the
+        message."""
+        left = _left_s(request.deadline_s)
+        if request.wire is not None and self._infer_raw is not None:
+            try:
+                return await self._infer_raw(request.wire, timeout=left)
+            except grpc.aio.AioRpcError as e:
+                raise from_rpc_error(e) from None
+        return await self.forward("ModelInfer", request.message(), left)
 
     def _count(self, model: str, series: Any, t0: float, error: BaseException | None) -> None:
         """Count one answered request (``error`` None) or one failed with a ServeError (other errors are not)."""
@@ -306,12 +291,6 @@ class Router:
             series.latency.observe(time.monotonic() - t0)
         elif isinstance(error, ServeError):
             self.metrics.child(self.metrics.failures, model, error.code.name).inc()
-
-    async def _forward_raw(self, data: bytes, deadline_s: float | None) -> bytes:
-        try:
-            return await self._infer_raw(data, timeout=_left_s(deadline_s))  # type: ignore[misc]
-        except grpc.aio.AioRpcError as e:
-            raise from_rpc_error(e) from None
 
     async def _measured(self, model: str, route: str, answer: Awaitable[Any]) -> Any:
         """Await ``answer`` and count it in the request metrics of (model, route)."""

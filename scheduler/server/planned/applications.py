@@ -24,7 +24,7 @@ from model_repository_gen.app_manifest import ApplicationInfo
 from model_repository_gen.manifest import ModelInfo
 from scheduler.server.common.client_shm import ClientShmRegistry
 from scheduler.server.common.errors import ServeError
-from scheduler.server.planned.calls import Answers, ClientCall, now_us, request_deadline_us
+from scheduler.server.planned.calls import Answers, now_us, request_deadline_us
 from scheduler.server.planned.validate import check_request
 
 Arrays = dict[str, np.ndarray]
@@ -106,19 +106,19 @@ class Applications:
                     client_shm: ClientShmRegistry) -> service_pb2.ModelInferResponse:
         app, info = self.apps[request.model_name], self.infos[request.model_name]
         t = now_us()
-        checked = check_request(request, info, client_shm)
-        deadline = request_deadline_us(t, app.slo_us, checked.timeout_us, deadline_s, self.front_us)
-        call = ClientCall(info, request.id, checked, asyncio.get_running_loop().create_future(), t, deadline,
-                          [None] * checked.batch, checked.batch)
+        call = check_request(request, info, client_shm)
+        call.arrival_us = t
+        call.deadline_us = deadline = request_deadline_us(t, app.slo_us, call.timeout_us, deadline_s, self.front_us)
+        call.future = asyncio.get_running_loop().create_future()
         try:
-            outputs = await self._run_dag(app, checked.inputs, deadline, request.id)
+            outputs = await self._run_dag(app, call.inputs, deadline, request.id)
         except ServeError as e:
             self.answers.fail(call, e)  # counted; the error goes to the client from here, not from the future
             call.future.exception()
             raise
-        result = app_outputs(app, outputs, checked.batch)
+        result = app_outputs(app, outputs, call.batch)
         call.rows = [{n: np.ascontiguousarray(a[i:i + 1]).tobytes() for n, a in result.items()}
-                     for i in range(checked.batch)]
+                     for i in range(call.batch)]
         call.left = 0
         self.answers.answer(call)
         return await call.future

@@ -4,7 +4,9 @@ is answered (outputs, or an explicit error) exactly once; per-model statistics a
 from __future__ import annotations
 
 import asyncio
+import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -13,15 +15,18 @@ from tritonclient.grpc import service_pb2
 from tritonclient.utils import triton_to_np_dtype
 
 from model_repository_gen.manifest import ModelInfo
+from poolpipe_common.batcher import QUEUE_FULL, QUEUE_TIMEOUT
 from poolpipe_common.overheads import SIDECAR_LATENCY_PARAMETER, sidecar_slo_us
+from poolpipe_common.tensors import TensorSpec
+from scheduler.core.api import Dispatch
+from scheduler.core.policies.retired import POLICY_FAILED
 from scheduler.server.common.client_shm import ClientShmRegistry
-from scheduler.server.common.errors import ServeError
+from scheduler.server.common.errors import ServeError, shed
 from scheduler.server.common.metrics import SidecarMetrics
 from scheduler.server.common.model_stats import ModelStats, RequestMarks
 from scheduler.server.common.tracing import CallTrace, Tracer
 from scheduler.server.common.wire import RawAnswer
 from scheduler.server.planned.stage_io import row_of
-from scheduler.server.planned.validate import CheckedRequest
 
 
 def now_us() -> float:
@@ -40,22 +45,42 @@ def request_deadline_us(arrival_us: float, slo_us: float, timeout_us: float | No
     return deadline
 
 
-@dataclass
+@dataclass(frozen=True)
+class OutputTarget:
+    """A requested output: returned raw, or written to a client shm region at ``offset``."""
+
+    spec: TensorSpec
+    region: str | None = None
+    offset: int = 0
+    byte_size: int = 0
+
+
+@dataclass(eq=False)
 class ClientCall:
-    """One client request; its samples may ride different batches."""
+    """One client request on the planned path, from its check (scheduler/server/planned/validate.py) to its answer:
+    its inputs and wanted outputs as checked, its terms, and its answer's future; its rows (``Sample``) may ride
+    different batches."""
 
     model: ModelInfo
     request_id: str  # the client's request id, echoed in the answer
-    checked: CheckedRequest
-    future: asyncio.Future
-    arrival_us: float
-    deadline_us: float
-    rows: list[dict[str, bytes] | None]  # each row's outputs, raw bytes
-    left: int
+    batch: int  # its rows
+    inputs: dict[str, np.ndarray]  # name -> [batch, *shape], read-only (the request's bytes, or a copy of shm)
+    outputs: tuple[OutputTarget, ...]
+    timeout_us: float | None = None  # the client's "timeout" parameter, if any
+    priority: int = 0  # the client's "priority" parameter (0: the model's default level)
+    arrival_us: float = 0.0
+    deadline_us: float = math.inf
+    future: asyncio.Future = field(default=None)  # type: ignore[assignment]  # set when it is submitted
     internal: bool = False  # an application module's request: answered with its output arrays, not a response
     raw: bool = False  # a DecodedRequest (the native front end): answered with a RawAnswer, not a response
     marks: RequestMarks = field(default_factory=RequestMarks)  # measured by the executor, for the statistics
     trace: CallTrace | None = None  # its spans, when the request is sampled for tracing
+    rows: list[dict[str, bytes] | None] = field(init=False)  # each row's outputs, raw bytes
+    left: int = field(init=False)  # rows not answered yet
+
+    def __post_init__(self) -> None:
+        self.rows = [None] * self.batch
+        self.left = self.batch
 
 
 @dataclass
@@ -102,19 +127,19 @@ class Answers:
         if call.internal:
             self._counted(call, t)
             call.future.set_result({o.spec.name: np.frombuffer(_joined(call.rows, o.spec.name), triton_to_np_dtype(
-                o.spec.datatype)).reshape(len(call.rows), *o.spec.shape) for o in call.checked.outputs})
+                o.spec.datatype)).reshape(len(call.rows), *o.spec.shape) for o in call.outputs})
             return
         if call.raw:  # its outputs are never in client shared memory: Triton's front end owns that
             self._counted(call, t)
             call.future.set_result(RawAnswer(tuple(
                 (o.spec.name, o.spec.datatype, (len(call.rows), *o.spec.shape), _joined(call.rows, o.spec.name))
-                for o in call.checked.outputs), ((SIDECAR_LATENCY_PARAMETER, int(t - call.arrival_us)),)))
+                for o in call.outputs), ((SIDECAR_LATENCY_PARAMETER, int(t - call.arrival_us)),)))
             self._traced(call, t)
             return
         resp = service_pb2.ModelInferResponse(model_name=call.model.name, model_version="1", id=call.request_id)
         resp.parameters[SIDECAR_LATENCY_PARAMETER].int64_param = int(t - call.arrival_us)
         try:
-            for target in call.checked.outputs:
+            for target in call.outputs:
                 data = _joined(call.rows, target.spec.name)
                 resp.outputs.add(name=target.spec.name, datatype=target.spec.datatype,
                                  shape=[len(call.rows), *target.spec.shape])
@@ -136,7 +161,7 @@ class Answers:
             self.tracer.finish(call.trace, t)
 
     def _counted(self, call: ClientCall, t: float) -> None:
-        self.stats[call.model.name].succeeded(call.arrival_us, call.marks, t, call.checked.batch)
+        self.stats[call.model.name].succeeded(call.arrival_us, call.marks, t, call.batch)
         self.metrics.finished(call.model.name, t <= call.deadline_us)
 
     def fail(self, call: ClientCall, error: ServeError, reason: str | None = None) -> None:
@@ -150,6 +175,42 @@ class Answers:
 
     def statistics(self, model: str) -> service_pb2.ModelStatistics:
         return self.stats[model].to_proto(model)
+
+
+class PlannedCallers:
+    """The shared driver's Callers on the sidecar: it answers the client calls whose rows (``Sample``) it holds,
+    through ``Answers``, when a dispatch completes, the core sheds a row or a batch cannot run."""
+
+    def __init__(self, answers: Answers, metrics: SidecarMetrics) -> None:
+        self.answers = answers
+        self.metrics = metrics
+
+    def finish(self, dispatch: Dispatch, items: Sequence[Sample], outputs: dict[str, tuple[bytes, int]],
+               now_us: float) -> None:
+        """A completed dispatch's outputs: its calls' answers (a final dispatch), else the next dispatch's input
+        (each sample carries its rows' bytes)."""
+        if dispatch.final:
+            self.answers.complete(list(items), outputs)
+        else:
+            for i, s in enumerate(items):
+                s.carry = row_of(outputs, i)
+
+    def reject(self, item: Sample, model: str, reason: str, *, failure: bool = False) -> None:
+        if reason == POLICY_FAILED:  # a retry that a retired driver refused (PlannedService._step_failed)
+            self.answers.fail(item.call, ServeError(grpc.StatusCode.INTERNAL, f"request failed: {reason}"), "BACKEND")
+        elif failure:
+            self.answers.fail(item.call, ServeError(grpc.StatusCode.UNAVAILABLE, f"request failed: {reason}"),
+                              "BACKEND")
+        elif reason in (QUEUE_FULL, QUEUE_TIMEOUT):  # the queue policy's refusals, in Triton's words
+            self.metrics.child(self.metrics.drops, model, reason).inc()
+            self.answers.fail(item.call, ServeError(grpc.StatusCode.UNAVAILABLE, reason), "REJECTED")
+        else:
+            self.metrics.child(self.metrics.drops, model, reason).inc()
+            self.answers.fail(item.call, shed(model, reason))
+
+    def fail(self, dispatch: Dispatch, items: Sequence[Sample], error: ServeError) -> None:
+        for s in items:
+            self.answers.fail(s.call, error)
 
 
 def _joined(rows: list[dict[str, bytes] | None], name: str) -> bytes:

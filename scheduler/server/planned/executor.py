@@ -4,9 +4,10 @@ scheduler.sim.virtual).
 A dispatched batch stacks its samples' inputs, runs each stage on the chosen vGPU's tritonserver (sent
 ahead of its reserved compute start by the stage's calibrated lead time), hands the boundary tensors to
 the next stage through a shared-memory region of the machine's pool when both servers share it (else as
-gRPC bytes through the sidecar), and splits the last stage's outputs back to the calls. Measured compute
-intervals, completions and failures go back to the shared driver, one StageOutcome per stage through the
-report it gave with the dispatch; its answer says what follows (the next stage, hand the outputs on, or stop).
+gRPC bytes through the sidecar), and hands the last stage's outputs back. Measured compute intervals,
+outputs and failures go back to the shared driver, one StageOutcome per stage through the report it gave with
+the dispatch; its answer says what follows (the next stage and its assignment, or the end), and the driver, not
+the executor, answers the calls (scheduler.server.planned.calls.PlannedCallers).
 """
 
 from __future__ import annotations
@@ -20,29 +21,24 @@ import grpc
 
 from model_repository_gen.manifest import ModelInfo, PipelineInfo, StageInfo
 from model_repository_gen.triton_config import COMPUTE_END_OUTPUT, COMPUTE_START_OUTPUT
-from poolpipe_common.batcher import QUEUE_FULL, QUEUE_TIMEOUT
 from scheduler.core.api import Dispatch
 from scheduler.core.driver import EARLY_SEND_US, Action, NextStep, Report, StageOutcome
-from scheduler.server.common.errors import ServeError, shed
+from scheduler.server.common.errors import ServeError
 from scheduler.server.common.metrics import SidecarMetrics
 from scheduler.server.common.tracing import DispatchTraces, Tracer
-from scheduler.server.planned.batch_log import BatchLog
 from scheduler.server.planned.calls import Answers, Sample, now_us, shutting_down
-from scheduler.server.planned.fleet import Fleet, VGpuServer
-from scheduler.server.planned.lead import LeadLearner
-from scheduler.server.planned.overhead_meter import OverheadMeter
+from scheduler.server.planned.fleet import Fleet
+from scheduler.server.planned.lead import Leads
 from scheduler.server.planned.shm_pool import Region
-from scheduler.server.planned.stage_http import StageCallError, encode_call
+from scheduler.server.planned.stage_http import StageCallError
 from scheduler.server.planned.stage_io import (
     HopTensor,
     StageFault,
     StageTiming,
-    infer_request,
-    raw_outputs,
-    row_of,
     stacked,
     wall_ns_to_mono_us,
 )
+from scheduler.server.planned.stage_observers import StageObserver, StageRecord
 from scheduler.server.planned.vgpu_occupancy import VgpuOccupancy
 
 log = logging.getLogger("poolpipe.sidecar.executor")
@@ -61,13 +57,13 @@ class LiveExecutor:
     """The Executor of the shared driver on the event loop; it holds no driver.
 
     ``kick`` wakes the planned service's scheduler loop when something changed (a batch finished or failed);
-    ``lead_learned`` hands the planned service the extra send-to-compute lead measured under load (its driver's
-    clock leads by it too)."""
+    ``leads`` says how far ahead of its reservation to send a stage; each measured stage goes to ``observer``
+    (scheduler/server/planned/stage_observers.py), which also learns the leads. The vGPU occupancy is asked, not
+    told: what a stage held its vGPU for is part of the outcome the driver hears."""
 
     def __init__(self, fleet: Fleet, models: dict[str, ModelInfo], pipelines: dict[str, PipelineInfo],
-                 answers: Answers, metrics: SidecarMetrics, kick: Callable[[], None],
-                 lead_learned: Callable[[float], None], batch_log: BatchLog | None = None,
-                 padded: frozenset[str] = frozenset(), tracer: Tracer | None = None) -> None:
+                 answers: Answers, metrics: SidecarMetrics, kick: Callable[[], None], leads: Leads,
+                 observer: StageObserver, padded: frozenset[str] = frozenset(), tracer: Tracer | None = None) -> None:
         self.fleet = fleet
         self.padded = padded  # models whose first-stage batches are padded to the planned batch (dummy requests)
         self.tracer = tracer or Tracer()  # records each stage into the traced calls' spans (when tracing is on)
@@ -75,17 +71,11 @@ class LiveExecutor:
         self.pipelines = pipelines
         self.answers = answers
         self.metrics = metrics
-        self.batch_log = batch_log
         self.kick = kick
-        self.lead_learned = lead_learned
-        self.lead_us: dict[str, list[dict[int, float]]] = {}  # pipeline -> stage -> batch -> send-to-compute
-        # Under load a stage takes longer from send to compute than calibration measured at idle (the servers'
-        # and the sidecar's CPU is shared): learned from stages sent to an idle server, added to every lead.
-        self.extra_lead_us = 0.0
-        self._lead_learner = LeadLearner()
+        self.leads = leads  # each stage's send-to-compute lead, calibrated and learned under load
+        self.observer = observer  # what each measured stage feeds (metrics, meter, leads, batch log, marks, traces)
         self.occupancy = VgpuOccupancy()  # what a stage holds its vGPU for: compute and the server's turnaround
         self.tasks: set[asyncio.Task] = set()
-        self.meter = OverheadMeter()
 
     # -- the Executor protocol ------------------------------------------------------------------------------
     def execute(self, dispatch: Dispatch, items: list[Any], report: Report) -> None:
@@ -93,38 +83,9 @@ class LiveExecutor:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    def reject(self, item: Any, model: str, reason: str, *, failure: bool = False) -> None:
-        sample: Sample = item
-        if failure:
-            self.answers.fail(sample.call, ServeError(grpc.StatusCode.UNAVAILABLE, f"request failed: {reason}"),
-                              "BACKEND")
-        elif reason in (QUEUE_FULL, QUEUE_TIMEOUT):  # the queue policy's refusals, in Triton's words
-            self.metrics.child(self.metrics.drops, model, reason).inc()
-            self.answers.fail(sample.call, ServeError(grpc.StatusCode.UNAVAILABLE, reason), "REJECTED")
-        else:
-            self.metrics.child(self.metrics.drops, model, reason).inc()
-            self.answers.fail(sample.call, shed(model, reason))
-
     # -- one dispatch ---------------------------------------------------------------------------------------
-    def _calibrated_lead(self, pipeline_id: str, stage: int, batch: int) -> float:
-        per_stage = self.lead_us.get(pipeline_id)
-        return per_stage[stage].get(batch, 0.0) if per_stage is not None else 0.0
-
     def _lead(self, pipeline_id: str, stage: int, batch: int) -> float:
-        return self._calibrated_lead(pipeline_id, stage, batch) + self.extra_lead_us
-
-    def _learn_lead(self, d: Dispatch, stage: int, batch: int, t: StageTiming) -> None:
-        """A stage sent to an idle server (the only kind passed here: one that waited in the server's queue shows
-        the server's turnaround between batches instead) shows the real send-to-compute lead: keep the excess over
-        the calibrated one, and lead by a high percentile of its recent values (the core's clock with it)."""
-        if d.pipeline_id not in self.lead_us:
-            return
-        base = self._calibrated_lead(d.pipeline_id, stage, batch)
-        new = self._lead_learner.observe(t.recv_us, t.start_us - t.send_us - base)
-        if new is not None:
-            self.extra_lead_us = new
-            self.lead_learned(new)
-            self.meter.learned_lead(self.extra_lead_us)
+        return self.leads.lead_us(pipeline_id, stage, batch)
 
     def _inputs(self, d: Dispatch, live: list[Sample]) -> list[HopTensor]:
         """The batch's input: the model's inputs for stage 0, else what the previous dispatch carried; each
@@ -134,13 +95,14 @@ class LiveExecutor:
         if first == 0:
             pad = max(0, pipe.batch - len(live)) if d.model in self.padded else 0
             return [HopTensor(t, [len(live) + pad, *t.shape], stacked(
-                [s.call.checked.inputs[t.name][s.row] for s in live], pad * t.bytes_per_request()))
+                [s.call.inputs[t.name][s.row] for s in live], pad * t.bytes_per_request()))
                     for t in self.models[d.model].inputs]
         return [HopTensor(t, [len(live), *t.shape], stacked([s.carry[t.name] for s in live]))  # type: ignore[index]
                 for t in pipe.stages[first].inputs]
 
     async def _run(self, d: Dispatch, samples: list[Sample], report: Report) -> None:
-        """Run the dispatch's stages, each reported to the driver, as long as it answers NEXT_STAGE."""
+        """Run the dispatch's stages, each reported to the driver, as long as it answers NEXT_STAGE (with the
+        assignment to run the next one at); the last stage's report carries the outputs."""
         live = [s for s in samples if s.wanted]
         if not live:
             report(StageOutcome(d, 0, now_us(), gave_up=True))
@@ -149,13 +111,13 @@ class LiveExecutor:
         self.metrics.child(self.metrics.batch_size, d.model).observe(len(live))
         self.answers.stats[d.model].executions += 1
         hops: list[HopTensor] = []
-        k, step = 0, NextStep(Action.STOP)
+        k, step, a = 0, NextStep(Action.STOP), d.stages[0]
         first: StageTiming | None = None  # stage 0's timing in this dispatch (the batch statistics)
         traces = DispatchTraces.of([s.call for s in live], d.id, d.pipeline_id, now_us()) if self.tracer.on else None
         try:
             hops = self._inputs(d, live)
             deadline_us = max(s.call.deadline_us for s in live)
-            for k, a in enumerate(d.stages):
+            for k in range(len(d.stages)):
                 if d.reserved:  # send ahead of the reserved compute start by the stage's lead time
                     wait_us = a.start_us - self._lead(d.pipeline_id, a.stage, len(live)) - now_us()
                     if wait_us >= EARLY_SEND_US:
@@ -176,80 +138,37 @@ class LiveExecutor:
                     idle = self.occupancy.measured(a.vgpu, timing.send_us, timing.start_us, timing.end_us)
                     held = self.occupancy.held(a.vgpu, *timing.compute_us)
                     first = timing if a.stage == 0 else first
-                    account = (d, a.stage, a.vgpu, live, timing, idle, first, traces, hop)
+                    record = StageRecord(d, a, live, timing, idle, first, traces, hop)
                     if following is not None:  # after the next stage's call is written: off the request's path
-                        asyncio.get_running_loop().call_soon(self._account, *account)
+                        asyncio.get_running_loop().call_soon(self.observer.stage_done, record)
                     else:  # before the answers, whose statistics read the marks
-                        self._account(*account)
-                nxt_lead = self._lead(d.pipeline_id, following.stage, len(live)) if following else None
-                step = report(StageOutcome(d, k, now_us(), held, next_lead_us=nxt_lead))
+                        self.observer.stage_done(record)
+                if following is None:
+                    outputs = {h.spec.name: (h.data, h.spec.bytes_per_request()) for h in hops}
+                    step = report(StageOutcome(d, k, now_us(), held, wanted=live, outputs=outputs))
+                    break
+                nxt_lead = self._lead(d.pipeline_id, following.stage, len(live))
+                step = report(StageOutcome(d, k, now_us(), held, wanted=live, next_lead_us=nxt_lead))
                 if step.action is not Action.NEXT_STAGE:
                     break
+                a = step.next or following
         except StageFault as f:
             self.release(hops)
             self._on_fault(report, d, k, f, live)
             return
         except asyncio.CancelledError:  # close(): its calls get an explicit error, never silence
             self.release(hops)
-            for s in live:
-                self.answers.fail(s.call, shutting_down())
+            report(StageOutcome(d, k, now_us(), gave_up=True, wanted=live, error=shutting_down()))
             raise
         except Exception as e:  # noqa: BLE001 - never leave a client waiting on a bug: answer, log, go on
             log.exception("event=dispatch_failed dispatch=%d", d.id)
             self.release(hops)
-            report(StageOutcome(d, k, now_us(), gave_up=True))
-            for s in live:
-                self.answers.fail(s.call, ServeError(grpc.StatusCode.INTERNAL, f"dispatch {d.id} failed: {e}"))
+            report(StageOutcome(d, k, now_us(), gave_up=True, wanted=live,
+                                error=ServeError(grpc.StatusCode.INTERNAL, f"dispatch {d.id} failed: {e}")))
             return
-        if step.action is Action.FINISH:
-            self._hand_on(d, live, hops)
-        else:
+        if step.action is not Action.FINISH:
             self.release(hops)
         self.kick()
-
-    def _hand_on(self, d: Dispatch, live: list[Sample], hops: list[HopTensor]) -> None:
-        """A finished dispatch's outputs: its calls' answers (a final dispatch), else the next dispatch's input
-        (each sample carries its rows' bytes)."""
-        outputs = {h.spec.name: (h.data, h.spec.bytes_per_request()) for h in hops}
-        if d.final:
-            self.answers.complete(live, outputs)  # type: ignore[arg-type]
-        else:
-            for i, s in enumerate(live):
-                s.carry = row_of(outputs, i)  # type: ignore[arg-type]
-
-    def _account(self, d: Dispatch, stage: int, vgpu: str, live: list[Sample], t: StageTiming, idle: bool,
-                 first: StageTiming | None, traces: DispatchTraces | None, hop: str | None) -> None:
-        """A measured stage's bookkeeping: metrics, the overhead meter, the learned lead, the batch log, the calls'
-        marks and traces."""
-        batch = len(live)
-        self.metrics.child(self.metrics.vgpu_busy, vgpu).inc(max(t.end_us - t.start_us, 0.0) / 1e6)
-        planned = self.pipelines[d.pipeline_id].stages[stage].latency_us.get(batch, 0.0)
-        self.meter.stage(planned, t.start_us, t.end_us, t.recv_us)
-        if idle:
-            self._learn_lead(d, stage, batch, t)
-        if self.batch_log is not None:
-            self.batch_log.stage(d, stage, vgpu, batch, t, min(s.call.arrival_us for s in live))
-        if log.isEnabledFor(logging.DEBUG):
-            a = next(x for x in d.stages if x.stage == stage)
-            log.debug("event=stage dispatch=%d stage=%d vgpu=%s batch=%d planned_us=%.0f-%.0f measured_us=%.0f-%.0f "
-                      "send_to_compute=%.0f compute_to_recv=%.0f", d.id, stage, vgpu, batch, a.start_us, a.end_us,
-                      t.start_us, t.end_us, t.start_us - t.send_us, t.recv_us - t.end_us)
-        self._mark(d, stage, live, t, first)
-        if traces is not None:
-            stage_info = self.pipelines[d.pipeline_id].stages[stage]
-            traces.stage(stage, stage_info.triton_model, vgpu, self.fleet.servers[vgpu].grpc_url, hop, t)
-
-    def _mark(self, d: Dispatch, stage: int, live: list[Sample], t: StageTiming, first: StageTiming | None) -> None:
-        """The statistics' marks: stage 0 ends the requests' queueing, the last stage their compute; a dispatch
-        that ran both (``first``: its stage 0's timing) is one execution at its batch size."""
-        if stage == 0:
-            for s in live:
-                s.call.marks.first_stage(t.ready_us, t.start_us)
-        if stage == len(self.pipelines[d.pipeline_id].stages) - 1:
-            for s in live:
-                s.call.marks.last_stage(t.end_us)
-            if first is not None:
-                self.answers.stats[d.model].executed(len(live), first.ready_us, first.start_us, t.end_us, t.recv_us)
 
     def _on_fault(self, report: Report, d: Dispatch, k: int, fault: StageFault, live: list[Sample]) -> None:
         code = fault.code
@@ -259,14 +178,12 @@ class LiveExecutor:
         if (code in CLIENT_FAULTS and not lost_shm) or code == grpc.StatusCode.DEADLINE_EXCEEDED:
             # The request is wrong, or the server answered too slowly (overload, not down: the call's
             # timeout is the deadline plus a second): fail the batch, keep the vGPU.
-            report(StageOutcome(d, k, now_us(), gave_up=True))
             err = (ServeError(grpc.StatusCode.DEADLINE_EXCEEDED, f"request failed: stage on vGPU {fault.vgpu} ran "
                                                                  "past the request's deadline (server overloaded)")
                    if code == grpc.StatusCode.DEADLINE_EXCEEDED else
                    ServeError(grpc.StatusCode.INTERNAL, f"stage {fault.vgpu} of pipeline {d.pipeline_id} rejected "
                                                         f"the batch: {fault.details}"))
-            for s in live:
-                self.answers.fail(s.call, err)
+            report(StageOutcome(d, k, now_us(), gave_up=True, wanted=live, error=err))
             return
         self.fleet.set_up(self.fleet.servers[fault.vgpu], False, f"{code.name}: {fault.details}")
         retried = report(StageOutcome(d, k, now_us(), failed=f"Triton server of vGPU {fault.vgpu} failed ({code.name})",
@@ -291,7 +208,7 @@ class LiveExecutor:
         timeout = max(deadline_us - now_us(), 0.0) / 1e6 + 1.0
         t_send = now_us()
         try:
-            raw, offsets = await self._call(srv, stage, inputs, out_region, batch, request_id, timeout)
+            raw, offsets = await srv.stage.call(stage, inputs, out_region, batch, request_id, timeout)
             t_recv = now_us()
         except StageCallError as e:
             if out_region is not None:
@@ -305,22 +222,6 @@ class LiveExecutor:
         s_us = wall_ns_to_mono_us(float(min(memoryview(start[1]).cast("q"))))  # INT64, one per row
         e_us = wall_ns_to_mono_us(float(max(memoryview(end[1]).cast("q"))))
         return outputs, StageTiming(t_ready, t_send, s_us, e_us, t_recv)
-
-    @staticmethod
-    async def _call(srv: VGpuServer, stage: StageInfo, inputs: list[HopTensor], out_region: Region | None,
-                    batch: int, request_id: str, timeout: float
-                    ) -> tuple[dict[str, tuple[list[int], bytes]], dict[str, int]]:
-        """One inference on the server, over HTTP where the fleet opened it (the cheaper path), else gRPC: its
-        outputs by name (shape, bytes) and each shm output's offset; a StageCallError on failure."""
-        if srv.http is not None:
-            head, binary, offsets = encode_call(stage, inputs, out_region, batch, request_id)
-            return await srv.http.infer(stage.triton_model, head, binary, timeout), offsets
-        req, offsets = infer_request(stage, inputs, out_region, batch, request_id)
-        try:
-            resp = await srv.stub.ModelInfer(req, timeout=timeout)
-        except grpc.aio.AioRpcError as e:
-            raise StageCallError(e.code(), e.details() or "") from None
-        return raw_outputs(resp, set(offsets)), offsets
 
     def _outputs(self, stage: StageInfo, raw: dict[str, tuple[list[int], bytes]], batch: int,
                  out_region: Region | None, offsets: dict[str, int]) -> list[HopTensor]:

@@ -1,5 +1,5 @@
-"""The fleet of Triton servers behind the sidecar: one gRPC connection per vGPU (health, shared memory), HTTP
-connections for its stage calls, and the shared-memory pools (one per machine) registered with every server of
+"""The fleet of Triton servers behind the sidecar: one gRPC connection per vGPU (health, shared memory), a
+StageClient for its stage calls, and the shared-memory pools (one per machine) registered with every server of
 that machine."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from model_repository_gen.manifest import Manifest, PipelineInfo
 from scheduler.server.common.channels import GRPC_OPTIONS
 from scheduler.server.planned.shm_pool import HostPool, Region, align, stale
-from scheduler.server.planned.stage_http import HttpStageClient
+from scheduler.server.planned.stage_client import StageClient, stage_client
 
 log = logging.getLogger("poolpipe.sidecar.fleet")
 
@@ -64,7 +64,7 @@ class VGpuServer:
     models: tuple[str, ...]
     channel: grpc.aio.Channel
     stub: service_pb2_grpc.GRPCInferenceServiceStub
-    http: HttpStageClient | None = None  # stage calls go here when set (serve --stage-protocol http)
+    stage: StageClient  # its stage calls (serve --stage-protocol: HTTP or gRPC)
     up: bool = True
     registered: set[str] = field(default_factory=set)
 
@@ -94,10 +94,10 @@ class Fleet:
                         models_on.setdefault(v, set()).add(s.triton_model)
         for g in self.manifest.vgpus:
             ch = grpc.aio.insecure_channel(g.grpc_url, options=CHANNEL_OPTIONS)
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(ch)
             self.servers[g.id] = VGpuServer(g.id, self.machine[g.host], g.grpc_url,
-                                            tuple(sorted(models_on.get(g.id, ()))), ch,
-                                            service_pb2_grpc.GRPCInferenceServiceStub(ch),
-                                            HttpStageClient(g.http_url) if self.stage_protocol == "http" else None)
+                                            tuple(sorted(models_on.get(g.id, ()))), ch, stub,
+                                            stage_client(self.stage_protocol, g.http_url, stub))
         self._build_pools()
         ups = await asyncio.gather(*[self.bring_up(srv) for srv in self.servers.values()])
         for srv, ok in zip(self.servers.values(), ups):
@@ -236,6 +236,5 @@ class Fleet:
             pool.destroy()
         for srv in self.servers.values():
             await srv.channel.close()
-            if srv.http is not None:
-                srv.http.close()
+            srv.stage.close()
         return removed

@@ -11,8 +11,13 @@ whatever their age, so that the lead does not drop to nothing between samples.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from poolpipe_common.quantile import percentile
+
+if TYPE_CHECKING:
+    from scheduler.server.planned.stage_observers import StageRecord
 
 LEAD_WINDOW = 256
 LEAD_MIN_SAMPLES = 16
@@ -56,3 +61,33 @@ class LeadLearner:
             q.popleft()
             pruned = True
         return pruned
+
+
+class Leads:
+    """Each stage's send-to-compute lead: as calibrated at idle (``calibrated``: pipeline -> stage -> batch -> µs),
+    plus the excess learned under load, which goes to ``on_learned`` when it changes (the driver's clock leads by
+    it too). A StageObserver: a stage sent to an idle server (the only kind it learns from: one that waited in the
+    server's queue shows the server's turnaround between batches instead) shows the real lead."""
+
+    def __init__(self, on_learned: Callable[[float], None]) -> None:
+        self.calibrated: dict[str, list[dict[int, float]]] = {}
+        self.extra_us = 0.0
+        self.on_learned = on_learned
+        self._learner = LeadLearner()
+
+    def calibrated_us(self, pipeline: str, stage: int, batch: int) -> float:
+        per_stage = self.calibrated.get(pipeline)
+        return per_stage[stage].get(batch, 0.0) if per_stage is not None else 0.0
+
+    def lead_us(self, pipeline: str, stage: int, batch: int) -> float:
+        return self.calibrated_us(pipeline, stage, batch) + self.extra_us
+
+    def stage_done(self, r: StageRecord) -> None:
+        pipeline = r.dispatch.pipeline_id
+        if not r.idle or pipeline not in self.calibrated:
+            return
+        t = r.timing
+        new = self._learner.observe(t.recv_us, t.start_us - t.send_us - self.calibrated_us(pipeline, r.stage, r.batch))
+        if new is not None:
+            self.extra_us = new
+            self.on_learned(new)

@@ -10,23 +10,22 @@ import time
 from pathlib import Path
 from typing import Any
 
+import grpc
 import numpy as np
-from google.protobuf import json_format
-from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2
 
 from model_repository_gen.app_manifest import padded_models
 from model_repository_gen.manifest import Manifest, load_manifest
 from poolpipe_common.errors import InputError
-from poolpipe_common.tensors import TensorSpec
 from scheduler.core import make_scheduler
 from scheduler.core.driver import Driver, DriverConfig
 from scheduler.server.common.client_shm import ClientShmRegistry
+from scheduler.server.common.errors import ServeError
 from scheduler.server.common.loop_busy import LoopBusy
 from scheduler.server.common.metrics import SidecarMetrics
 from scheduler.server.common.tracing import Tracer
 from scheduler.server.common.triton_metrics import triton_exposition
-from scheduler.server.common.wire import DecodedRequest
+from scheduler.server.common.wire import InferRequest
 from scheduler.server.planned.applications import Applications
 from scheduler.server.planned.batch_log import BatchLog
 from scheduler.server.planned.calibration import (
@@ -36,14 +35,27 @@ from scheduler.server.planned.calibration import (
     no_slack_warning,
     recalibrate_vgpu,
 )
-from scheduler.server.planned.calls import Answers, ClientCall, Sample, now_us, request_deadline_us, shutting_down
+from scheduler.server.planned.calls import (
+    Answers,
+    ClientCall,
+    OutputTarget,
+    PlannedCallers,
+    Sample,
+    now_us,
+    request_deadline_us,
+    shutting_down,
+)
 from scheduler.server.planned.executor import LiveExecutor
 from scheduler.server.planned.fleet import Fleet, VGpuServer
+from scheduler.server.planned.kserve_model import model_config, model_metadata
+from scheduler.server.planned.lead import Leads
 from scheduler.server.planned.manifest_shard import manifest_shard
 from scheduler.server.planned.manifest_topology import topology_from_manifest
+from scheduler.server.planned.overhead_meter import OverheadMeter
 from scheduler.server.planned.shm_pool import log_reclaimed, remove_stale_regions
 from scheduler.server.planned.stage_io import StageFault
-from scheduler.server.planned.validate import CheckedRequest, OutputTarget, check_decoded, check_request
+from scheduler.server.planned.stage_observers import stage_sink
+from scheduler.server.planned.validate import check
 
 log = logging.getLogger("poolpipe.sidecar.planned")
 
@@ -51,8 +63,9 @@ DEFAULT_POLICY = "ppipe"
 LIVE_POLICIES = ("ppipe", "fifs", "elsa", "reactive", "orloj")
 
 
-class PlannedModels:
-    """The PlannedService of the Router for every model of one manifest."""
+class PlannedService:
+    """The planned service of one plan: every model of one manifest, as the Router sees them (submit, ready,
+    metadata, config, statistics); a reload opens the next plan's beside it (scheduler/server/control/reload.py)."""
 
     def __init__(self, manifest: Manifest, policy: str, metrics: SidecarMetrics, client_shm: ClientShmRegistry,
                  batch_log: Path | None = None, overheads_out: Path | None = None, generation: int = 0,
@@ -71,14 +84,17 @@ class PlannedModels:
         self.client_shm = client_shm  # the regions clients registered with the sidecar (the front end's registry)
         self.tracer = tracer or Tracer()
         self.answers = Answers(metrics, list(self.models) + apps, client_shm, tracer=self.tracer)
+        self.callers = PlannedCallers(self.answers, metrics)  # whom the driver answers
         self.apps = Applications(manifest.applications, self.answers, self.run_module, front_us)
         self._kick = asyncio.Event()
         self.fleet = Fleet(manifest, self._vgpu_changed, generation, stage_protocol)
+        self.meter = OverheadMeter(front_us=front_us)
+        self.leads = Leads(self._lead_learned)
+        self.batch_log = BatchLog(batch_log) if batch_log else None
+        sink = stage_sink(metrics, self.meter, self.leads, self.batch_log, self.answers, self.pipelines,
+                          lambda v: self.fleet.servers[v].grpc_url)
         self.executor = LiveExecutor(self.fleet, self.models, self.pipelines, self.answers, metrics, self._kick_loop,
-                                     self._lead_learned, BatchLog(batch_log) if batch_log else None,
-                                     padded_models(manifest.applications), self.tracer)
-        self.meter = self.executor.meter
-        self.meter.front_us = front_us
+                                     self.leads, sink, padded_models(manifest.applications), self.tracer)
         self.overheads_out = overheads_out
         self.overheads: dict[str, StageOverheads] = {}  # pipeline id -> calibrated lead/tail
         self.driver = self._new_driver()
@@ -96,7 +112,7 @@ class PlannedModels:
                      batch_log: Path | None = None, overheads_out: Path | None = None,
                      shard: tuple[int, int] = (0, 1), generation: int = 0,
                      tracer: Tracer | None = None, front_us: float = 0.0, stage_protocol: str = "http"
-                     ) -> "PlannedModels":
+                     ) -> "PlannedService":
         self = cls(manifest_shard(load_manifest(manifest_path), *shard), policy, metrics, client_shm, batch_log,
                    overheads_out, generation, tracer, front_us, stage_protocol)
         removed = remove_stale_regions()
@@ -117,12 +133,12 @@ class PlannedModels:
         if self.overheads and len(self.overheads) == len(self.pipelines):
             lead = min(min(o.lead_us[0].values(), default=0.0) for o in self.overheads.values())
         drv = Driver(make_scheduler(self.policy, topology), topology, self.executor,
-                     DriverConfig.live(clock_lead_us=lead))
+                     DriverConfig.live(clock_lead_us=lead), callers=self.callers)
         for srv in self.fleet.servers.values():
             if not srv.up:
                 drv.set_vgpu_up(srv.id, False, now_us())
-        drv.extra_lead_us = self.executor.extra_lead_us
-        self.executor.lead_us = {p: o.lead_us for p, o in self.overheads.items()}
+        drv.extra_lead_us = self.leads.extra_us
+        self.leads.calibrated = {p: o.lead_us for p, o in self.overheads.items()}
         return drv
 
     async def _calibrate(self, rejoined: str | None) -> None:
@@ -157,13 +173,14 @@ class PlannedModels:
             log.info("event=clock_lead calibrated=%d/%d lead_us=%.0f", len(self.overheads), len(self.pipelines),
                      self.driver.lead_us)
         else:
-            self.executor.lead_us = {p: o.lead_us for p, o in self.overheads.items()}
+            self.leads.calibrated = {p: o.lead_us for p, o in self.overheads.items()}
         self._kick_loop()
 
     def _lead_learned(self, extra_us: float) -> None:
         """The executor measured a larger send-to-compute lead under load: the core's clock leads by it too
         (logged when it moved by 5 ms or more: a stalled host shows here first)."""
         self.driver.extra_lead_us = extra_us
+        self.meter.learned_lead(extra_us)
         if abs(extra_us - self._logged_lead_us) >= 5000.0:
             self._logged_lead_us = extra_us
             log.info("event=lead_learned extra_us=%.0f clock_lead_us=%.0f cap_us=%.0f", extra_us,
@@ -223,8 +240,8 @@ class PlannedModels:
             self.answers.fail(tk.item.call, shutting_down())
         self.driver.tickets.clear()
         removed = await self.fleet.close()
-        if self.executor.batch_log is not None:
-            self.executor.batch_log.close()
+        if self.batch_log is not None:
+            self.batch_log.close()
         if self.overheads_out is not None:
             self.meter.write(self.overheads_out)
         log.info("event=planned_closed shm_regions_removed=%d", removed)
@@ -250,9 +267,8 @@ class PlannedModels:
             t0 = time.perf_counter()
             try:
                 self._wake_us = self.driver.step(now_us())
-            except Exception:  # noqa: BLE001 - a policy bug must not stop serving: log it, keep the loop
-                log.exception("event=step_failed")
-                self._wake_us = None
+            except Exception as e:  # noqa: BLE001 - a policy bug must not stop serving, nor strand a request
+                self._step_failed(e)
             self.metrics.decision.observe(time.perf_counter() - t0)
             if busy.due() and (fraction := busy.sample()) is not None:
                 self._loop_load(fraction)
@@ -263,13 +279,29 @@ class PlannedModels:
                         f.set_result(t)
                 self._step_waiters.clear()
 
+    def _step_failed(self, error: Exception) -> None:
+        """A policy step raised: every request the driver holds gets an explicit error (counted: Triton's
+        nv_inference_request_failure with reason BACKEND, and poolpipe_sidecar_policy_failures_total), and a new
+        driver with a fresh policy takes over, since the failed one's state cannot be trusted; batches in flight
+        finish through the retired driver."""
+        log.exception("event=step_failed policy=%s", self.policy)
+        self.metrics.policy_failures.inc()
+        held = self.driver.retire()
+        self.driver = self._new_driver()
+        err = ServeError(grpc.StatusCode.INTERNAL, f"the scheduling policy '{self.policy}' failed ({error!r}); "
+                                                   "the request was not run")
+        for tk in held:
+            self.answers.fail(tk.item.call, err, "BACKEND")
+        log.error("event=step_failed_requests_failed count=%d", len({id(tk.item.call) for tk in held}))
+        self._wake_us = None
+
     def _loop_load(self, busy: float) -> None:
         if self.driver.executor_busy(busy):
             self._kick_loop()  # decide again now: a batch held for the saturated loop may go
         self.metrics.loop_busy.set(busy)
         self.metrics.executor_saturated.set(1 if self.driver.executor_load.saturated else 0)
 
-    # --- the Router's PlannedService -----------------------------------------------------------------------
+    # --- what the Router asks -----------------------------------------------------------------------
     def has(self, model: str) -> bool:
         return model in self.models or self.apps.has(model)
 
@@ -285,30 +317,10 @@ class PlannedModels:
                    for p in self.models[model].pipelines)
 
     def metadata(self, model: str) -> service_pb2.ModelMetadataResponse:
-        if self.apps.has(model):
-            return self.apps.metadata(model)
-        m = self.models[model]
-
-        def tensors(ts: tuple[TensorSpec, ...]) -> list:
-            return [service_pb2.ModelMetadataResponse.TensorMetadata(name=t.name, datatype=t.datatype,
-                                                                     shape=[-1, *t.shape]) for t in ts]
-        return service_pb2.ModelMetadataResponse(name=m.name, versions=["1"], platform="poolpipe_pipeline",
-                                                 inputs=tensors(m.inputs), outputs=tensors(m.outputs))
+        return self.apps.metadata(model) if self.apps.has(model) else model_metadata(self.models[model])
 
     def config(self, model: str) -> service_pb2.ModelConfigResponse:
-        if self.apps.has(model):
-            return self.apps.config(model)
-        m = self.models[model]
-        cfg = mc.ModelConfig(name=m.name, platform="poolpipe_pipeline", max_batch_size=m.max_batch_size)
-        for t in m.inputs:
-            cfg.input.add(name=t.name, data_type=mc.DataType.Value("TYPE_" + t.datatype), dims=list(t.shape))
-        for t in m.outputs:
-            cfg.output.add(name=t.name, data_type=mc.DataType.Value("TYPE_" + t.datatype), dims=list(t.shape))
-        if m.dynamic_batching.active:  # what the sidecar honours of Triton's dynamic batcher
-            json_format.ParseDict(m.dynamic_batching.to_dict(), cfg.dynamic_batching)
-        cfg.parameters["poolpipe_slo_us"].string_value = str(m.slo_us)
-        cfg.parameters["poolpipe_pipelines"].string_value = ",".join(p.id for p in m.pipelines)
-        return service_pb2.ModelConfigResponse(config=cfg)
+        return self.apps.config(model) if self.apps.has(model) else model_config(self.models[model])
 
     def statistics(self, model: str) -> service_pb2.ModelStatistics:
         return self.answers.statistics(model)
@@ -322,33 +334,25 @@ class PlannedModels:
         for m in self.models:
             self.metrics.queue_length.labels(m).set(queues.get(m, 0))
 
-    async def infer(self, request: service_pb2.ModelInferRequest, deadline_s: float | None
-                    ) -> service_pb2.ModelInferResponse:
-        return await _awaited(self.start(request, deadline_s))
-
-    def start(self, request: service_pb2.ModelInferRequest | DecodedRequest, deadline_s: float | None
-              ) -> asyncio.Future:
-        """Check and submit one request now; its answer (or ServeError) comes in the future returned. Raises
+    def submit(self, request: InferRequest) -> asyncio.Future:
+        """Check and queue one request now; its answer (or ServeError) comes in the future returned. Raises
         ServeError for a request refused at once. Cancelling the future withdraws the request."""
         if self._closing:
             raise shutting_down()
-        decoded = isinstance(request, DecodedRequest)  # from the native front end: answered with a RawAnswer
         if self.apps.has(request.model_name):
-            proto = request.to_proto() if decoded else request
-            return asyncio.ensure_future(self.apps.infer(proto, deadline_s, self.client_shm))
+            return asyncio.ensure_future(self.apps.infer(request.message(), request.deadline_s, self.client_shm))
         model = self.models[request.model_name]
         t = now_us()  # before decoding the input: that time counts against the deadline too
-        checked = (check_decoded(request, model, self.client_shm) if decoded
-                   else check_request(request, model, self.client_shm))
+        call = check(request, model, self.client_shm)
         # with Triton's batcher controls, "timeout" is their queue timeout; without, it tightens the deadline
         controlled = model.dynamic_batching.active
-        deadline = request_deadline_us(t, model.slo_us, None if controlled else checked.timeout_us, deadline_s,
-                                       self.front_us)
-        call = ClientCall(model, request.id, checked, asyncio.get_running_loop().create_future(), t, deadline,
-                          [None] * checked.batch, checked.batch, raw=decoded)
+        call.arrival_us = t
+        call.deadline_us = request_deadline_us(t, model.slo_us, None if controlled else call.timeout_us,
+                                               request.deadline_s, self.front_us)
+        call.future = asyncio.get_running_loop().create_future()
         if self.tracer.on:
-            call.trace = self.tracer.start(model.name, request.id, t, {"poolpipe.rows": checked.batch,
-                                                                        "triton.priority": checked.priority})
+            call.trace = self.tracer.start(model.name, call.request_id, t, {"poolpipe.rows": call.batch,
+                                                                             "triton.priority": call.priority})
         self._enqueue(call)
         return call.future
 
@@ -360,18 +364,16 @@ class PlannedModels:
             raise shutting_down()
         model = self.models[model_name]
         rows = next(iter(inputs.values())).shape[0]
-        checked = CheckedRequest(rows, inputs, tuple(OutputTarget(t) for t in model.outputs), None)
-        call = ClientCall(model, request_id, checked,
-                          asyncio.get_running_loop().create_future(), now_us(), deadline_us, [None] * rows, rows,
-                          internal=True)
+        call = ClientCall(model, request_id, rows, inputs, tuple(OutputTarget(t) for t in model.outputs),
+                          arrival_us=now_us(), deadline_us=deadline_us,
+                          future=asyncio.get_running_loop().create_future(), internal=True)
         self._enqueue(call)
         return await _awaited(call.future)
 
     def _enqueue(self, call: ClientCall) -> None:
-        c = call.checked
-        timeout = int(c.timeout_us or 0) if call.model.dynamic_batching.active else 0
-        for row in range(c.batch):
-            if not self.driver.submit(Sample(call, row), call.model.name, now_us(), call.deadline_us, c.priority,
+        timeout = int(call.timeout_us or 0) if call.model.dynamic_batching.active else 0
+        for row in range(call.batch):
+            if not self.driver.submit(Sample(call, row), call.model.name, now_us(), call.deadline_us, call.priority,
                                       timeout, counted=row == 0):
                 break  # refused (its queue is full): the call is answered; its other rows would be refused too
         self._kick_loop()

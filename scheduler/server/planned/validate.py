@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -14,31 +13,23 @@ from poolpipe_common.tensors import DTYPE_SIZE, TensorSpec, element_count
 from scheduler.server.common.client_shm import ClientShmRegistry
 from scheduler.server.common.errors import invalid
 from scheduler.server.common.tensors import param_value
-from scheduler.server.common.wire import DecodedRequest
+from scheduler.server.common.wire import DecodedRequest, InferRequest
+from scheduler.server.planned.calls import ClientCall, OutputTarget
 
 _NP_DTYPES = {t: np.dtype(d) for t in DTYPE_SIZE if (d := triton_to_np_dtype(t)) is not None}
 
 
-@dataclass(frozen=True)
-class OutputTarget:
-    """A requested output: returned raw, or written to a client shm region at ``offset``."""
-
-    spec: TensorSpec
-    region: str | None = None
-    offset: int = 0
-    byte_size: int = 0
-
-
-@dataclass(frozen=True)
-class CheckedRequest:
-    batch: int
-    inputs: dict[str, np.ndarray]  # name -> [batch, *shape], read-only (the request's bytes, or a copy of shm)
-    outputs: tuple[OutputTarget, ...]
-    timeout_us: float | None  # the client's "timeout" parameter, if any
-    priority: int = 0  # the client's "priority" parameter (0: the model's default level)
+def check(request: InferRequest, model: ModelInfo, shm: ClientShmRegistry) -> ClientCall:
+    """The one check of a request against its planned model, in Triton's words (a ServeError when it fails); its
+    inputs decoded into the call that carries it to its answer."""
+    if request.decoded is not None:
+        call = check_decoded(request.decoded, model, shm)
+        call.raw = True  # answered with a RawAnswer for the native front end to frame
+        return call
+    return check_request(request.message(), model, shm)
 
 
-def check_decoded(req: DecodedRequest, model: ModelInfo, shm: ClientShmRegistry) -> CheckedRequest:
+def check_decoded(req: DecodedRequest, model: ModelInfo, shm: ClientShmRegistry) -> ClientCall:
     """check_request's result for a request Triton checked against this very model: a request that does not match
     it (a reload changed the model meanwhile) goes through check_request, which says what is wrong in Triton's
     words."""
@@ -60,7 +51,7 @@ def check_decoded(req: DecodedRequest, model: ModelInfo, shm: ClientShmRegistry)
     if len(arrays) != len(declared) or not 0 < batch <= model.max_batch_size:
         return check_request(req.to_proto(), model, shm)
     timeout = float(req.timeout_us) if req.timeout_us > 0 else None
-    return CheckedRequest(batch, arrays, tuple(OutputTarget(t) for t in wanted), timeout)
+    return ClientCall(model, req.id, batch, arrays, tuple(OutputTarget(t) for t in wanted), timeout)
 
 
 def _shape_str(shape: list[int] | tuple[int, ...]) -> str:
@@ -84,7 +75,7 @@ def _shm_params(params: Any) -> tuple[str, int, int] | None:
     return params["shared_memory_region"].string_param, params["shared_memory_byte_size"].int64_param, offset
 
 
-def check_request(req: service_pb2.ModelInferRequest, model: ModelInfo, shm: ClientShmRegistry) -> CheckedRequest:
+def check_request(req: service_pb2.ModelInferRequest, model: ModelInfo, shm: ClientShmRegistry) -> ClientCall:
     name = model.name
     if req.model_version not in ("", "1"):
         raise invalid(f"Request for unknown model: '{name}' version {req.model_version} is not found")
@@ -142,7 +133,7 @@ def check_request(req: service_pb2.ModelInferRequest, model: ModelInfo, shm: Cli
     outputs = _check_outputs(req, model, shm, batch or 1)
     timeout = _int_param(req.parameters, "timeout", ("int64_param",))
     priority = _int_param(req.parameters, "priority", ("int64_param", "uint64_param"))
-    return CheckedRequest(batch or 1, arrays, outputs, float(timeout) if timeout > 0 else None, priority)
+    return ClientCall(model, req.id, batch or 1, arrays, outputs, float(timeout) if timeout > 0 else None, priority)
 
 
 def _int_param(params: Any, key: str, kinds: tuple[str, ...]) -> int:
