@@ -144,7 +144,7 @@ def test_generate_falls_back_to_the_python_backend_with_one_log_line(tmp_path: P
 def test_generate_chooses_the_emulated_backend(tmp_path: Path) -> None:
     cluster = write_cluster(tmp_path / "cluster.json", emulated_hosts())
     for choice, backend, files in (("auto", native.BACKEND, [native.LIBRARY]),
-                                   ("python", "python", ["emulated.py", "engines.py", "model.py"])):
+                                   ("python", "python", ["emulated.py", "engine_trt.py", "engines.py", "model.py"])):
         manifest = generate(ppipe_plan(), {}, cluster, tmp_path / choice, emulated_tensor_scale=SCALE,
                             emulated_backend=choice)
         configs = sorted((tmp_path / choice).glob("*/*/model_repository/*/config.pbtxt"))
