@@ -39,7 +39,7 @@ MARGIN_FRACTIONS = (0.0, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4)
 # PipelineColumns are screened, not proven: their MILPs stop within this relative gap (queueing moves a plan's rate by
 # more than 1 %), which takes HiGHS from tens of seconds to under one on 100 GPUs and three models.
 SCREEN_GAP = 0.01
-MEASURED_CANDIDATES = 2  # the best-predicted candidates the evaluator measures, and as many whole-model ones, with
+MEASURED_CANDIDATES = 3  # the best-predicted candidates the evaluator measures, and as many whole-model ones, with
 # the spec's own plan: what np planned the same way would measure, so the kept plan does not sustain less than it
 FILLED_CANDIDATES = 2  # the best-predicted candidates that leave whole GPUs idle get them filled
 # A candidate replaces the spec's own plan only if it sustains more than this share more: the simulator's rates for
