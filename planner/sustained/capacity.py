@@ -6,7 +6,7 @@ form finds over the batch sizes the driver may use (each pipeline at min(b, its 
 
 from __future__ import annotations
 
-from planner.sustained.queueing import PipelineTerms, PoolTerms, sustainable_rps
+from planner.sustained.queueing import TARGET, PipelineTerms, PoolTerms, sustainable_rps
 from plans.arrivals import Arrivals
 from plans.plan_json import ModelPlan, PartitionPlan, PipelinePlan, Plan
 from poolpipe_common.overheads import Overheads, driver_margin_us, sidecar_slo_us
@@ -42,9 +42,15 @@ def pipeline_terms(model: ModelPlan, costs: Overheads, batch: int | None = None)
     return [pipeline_at(model, pl, costs, batch) for pl in model.pipelines]
 
 
+def front_tail_us(costs: Overheads) -> float:
+    """The way outside the sidecar's clock that 99 % of answers stay within: its measured quantile where a client
+    measured it (a heavy tail there makes every answer of a plan with no slack late), else front_us."""
+    return float(costs.front_at(TARGET)) if costs.front_quantiles_us else costs.front_us
+
+
 def model_rps(model: ModelPlan, arrivals: Arrivals, costs: Overheads) -> float:
     """The closed form's sustainable rate of one model: the best over the batch sizes its driver may form."""
-    budget = sidecar_slo_us(model.slo_us, costs.front_us) - driver_margin_us(model.slo_us)
+    budget = sidecar_slo_us(model.slo_us, front_tail_us(costs)) - driver_margin_us(model.slo_us)
     top = max((pl.batch for pl in model.pipelines), default=0)
     return max((sustainable_rps(pipeline_terms(model, costs, b), budget, arrival_scv=arrivals.scv)
                 for b in range(1, top + 1)), default=0.0)
