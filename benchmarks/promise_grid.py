@@ -25,17 +25,17 @@ from rich.table import Table
 from planner.entry import plan as plan_spec
 from planner.ppipe.reference_plans import load_reference_plans, spec_from_reference
 from planner.request import PlanRequest
+from plans.arrivals import parse_arrivals
 from plans.spec.planning_spec import ClusterSpec, PlanningSpec, check_spec
 from poolpipe_common.overheads import DEFAULT_OVERHEADS
-from scheduler.sim.sustain import Run, _attainment, _holds, mix_rates, point_runs
-from workloads.arrivals import parse_trace
+from scheduler.sim.sustain import Precision, mix_rates, simulated_rps
 
 PAIRS = (("L4", "T4"), ("L4", "P4"), ("V100", "T4"), ("V100", "P4"))
 FACTORS = (2.0, 3.0, 4.0)
 SIZES = ((4, 12), (8, 24))
 UNSEEN_SEED = 101  # the planner measures on seed 0
 LONG = 3.0  # the long simulation's points are this many times the planner's
-RESOLUTION = 0.01
+POISSON = parse_arrivals("poisson")
 
 
 def case_spec(model: str, pair: tuple[str, str], size: tuple[int, int], factor: float) -> PlanningSpec:
@@ -53,20 +53,11 @@ def case_spec(model: str, pair: tuple[str, str], size: tuple[int, int], factor: 
 
 
 def long_rate(plan, promise_lf: float) -> float:
-    """The load factor (of the plan's mix rate) a long run on the unseen seed holds, bisected around the promise."""
-    rates = mix_rates(plan)
-    trace = parse_trace("poisson")
-    runs = [Run(UNSEEN_SEED + r.seed, r.duration_s * LONG) for r in point_runs(plan, trace)]
-    lo, hi = 0.0, min(1.05, max(promise_lf * 1.25, 0.05))
-    lf = promise_lf if promise_lf > 0 else hi / 2
-    while hi - lo > RESOLUTION:
-        least = _attainment(plan, rates, trace, round(lf, 4), runs, DEFAULT_OVERHEADS, set(rates))
-        if all(_holds(a) for a in least.values()):
-            lo = lf
-        else:
-            hi = lf
-        lf = (lo + hi) / 2
-    return lo
+    """The fraction of the mix a long run on the unseen seed holds, searched from the promise (within 25 %)."""
+    model = plan.models[0].name
+    start = ((model, promise_lf * 0.8, min(1.05, promise_lf * 1.25)),) if promise_lf > 0 else ()
+    held = simulated_rps(plan, POISSON, DEFAULT_OVERHEADS, Precision(fidelity=LONG, start=start), seed=UNSEEN_SEED)
+    return held[model] / mix_rates(plan)[model]
 
 
 def one(case: tuple[str, tuple[str, str], tuple[int, int], float]) -> dict:

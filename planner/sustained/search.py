@@ -152,21 +152,7 @@ def plan_sustained(spec: PlanningSpec, planners: Sequence[Planner], options: Sol
     cands = sorted(cands + filled(spec, cands, planners, options, arrivals, costs),
                    key=lambda c: -score(c.plan, c.predicted))
     name, _ = evaluator(evaluator_name)
-    pool = cands
-    best = kept(pool)
-    if name != "analytic":
-        # a bar on a terminal only (disable=None): the re-planner's and the tests' stderr stay clean
-        with tqdm(total=0, desc=f"measuring candidate plans ({name})", unit="plan", file=sys.stderr, disable=None,
-                  leave=False) as bar:
-            pool = to_measure(cands)
-            _measure(pool, [screening_precision(c) for c in pool], name, arrivals, costs, jobs, bar)
-            best = kept(pool)
-            # a screen is too coarse to replace the spec's own plan: where it would, both are measured to the
-            # promise's precision and OWN_PLAN_TOLERANCE is applied again
-            own = max((c for c in pool if c.margin is None), key=lambda c: score(c.plan, c.rates()), default=None)
-            final = [best] if own is None or own is best else [best, own]
-            _measure(final, [promise_precision(c) for c in final], name, arrivals, costs, jobs, bar)
-            best = kept(final)
+    pool, best = (cands, kept(cands)) if name == "analytic" else _measured(cands, name, arrivals, costs, jobs)
     table = [{"margin_fraction": c.margin, "fill_margin_fraction": c.fill_margin,
               "nominal_rps": {m.name: m.throughput_rps for m in c.plan.models}, "stage_calls": stage_calls(c.plan),
               "predicted_rps": c.predicted, "measured_rps": c.measured, "chosen": c is best} for c in cands]
@@ -180,16 +166,36 @@ def plan_sustained(spec: PlanningSpec, planners: Sequence[Planner], options: Sol
     return with_sustainable(best.plan, best.rates(), arrivals, name, table), (*best.plan.notes, *lines)
 
 
+def own_plan(pool: Sequence[CandidatePlan]) -> CandidatePlan | None:
+    """The measured plan of the spec as it is (its own margin) that sustains the most, if any."""
+    own = [c for c in pool if c.margin is None and c.measured is not None]
+    return max(own, key=lambda c: score(c.plan, c.rates()), default=None)
+
+
 def kept(pool: Sequence[CandidatePlan]) -> CandidatePlan:
     """The spec's own plan unless a candidate sustains more than OWN_PLAN_TOLERANCE more than it; then the robust best
     (:func:`robust_best`) of the candidates that do."""
-    own = [c for c in pool if c.margin is None and c.measured is not None]
-    mine = max(own, key=lambda c: score(c.plan, c.rates()), default=None)
+    mine = own_plan(pool)
     if mine is None:
         return robust_best(pool)
     bar = (1.0 + OWN_PLAN_TOLERANCE) * score(mine.plan, mine.rates())
     better = [c for c in pool if score(c.plan, c.rates()) > bar]
     return robust_best(better) if better else mine
+
+
+def _measured(cands: Sequence[CandidatePlan], name: str, arrivals: Arrivals, costs: Overheads, jobs: int | None
+              ) -> tuple[list[CandidatePlan], CandidatePlan]:
+    """(the screened candidates, the kept one measured to the promise's precision). A screen is too coarse to replace
+    the spec's own plan: where it would, both are measured to the promise's precision and kept() weighs them again."""
+    # a bar on a terminal only (disable=None): the re-planner's and the tests' stderr stay clean
+    with tqdm(total=0, desc=f"measuring candidate plans ({name})", unit="plan", file=sys.stderr, disable=None,
+              leave=False) as bar:
+        pool = to_measure(cands)
+        _measure(pool, [screening_precision(c) for c in pool], name, arrivals, costs, jobs, bar)
+        best, own = kept(pool), own_plan(pool)
+        final = [best] if own is None or own is best else [best, own]
+        _measure(final, [promise_precision(c) for c in final], name, arrivals, costs, jobs, bar)
+    return pool, kept(final)
 
 
 def robust_best(pool: Sequence[CandidatePlan]) -> CandidatePlan:

@@ -175,7 +175,7 @@ def _joint_rps(plan: Plan, arrivals: Arrivals, costs: Overheads, precision: Prec
     """Every model's rate at the largest fraction of the mix at which all of them hold (Precision.joint)."""
     trace = parse_trace(arrivals.text)
     runs = point_runs(plan, trace, seed, precision.fidelity)
-    bracket = _start(precision, "*") if any(m == "*" for m, _, _ in precision.start) else _Bracket()
+    bracket = _start(precision, "*")
     for _ in range(MAX_POINTS):
         if bracket.width() <= precision.resolution:
             break
