@@ -44,7 +44,7 @@ def costs_note(request: ObjectiveInputs) -> tuple[str, ...]:
     return (f"costs uncalibrated: the promise assumes this project's default per-stage costs ({c.lead_us:.0f} + "
             f"{c.tail_us:.0f} us per stage call, {c.front_us / 1e3:.1f} ms outside the sidecar), measured on emulated "
             f"servers; on other hosts such promises held {lo:.2f}-{hi:.2f} of themselves live. Measure yours with "
-            "'poolpipe serve --overheads-out FILE' and re-plan with --overheads FILE",)
+            "'poolpipe calibrate DEPLOYMENT' (it writes ./poolpipe-costs.json, which plan then uses) and re-plan",)
 
 
 class ObjectiveInputs(Protocol):

@@ -22,6 +22,7 @@ SUBCOMMAND_MODULES = (
     "runtime.launch_cli",    # launch
     "scheduler.server.serve_cli",   # serve
     "scheduler.sim.simulate_cli",   # simulate
+    "loadtest.calibrate_cli",       # calibrate
     "loadtest.loadtest_cli",        # loadtest
     "poolpipe.demo",                # demo
 )

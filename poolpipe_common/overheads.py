@@ -14,8 +14,12 @@ from typing import Any
 import numpy as np
 
 OVERHEADS_FORMAT = "poolpipe.overheads/1"
-NUMBER_FIELDS = ("lead_us", "tail_us", "wake_late_us", "slowdown", "front_us")
-OVERHEADS_FIELDS = ("format", "source", *NUMBER_FIELDS, "front_quantiles_us")
+# How each cost grows (poolpipe calibrate fits them; 0: flat): a stage call's lead with the megabytes it sends, its
+# tail with the megabytes it receives, both with the rate the sidecar serves (per 1,000 req/s), and the way outside
+# the sidecar's clock with the request's input megabytes.
+SLOPE_FIELDS = ("lead_per_mb_us", "tail_per_mb_us", "lead_per_krps_us", "tail_per_krps_us", "front_per_mb_us")
+NUMBER_FIELDS = ("lead_us", "tail_us", "wake_late_us", "slowdown", "front_us", *SLOPE_FIELDS)
+OVERHEADS_FIELDS = ("format", "source", *NUMBER_FIELDS, "front_quantiles_us", "calibration")
 # The response parameter (int64, µs) in which the sidecar reports a planned request's time on its own clock, from
 # its handler to its answer: a client's latency less it is the way outside the sidecar's clock (front_quantiles_us).
 SIDECAR_LATENCY_PARAMETER = "poolpipe_sidecar_latency_us"
@@ -59,6 +63,13 @@ class Overheads:
     # simulated answer draws its way outside the sidecar's clock from them, so the simulator and the planner see
     # the answers a client counts late that the sidecar cannot (its deadlines still use front_us). Empty: front_us.
     front_quantiles_us: tuple[float, ...] = ()
+    # The slopes (SLOPE_FIELDS): lead_us, tail_us and front_us (and the quantiles) are the costs at no bytes and no
+    # load; the cost of a call is the base plus its slopes times its megabytes and the sidecar's rate.
+    lead_per_mb_us: float = 0.0
+    tail_per_mb_us: float = 0.0
+    lead_per_krps_us: float = 0.0
+    tail_per_krps_us: float = 0.0
+    front_per_mb_us: float = 0.0
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], where: str = "overheads") -> "Overheads":
@@ -76,14 +87,40 @@ class Overheads:
                     raise ValueError(f"{where}: {k} must be a number, got {raw[k]!r}") from None
                 if not (vals[k] > 0 if k == "slowdown" else vals[k] >= 0) or math.isinf(vals[k]):
                     raise ValueError(f"{where}: {k} must be {'> 0' if k == 'slowdown' else '>= 0'}, got {raw[k]!r}")
+        # "calibration" (what poolpipe calibrate fitted the slopes to) is kept in the file for people, not read
         return cls(**vals, front_quantiles_us=_quantiles(raw.get("front_quantiles_us", ()), where))
 
     def to_dict(self) -> dict[str, Any]:
         doc = {"format": OVERHEADS_FORMAT, "lead_us": self.lead_us, "tail_us": self.tail_us,
                "wake_late_us": self.wake_late_us, "slowdown": self.slowdown, "front_us": self.front_us}
+        doc.update({k: getattr(self, k) for k in SLOPE_FIELDS if getattr(self, k)})
         if self.front_quantiles_us:
             doc["front_quantiles_us"] = list(self.front_quantiles_us)
         return doc
+
+    @property
+    def rate_dependent(self) -> bool:
+        return bool(self.lead_per_krps_us or self.tail_per_krps_us)
+
+    def at_rate(self, rps: float) -> "Overheads":
+        """These costs for a sidecar serving ``rps`` requests/s: the rate terms folded into lead_us and tail_us."""
+        if not self.rate_dependent:
+            return self
+        k = max(0.0, rps) / 1e3
+        return replace(self, lead_us=self.lead_us + self.lead_per_krps_us * k, lead_per_krps_us=0.0,
+                       tail_us=self.tail_us + self.tail_per_krps_us * k, tail_per_krps_us=0.0)
+
+    def lead_for(self, in_bytes: float) -> float:
+        """A stage call's lead (at the rate folded in by at_rate) when it sends ``in_bytes``."""
+        return self.lead_us + self.lead_per_mb_us * in_bytes / 1e6
+
+    def tail_for(self, out_bytes: float) -> float:
+        """A stage call's tail when its answer carries ``out_bytes``."""
+        return self.tail_us + self.tail_per_mb_us * out_bytes / 1e6
+
+    def front_extra_us(self, input_bytes: float) -> float:
+        """What a request of ``input_bytes`` adds to the way outside the sidecar's clock beyond front_at's."""
+        return self.front_per_mb_us * input_bytes / 1e6
 
     def with_front_samples(self, samples_us: Sequence[float]) -> "Overheads":
         """These overheads with the front path's quantiles taken from a client's measured samples (none: as is)."""
@@ -147,6 +184,18 @@ DEFAULT_FRONT_US = 2000.0
 # (833 / 765): plan with --overheads where servers are slower than these.
 DEFAULT_OVERHEADS = Overheads(lead_us=450.0, tail_us=350.0, wake_late_us=0.0, slowdown=1.0,
                               front_us=DEFAULT_FRONT_US)
+
+
+# Where `poolpipe calibrate` writes the cost model by default and `poolpipe plan` looks for one when not given
+# --overheads (the directory it runs in)
+COSTS_FILE = "poolpipe-costs.json"
+
+
+def costs_file(given: str | Path | None) -> Path | None:
+    """The costs file a command uses: the one given, else ./poolpipe-costs.json where calibrate wrote one."""
+    if given:
+        return Path(given)
+    return Path(COSTS_FILE) if Path(COSTS_FILE).is_file() else None
 
 
 def read_overheads(path: str | Path, flag: str = "--overheads") -> Overheads:

@@ -118,6 +118,12 @@ class Profile:
             raise ValueError(f"profile {self.model}: boundary size after block {cut - 1} is unknown")
         return b
 
+    def call_bytes(self, first: int, end: int) -> tuple[int, int]:
+        """Bytes per request a stage call of blocks [first, end) sends (the model's input for the first) and gets
+        back (0 where the profile does not know them)."""
+        sent = (self.input_bytes if first == 0 else self.blocks[first - 1].output_bytes) or 0
+        return sent, self.blocks[end - 1].output_bytes or 0
+
     def time_scaled(self, k: float) -> "Profile":
         """Every latency x ``k`` (an emulated cluster in slow motion, see plans.spec.planning_spec.time_dilated)."""
         if not k > 0:

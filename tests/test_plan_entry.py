@@ -95,7 +95,7 @@ def test_a_promise_on_default_costs_says_so(tmp_path: Path) -> None:
     spec = load_spec(tmp_path / "spec.yaml")
     default = plan(spec, PlanRequest(jobs=1))
     assert default.plan.sustained["costs"] == "default"
-    assert any(line.startswith("costs uncalibrated:") and "--overheads" in line for line in default.lines)
+    assert any(line.startswith("costs uncalibrated:") and "poolpipe calibrate" in line for line in default.lines)
     measured = plan(spec, PlanRequest(jobs=1, overheads=Overheads(lead_us=300.0, tail_us=200.0)))
     assert measured.plan.sustained["costs"] == "measured"
     assert not any(line.startswith("costs uncalibrated:") for line in measured.lines)

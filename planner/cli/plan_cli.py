@@ -49,10 +49,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "replay:azure-conv, scaled to each rate and held in each stretch of it simulated, the first "
                         "at its start)")
     c.add_argument("--overheads", metavar="FILE",
-                   help="what serving adds per stage call beyond compute, as 'poolpipe serve --overheads-out FILE' "
-                        "measured it on your servers (lead, tail, slowdown); plans count it in every partition's "
-                        "latency and measure with it. Default: this project's calibration on emulated servers "
-                        "(0.45 ms lead + 0.35 ms tail per stage)")
+                   help="the cost model: what serving adds per stage call beyond compute, by the call's bytes and "
+                        "the rate served, as 'poolpipe calibrate' (or 'poolpipe serve --overheads-out FILE') "
+                        "measured it on your servers; plans count it in every partition's latency and measure with "
+                        "it. Default: ./poolpipe-costs.json where calibrate wrote one, else this project's "
+                        "calibration on emulated servers (0.45 ms lead + 0.35 ms tail per stage), said uncalibrated")
     c.add_argument("--jobs", type=int, metavar="N",
                    help="processes that measure candidate plans at once with the sustained objective (default: one "
                         "per core of this machine; 1: all in this process). The plan is the same for any N")
@@ -87,7 +88,6 @@ def plan_request(args: argparse.Namespace):
     from planner.request import PlanRequest
     from planner.sizing.paris import batch_pdf_arg
     from poolpipe_common.errors import InputError
-    from poolpipe_common.overheads import read_overheads
 
     if args.paris != bool(args.batch_pdf):
         raise InputError("--paris needs --batch-pdf (and goes with the default planner and objective)")
@@ -97,9 +97,21 @@ def plan_request(args: argparse.Namespace):
     return PlanRequest(planner=args.planner, objective=args.objective, rates_rps=numbers(args.rate, "--rate"),
                        prices=numbers(args.price, "--price"), colocate=args.colocate, app_split=args.app_split,
                        paris_batch_pdf=batch_pdf_arg(args.batch_pdf) if args.paris else None,
-                       arrivals=args.arrivals, overheads=read_overheads(args.overheads) if args.overheads else None,
+                       arrivals=args.arrivals, overheads=_costs(args.overheads),
                        solver=args.solver, time_limit_s=time_limit(args), gap=args.gap, progress=args.progress,
                        jobs=args.jobs, verify=args.verify)
+
+
+def _costs(given: str | None):
+    """The --overheads file, else ./poolpipe-costs.json where `poolpipe calibrate` wrote one (said in one line)."""
+    from poolpipe_common.overheads import costs_file, read_overheads
+
+    path = costs_file(given)
+    if path is None:
+        return None
+    if not given:
+        print(f"costs: measured, from {path} (poolpipe calibrate); --overheads FILE to use another")
+    return read_overheads(path)
 
 
 def _plan(args: argparse.Namespace) -> int:

@@ -11,6 +11,8 @@ from plans.arrivals import Arrivals
 from plans.plan_json import ModelPlan, PartitionPlan, PipelinePlan, Plan
 from poolpipe_common.overheads import Overheads, driver_margin_us, sidecar_slo_us
 
+RATE_STEPS = 12  # bisection steps for the rate that rate-dependent costs are taken at (1/4096 of the unloaded total)
+
 
 def _compute_us(model: ModelPlan, pipeline: PipelinePlan, part: PartitionPlan, batch: int) -> float:
     """One batch's compute on one of the partition's vGPUs (the profile's time at that batch; the planned batch's
@@ -33,7 +35,9 @@ def pipeline_at(model: ModelPlan, pipeline: PipelinePlan, costs: Overheads, batc
     for part in pipeline.partitions:
         compute = _compute_us(model, pipeline, part, b) * costs.slowdown
         pools.append(PoolTerms(part.num_vgpus, compute))
-        latency += compute + costs.lead_us + costs.tail_us + part.transfer_us * b / pipeline.batch
+        sent, back = model.profile.call_bytes(*part.blocks)
+        latency += (compute + costs.lead_for(sent * b) + costs.tail_for(back * b)
+                    + part.transfer_us * b / pipeline.batch)
     return PipelineTerms(b, tuple(pools), latency)
 
 
@@ -49,8 +53,10 @@ def front_tail_us(costs: Overheads) -> float:
 
 
 def model_rps(model: ModelPlan, arrivals: Arrivals, costs: Overheads) -> float:
-    """The closed form's sustainable rate of one model: the best over the batch sizes its driver may form."""
-    budget = sidecar_slo_us(model.slo_us, front_tail_us(costs)) - driver_margin_us(model.slo_us)
+    """The closed form's sustainable rate of one model: the best over the batch sizes its driver may form (the
+    costs at one rate: :func:`predicted_rps` finds the rate)."""
+    front = front_tail_us(costs) + costs.front_extra_us(model.profile.input_bytes or 0)
+    budget = sidecar_slo_us(model.slo_us, front) - driver_margin_us(model.slo_us)
     top = max((pl.batch for pl in model.pipelines), default=0)
     return max((sustainable_rps(pipeline_terms(model, costs, b), budget, arrival_scv=arrivals.scv)
                 for b in range(1, top + 1)), default=0.0)
@@ -58,5 +64,18 @@ def model_rps(model: ModelPlan, arrivals: Arrivals, costs: Overheads) -> float:
 
 def predicted_rps(plan: Plan, arrivals: Arrivals, costs: Overheads) -> dict[str, float]:
     """Per model, the closed form's sustainable rate at >= 99 % SLO attainment under ``arrivals``: the SLO less
-    the margin the sidecar's driver keeps and the way outside its clock, and less the per-stage costs."""
-    return {m.name: model_rps(m, arrivals, costs) for m in plan.models}
+    the margin the sidecar's driver keeps and the way outside its clock, and less the per-stage costs. Where the
+    costs grow with the rate the sidecar serves, the rates are the fixed point: the total they sum to is the rate
+    the costs are taken at (found by bisection, as the total the costs at a rate allow falls as that rate grows)."""
+    if not costs.rate_dependent:
+        return {m.name: model_rps(m, arrivals, costs) for m in plan.models}
+
+    def at(total: float) -> dict[str, float]:
+        c = costs.at_rate(total)
+        return {m.name: model_rps(m, arrivals, c) for m in plan.models}
+
+    lo, hi = 0.0, sum(at(0.0).values())
+    for _ in range(RATE_STEPS):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if sum(at(mid).values()) >= mid else (lo, mid)
+    return at(lo)

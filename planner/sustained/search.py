@@ -29,7 +29,7 @@ from planner.sustained.fill import fills, idle_gpus
 from planner.sustained.measure_pool import measure_all
 from plans.arrivals import Arrivals
 from plans.plan_json import Plan
-from plans.spec.planning_spec import PlanningSpec
+from plans.spec.planning_spec import ModelSpec, PlanningSpec
 from poolpipe_common.errors import InputError
 from poolpipe_common.overheads import Overheads, driver_margin_us
 from scheduler.sim.sustain import Precision, mix_rates
@@ -65,6 +65,7 @@ class CandidatePlan:
     predicted: dict[str, float]
     measured: dict[str, float] | None = None
     fill_margin: float | None = None  # the plan's idle GPUs were planned at this margin (planner.sustained.fill)
+    fell_short: bool = False  # screened out at one point: it does not sustain the best measured less MODEL_ERROR
 
     def rates(self) -> dict[str, float]:
         return self.measured if self.measured is not None else self.predicted
@@ -83,11 +84,16 @@ def stage_calls(plan: Plan) -> float:
 
 def with_serving_costs(spec: PlanningSpec, margin: float, costs: Overheads) -> PlanningSpec:
     """``spec`` with each model's margin = the driver's + the way outside the sidecar's clock + ``margin`` x SLO
-    (at least the spec's own) and the per-stage cost of serving added to every partition's latency."""
+    (at least the spec's own) and the per-stage cost of serving added to every partition's latency (a call the size
+    of the model's input, at no load: the MILP screens; the closed form then counts each call's bytes and the rate)."""
+    def stage_cost(m: ModelSpec) -> float:
+        size = m.profile.input_bytes or 0
+        return costs.lead_for(size) + costs.tail_for(size)
+
     return replace(spec, models=tuple(
-        replace(m, slo_margin_us=max(m.slo_margin_us,
-                                     driver_margin_us(m.slo_us) + costs.front_us + margin * m.slo_us),
-                stage_overhead_us=costs.lead_us + costs.tail_us)
+        replace(m, slo_margin_us=max(m.slo_margin_us, driver_margin_us(m.slo_us) + costs.front_us
+                                     + costs.front_extra_us(m.profile.input_bytes or 0) + margin * m.slo_us),
+                stage_overhead_us=stage_cost(m))
         for m in spec.models))
 
 
@@ -155,12 +161,15 @@ def plan_sustained(spec: PlanningSpec, planners: Sequence[Planner], options: Sol
     pool, best = (cands, kept(cands)) if name == "analytic" else _measured(cands, name, arrivals, costs, jobs)
     table = [{"margin_fraction": c.margin, "fill_margin_fraction": c.fill_margin,
               "nominal_rps": {m.name: m.throughput_rps for m in c.plan.models}, "stage_calls": stage_calls(c.plan),
-              "predicted_rps": c.predicted, "measured_rps": c.measured, "chosen": c is best} for c in cands]
+              "predicted_rps": c.predicted, "measured_rps": c.measured, "chosen": c is best,
+              **({"fell_short": True} if c.fell_short else {})} for c in cands]
     how = ("the spec's own margin" if best.margin is None
            else f"margin {best.margin:g} x SLO (+ the driver's) and serving's costs")
     if best.fill_margin is not None:
         how += f", its idle GPUs planned at margin {best.fill_margin:g}"
-    lines = [f"sustained objective: {len(cands)} candidate plan(s) over SLO margins, {len(pool)} screened; kept the "
+    short = sum(c.fell_short for c in cands)
+    lines = [f"sustained objective: {len(cands)} candidate plan(s) over SLO margins, {len(pool)} screened"
+             + (f" ({short} fell short of the best at their first point)" if short else "") + "; kept the "
              f"one planned with {how}; {name} sustains "
              + ", ".join(f"{m} {r:,.1f} req/s" for m, r in best.rates().items()) + f" under {arrivals}"]
     return with_sustainable(best.plan, best.rates(), arrivals, name, table), (*best.plan.notes, *lines)
@@ -190,12 +199,25 @@ def _measured(cands: Sequence[CandidatePlan], name: str, arrivals: Arrivals, cos
     # a bar on a terminal only (disable=None): the re-planner's and the tests' stderr stay clean
     with tqdm(total=0, desc=f"measuring candidate plans ({name})", unit="plan", file=sys.stderr, disable=None,
               leave=False) as bar:
-        pool = to_measure(cands)
-        _measure(pool, [screening_precision(c) for c in pool], name, arrivals, costs, jobs, bar)
+        screened = to_measure(cands)
+        pool = _screened(screened, name, arrivals, costs, jobs, bar)
         best, own = kept(pool), own_plan(pool)
         final = [best] if own is None or own is best else [best, own]
         _measure(final, [promise_precision(c) for c in final], name, arrivals, costs, jobs, bar)
-    return pool, kept(final)
+    return screened, kept(final)
+
+
+def _screened(pool: Sequence[CandidatePlan], name: str, arrivals: Arrivals, costs: Overheads, jobs: int | None,
+              bar: tqdm) -> list[CandidatePlan]:
+    """The candidates worth keeping, screened: the best-predicted first, then the others from its rate less
+    MODEL_ERROR (screening_precision's floor), those that fail there marked fell_short and left out."""
+    _measure(pool[:1], [screening_precision(pool[0])], name, arrivals, costs, jobs, bar)
+    floor = (1.0 - MODEL_ERROR) * score(pool[0].plan, pool[0].rates())
+    _measure(pool[1:], [screening_precision(c, floor) for c in pool[1:]], name, arrivals, costs, jobs, bar)
+    for c in pool[1:]:
+        if floor > 0 and c.measured is not None and score(c.plan, c.measured) <= 0:
+            c.measured, c.fell_short = None, True
+    return [c for c in pool if c.measured is not None]
 
 
 def robust_best(pool: Sequence[CandidatePlan]) -> CandidatePlan:
@@ -239,10 +261,16 @@ def _mix_fraction(c: CandidatePlan, rates: dict[str, float]) -> dict[str, float]
     return {m: got / mix[m] for m, got in sorted(rates.items()) if mix.get(m)}
 
 
-def screening_precision(c: CandidatePlan) -> Precision:
-    """The mix as one (what the max-min ranking needs), on half-length points to MODEL_ERROR, from the closed form's
-    fraction of the mix (within GUESS_BAND)."""
+def screening_precision(c: CandidatePlan, floor: float = 0.0) -> Precision:
+    """The mix as one (what the max-min ranking needs), on quarter-length points to MODEL_ERROR, from the closed form's
+    fraction of the mix (within GUESS_BAND). With a ``floor`` (a score: the best measured so far less MODEL_ERROR), the
+    first point is the fraction of the mix that scores it, and a candidate that fails there is measured no further
+    (its rates 0): it could not be kept, as robust_best weighs only those within MODEL_ERROR of the best."""
     guess = min(_mix_fraction(c, c.predicted).values(), default=0.0)
+    if floor > 0:
+        lo = floor / max(score(c.plan, mix_rates(c.plan)), 1e-12)
+        return Precision(MODEL_ERROR, SCREEN_FIDELITY, (("*", lo, max(guess * (1 + GUESS_BAND), lo * 1.1)),),
+                         joint=True, floor=True)
     start = (("*", guess * (1 - GUESS_BAND), guess * (1 + GUESS_BAND)),) if guess > 0 else ()
     return Precision(MODEL_ERROR, SCREEN_FIDELITY, start, joint=True)
 

@@ -36,6 +36,9 @@ class Stage:
     # executor (the tail a live executor measures). The next stage and the answer wait for it; the vGPU's next
     # batch does not (its server starts a queued batch as soon as the compute ends).
     hop_us: dict[int, float] = field(default_factory=dict)
+    # bytes per request the stage call sends (the client's input for the first stage) and gets back: what its
+    # per-byte serving costs are counted on (poolpipe_common.overheads)
+    call_bytes: tuple[int, int] = (0, 0)
 
     def latency(self, batch: int) -> float:
         return self.latency_us[batch]
@@ -87,15 +90,18 @@ class Topology:
         return 8.0 / (self.bandwidth_gbps * 1e3)
 
 
-def with_stage_overhead(topology: Topology, extra_us: float) -> Topology:
-    """The same topology with ``extra_us`` added to every stage latency as its hop (the response tail a live
-    executor measures: the next stage and the answer wait for it, the vGPU's next batch does not)."""
-    if extra_us == 0:
+def with_stage_overhead(topology: Topology, extra_us: float, per_byte_us: float = 0.0) -> Topology:
+    """The same topology with ``extra_us`` (plus ``per_byte_us`` per byte the call gets back) added to every stage
+    latency as its hop (the response tail a live executor measures: the next stage and the answer wait for it, the
+    vGPU's next batch does not)."""
+    if extra_us == 0 and per_byte_us == 0:
         return topology
+
     def stage(s: Stage) -> Stage:
-        dist = None if s.latency_dist is None else {b: d.shifted(extra_us) for b, d in s.latency_dist.items()}
-        return replace(s, latency_us={b: t + extra_us for b, t in s.latency_us.items()}, latency_dist=dist,
-                       hop_us={b: s.hop_us.get(b, 0.0) + extra_us for b in s.latency_us})
+        extra = {b: extra_us + per_byte_us * s.call_bytes[1] * b for b in s.latency_us}
+        dist = None if s.latency_dist is None else {b: d.shifted(extra[b]) for b, d in s.latency_dist.items()}
+        return replace(s, latency_us={b: t + extra[b] for b, t in s.latency_us.items()}, latency_dist=dist,
+                       hop_us={b: s.hop_us.get(b, 0.0) + extra[b] for b in s.latency_us})
 
     pipelines = {m: tuple(replace(p, stages=tuple(stage(s) for s in p.stages)) for p in ps)
                  for m, ps in topology.pipelines.items()}

@@ -71,7 +71,7 @@ class _Outcomes:
 
     def __init__(self, models: Sequence[str], arrivals: Sequence[tuple[float, str]], slo_us: dict[str, float],
                  overheads: Overheads | None = None, seed: int = 0, miss_budget: dict[str, int] | None = None,
-                 stop_on_any: bool = False):
+                 stop_on_any: bool = False, input_bytes: dict[str, int] | None = None):
         self.stats = {m: ModelStats() for m in models}
         # models whose misses may end the run early: once each has missed more than its budget, the run's verdict
         # on them is known (misses only grow), and a load search need not simulate the rest
@@ -85,6 +85,9 @@ class _Outcomes:
         # from its measured distribution where the overheads carry one)
         ov = overheads or Overheads()
         self.front_us: list[float] = ov.front_at(np.random.default_rng(seed).random(len(arrivals))).tolist()
+        if ov.front_per_mb_us:  # a larger input takes longer on its way in
+            extra = {m: ov.front_extra_us(b) for m, b in (input_bytes or {}).items()}
+            self.front_us = [f + extra.get(m, 0.0) for f, (_, m) in zip(self.front_us, arrivals)]
         self.outcomes: dict[int, str] = {}
         self.drop_reasons: Counter = Counter()
         self.finish_us: dict[int, float] = {}
@@ -138,6 +141,11 @@ class _Outcomes:
         self._missed(model)
 
 
+def input_bytes(topology: Topology) -> dict[str, int]:
+    """Per model, the bytes of one request's input (what its first stage call sends)."""
+    return {m: ps[0].stages[0].call_bytes[0] for m, ps in topology.pipelines.items() if ps and ps[0].stages}
+
+
 def simulate(topology: Topology, scheduler: Scheduler, arrivals: Sequence[tuple[float, str]],
              duration_us: float, *, noise_cv: float = 0.0, seed: int = 0, record_timeline: bool = False,
              on_progress: Callable[[float], None] | None = None, driver: DriverConfig | None = None,
@@ -155,8 +163,11 @@ def simulate(topology: Topology, scheduler: Scheduler, arrivals: Sequence[tuple[
     before its next stage starts is abandoned and its reservations go back to the core, as live. ``miss_budget``:
     per model, how many late or dropped requests it may have; once every model named has missed more, the run stops
     (``SimResult.stopped_early``; with ``stop_on_any``, once one has): a load search knows the point fails."""
+    if overheads is not None:  # the costs at the rate offered (a sidecar's stage calls cost more as it gets busier)
+        overheads = overheads.at_rate(len(arrivals) / max(duration_us / 1e6, 1e-9))
     front = overheads.front_us if overheads is not None else 0.0
-    out = _Outcomes(list(topology.pipelines), arrivals, topology.slo_us, overheads, seed, miss_budget, stop_on_any)
+    out = _Outcomes(list(topology.pipelines), arrivals, topology.slo_us, overheads, seed, miss_budget, stop_on_any,
+                    input_bytes(topology))
     run = VirtualRun(topology, scheduler, driver or DriverConfig.ideal(), duration_us, noise_cv=noise_cv, seed=seed,
                      overheads=overheads, faults=faults, record_timeline=record_timeline, on_done=out.done,
                      on_reject=out.dropped, interference=interference, cancels=cancels,

@@ -96,7 +96,8 @@ def topology_from_plan(plan: Plan) -> Topology:
                 in_bytes = prof.boundary_bytes(first) if first > 0 else 0
                 qs = {b: prof.latency_quantiles_us(dev, v, b, first, end) for b in lat}
                 dist = {b: QuantileDist(*q) for b, q in qs.items() if q is not None} or None
-                stages.append(Stage((first, end), tuple(pool), lat, in_bytes, dist))
+                stages.append(Stage((first, end), tuple(pool), lat, in_bytes, dist,
+                                    call_bytes=prof.call_bytes(first, end)))
             pipes.append(Pipeline(f"{m.name}/{j}", m.name, pl.batch, tuple(stages), pl.throughput_rps))
         pipelines[m.name] = tuple(pipes)
     return Topology(vgpus, pipelines, {m.name: m.slo_us for m in plan.models}, cluster.bandwidth_gbps,

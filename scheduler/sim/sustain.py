@@ -37,6 +37,9 @@ class Precision:
     # the mix as one: the largest fraction of the mix at which every model holds (its rates), one search instead of
     # one per model; what a max-min ranking of plans needs
     joint: bool = False
+    # a joint search whose first point (the start's lo) fails ends there, every rate 0: the caller only needs to know
+    # whether the plan sustains that much (a candidate that cannot come near the best measured so far)
+    floor: bool = False
 
 
 @dataclass
@@ -181,5 +184,8 @@ def _joint_rps(plan: Plan, arrivals: Arrivals, costs: Overheads, precision: Prec
             break
         lf = round(bracket.next_lf(), 4)
         least = _attainment(plan, rates, trace, lf, runs, costs, set(rates), joint=True)
-        bracket.update(lf, all(_holds(a) for a in least.values()))
+        holds = all(_holds(a) for a in least.values())
+        if precision.floor and not holds and not bracket.lo_ok and lf == bracket.lo:
+            return {m: 0.0 for m in rates}
+        bracket.update(lf, holds)
     return {m: (bracket.lo if bracket.lo_ok else 0.0) * r for m, r in rates.items()}

@@ -89,18 +89,19 @@ def run_point(job: PointJob, record_timeline: bool = False) -> tuple[dict[str, A
     if job.shard is not None:
         from scheduler.core.shards import shard_topology
         topo, share = shard_topology(topo, *job.shard), 1.0 / job.shard[1]
-    if job.overheads is not None:
-        topo = with_stage_overhead(topo, job.overheads.tail_us)
+    rates = {m: job.load_factor * r * share for m, r in job.rates_rps.items()}
+    ov = job.overheads.at_rate(sum(rates.values())) if job.overheads is not None else None
+    if ov is not None:
+        topo = with_stage_overhead(topo, ov.tail_us, ov.tail_per_mb_us / 1e6)
     controls = job.controls or SimControls()
     topo = controls.topology(topo)
-    rates = {m: job.load_factor * r * share for m, r in job.rates_rps.items()}
     arrivals = mixed_arrivals(job.trace, rates, job.duration_s, job.seed)
     priorities = controls.draw(len(arrivals), job.seed)
     counts = Counter(m for _, m in arrivals)
     budget = {m: int((1.0 - TARGET_ATTAINMENT) * counts[m]) for m in job.stop_when_failed if counts[m]}
     res = simulate(topo, make_scheduler(job.policy, topo), arrivals, job.duration_s * 1e6,
                    noise_cv=job.noise_cv, seed=job.seed, record_timeline=record_timeline,
-                   driver=driver_config(job.driver, job.overheads), overheads=job.overheads,
+                   driver=driver_config(job.driver, ov), overheads=ov,
                    interference=interference_of(job.plan), priorities=priorities, miss_budget=budget,
                    stop_on_any=job.stop_on_any_failed)
     models = {}

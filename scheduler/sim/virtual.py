@@ -223,7 +223,7 @@ class VirtualExecutor:
     def _send(self, fl: _Flight, k: int, t: float) -> None:
         """Send stage k no earlier than its reserved start less the lead; it reaches the server a lead later."""
         a = fl.stages[k]
-        lead = self.ov.lead_us
+        lead = self.ov.lead_for(fl.pipeline.stages[a.stage].call_bytes[0] * len(fl.d.requests))
         send = a.start_us - lead if fl.d.reserved and a.start_us - lead >= t + EARLY_SEND_US else t
         fl.send_at = send
         self.push(send + lead, READY, fl, k)
@@ -278,12 +278,13 @@ class VirtualExecutor:
         fl.starts[k] = s0
         if self.record_timeline:
             self.timeline.append(Batch(v, s0, e, d.id, d.model, a.stage, b))
-        self.push(e + self.ov.tail_us, END, fl, k)
+        self.push(e + self.ov.tail_for(st.call_bytes[1] * b), END, fl, k)
 
     def _stage_end(self, fl: _Flight, k: int, t: float) -> None:
         """Stage k's response is back: report it; the driver says whether the next stage runs or the batch is done."""
         d = fl.d
-        step = fl.report(StageOutcome(d, k, t, (fl.starts[k], t - self.ov.tail_us), wanted=fl.items))
+        tail = self.ov.tail_for(fl.pipeline.stages[fl.stages[k].stage].call_bytes[1] * len(d.requests))
+        step = fl.report(StageOutcome(d, k, t, (fl.starts[k], t - tail), wanted=fl.items))
         if step.action is Action.NEXT_STAGE:
             if step.next is not None:
                 fl.stages[k + 1] = step.next

@@ -26,7 +26,8 @@ def topology_from_manifest(manifest: Manifest,
                 hop = {b: (extra[k].get(b, 0.0) if k < len(extra) else 0.0) for b in s.latency_us if b <= p.batch}
                 stages.append(Stage(s.blocks, s.vgpus, {b: s.latency_us[b] + h for b, h in hop.items()},
                                     0 if k == 0 else s.network_bytes_per_request(),
-                                    _distributions(profiles.get(m.name), s, p.batch, hop), hop))
+                                    _distributions(profiles.get(m.name), s, p.batch, hop), hop,
+                                    _call_bytes(profiles.get(m.name), s)))
             pipes.append(Pipeline(p.id, m.name, p.batch, tuple(stages), p.throughput_rps))
         pipelines[m.name] = tuple(pipes)
     gpu_counts: dict[str, int] = {}
@@ -35,6 +36,11 @@ def topology_from_manifest(manifest: Manifest,
     bandwidth = min((h.bandwidth_gbps for h in manifest.hosts), default=10.0)
     return Topology(vgpus, pipelines, {m.name: m.slo_us for m in manifest.models}, bandwidth, gpu_counts,
                     {m.name: m.dynamic_batching for m in manifest.models if m.dynamic_batching.active})
+
+
+def _call_bytes(profile: Profile | None, s: StageInfo) -> tuple[int, int]:
+    """The profiled bytes per request the stage's call sends and gets back (what the cost model counts)."""
+    return profile.call_bytes(*s.blocks) if profile is not None else (0, 0)
 
 
 def _distributions(profile: Profile | None, s: StageInfo, batch: int,

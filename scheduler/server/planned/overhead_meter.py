@@ -104,7 +104,10 @@ class OverheadMeter:
         o = self.overheads()
         return {"lead_us": o.lead_us, "tail_us": o.tail_us, "wake_late_us": o.wake_late_us, "slowdown": o.slowdown}
 
-    def write(self, path: Path) -> None:
+    def write(self, path: Path, calibration: dict | None = None) -> None:
+        """The costs as an overheads file (``calibration``: the calls by size, scheduler.server.planned.call_costs)."""
         doc = self.overheads().to_dict()
         doc["source"] = {"stages": self.stages, "wake_ups": self.wake_late.n}
+        if calibration is not None:
+            doc["calibration"] = calibration
         path.write_text(json.dumps(doc, indent=1) + "\n")

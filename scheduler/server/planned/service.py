@@ -35,6 +35,7 @@ from scheduler.server.planned.calibration import (
     no_slack_warning,
     recalibrate_vgpu,
 )
+from scheduler.server.planned.call_costs import CallCosts, call_bytes_of
 from scheduler.server.planned.calls import (
     Answers,
     ClientCall,
@@ -91,8 +92,9 @@ class PlannedService:
         self.meter = OverheadMeter(front_us=front_us)
         self.leads = Leads(self._lead_learned)
         self.batch_log = BatchLog(batch_log) if batch_log else None
+        self.call_costs = CallCosts(call_bytes_of(manifest))  # by size, for poolpipe calibrate
         sink = stage_sink(metrics, self.meter, self.leads, self.batch_log, self.answers, self.pipelines,
-                          lambda v: self.fleet.servers[v].grpc_url)
+                          lambda v: self.fleet.servers[v].grpc_url, self.call_costs)
         self.executor = LiveExecutor(self.fleet, self.models, self.pipelines, self.answers, metrics, self._kick_loop,
                                      self.leads, sink, padded_models(manifest.applications), self.tracer)
         self.overheads_out = overheads_out
@@ -243,7 +245,7 @@ class PlannedService:
         if self.batch_log is not None:
             self.batch_log.close()
         if self.overheads_out is not None:
-            self.meter.write(self.overheads_out)
+            self.meter.write(self.overheads_out, calibration=self.call_costs.to_dict())
         log.info("event=planned_closed shm_regions_removed=%d", removed)
         return removed
 

@@ -124,10 +124,10 @@ class TraceObserver:
 
 
 def stage_sink(metrics: SidecarMetrics, meter: OverheadMeter, leads: StageObserver, batch_log: StageObserver | None,
-               answers: Answers, pipelines: dict[str, PipelineInfo], server_url: Callable[[str], str]
-               ) -> StageObservers:
+               answers: Answers, pipelines: dict[str, PipelineInfo], server_url: Callable[[str], str],
+               *more: StageObserver) -> StageObservers:
     """The planned service's sink, in the order the books depend on: the meter samples the learned lead before a
     stage can move it; the statistics' marks are in before the driver answers the calls."""
     return StageObservers([StageMetrics(metrics), MeterObserver(meter, pipelines), leads,
                            *([batch_log] if batch_log is not None else []), StatisticsMarks(answers, pipelines),
-                           TraceObserver(pipelines, server_url)])
+                           TraceObserver(pipelines, server_url), *more])

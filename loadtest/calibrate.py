@@ -1,0 +1,127 @@
+"""``poolpipe calibrate``: measure what serving costs on this deployment, at several rates, and fit the cost model
+the planner and the simulator use (poolpipe_common.overheads; the fit: poolpipe_common.cost_fit).
+
+Each step starts a fresh sidecar on the generated deployment (``serve --overheads-out``), offers open-loop Poisson
+load at a share of the plan's promise to each of its models at once, stops it, and reads what it measured: each kind
+of stage call's lead and tail by its bytes (scheduler.server.planned.call_costs) and the rate it served. The client
+measures the way outside the sidecar's clock per request. A sidecar per step, so no step inherits another's
+learned lead."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from loadtest.open_loop import RunResult, no_collector_pauses, run_open_loop
+from model_repository_gen.manifest import load_manifest
+from poolpipe_common.cost_fit import CostPoint, fit_front, fit_stage_costs
+from poolpipe_common.errors import InputError
+from poolpipe_common.overheads import Overheads, median_overheads, read_overheads
+from scheduler.server.common.event_loop import new_loop
+
+DEFAULT_SHARES = (0.25, 0.5, 0.75, 1.0)  # of the plan's promise
+WARMUP_REQUESTS = 30
+
+
+@dataclass(frozen=True)
+class Step:
+    share: float
+    offered_rps: float
+    served_rps: float
+    costs: Overheads  # what the sidecar wrote for this step (lead and tail means over all its stage calls)
+    points: tuple[CostPoint, ...]
+    results: dict[str, RunResult]
+
+
+def poisson_s(rate: float, duration_s: float, seed: int) -> list[float]:
+    from workloads.arrivals import arrival_times  # noqa: PLC0415
+
+    return [float(t) for t in arrival_times("poisson", rate, duration_s, seed)] if rate > 0 else []
+
+
+async def _mixed(url: str, loads: dict[str, tuple[list[float], float]]) -> dict[str, RunResult]:
+    """Every model's arrivals at once (model -> (times, SLO ms)) through one sidecar."""
+    names = list(loads)
+    runs = await asyncio.gather(*(run_open_loop([url], m, *loads[m]) for m in names))
+    return dict(zip(names, runs))
+
+
+def offer(url: str, loads: dict[str, tuple[list[float], float]]) -> dict[str, RunResult]:
+    with no_collector_pauses(), asyncio.Runner(loop_factory=new_loop) as runner:
+        return runner.run(_mixed(url, loads))
+
+
+def step_points(doc: dict[str, Any], served_rps: float) -> tuple[CostPoint, ...]:
+    """The kinds of stage call an overheads file's ``calibration`` holds, at the rate the step served."""
+    return tuple(CostPoint(served_rps, float(p["sent_bytes"]), float(p["back_bytes"]), p.get("lead_us"),
+                           float(p["tail_us"]), int(p["calls"])) for p in doc.get("calibration", {}).get("points", []))
+
+
+class Calibration:
+    """The steps over one deployment (its servers already running, or started by the caller)."""
+
+    def __init__(self, deployment: Path, work: Path, duration_s: float, seed: int = 0,
+                 log: Callable[[str], None] = print) -> None:
+        self.deployment = deployment
+        self.manifest = load_manifest(deployment)
+        self.work = work
+        self.duration_s = duration_s
+        self.seed = seed
+        self.log = log
+        self.promise = self.manifest.plan.capacity_rps()
+        self.slo_ms = {m.name: m.slo_us / 1e3 for m in self.manifest.models}
+        self.input_bytes = {m.name: m.profile.input_bytes or 0 for m in self.manifest.plan.models}
+
+    def step(self, share: float) -> Step:
+        from runtime.sidecar_process import SidecarProcess  # noqa: PLC0415
+
+        out = self.work / f"step-{share:.3f}.json"
+        sc = SidecarProcess(manifest=self.deployment, log_path=self.work / "sidecar.log",
+                            extra_args=("--overheads-out", str(out))).start()
+        try:
+            sc.wait_ready()
+            offer(sc.grpc_url, {m: (poisson_s(r * 0.2, 60.0, self.seed)[:WARMUP_REQUESTS], self.slo_ms[m])
+                                for m, r in self.promise.items()})
+            loads = {m: (poisson_s(share * r, self.duration_s, self.seed), self.slo_ms[m])
+                     for m, r in self.promise.items()}
+            results = offer(sc.grpc_url, loads)
+        finally:
+            sc.stop()
+        if not out.is_file():
+            raise InputError(f"the sidecar wrote no costs at {out} (see {self.work / 'sidecar.log'})")
+        doc = json.loads(out.read_text())
+        served = float(doc.get("calibration", {}).get("served_rps", 0.0))
+        return Step(share, share * sum(self.promise.values()), served, read_overheads(out), step_points(doc, served),
+                    results)
+
+    def run(self, shares: Sequence[float]) -> tuple[Overheads, list[Step]]:
+        steps = []
+        for share in shares:
+            t0 = time.monotonic()
+            s = self.step(share)
+            steps.append(s)
+            att = min((r.attainment for r in s.results.values()), default=1.0)
+            self.log(f"step {len(steps)}/{len(shares)}: {100 * share:.0f} % of the promise, offered "
+                     f"{s.offered_rps:.1f} req/s, served {s.served_rps:.1f}: lead {s.costs.lead_us:.0f} us, tail "
+                     f"{s.costs.tail_us:.0f} us, attainment {100 * att:.1f} % ({time.monotonic() - t0:.0f} s)")
+        return self.fit(steps), steps
+
+    def fit(self, steps: Sequence[Step]) -> Overheads:
+        base = median_overheads([s.costs for s in steps])
+        costs = fit_stage_costs([p for s in steps for p in s.points], base)
+        fronts = [(self.input_bytes.get(m, 0), f) for s in steps for m, r in s.results.items() for f in r.front_us]
+        return fit_front(costs, fronts)  # no client measurement: the front as the sidecar was told (--front-us)
+
+
+def calibration_doc(costs: Overheads, steps: Sequence[Step], deployment: Path) -> dict[str, Any]:
+    """The file ``poolpipe calibrate`` writes: the fitted costs, and what they were fitted to (read by people)."""
+    return {**costs.to_dict(), "source": "poolpipe calibrate", "calibration": {
+        "deployment": str(deployment), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "steps": [{"share": s.share, "offered_rps": s.offered_rps, "served_rps": s.served_rps,
+                   "lead_us": s.costs.lead_us, "tail_us": s.costs.tail_us, "kinds_of_call": len(s.points),
+                   "attainment": {m: r.attainment for m, r in s.results.items()}} for s in steps]}}

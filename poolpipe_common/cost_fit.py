@@ -1,0 +1,74 @@
+"""The cost model fitted to what a deployment measured (``poolpipe calibrate``): a stage call's lead and tail as a
+base plus slopes in its megabytes and in the rate the sidecar serves, and the way outside the sidecar's clock as a
+base distribution plus a slope in the request's input megabytes (poolpipe_common.overheads.Overheads holds them).
+
+Least squares weighted by calls, with no slope below 0: a cost that seems to fall with the bytes or the rate is noise
+on this host (a larger call never costs less to serialise), and a negative slope would promise more at higher rates."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from poolpipe_common.overheads import Overheads, front_quantiles
+
+
+@dataclass(frozen=True)
+class CostPoint:
+    """The mean lead and tail of the stage calls of one size at one rate (one stage and batch of one step)."""
+
+    rate_rps: float  # the rate the sidecar served while these calls were made
+    sent_bytes: float  # per call (profiled bytes: what plans count)
+    back_bytes: float
+    lead_us: float | None  # None: no call of this kind went to an idle server (its lead is not seen)
+    tail_us: float
+    calls: int
+
+
+def fit_line(rows: Sequence[tuple[float, ...]], ys: Sequence[float], weights: Sequence[float]) -> tuple[float, ...]:
+    """(intercept, slope per column): weighted least squares with every coefficient >= 0 (a column whose slope
+    comes out negative, or that does not vary, is dropped and the rest refitted)."""
+    x = np.asarray(rows, dtype=float).reshape(len(ys), -1)
+    y = np.asarray(ys, dtype=float)
+    w = np.sqrt(np.asarray(weights, dtype=float))
+    keep = [j for j in range(x.shape[1]) if np.ptp(x[:, j]) > 0]
+    while True:
+        a = np.column_stack([np.ones(len(y)), x[:, keep]]) * w[:, None]
+        coef = np.linalg.lstsq(a, y * w, rcond=None)[0]
+        bad = [keep[i] for i, c in enumerate(coef[1:]) if c < 0]
+        if not bad:
+            break
+        keep = [j for j in keep if j not in bad]
+    out = [max(0.0, float(coef[0]))] + [0.0] * x.shape[1]
+    for i, j in enumerate(keep):
+        out[1 + j] = float(coef[1 + i])
+    return tuple(out)
+
+
+def fit_stage_costs(points: Sequence[CostPoint], base: Overheads) -> Overheads:
+    """``base`` (slowdown, wake lateness, the way outside the sidecar) with lead and tail fitted to ``points``."""
+    if not points:
+        raise ValueError("no stage calls were measured: nothing to fit the costs to")
+    led = [p for p in points if p.lead_us is not None]
+    lead0, lead_mb, lead_k = (fit_line([(p.sent_bytes / 1e6, p.rate_rps / 1e3) for p in led],
+                                       [p.lead_us for p in led], [p.calls for p in led])  # type: ignore[misc]
+                              if led else (base.lead_us, base.lead_per_mb_us, base.lead_per_krps_us))
+    tail0, tail_mb, tail_k = fit_line([(p.back_bytes / 1e6, p.rate_rps / 1e3) for p in points],
+                                      [p.tail_us for p in points], [p.calls for p in points])
+    return replace(base, lead_us=lead0, lead_per_mb_us=lead_mb, lead_per_krps_us=lead_k, tail_us=tail0,
+                   tail_per_mb_us=tail_mb, tail_per_krps_us=tail_k)
+
+
+def fit_front(costs: Overheads, samples: Sequence[tuple[float, float]]) -> Overheads:
+    """``costs`` with the way outside the sidecar's clock fitted to (input bytes, µs) samples a client measured:
+    a slope per input megabyte where inputs of several sizes were sent, and the distribution of what is left."""
+    if not samples:
+        return costs
+    mb = np.array([s[0] for s in samples], dtype=float) / 1e6
+    us = np.array([s[1] for s in samples], dtype=float)
+    slope = fit_line(mb.reshape(-1, 1), us, np.ones(len(us)))[1]
+    rest = us - slope * mb
+    return replace(costs, front_per_mb_us=slope, front_quantiles_us=front_quantiles(rest),
+                   front_us=float(np.median(np.maximum(rest, 0.0))))

@@ -1,0 +1,93 @@
+"""The cost model: stage calls' lead and tail grow with their bytes and the rate served, the way outside the
+sidecar's clock with the input's bytes; `poolpipe calibrate` fits it on a live (emulated) deployment, `poolpipe
+plan` finds it, and the closed form and the simulator count the same costs."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import yaml
+
+from model_repository_gen.generate import generate
+from planner.sustained.capacity import predicted_rps
+from plans.arrivals import parse_arrivals
+from poolpipe_common.cost_fit import CostPoint, fit_front, fit_line, fit_stage_costs
+from poolpipe_common.overheads import Overheads, read_overheads
+from scheduler.sim.sweep import PointJob, run_point
+from tests.conftest import run_cli
+from tests.deploy_helpers import write_cluster
+from tests.test_emulated import SCALE, emulated_hosts, ppipe_plan
+from tests.test_planner import tiny_profile
+
+
+def test_the_fit_recovers_a_known_cost_model_and_never_a_falling_one() -> None:
+    rng = np.random.default_rng(3)
+    points = [CostPoint(rate, mb * 1e6, mb * 5e5, 300 + 40 * mb + 200 * rate / 1e3 + rng.normal(0, 2),
+                        200 + 10 * mb + 100 * rate / 1e3 + rng.normal(0, 2), 50)
+              for rate in (50.0, 150.0, 300.0) for mb in (0.1, 0.8, 3.0)]
+    c = fit_stage_costs(points, Overheads())
+    assert c.lead_us == pytest.approx(300, abs=5) and c.lead_per_mb_us == pytest.approx(40, abs=3)
+    assert c.lead_per_krps_us == pytest.approx(200, abs=25)
+    assert c.tail_us == pytest.approx(200, abs=5) and c.tail_per_mb_us == pytest.approx(20, abs=3)
+    # a cost that seems to fall with the rate is fitted flat in it, not promised to shrink
+    assert fit_line([(0.0,), (1.0,), (2.0,)], [500.0, 480.0, 470.0], [1, 1, 1])[1] == 0.0
+    # the way outside the sidecar: a slope per input MB, and the distribution of what is left
+    samples = [(b, 1000 + 500 * b / 1e6 + x) for b in (1e5, 2e6) for x in rng.exponential(300, 400)]
+    f = fit_front(Overheads(), samples)
+    assert f.front_per_mb_us == pytest.approx(500, rel=0.15) and 1150 < f.front_us < 1350
+
+
+def test_slopes_round_trip_and_fold_at_a_rate() -> None:
+    c = Overheads(lead_us=300, tail_us=200, lead_per_mb_us=40, lead_per_krps_us=200, tail_per_krps_us=100,
+                  front_per_mb_us=7)
+    assert Overheads.from_dict(c.to_dict()) == c
+    at = c.at_rate(500)
+    assert (at.lead_us, at.tail_us, at.rate_dependent) == (400, 250, False)
+    assert at.lead_for(2e6) == 480 and at.front_extra_us(1e6) == 7
+    assert "lead_per_mb_us" not in Overheads(lead_us=1).to_dict()  # flat costs write the file they always did
+
+
+def test_costs_that_grow_with_the_rate_lower_the_promise_and_the_simulated_rate_alike() -> None:
+    plan = ppipe_plan(batch=2, slo_us=60_000.0)
+    flat = Overheads(lead_us=400, tail_us=300)
+    steep = replace(flat, lead_per_krps_us=100_000, tail_per_krps_us=100_000)  # +10 ms each way a call, 100 req/s
+    arrivals = parse_arrivals("poisson")
+    promised = {k: predicted_rps(plan, arrivals, c)[plan.models[0].name] for k, c in (("flat", flat),
+                                                                                      ("steep", steep))}
+    assert 0 < promised["steep"] < 0.8 * promised["flat"]
+    rate = {plan.models[0].name: 100.0}
+    att = {k: run_point(PointJob(plan, rate, "ppipe", "poisson", 1.0, 20.0, 1, driver="live",
+                                 overheads=c))[0]["models"][plan.models[0].name]["slo_attainment"]
+           for k, c in (("flat", flat), ("steep", steep))}
+    # where the flat costs hold, the simulator, counting the same costs grown at the rate, no longer does
+    assert att["flat"] >= 0.99 and att["steep"] < 0.9
+
+
+def test_calibrate_fits_costs_on_a_live_deployment_and_plan_finds_them(tmp_path) -> None:
+    cluster = write_cluster(tmp_path / "cluster.json", emulated_hosts())
+    generate(ppipe_plan(), {}, cluster, tmp_path / "deploy", emulated_tensor_scale=SCALE)
+    out = tmp_path / "poolpipe-costs.json"
+    r = run_cli("calibrate", tmp_path / "deploy", "--launch", "--shares", "0.1,0.3", "--duration-s", "4",
+                "--out", out, "--work", tmp_path / "work", timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "step 2/2" in r.stdout and "wrote" in r.stdout
+    costs = read_overheads(out)
+    doc = json.loads(out.read_text())
+    steps = doc["calibration"]["steps"]
+    assert [s["share"] for s in steps] == [0.1, 0.3]
+    assert all(s["served_rps"] > 0 and s["kinds_of_call"] >= 1 for s in steps)
+    assert steps[1]["served_rps"] > 1.5 * steps[0]["served_rps"]
+    assert 0 < costs.lead_us < 50_000 and 0 < costs.tail_us + costs.tail_per_mb_us < 50_000
+    assert len(costs.front_quantiles_us) > 0  # the client measured the way outside the sidecar's clock
+    # `poolpipe plan` run where the file is takes it without --overheads, says so and records it
+    (tmp_path / "tiny.json").write_text(json.dumps(tiny_profile()))
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump({
+        "cluster": {"gpus": {"A": 1, "B": 2}, "bandwidth_gbps": 1000}, "max_partitions": 2,
+        "models": [{"profile": "tiny.json", "slo_us": 1e6}]}))
+    r = run_cli("plan", "--spec", "spec.yaml", "--objective", "throughput", "--out", "p.json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "costs: measured, from poolpipe-costs.json" in r.stdout and "uncalibrated" not in r.stdout
+    assert json.loads((tmp_path / "p.json").read_text())["request"]["overheads"]["lead_us"] == costs.lead_us
