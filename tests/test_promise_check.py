@@ -126,6 +126,19 @@ def test_costs_above_the_plans_lower_the_implied_rate_and_warn_once_per_episode(
     assert len(_warnings(caplog)) == 2
 
 
+def test_a_plan_whose_costs_the_check_cannot_read_is_served_unchecked(planned: Path,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    doc = json.loads(planned.read_text())
+    doc["sustained"][ASSUMED_COSTS] = {"lead_us": -1}
+    meter, metrics = OverheadMeter(), SidecarMetrics()
+    check = PromiseCheck(plan_from_dict(doc), meter, {MODEL: ModelStats()}, metrics)
+    assert "event=promise_check_off reason=plan.json: sustained.assumed_costs: lead_us must be >= 0" in caplog.text
+    _serve(meter, RECENT_WINDOWS, 2000.0, 1500.0)
+    check.check(1.0)
+    assert check.implied == {} and metrics.registry.get_sample_value("poolpipe_sidecar_sustainable_rps",
+                                                                     {"model": MODEL}) is None
+
+
 def test_replan_trigger_fires_on_costs_when_the_implied_rate_no_longer_covers_the_arrivals() -> None:
     """The core's trigger takes the implied rates in (it imports no planner): a steady mix at 80 % of the plan's
     rate re-plans (kind costs) once the measured costs let the plan hold only 70; not while they let it hold 97."""

@@ -29,7 +29,7 @@ from planner.sustained.capacity import predicted_rps
 from plans.arrivals import parse_arrivals
 from plans.plan_costs import assumed_costs
 from plans.plan_json import Plan
-from poolpipe_common.overheads import Overheads
+from poolpipe_common.overheads import DEFAULT_OVERHEADS, Overheads
 from scheduler.server.common.metrics import SidecarMetrics
 from scheduler.server.common.model_stats import ModelStats
 from scheduler.server.planned.overhead_meter import OverheadMeter
@@ -104,7 +104,11 @@ class PromiseCheck:
     def __init__(self, plan: Plan, meter: OverheadMeter, stats: Mapping[str, ModelStats], metrics: SidecarMetrics,
                  overheads_out: Path | None = None, shares: Mapping[str, float] | None = None) -> None:
         served = [m for m in stats if m in {p.name for p in plan.models}]
-        self.promise = promise_of(plan, served)
+        try:
+            self.promise = promise_of(plan, served)
+        except Exception as e:  # noqa: BLE001 - the check only observes: a plan it cannot read is served unchecked
+            log.warning("event=promise_check_off reason=%s", e)
+            self.promise = Promise(plan, (), DEFAULT_OVERHEADS, "default", {}, {})
         self.meter, self.stats, self.metrics = meter, stats, metrics
         self.overheads_out = overheads_out
         self.shares = dict(shares or {})
@@ -112,15 +116,16 @@ class PromiseCheck:
         self.costs: dict[str, float] = {}
         self._warned: set[str] = set()
         self._last: tuple[float, dict[str, int]] | None = None
-        for m in served:
+        for m in self.promise.models:
             metrics.promised.labels(m).set(self.promise.promised_rps[m])
             metrics.sustainable.labels(m).set(math.nan)
             metrics.promise_at_risk.labels(m).set(0)
         c = self.promise.costs
-        log.info("event=promise_check every_s=%.0f tolerance=%.2f promised=%s planned_lead_us=%.0f "
-                 "planned_tail_us=%.0f planned_costs=%s", CHECK_INTERVAL_S, TOLERANCE,
-                 ",".join(f"{m}={r:.1f}" for m, r in self.promise.promised_rps.items()), c.lead_us, c.tail_us,
-                 self.promise.source)
+        if self.promise.models:
+            log.info("event=promise_check every_s=%.0f tolerance=%.2f promised=%s planned_lead_us=%.0f "
+                     "planned_tail_us=%.0f planned_costs=%s", CHECK_INTERVAL_S, TOLERANCE,
+                     ",".join(f"{m}={r:.1f}" for m, r in self.promise.promised_rps.items()), c.lead_us, c.tail_us,
+                     self.promise.source)
 
     def start(self) -> asyncio.Task:
         return asyncio.ensure_future(self._run())
@@ -166,7 +171,7 @@ class PromiseCheck:
             self.meter.write(self.overheads_out)
             where = f"FILE={self.overheads_out}, written now by this sidecar's --overheads-out"
         else:
-            where = "FILE: what 'poolpipe serve --overheads-out FILE' writes (this sidecar was started without it)"
+            where = "FILE from 'poolpipe serve --overheads-out FILE', not given to this sidecar"
         c, p = self.costs, self.promise.costs
         log.warning("event=promise_at_risk model=%s promised_rps=%.1f implied_rps=%.1f served_rps=%.1f lead_us=%.0f "
                     "tail_us=%.0f slowdown=%.3f (planned lead_us=%.0f tail_us=%.0f slowdown=%.3f, %s) re-plan: "
