@@ -2,12 +2,12 @@
 ``ReplanTrigger`` decides when the smoothed mix has left the plan's headroom, or when the per-stage costs the
 sidecar measures now leave the plan less than the arrivals need (the promise check's implied rates,
 scheduler.server.planned.promise_check: a re-plan of kind ``costs``, planned with the costs measured now). Then a
-worker process (never
-the event loop) plans the spec for the measured mix with ``planner.plan``, as the serving plan was planned (its
-plan.json ``request``: applications, PARIS sizing, the cost objective and co-location stay) but with the per-stage
-costs the sidecar measured serving it (``OverheadMeter.measured_costs``: a promise made with what this host's
-stage calls cost now, not what the first plan assumed), and generates a
-deployment into ``out_dir/gen-N`` beside the running one (generate's ``previous``); the sidecar migrates the
+worker process (never the event loop) plans the spec for the measured mix with ``planner.plan``, as the serving plan
+was planned (its plan.json ``request``: applications, PARIS sizing, the cost objective and co-location stay) but with
+the per-stage costs the sidecar measured serving it (``OverheadMeter.measured_costs``, the run's; for a re-plan of kind
+costs, those of the last windows the promise check measured: a promise made with what this host's stage calls cost
+now, not what the first plan assumed), and generates a deployment into ``out_dir/gen-N`` beside the running one
+(generate's ``previous``); the sidecar migrates the
 servers (runtime.migration, in a thread: the servers both plans have stay and get the new partitions loaded, the
 others are started), reloads onto it (scheduler.server.control.reload), then unloads the old partitions and stops the
 servers only the old plan had. Servers it did not start (the first plan's) are never stopped: their partitions are
