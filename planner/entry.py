@@ -5,8 +5,8 @@ model is planned under the least budget a module running it was given; the spec 
 says so; the request's objective plans it (planner.objectives: the planner, PARIS sizing, cost); the plan gets
 the applications (module budgets, rates, dummy-request flags, for ``generate``) and the request. The sustained and
 cost objectives measure every model's ``sustainable_rps`` (planner.sustained); the throughput objective only when the
-request says ``verify``. The CLI, the
-sidecar's re-planner, the simulator's re-planning and the demo all plan through here; a re-planner re-weights
+request says ``verify``; a measured plan records the per-stage costs its promise assumed (plans.plan_costs). The
+CLI, the sidecar's re-planner, the simulator's re-planning and the demo all plan through here; a re-planner re-weights
 the spec by the measured rates with ``reweighted`` first.
 """
 
@@ -20,6 +20,7 @@ from planner.objectives import OBJECTIVES
 from planner.request import PlanRequest
 from planner.sustained.search import annotate
 from plans.arrivals import parse_arrivals
+from plans.plan_costs import with_assumed_costs
 from plans.plan_json import Plan
 from plans.spec.planning_spec import PlanningSpec
 from poolpipe_common.errors import InputError
@@ -49,6 +50,8 @@ def plan(spec: PlanningSpec, request: PlanRequest | None = None) -> PlanOutcome:
     result = OBJECTIVES[request.objective](planned, request)
     if request.verify and any(m.sustainable_rps is None for m in result.models):
         result = annotate(result, parse_arrivals(request.arrivals), request.costs(), request.evaluator)
+    if result.sustained is not None:  # what the promise assumed, for the sidecar's promise check
+        result = replace(result, sustained=with_assumed_costs(result.sustained, request.costs()))
     result = replace(result, applications=tuple(a.to_plan_dict() for a in apps), request=request.to_dict())
     return PlanOutcome(result, planned, (*result.notes, *(x for a in apps for x in a.lines())))
 

@@ -11,7 +11,8 @@ the last, as in the reference plans).
 ``request`` (optional) says how it was planned: the planner, objective, rates, prices, co-location, application
 split, PARIS batch-size PDF, solver, time limit and gap (planner.request; absent in older plans: the defaults).
 ``models[].sustainable_rps`` is the rate the model sustains at >= 99 % SLO attainment under ``models[].arrivals``
-(planner.sustained), beside the nominal ``throughput_rps``; ``sustained`` says what measured it.
+(planner.sustained), beside the nominal ``throughput_rps``; ``sustained`` says what measured it and, as
+``assumed_costs``, the per-stage costs the promise assumed (plans.plan_costs; absent in older plans).
 The plan also records the spec it was solved for and embeds each model's profile, so later tools
 need only the plan.
 """

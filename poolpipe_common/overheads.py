@@ -110,6 +110,15 @@ class Overheads:
         return replace(self, lead_us=self.lead_us + self.lead_per_krps_us * k, lead_per_krps_us=0.0,
                        tail_us=self.tail_us + self.tail_per_krps_us * k, tail_per_krps_us=0.0)
 
+    def rebased(self, measured: dict[str, float], rps: float) -> "Overheads":
+        """These costs with lead, tail, wake lateness and slowdown as a serving run measured them at ``rps``: the
+        rate slopes kept, their bases moved so that the costs at ``rps`` are the measured ones; the byte slopes
+        dropped (a measured mean already counts the sizes of the calls it averaged)."""
+        k = max(0.0, rps) / 1e3
+        out = replace(self, **measured, lead_per_mb_us=0.0, tail_per_mb_us=0.0)
+        return replace(out, lead_us=max(0.0, out.lead_us - self.lead_per_krps_us * k),
+                       tail_us=max(0.0, out.tail_us - self.tail_per_krps_us * k))
+
     def lead_for(self, in_bytes: float) -> float:
         """A stage call's lead (at the rate folded in by at_rate) when it sends ``in_bytes``."""
         return self.lead_us + self.lead_per_mb_us * in_bytes / 1e6

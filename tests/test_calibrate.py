@@ -48,6 +48,9 @@ def test_slopes_round_trip_and_fold_at_a_rate() -> None:
     assert (at.lead_us, at.tail_us, at.rate_dependent) == (400, 250, False)
     assert at.lead_for(2e6) == 480 and at.front_extra_us(1e6) == 7
     assert "lead_per_mb_us" not in Overheads(lead_us=1).to_dict()  # flat costs write the file they always did
+    # costs a sidecar measured at 500 req/s are those of the model at 500 req/s, not a base its slope adds to
+    seen = c.rebased({"lead_us": 900.0, "tail_us": 260.0}, 500)
+    assert seen.at_rate(500).lead_us == 900 and seen.at_rate(500).tail_us == 260 and seen.lead_per_mb_us == 0
 
 
 def test_costs_that_grow_with_the_rate_lower_the_promise_and_the_simulated_rate_alike() -> None:

@@ -2,7 +2,8 @@
 even mix. The mix shifts to one model; the sidecar notices (smoothed rates over the plan's headroom), plans in a
 worker process (a real MILP), generates, launches the new servers, reloads onto them while requests keep coming,
 and says so in its log and metrics. No request is lost or hangs; the servers it launched stop with it. A re-plan
-is made with the per-stage costs the sidecar measured serving."""
+is made with the per-stage costs the sidecar measured serving, and one is made when those costs leave the plan less
+than the arrivals need (the promise check), though the mix did not move."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import asyncio
 import json
 import time
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -19,9 +21,10 @@ from tritonclient.utils import InferenceServerException
 
 from model_repository_gen.generate import generate
 from planner.planners import solve_spec
+from plans.plan_costs import with_assumed_costs
 from plans.spec.planning_spec import ClusterSpec, ModelSpec, PlanningSpec, time_dilated
 from poolpipe_common.net import port_in_use
-from poolpipe_common.overheads import DEFAULT_OVERHEADS
+from poolpipe_common.overheads import DEFAULT_OVERHEADS, Overheads
 from profiling.reference import import_ppipe_profile
 from runtime.launch import Deployment, load_host_launch
 from runtime.sidecar_process import SidecarProcess
@@ -172,6 +175,48 @@ def test_a_replan_is_planned_with_the_per_stage_costs_the_sidecar_measured(tmp_p
     assert {k: overheads[k] for k in measured} == measured
     assert overheads["front_us"] == DEFAULT_OVERHEADS.front_us  # the first plan's (it assumed the defaults)
     assert sustained["measured"] < sustained["as-planned"]  # 4 ms more per stage: less is held at the SLO
+
+
+def test_serve_replan_replans_when_the_measured_costs_no_longer_cover_the_arrivals(tmp_path: Path) -> None:
+    """A plan that assumed its GPUs compute twice as fast as the emulated ones do (slowdown 0.5 in plan.json's
+    assumed costs), served at 80 % of its throughput in the planned mix: the mix rule has nothing to do, but the
+    promise check finds the plan holds about a quarter of that at the costs measured, and the trigger re-plans
+    (kind costs) with the costs of the last windows."""
+    spec_file, cluster_file, spec = _write_inputs(tmp_path)
+    first = solve_spec(spec, time_limit_s=20)
+    first = replace(first, sustained=with_assumed_costs({"evaluated_by": "none"}, Overheads(slowdown=0.5)))
+    cap = {m.name: m.throughput_rps for m in first.models}
+    generate(first, {}, cluster_file, tmp_path / "gen-0", emulated_tensor_scale=0.01)
+    settings = {"spec": "spec.json", "cluster": "cluster.json", "out_dir": "replans", "emulated_tensor_scale": 0.01,
+                "window_s": 1.0, "smoothing": 0.6, "high": 0.9, "cooldown_s": 120, "time_limit_s": 20}
+    (tmp_path / "replan.json").write_text(json.dumps(settings))
+    log = tmp_path / "sidecar.log"
+    with Deployment(tmp_path / "gen-0", log_dir=tmp_path / "logs-0"):
+        sc = SidecarProcess(manifest=tmp_path / "gen-0", log_path=log,
+                            extra_args=("--replan", str(tmp_path / "replan.json"))).start()
+        try:
+            deadline = time.monotonic() + 60
+            while not _ready(sc):
+                assert time.monotonic() < deadline, "the sidecar did not turn ready"
+                time.sleep(0.1)
+            outcomes = []
+            deadline = time.monotonic() + 240  # the costs need 256 stage calls, then a check, then a window
+            while "event=replan_decided" not in (text := log.read_text()):
+                assert time.monotonic() < deadline, text[-3000:]
+                outcomes += asyncio.run(_load(sc.grpc_url, _schedule([(0, 5, {m: 0.8 * c for m, c in cap.items()})])))
+            while "event=replanned" not in (text := log.read_text()):
+                assert "event=replan_failed" not in text and time.monotonic() < deadline, text[-3000:]
+                time.sleep(0.2)
+        finally:
+            assert sc.stop() == 0
+    lines = text.splitlines()
+    decided = next(line for line in lines if "event=replan_decided" in line)
+    costs = next(line for line in lines if "event=replan_costs" in line)
+    print("(emulated)", decided, "\n(emulated)", costs)
+    print("(emulated)", "\n(emulated) ".join(line for line in lines if "event=promise_at_risk" in line))
+    assert "reason=costs: " in decided and "measured=recent" in costs and "slowdown=1." in costs
+    assert 1 <= sum("event=promise_at_risk" in line for line in lines) <= len(cap)  # once per model at most
+    assert not [o for o in outcomes if o[1] == "hung"]
 
 
 def _ready(sc: SidecarProcess) -> bool:

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import re
+import time
 from pathlib import Path
 
 import grpc
@@ -86,6 +88,25 @@ def test_answers_report_the_sidecars_own_time_so_a_client_measures_the_way_outsi
     assert all(f >= 0.0 for f in r.front_us)  # the sidecar's time lies within the client's
     ov = Overheads(front_us=2000.0).with_front_samples(r.front_us)
     assert len(ov.front_quantiles_us) == FRONT_QUANTILES and ov.front_at(1.0) == max(0.0, max(r.front_us))
+
+
+def test_the_sidecar_exports_the_rate_its_measured_costs_imply_beside_the_promise(testbed: dict) -> None:
+    """Once it measured enough stage calls, the sidecar's promise check (every few seconds) exports per model the rate
+    the plan sustains at the per-stage costs measured now beside the plan's promise (this hand-made plan records
+    none: the closed form's at the default costs); the log says what the check compares."""
+    sc = testbed["sc"]
+    labels = f'model="{MODEL}"'
+    deadline = time.monotonic() + 180
+    while math.isnan(implied := metric(metrics_text(sc), "poolpipe_sidecar_sustainable_rps", labels)):
+        assert time.monotonic() < deadline, "no implied rate after 3 minutes of load"
+        r = open_loop([sc.grpc_url], MODEL, [0.005 * i for i in range(100)], SLO_US / 1e3)
+        assert r.errors == 0
+    promised = metric(metrics_text(sc), "poolpipe_sidecar_promised_rps", labels)
+    print(f"promised {promised:.1f} req/s, implied by the costs measured {implied:.1f} (onnxruntime on this CPU, "
+          "against a profile timed 5x slower)")
+    assert promised > 0 and implied > 0
+    assert metric(metrics_text(sc), "poolpipe_sidecar_promise_at_risk", labels) in (0.0, 1.0)
+    assert "event=promise_check " in (testbed["work"] / "sidecar.log").read_text()
 
 
 def test_stage_lead_times_are_calibrated_at_start(testbed: dict) -> None:

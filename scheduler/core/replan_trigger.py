@@ -6,8 +6,11 @@ re-plan. A re-plan is due when some model runs above ``high`` of its planned thr
 while the mix of rates has moved from the plan's mix by more than ``mix_tolerance`` (total-variation
 distance of the shares): a re-plan then moves capacity from the models that have it to those short of it.
 It waits until the mix has settled (the last window's mix within half the tolerance of the smoothed one),
-so that it plans for where the mix went, not for a moment of the move. After a re-plan nothing is decided
-for ``cooldown_s`` (no flapping between two plans).
+so that it plans for where the mix went, not for a moment of the move. A re-plan is due too when the serving plan's
+costs moved: its owner passes in (``costs_imply``) the rate each model sustains at the per-stage costs measured now
+(the sidecar's promise check), and a model whose smoothed rate runs above ``high`` of that, where it fell more than
+``cost_tolerance`` below the plan's throughput, is out of headroom at those costs (kind ``costs``: re-plan with
+them). After a re-plan nothing is decided for ``cooldown_s`` (no flapping between two plans).
 """
 
 from __future__ import annotations
@@ -22,14 +25,17 @@ class ReplanConfig:
     high: float = 0.9  # a model above this fraction of its planned throughput is out of headroom
     mix_tolerance: float = 0.1  # total-variation distance between measured and planned shares that counts
     cooldown_s: float = 20.0  # no new re-plan this soon after the last one
+    cost_tolerance: float = 0.05  # the rate measured costs imply may fall this share below the plan's unremarked
 
     def __post_init__(self) -> None:
         checks = {"window_s": self.window_s > 0, "smoothing": 0 < self.smoothing <= 1, "high": self.high > 0,
-                  "mix_tolerance": 0 <= self.mix_tolerance < 1, "cooldown_s": self.cooldown_s >= 0}
+                  "mix_tolerance": 0 <= self.mix_tolerance < 1, "cooldown_s": self.cooldown_s >= 0,
+                  "cost_tolerance": 0 <= self.cost_tolerance < 1}
         bad = [k for k, ok in checks.items() if not ok]
         if bad:
             raise ValueError(f"replan config: {', '.join(f'{k}={getattr(self, k)!r}' for k in bad)} out of range "
-                             "(window_s > 0, 0 < smoothing <= 1, high > 0, 0 <= mix_tolerance < 1, cooldown_s >= 0)")
+                             "(window_s > 0, 0 < smoothing <= 1, high > 0, 0 <= mix_tolerance < 1, cooldown_s >= 0, "
+                             "0 <= cost_tolerance < 1)")
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,7 @@ class ReplanDecision:
     at_us: float
     rates_rps: dict[str, float]  # the smoothed rates the new plan should serve (its weights)
     reason: str
+    kind: str = "mix"  # mix: the mix left the plan's headroom; costs: the measured costs took the headroom
 
 
 def mix_distance(a: dict[str, float], b: dict[str, float]) -> float:
@@ -55,6 +62,7 @@ class ReplanTrigger:
         self.capacity_rps = dict(capacity_rps)
         self.rates_rps: dict[str, float | None] = {m: None for m in capacity_rps}
         self._counts = {m: 0 for m in capacity_rps}
+        self.implied_rps: dict[str, float] = {}  # what the plan sustains at the costs measured now (costs_imply)
         self._window_start = start_us
         self._quiet_until = start_us
 
@@ -65,6 +73,11 @@ class ReplanTrigger:
     def next_check_us(self) -> float:
         """When the current window closes (the next time ``check`` can decide anything new)."""
         return self._window_start + self.window_us
+
+    def costs_imply(self, capacity_rps: dict[str, float]) -> None:
+        """The rate each model of the serving plan sustains at the per-stage costs measured now (empty: none
+        measured yet; a model left out or NaN: not judged)."""
+        self.implied_rps = {m: c for m, c in capacity_rps.items() if m in self.capacity_rps and c == c}
 
     def arrived(self, model: str, t_us: float) -> None:
         if model in self._counts:
@@ -90,12 +103,24 @@ class ReplanTrigger:
         hot = [m for m, x in load.items() if x > self.config.high]
         moved = mix_distance(rates, self.capacity_rps)
         if not hot or moved <= self.config.mix_tolerance or mix_distance(last, rates) > self.config.mix_tolerance / 2:
-            return None
+            return self._costs_decision(now_us, rates)
         reason = (f"{','.join(hot)} at {', '.join(f'{100 * load[m]:.0f}%' for m in hot)} of planned throughput, "
                   f"mix moved {moved:.2f} from the plan's")
         return ReplanDecision(now_us, rates, reason)
 
+    def _costs_decision(self, now_us: float, rates: dict[str, float]) -> ReplanDecision | None:
+        """A decision of kind costs where a model runs above ``high`` of what the measured costs let the plan
+        sustain, and they let it sustain less than planned (beyond ``cost_tolerance``)."""
+        low = {m: c for m, c in self.implied_rps.items()
+               if c < (1.0 - self.config.cost_tolerance) * self.capacity_rps[m] and rates[m] > self.config.high * c}
+        if not low:
+            return None
+        reason = "costs: " + ", ".join(f"{m} at {rates[m]:.1f} req/s, the plan holds {c:.1f} at the costs measured "
+                                       f"now (planned {self.capacity_rps[m]:.1f})" for m, c in low.items())
+        return ReplanDecision(now_us, rates, reason, "costs")
+
     def replanned(self, capacity_rps: dict[str, float], now_us: float) -> None:
         """A new plan serves from ``now_us``: its throughputs are the new headroom; cool down."""
         self.capacity_rps = dict(capacity_rps)
+        self.implied_rps = {}  # the new plan's costs are measured anew
         self._quiet_until = now_us + self.config.cooldown_s * 1e6

@@ -59,6 +59,16 @@ class SidecarMetrics:
         self.reload_pause = Histogram(_P + "reload_pause_seconds", "Time no batch could be dispatched in a reload",
                                       registry=r, buckets=(1e-4, 1e-3, 1e-2, .1, .25, .5, 1, 2.5))
         self.replans = Counter(_P + "replans", "Automatic re-plans (serve --replan)", ["outcome"], registry=r)
+        self.promised = Gauge(_P + "promised_rps", "The serving plan's promise: the req/s it sustains at >= 99 % SLO "
+                              "attainment (plan.json sustainable_rps; the closed form's where it records none)",
+                              ["model"], registry=r)
+        self.sustainable = Gauge(_P + "sustainable_rps", "The req/s the serving plan sustains at >= 99 % SLO "
+                                 "attainment at the per-stage costs measured now (the promise moved by the closed "
+                                 "form from the costs it assumed; NaN until enough stage calls are measured)",
+                                 ["model"], registry=r)
+        self.promise_at_risk = Gauge(_P + "promise_at_risk", "1 while the costs measured now imply a sustainable "
+                                     "rate below the promise and the served rate approaches it", ["model"],
+                                     registry=r)
         for outcome in ("ok", "failed"):
             self.reloads.labels(outcome)
         for outcome in ("replanned", "failed"):

@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 
 from prometheus_client.utils import floatToGoString
 
-# fractions: a sum over workers would exceed 1
-MEAN = frozenset({"poolpipe_sidecar_slo_attainment", "poolpipe_sidecar_event_loop_busy"})
+# fractions (a sum over workers would exceed 1), and rates each worker reports for the whole plan
+MEAN = frozenset({"poolpipe_sidecar_slo_attainment", "poolpipe_sidecar_event_loop_busy",
+                  "poolpipe_sidecar_promised_rps", "poolpipe_sidecar_sustainable_rps"})
 
 
 @dataclass

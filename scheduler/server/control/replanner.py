@@ -1,10 +1,13 @@
 """``serve --replan FILE``: automatic re-planning. The sidecar counts each planned model's arrivals; the core's
-``ReplanTrigger`` decides when the smoothed mix has left the plan's headroom. Then a worker process (never
-the event loop) plans the spec for the measured mix with ``planner.plan``, as the serving plan was planned (its
-plan.json ``request``: applications, PARIS sizing, the cost objective and co-location stay) but with the per-stage
-costs the sidecar measured serving it (``OverheadMeter.measured_costs``: a promise made with what this host's
-stage calls cost now, not what the first plan assumed), and generates a
-deployment into ``out_dir/gen-N`` beside the running one (generate's ``previous``); the sidecar migrates the
+``ReplanTrigger`` decides when the smoothed mix has left the plan's headroom, or when the per-stage costs the
+sidecar measures now leave the plan less than the arrivals need (the promise check's implied rates,
+scheduler.server.planned.promise_check: a re-plan of kind ``costs``, planned with the costs measured now). Then a
+worker process (never the event loop) plans the spec for the measured mix with ``planner.plan``, as the serving plan
+was planned (its plan.json ``request``: applications, PARIS sizing, the cost objective and co-location stay) but with
+the per-stage costs the sidecar measured serving it (``OverheadMeter.measured_costs``, the run's; for a re-plan of kind
+costs, those of the last windows the promise check measured: a promise made with what this host's stage calls cost
+now, not what the first plan assumed), and generates a deployment into ``out_dir/gen-N`` beside the running one
+(generate's ``previous``); the sidecar migrates the
 servers (runtime.migration, in a thread: the servers both plans have stay and get the new partitions loaded, the
 others are started), reloads onto it (scheduler.server.control.reload), then unloads the old partitions and stops the
 servers only the old plan had. Servers it did not start (the first plan's) are never stopped: their partitions are
@@ -25,6 +28,7 @@ The settings file (YAML or JSON; paths relative to it)::
     smoothing: 0.5
     high: 0.9
     mix_tolerance: 0.1
+    cost_tolerance: 0.05
     cooldown_s: 120
 """
 
@@ -53,7 +57,7 @@ from scheduler.server.planned.calls import now_us
 log = logging.getLogger("poolpipe.sidecar.replan")
 
 FIELDS = ("spec", "cluster", "out_dir", "onnx", "emulated_tensor_scale", "planner", "solver", "time_limit_s",
-          "window_s", "smoothing", "high", "mix_tolerance", "cooldown_s")
+          "window_s", "smoothing", "high", "mix_tolerance", "cost_tolerance", "cooldown_s")
 
 
 @dataclass(frozen=True)
@@ -92,7 +96,7 @@ def load_settings(path: Path) -> ReplanSettings:
     if not isinstance(onnx, dict):
         raise InputError(f"{where}: onnx must map model names to ONNX files")
     nums = {k: as_float(d[k], f"{where}: {k}") for k in ("window_s", "smoothing", "high", "mix_tolerance",
-                                                          "cooldown_s") if k in d}
+                                                          "cost_tolerance", "cooldown_s") if k in d}
     try:
         trigger = ReplanConfig(**{"cooldown_s": 120.0, "window_s": 5.0, **nums})
     except ValueError as e:
@@ -138,7 +142,8 @@ def plan_and_generate(job: ReplanJob) -> tuple[str, float, dict[str, float]]:
     given = {**job.request, "jobs": 1}
     request = request_of(previous.plan, **given) if previous else PlanRequest(**given)
     if job.measured_costs:
-        request = replace(request, overheads=replace(request.costs(), **job.measured_costs))
+        # measured at about the rate it re-plans for: a calibrated model's rate slopes stay, based at what was measured
+        request = replace(request, overheads=request.costs().rebased(job.measured_costs, sum(job.rates_rps.values())))
     new = plan(reweighted(load_spec(job.spec), job.rates_rps), request).plan
     generate(new, job.onnx, job.cluster, job.out, emulated_tensor_scale=job.emulated_tensor_scale,
              previous=previous)
@@ -151,6 +156,14 @@ def planned_capacity(planned: PlanSwitch) -> dict[str, float]:
     held = planned.current.manifest.plan.capacity_rps()
     return {m: held.get(m, sum(p.throughput_rps for p in info.pipelines))
             for m, info in planned.current.models.items()}
+
+
+def implied_capacity(planned: PlanSwitch) -> dict[str, float]:
+    """What the serving plan holds per model at the per-stage costs measured now: its capacity moved as its promise
+    check moved the promise (empty until the check has measured costs)."""
+    check, held = planned.current.promise, planned_capacity(planned)
+    promised = check.promise.promised_rps
+    return {m: held[m] * r / promised[m] for m, r in check.implied.items() if m in held and promised[m] > 0}
 
 
 class AutoReplanner:
@@ -177,6 +190,7 @@ class AutoReplanner:
     async def _watch(self) -> None:
         while True:
             await asyncio.sleep(max(0.0, (self.trigger.next_check_us() - now_us()) / 1e6) + 0.001)
+            self.trigger.costs_imply(implied_capacity(self.planned))
             decision = self.trigger.check(now_us())
             if decision is not None:
                 await self._replan(decision)
@@ -189,10 +203,12 @@ class AutoReplanner:
         t0 = time.monotonic()
         migration = None
         try:
-            meter = self.planned.current.meter
-            costs = meter.measured_costs()
-            log.info("event=replan_costs generation=%d stage_calls=%d %s", self.generation, meter.stages,
-                     " ".join(f"{k}={v:.6g}" for k, v in costs.items()) if costs else
+            meter, check = self.planned.current.meter, self.planned.current.promise
+            # costs: what a stage call costs at the rate served now, as the promise check measured it
+            recent = d.kind == "costs" and bool(check.costs)
+            costs = check.costs if recent else meter.measured_costs()
+            log.info("event=replan_costs generation=%d stage_calls=%d measured=%s %s", self.generation, meter.stages,
+                     "recent" if recent else "run", " ".join(f"{k}={v:.6g}" for k, v in costs.items()) if costs else
                      "as_planned=1 (too few stage calls measured yet)")
             job = replace(self.settings.job, out=out, rates_rps=d.rates_rps, previous=self.deployment.directory,
                           measured_costs=costs)

@@ -56,6 +56,10 @@ class _WindowedMean:
     def value(self, default: float = 0.0) -> float:
         return statistics.median(self._means) if self._means else self._current.value(default)
 
+    def recent(self, windows: int, default: float = 0.0) -> float:
+        """The median of the last ``windows`` windows' means (the running mean until the first is full)."""
+        return statistics.median(self._means[-windows:]) if self._means else self._current.value(default)
+
 
 @dataclass
 class OverheadMeter:
@@ -103,6 +107,15 @@ class OverheadMeter:
             return {}
         o = self.overheads()
         return {"lead_us": o.lead_us, "tail_us": o.tail_us, "wake_late_us": o.wake_late_us, "slowdown": o.slowdown}
+
+    def recent_costs(self, windows: int) -> dict[str, float]:
+        """The per-stage costs of the last ``windows`` windows of stage calls (what a stage costs at the rate served
+        now, where measured_costs is the run's), as Overheads fields; empty before MIN_STAGES_FOR_COSTS."""
+        if self.stages < MIN_STAGES_FOR_COSTS:
+            return {}
+        return {"lead_us": self.lead.value() + self.extra_lead.recent(windows, self.extra_lead_us),
+                "tail_us": self.tail.recent(windows), "wake_late_us": self.wake_late.recent(windows),
+                "slowdown": self.slowdown.recent(windows, 1.0)}
 
     def write(self, path: Path, calibration: dict | None = None) -> None:
         """The costs as an overheads file (``calibration``: the calls by size, scheduler.server.planned.call_costs)."""

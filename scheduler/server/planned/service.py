@@ -53,6 +53,7 @@ from scheduler.server.planned.lead import Leads
 from scheduler.server.planned.manifest_shard import manifest_shard
 from scheduler.server.planned.manifest_topology import topology_from_manifest
 from scheduler.server.planned.overhead_meter import OverheadMeter
+from scheduler.server.planned.promise_check import PromiseCheck, shard_shares
 from scheduler.server.planned.shm_pool import log_reclaimed, remove_stale_regions
 from scheduler.server.planned.stage_io import StageFault
 from scheduler.server.planned.stage_observers import stage_sink
@@ -98,6 +99,9 @@ class PlannedService:
         self.executor = LiveExecutor(self.fleet, self.models, self.pipelines, self.answers, metrics, self._kick_loop,
                                      self.leads, sink, padded_models(manifest.applications), self.tracer)
         self.overheads_out = overheads_out
+        self.promise = PromiseCheck(manifest.plan, self.meter, self.answers.stats, metrics, overheads_out,
+                                    shard_shares(manifest))
+        self._promise_task: asyncio.Task | None = None
         self.overheads: dict[str, StageOverheads] = {}  # pipeline id -> calibrated lead/tail
         self.driver = self._new_driver()
         self._wake_us: float | None = None
@@ -124,6 +128,7 @@ class PlannedService:
             metrics.vgpu_up.labels(srv.id).set(1 if srv.up else 0)
         await self._calibrate(None)
         self._loop_task = asyncio.ensure_future(self._scheduler_loop())
+        self._promise_task = self.promise.start()
         self.fleet.start_health()
         return self
 
@@ -217,7 +222,7 @@ class PlannedService:
         """A reload hands this plan's queue to the next: the driver is no longer stepped (nothing new is
         dispatched), no calibration starts; in-flight batches run on and answer their calls."""
         self._stopped = True
-        for t in (self._loop_task, self._calibrating):
+        for t in (self._loop_task, self._calibrating, self._promise_task):
             if t is not None:
                 t.cancel()
                 await asyncio.gather(t, return_exceptions=True)
@@ -233,7 +238,7 @@ class PlannedService:
     async def close(self) -> int:
         """Answer what is still queued with an error, drop connections and shm regions; returns regions removed."""
         self._closing = self._stopped = True
-        for t in (self._loop_task, self._calibrating):
+        for t in (self._loop_task, self._calibrating, self._promise_task):
             if t is not None:
                 t.cancel()
                 await asyncio.gather(t, return_exceptions=True)
