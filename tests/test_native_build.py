@@ -1,7 +1,7 @@
 """Build failures fail: a compile error in the native backends fails ``python -m backends.native[_front]`` and
-``make native`` (so ``make`` and ``make test``); only a missing C compiler is passed over, in one line, and
-``--require`` (CI) fails there too. Each case runs on a copy of backends/ in a temporary directory: the tree's own
-sources are never touched."""
+``make native`` (so ``make`` and ``make test``), and ``poolpipe generate`` and ``serve`` with one line; only a missing
+C compiler is passed over, in one line, and ``--require`` (CI) fails there too. Each case runs on a copy of backends/
+in a temporary directory: the tree's own sources are never touched."""
 
 from __future__ import annotations
 
@@ -13,7 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from poolpipe_common.net import free_ports
+from tests.conftest import ROOT, run_cli
+from tests.deploy_helpers import write_cluster
+from tests.test_emulated import emulated_hosts, ppipe_plan
 
 BROKEN = "\nint poolpipe_broken_on_purpose(void) { return }\n"  # a syntax error
 
@@ -72,3 +75,28 @@ def test_only_a_missing_compiler_is_passed_over_and_require_fails_there(tmp_path
     assert required.returncode == 1 and "--require" in required.stderr, required.stderr
     built = _build(tree, "backends.native", "--require")
     assert built.returncode == 0 and built.stdout.startswith("backends.native: "), (built.stdout, built.stderr)
+
+
+def test_a_compile_error_is_one_line_from_generate_and_serve(tmp_path: Path) -> None:
+    """The commands that build a native backend on first use say why it does not build in one line (exit 1), not
+    with a traceback. They run from a directory holding the broken copy of backends/, which the current directory
+    puts first on the path; the rest of poolpipe comes from this checkout."""
+    tree = _copy(tmp_path / "tree", "backends/native/execute.c")
+    with open(tree / "backends/native_front/passthrough.c", "a") as f:
+        f.write(BROKEN)
+    cluster = write_cluster(tmp_path / "cluster.json", emulated_hosts())
+    ppipe_plan().save(tmp_path / "plan.json")
+    gen = run_cli("generate", "--plan", tmp_path / "plan.json", "--cluster", cluster, "--out", tmp_path / "out",
+                  cwd=tree)
+    assert gen.returncode == 1 and "Traceback" not in gen.stderr, gen.stderr
+    assert gen.stderr.strip().splitlines() == [gen.stderr.strip()], gen.stderr
+    assert gen.stderr.startswith("poolpipe generate: error: the poolpipe_emulated backend does not build: "), gen.stderr
+    assert "error: expected" in gen.stderr, gen.stderr  # the compiler's own words, not a warning after them
+    grpc, http, metrics, native_grpc = free_ports(4)
+    serve = run_cli("serve", "--passthrough", "127.0.0.1:1", "--passthrough-http", "127.0.0.1:1",
+                    "--native-grpc-port", str(native_grpc), "--grpc-port", str(grpc), "--http-port", str(http),
+                    "--metrics-port", str(metrics), cwd=tree, timeout=300)
+    assert serve.returncode == 1 and "Traceback" not in serve.stderr, serve.stderr
+    last = serve.stderr.strip().splitlines()[-1]
+    assert last.startswith("poolpipe serve: error: the poolpipe_front backend does not build: ") and \
+        "error: expected" in last, serve.stderr
