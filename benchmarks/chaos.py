@@ -25,6 +25,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -35,6 +36,7 @@ import tritonclient.grpc.aio as grpcaio
 from tritonclient.grpc import InferInput
 from tritonclient.utils import InferenceServerException
 
+from model_repository_gen.manifest import load_manifest
 from planner.entry import plan
 from planner.request import PlanRequest
 from poolpipe.paper_experiment import PaperExperiment, PaperRun, paper_spec
@@ -114,6 +116,10 @@ class Cluster:
         self.sidecar.wait_ready()
         return time.monotonic() - t0
 
+    def shm_regions(self) -> list[str]:
+        prefixes = [f"{SIDECAR_SHM_PREFIX}{p}_" for p in self.sidecar_pids] + [f"{SHM_PREFIX}{self.launch.pid}_"]
+        return sorted(p.name for p in Path("/dev/shm").iterdir() if any(p.name.startswith(x) for x in prefixes))
+
     def stop(self) -> None:
         if self.sidecar is not None:
             self.sidecar.stop()
@@ -136,8 +142,6 @@ def server_ready(url: str) -> bool:
 
 
 def kill_server(c: Cluster, rng: random.Random) -> str:
-    from model_repository_gen.manifest import load_manifest
-
     vgpu, pid = rng.choice(sorted(c.servers().items()))
     url = next(g.grpc_url for g in load_manifest(c.deploy).vgpus if g.id == vgpu)
     os.kill(pid, signal.SIGKILL)
@@ -234,6 +238,32 @@ async def run_load(url: str, model: str, valid: list[float], storm: list[float],
     await client.close()
 
 
+def load_and_join(c: Cluster, model: str, valid: list[float], storm: list[float], slo_s: float, warmup_s: float,
+                  out: Outcomes, watchers: list[Callable[[float, threading.Event], None]]) -> tuple[int, int]:
+    """Both chaos runs: servers up, the sidecar started, ``watchers`` (faults, samplers: called with the start time
+    and the stop event) in threads beside the load into ``out``, all joined and the cluster stopped, also on a failure.
+    Returns the cluster's shm regions a second before the warm-up ends (-1: not counted) and after the load."""
+    stop = threading.Event()
+    shm_start: list[int] = []
+    try:
+        c.wait_servers()
+        c.start_sidecar()
+        t0 = time.monotonic() + 1.0
+        threads = [threading.Thread(target=w, args=(t0, stop), daemon=True) for w in watchers]
+        for th in threads:
+            th.start()
+        threading.Timer(warmup_s - 1.0, lambda: shm_start.append(len(c.shm_regions()))).start()
+        asyncio.run(run_load(c.sidecar.grpc_url, model, valid, storm, slo_s, t0, out))
+        shm_end = len(c.shm_regions())
+        stop.set()
+        for th in threads:
+            th.join(150)
+    finally:
+        stop.set()
+        c.stop()
+    return (shm_start[0] if shm_start else -1), shm_end
+
+
 # -- process statistics ----------------------------------------------------------------------------------------
 def proc_stats(pid: int) -> tuple[int, int, int] | None:
     """(RSS KiB, open fds, threads) of ``pid``, or None when it is gone."""
@@ -243,11 +273,6 @@ def proc_stats(pid: int) -> tuple[int, int, int] | None:
             return p.memory_info().rss // 1024, p.num_fds(), p.num_threads()
     except psutil.Error:
         return None
-
-
-def shm_regions(c: Cluster) -> list[str]:
-    prefixes = [f"{SIDECAR_SHM_PREFIX}{p}_" for p in c.sidecar_pids] + [f"{SHM_PREFIX}{c.launch.pid}_"]
-    return sorted(p.name for p in Path("/dev/shm").iterdir() if any(p.name.startswith(x) for x in prefixes))
 
 
 def sample(c: Cluster, t0: float, samples: dict[int, tuple[str, list]], stop: threading.Event) -> None:
@@ -342,15 +367,13 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="chaos_") as tmp:
         work = args.work or Path(tmp)
         exp = PaperExperiment(PaperRun(args.model, l4=args.l4, t4=args.t4, time_scale=0.0), work)
-        run = replace(exp.run, time_scale=args.time_scale or exp.auto_time_scale())
+        exp.run = run = replace(exp.run, time_scale=args.time_scale or exp.auto_time_scale())
         spec = paper_spec(run)
         p = plan(spec, PlanRequest("ppipe", time_limit_s=60)).plan
-        exp.run = run
         manifest = exp.deploy(p, "deploy")
         rate = args.load * p.models[0].sustainable_rps
         slo_s = spec.models[0].slo_us / 1e6
-        n_vgpus = len(manifest.vgpus)
-        print(f"{args.model} on emulated {args.l4} L4 + {args.t4} T4 ({n_vgpus} tritonservers, time x"
+        print(f"{args.model} on emulated {args.l4} L4 + {args.t4} T4 ({len(manifest.vgpus)} tritonservers, time x"
               f"{run.time_scale:g}): SLO {slo_s * 1e3:.0f} ms, {rate:.1f} req/s ({args.load:g} of the "
               f"{p.models[0].sustainable_rps:.1f} its plan sustains; nominal {p.models[0].throughput_rps:.1f}), "
               f"{minutes:g} min, faults every {period:.0f} s after {warmup:.0f} s")
@@ -367,28 +390,12 @@ def main() -> int:
         valid.sort()
         c = Cluster(work / "deploy", work)
         out, windows, samples = Outcomes(), [], {}
-        stop = threading.Event()
-        try:
-            c.wait_servers()
-            c.start_sidecar()
-            t0 = time.monotonic() + 1.0
-            threads = [threading.Thread(target=run_faults, args=(c, schedule, burst_s, t0, windows, stop), daemon=True),
-                       threading.Thread(target=sample, args=(c, t0, samples, stop), daemon=True)]
-            for th in threads:
-                th.start()
-            shm_start: list[int] = []
-            threading.Timer(warmup - 1.0, lambda: shm_start.append(len(shm_regions(c)))).start()
-            asyncio.run(run_load(c.sidecar.grpc_url, manifest.models[0].name, valid, storm, slo_s, t0, out))
-            shm_end = len(shm_regions(c))
-            stop.set()
-            for th in threads:
-                th.join(150)
-        finally:
-            stop.set()
-            c.stop()
-        passed = report(out, windows, samples, warmup, duration, (shm_start[0] if shm_start else -1, shm_end))
+        shm = load_and_join(c, manifest.models[0].name, valid, storm, slo_s, warmup, out,
+                            [lambda t0, stop: run_faults(c, schedule, burst_s, t0, windows, stop),
+                             lambda t0, stop: sample(c, t0, samples, stop)])
+        passed = report(out, windows, samples, warmup, duration, shm)
         left = sorted(p for p in {c.launch.pid, *c.sidecar_pids, *c.server_pids} if pid_alive(p))
-        leftover = shm_regions(c)
+        leftover = c.shm_regions()
         print(f"after the run: {len(left)} poolpipe process(es) left {left or ''}, {len(leftover)} /dev/shm "
               f"entr(y/ies) left {leftover or ''}")
         passed = passed and not left and not leftover

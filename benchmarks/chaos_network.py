@@ -101,6 +101,11 @@ class NetCluster(Cluster):
                 time.sleep(0.2)
         self.servers()
 
+    def shm_regions(self) -> list[str]:
+        prefixes = [f"{chaos.SIDECAR_SHM_PREFIX}{p}_" for p in self.sidecar_pids] + \
+            [f"{chaos.SHM_PREFIX}{p.pid}_" for p in self.launches.values()]
+        return sorted(p.name for p in Path("/dev/shm").iterdir() if any(p.name.startswith(x) for x in prefixes))
+
     def stop(self) -> None:
         if self.sidecar is not None:
             self.sidecar.stop()
@@ -265,33 +270,14 @@ def main(argv: list[str]) -> int:
 
 def _serve(bed: NetBed, base: LinkState, work: Path, model: str, valid: list[float], slo_s: float,
            schedule: list, burst_s: float, warmup: float, duration: float) -> int:
-    import asyncio
-
     enter_namespace(bed.namespace("sc"))
     c = NetCluster(work / "deploy", work, bed)
     out, windows, samples, views = chaos.Outcomes(), [], {}, []
-    stop = threading.Event()
-    shm_start: list[int] = []
-    try:
-        c.wait_servers()
-        c.start_sidecar()
-        t0 = time.monotonic() + 1.0
-        threads = [threading.Thread(target=run_network_faults, args=(bed, base, schedule, burst_s, t0, windows, stop),
-                                    daemon=True),
-                   threading.Thread(target=chaos.sample, args=(c, t0, samples, stop), daemon=True),
-                   threading.Thread(target=sample_hosts, args=(c, t0, views, stop), daemon=True)]
-        for th in threads:
-            th.start()
-        threading.Timer(warmup - 1.0, lambda: shm_start.append(len(_regions(c)))).start()
-        asyncio.run(chaos.run_load(c.sidecar.grpc_url, model, valid, [], slo_s, t0, out))
-        shm_end = len(_regions(c))
-        stop.set()
-        for th in threads:
-            th.join(150)
-    finally:
-        stop.set()
-        c.stop()
-    passed = chaos.report(out, windows, samples, warmup, duration, (shm_start[0] if shm_start else -1, shm_end))
+    shm = chaos.load_and_join(c, model, valid, [], slo_s, warmup, out,
+                              [lambda t0, stop: run_network_faults(bed, base, schedule, burst_s, t0, windows, stop),
+                               lambda t0, stop: chaos.sample(c, t0, samples, stop),
+                               lambda t0, stop: sample_hosts(c, t0, views, stop)])
+    passed = chaos.report(out, windows, samples, warmup, duration, shm)
     print("\nthe sidecar's view of the faulted host (its poolpipe_sidecar_vgpu_up gauge, sampled every 0.25 s):")
     print("\n".join(host_view_lines(views, windows, (work / "sidecar.log").read_text(errors="replace"))))
     recoveries = [chaos.recovery_s(out, w, windows) for w in windows]
@@ -299,7 +285,7 @@ def _serve(bed: NetBed, base: LinkState, work: Path, model: str, valid: list[flo
                                                                     zip(windows, recoveries)))
     left = sorted(p for p in {*(lp.pid for lp in c.launches.values()), *c.sidecar_pids, *c.server_pids}
                   if chaos.pid_alive(p))
-    leftover = _regions(c)
+    leftover = c.shm_regions()
     print(f"after the run: {len(left)} poolpipe process(es) left {left or ''}, {len(leftover)} /dev/shm entr(y/ies) "
           f"left {leftover or ''}")
     # network faults are held to RECOVERY_BOUND_S, not chaos.report's 2 s for process faults
@@ -307,12 +293,6 @@ def _serve(bed: NetBed, base: LinkState, work: Path, model: str, valid: list[flo
               and all(r <= RECOVERY_BOUND_S for r in recoveries))
     print("PASS" if passed else "FAIL")
     return 0 if passed else 1
-
-
-def _regions(c: NetCluster) -> list[str]:
-    prefixes = [f"{chaos.SIDECAR_SHM_PREFIX}{p}_" for p in c.sidecar_pids] + \
-        [f"{chaos.SHM_PREFIX}{p.pid}_" for p in c.launches.values()]
-    return sorted(p.name for p in Path("/dev/shm").iterdir() if any(p.name.startswith(x) for x in prefixes))
 
 
 if __name__ == "__main__":

@@ -141,7 +141,7 @@ def live(work: Path, rate: float, duration_s: float, every_s: float) -> None:
         flushes = sorted(x["flush_ms"] for x in reports)
         print(f"  dispatch pause per reload: min {pauses[0]:.2f} ms, median {pauses[len(pauses) // 2]:.2f} ms, "
               f"max {pauses[-1]:.2f} ms; old plan flushed within max {flushes[-1]:.1f} ms; "
-              f"tickets handed over {sum(x['handed_over'] for x in reports)}; attainment with/without reloads "
+              f"queued rows handed over {sum(x['handed_over'] for x in reports)}; attainment with/without reloads "
               f"{swapped.attainment / base.attainment if base.attainment else float('nan'):.3f}")
 
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from profiling.latency_quantiles import two_mode_multipliers
 from scheduler.core import make_scheduler
-from scheduler.core.api import Request
+from scheduler.core.api import RequestRow
 from scheduler.core.driver import DriverConfig
 from scheduler.core.latency_dist import QuantileDist
 from scheduler.core.topology import Pipeline, Stage, Topology, VGpu
@@ -89,7 +89,7 @@ def decision_cost(policy: str, n: int, decisions: int = 20) -> tuple[float, floa
     rng = np.random.default_rng(n)
     s = make_scheduler(policy, topo)
     arr = np.sort(rng.uniform(0, 5 * 3 * P99_US, n + BATCHES[-1] * decisions))
-    reqs = [Request(i, MODEL, float(a), float(a) + 3 * P99_US) for i, a in enumerate(arr)]
+    reqs = [RequestRow(i, MODEL, float(a), float(a) + 3 * P99_US) for i, a in enumerate(arr)]
     t0 = time.perf_counter()
     for r in reqs:
         s.enqueue(r)

@@ -12,6 +12,7 @@ import importlib
 import logging
 import sys
 
+from backends.native import BuildError
 from poolpipe_common.errors import InputError
 
 # Order is the order shown in --help: the pipeline from measurement to serving.
@@ -54,5 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as e:
         print(f"poolpipe {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except BuildError as e:  # a native backend's C sources do not compile here (generate, serve --native-grpc-port)
+        print(f"poolpipe {args.command}: error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130

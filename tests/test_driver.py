@@ -248,7 +248,7 @@ def test_every_item_ends_exactly_once_whatever_fails(n, attempts, fails):
             done.extend(items)
     rejected = [i for i, _, failure in ex.rejected if failure]
     assert sorted(done + rejected) == list(range(n))
-    assert not drv.tickets and drv.queue_lengths() == {"m": 0}
+    assert not drv.rows and drv.queue_lengths() == {"m": 0}
     assert (len(rejected) == n) == (fails >= attempts)
 
 
@@ -269,7 +269,7 @@ def test_one_report_per_stage_says_what_follows():
     drv.step(3000.0)
     d, items, report = ex.executed.pop()
     assert report(StageOutcome(d, 0, 3500.0, gave_up=True)) == NextStep(Action.STOP)
-    assert drv.learned == 1 and not ex.rejected and not drv.tickets
+    assert drv.learned == 1 and not ex.rejected and not drv.rows
     assert core.released == [(d.id, 3500.0 + drv.lead_us)]  # what it held goes back to the core at once
 
 

@@ -1,7 +1,7 @@
 """Build failures fail: a compile error in the native backends fails ``python -m backends.native[_front]`` and
-``make native`` (so ``make`` and ``make test``); only a missing C compiler is passed over, in one line, and
-``--require`` (CI) fails there too. Each case runs on a copy of backends/ in a temporary directory: the tree's own
-sources are never touched."""
+``make native`` (so ``make`` and ``make test``), and ``poolpipe generate`` and ``serve`` with one line; only a missing
+C compiler is passed over, in one line, and ``--require`` (CI) fails there too. Each case runs on a copy of backends/
+in a temporary directory: the tree's own sources are never touched."""
 
 from __future__ import annotations
 
@@ -13,7 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from model_repository_gen.generate import generate
+from poolpipe_common.net import free_ports
+from runtime.launch import Deployment
+from scheduler.server.planned.shm_pool import PREFIX as SIDECAR_SHM_PREFIX
+from tests.conftest import ROOT, run_cli
+from tests.deploy_helpers import write_cluster
+from tests.test_emulated import SCALE, emulated_hosts, ppipe_plan
 
 BROKEN = "\nint poolpipe_broken_on_purpose(void) { return }\n"  # a syntax error
 
@@ -72,3 +78,51 @@ def test_only_a_missing_compiler_is_passed_over_and_require_fails_there(tmp_path
     assert required.returncode == 1 and "--require" in required.stderr, required.stderr
     built = _build(tree, "backends.native", "--require")
     assert built.returncode == 0 and built.stdout.startswith("backends.native: "), (built.stdout, built.stderr)
+
+
+def _broken_tree(tmp: Path) -> Path:
+    """backends/ with both native backends broken, to run the commands from: the current directory comes first on
+    the path, so they import this backends/ and the rest of poolpipe from the checkout."""
+    tree = _copy(tmp / "tree", "backends/native/execute.c")
+    with open(tree / "backends/native_front/passthrough.c", "a") as f:
+        f.write(BROKEN)
+    return tree
+
+
+def _one_line(stderr: str, command: str, backend: str) -> bool:
+    """The last line is the command's error with the compiler's own words (not a warning after them); no
+    traceback."""
+    last = stderr.strip().splitlines()[-1]
+    return "Traceback" not in stderr and "error: expected" in last and \
+        last.startswith(f"poolpipe {command}: error: the {backend} backend does not build: ")
+
+
+def test_generate_says_in_one_line_that_the_native_backend_does_not_build(tmp_path: Path) -> None:
+    tree = _broken_tree(tmp_path)
+    cluster = write_cluster(tmp_path / "cluster.json", emulated_hosts())
+    ppipe_plan().save(tmp_path / "plan.json")
+    gen = run_cli("generate", "--plan", tmp_path / "plan.json", "--cluster", cluster, "--out", tmp_path / "out",
+                  cwd=tree)
+    assert gen.returncode == 1 and gen.stderr.count("\n") == 1, gen.stderr
+    assert _one_line(gen.stderr, "generate", "poolpipe_emulated"), gen.stderr
+
+
+@pytest.mark.triton
+def test_serve_says_in_one_line_that_the_native_front_does_not_build_and_leaves_nothing(tmp_path: Path) -> None:
+    """``serve --manifest --native-grpc-port`` builds the front end before the plan's shm pool is made: the error
+    leaves no region behind (it used to come after the pool, and the regions stayed)."""
+    tree = _broken_tree(tmp_path)
+    generate(ppipe_plan(), {}, write_cluster(tmp_path / "cluster.json", emulated_hosts()), tmp_path / "deploy",
+             emulated_tensor_scale=SCALE)
+    grpc, http, metrics, native_grpc = free_ports(4)
+    with Deployment(tmp_path / "deploy", check_hardware=False, log_dir=tmp_path / "logs"):
+        serve = subprocess.Popen([sys.executable, "-m", "poolpipe", "serve", "--manifest", str(tmp_path / "deploy"),
+                                  "--native-grpc-port", str(native_grpc), "--grpc-port", str(grpc), "--http-port",
+                                  str(http), "--metrics-port", str(metrics)], cwd=tree, stderr=subprocess.PIPE,
+                                 text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        _, stderr = serve.communicate(timeout=300)
+        left = sorted(p.name for p in Path("/dev/shm").glob(f"{SIDECAR_SHM_PREFIX}{serve.pid}_*"))
+    for name in left:  # (so that a failure here leaves nothing either)
+        (Path("/dev/shm") / name).unlink(missing_ok=True)
+    assert serve.returncode == 1 and _one_line(stderr, "serve", "poolpipe_front"), stderr
+    assert not left, left

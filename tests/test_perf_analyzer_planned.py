@@ -44,6 +44,10 @@ def test_perf_analyzer_defaults_stabilise_on_a_three_stage_plan(sidecar: tuple[S
     sc, plan = sidecar
     text = run_perf_analyzer(sc.grpc_url if protocol == "grpc" else sc.http_url, MODEL, protocol,
                              "--concurrency-range", "1:4:3", "-v")
+    # its defaults, as it reports them (the tests used to pass 1.5 s windows, 50 % stability and 8 trials)
+    assert "Measurement window: 5000 msec" in text and "Stabilizing using average latency" in text, text
+    passes = [len(re.findall(r"Pass \[\d+\] throughput", level)) for level in text.split("Request concurrency:")[1:]]
+    assert len(passes) == 2 and all(3 <= n <= 10 for n in passes), passes  # three stable windows within 10 trials
     assert "Failed to obtain stable measurement" not in text
     levels = {int(c): float(t) for c, t in re.findall(r"Concurrency: (\d+), throughput: ([\d.]+) infer/sec", text)}
     assert set(levels) == {1, 4} and levels[4] > levels[1] > 0, levels

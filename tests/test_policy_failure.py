@@ -27,7 +27,7 @@ HELD = 6  # requests queued when the step fails
 
 
 def test_a_retired_driver_hands_back_what_it_held_and_refuses_retries() -> None:
-    """The core side: retire() returns every ticket (queued ones) and drops the policy; a batch in flight still
+    """The core side: retire() returns every row it held (queued ones) and drops the policy; a batch in flight still
     completes through the retired driver, and its failed rows are refused at once, never queued where nothing
     steps them."""
     ex, core = _Recorder(), _OneShot()
@@ -38,7 +38,7 @@ def test_a_retired_driver_hands_back_what_it_held_and_refuses_retries() -> None:
     for i in range(3):
         drv.submit(f"queued{i}", "m", 10.0, SLO_US)
     held = drv.retire()
-    assert sorted(t.item for t in held) == ["queued0", "queued1", "queued2"] and not drv.tickets
+    assert sorted(t.item for t in held) == ["queued0", "queued1", "queued2"] and not drv.rows
     assert drv.step(20.0) is None and not ex.executed  # nothing decides any more
     report(StageOutcome(d, 0, 100.0, failed="vGPU a0 failed", wanted=items))  # its retry is refused, answered
     assert ex.rejected == [("running", POLICY_FAILED, False)]

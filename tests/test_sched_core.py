@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, strategies
 
 from scheduler.core import make_scheduler
-from scheduler.core.api import Request
+from scheduler.core.api import RequestRow
 from scheduler.core.arrival_rate import ArrivalRate
 from scheduler.core.executor_load import ExecutorLoad
 from scheduler.core.probe import ProbeResult, ReservationState
@@ -116,12 +116,12 @@ def test_transfers_share_a_server_uplink():
 def test_vgpu_down_releases_its_reservations_and_leaves_probes():
     topo = two_stage_topology([("A0", "x"), ("A1", "x")], [("B0", "y")], {1: 10.0}, {1: 20.0})
     sched = make_scheduler("ppipe", topo)
-    sched.enqueue(Request(1, "m", 0.0, 1000.0))
+    sched.enqueue(RequestRow(1, "m", 0.0, 1000.0))
     d = sched.step(0.0).dispatches[0]
     assert d.stages[0].vgpu == "A0"
     sched.set_vgpu_up("A0", False, 0.0)
     assert len(sched.state.vgpu_tables["A0"]) == 0
-    sched.enqueue(Request(2, "m", 1.0, 1000.0))
+    sched.enqueue(RequestRow(2, "m", 1.0, 1000.0))
     assert sched.step(1.0).dispatches[0].stages[0].vgpu == "A1"
     sched.report(12345, 0, 0.0, 1.0)  # unknown dispatch: ignored
     sched.report(d.id, 5, 0.0, 1.0)  # unknown stage: ignored
@@ -133,8 +133,8 @@ def one_stage(lat: dict[int, float], batch: int, slo: float, n: int = 1) -> Topo
     return Topology(vgpus, {"m": (p,)}, {"m": slo}, BW)
 
 
-def req(i: int, t: float, slo: float) -> Request:
-    return Request(i, "m", t, t + slo)
+def req(i: int, t: float, slo: float) -> RequestRow:
+    return RequestRow(i, "m", t, t + slo)
 
 
 def test_ppipe_waits_for_a_full_batch_but_not_past_the_deadline():
@@ -393,6 +393,6 @@ def test_unknown_policy_and_model():
         make_scheduler("nope", topo)
     for name in ("ppipe", "reactive", "fifs", "elsa"):
         s = make_scheduler(name, topo)
-        s.enqueue(Request(7, "other", 0.0, 100.0))
+        s.enqueue(RequestRow(7, "other", 0.0, 100.0))
         r = s.step(0.0)
         assert [d.request.id for d in r.drops] == [7] and "not served" in r.drops[0].reason

@@ -20,7 +20,7 @@ from profiling.profile import load_profile, profile_from_dict
 from profiling.reference import import_ppipe_profile
 from runtime.testbed import EMULATED_MODEL, with_two_mode_latency
 from scheduler.core import make_scheduler
-from scheduler.core.api import Request
+from scheduler.core.api import RequestRow
 from scheduler.core.driver import DriverConfig
 from scheduler.core.latency_dist import PriorityScore, QuantileDist, TabulatedScore, max_of
 from scheduler.core.topology import Pipeline, Stage, Topology, VGpu
@@ -122,9 +122,9 @@ def test_orloj_forms_the_largest_feasible_batch_and_drops_what_no_batch_size_can
     topo = _topology(60_000.0)
     pol = make_scheduler("orloj", topo)
     e1, e2, e4 = (_expected_us(topo, b) for b in (1, 2, 4))
-    hopeless = Request(0, "m", 0.0, 0.5 * e1)  # even a batch of 1 is expected to miss it
-    near = [Request(1 + i, "m", 0.0, e2 + 500.0 * (i + 1)) for i in range(3)]  # feasible up to batch 2
-    far = [Request(4 + i, "m", 0.0, 500_000.0 + i) for i in range(4)]  # feasible at every batch size
+    hopeless = RequestRow(0, "m", 0.0, 0.5 * e1)  # even a batch of 1 is expected to miss it
+    near = [RequestRow(1 + i, "m", 0.0, e2 + 500.0 * (i + 1)) for i in range(3)]  # feasible up to batch 2
+    far = [RequestRow(4 + i, "m", 0.0, 500_000.0 + i) for i in range(4)]  # feasible at every batch size
     for r in (hopeless, *near, *far):
         pol.enqueue(r)
     assert e2 + 1500.0 < e4
@@ -143,8 +143,8 @@ def test_orloj_prefers_requests_that_can_make_it() -> None:
     topo = _topology(60_000.0, batches=(1,))
     pol = make_scheduler("orloj", topo)
     one = topo.pipelines["m"][0].stages[0].dist(1)
-    pol.enqueue(Request(1, "m", 0.0, float(one.quantile(0.52))))  # about an even chance
-    pol.enqueue(Request(2, "m", 0.0, one.high + 1000.0))  # certain
+    pol.enqueue(RequestRow(1, "m", 0.0, float(one.quantile(0.52))))  # about an even chance
+    pol.enqueue(RequestRow(2, "m", 0.0, one.high + 1000.0))  # certain
     (d,) = pol.step(0.0).dispatches
     assert [r.id for r in d.requests] == [2]  # EDF would run 1 first and likely lose both
 
@@ -180,7 +180,7 @@ def test_elsa_slack_scales_with_alpha_and_beta() -> None:
     chosen = {}
     for ab in ((1.0, 1.0), (1.5, 1.0), (1.0, 1.5)):
         pol = make_scheduler("elsa", topo, alpha=ab[0], beta=ab[1])
-        pol.enqueue(Request(1, "m", 0.0, 50_000.0))
+        pol.enqueue(RequestRow(1, "m", 0.0, 50_000.0))
         chosen[ab] = pol.step(0.0).dispatches[0].pipeline_id
     assert chosen == {(1.0, 1.0): "m/0", (1.5, 1.0): "m/1", (1.0, 1.5): "m/1"}
 
@@ -192,9 +192,9 @@ def test_elsa_waits_count_the_running_batch_remaining_time() -> None:
     small = Pipeline("m/0", "m", 1, (Stage((0, 1), ("small:0",), {1: 40_000.0}, 0),), 0.0)
     big = Pipeline("m/1", "m", 1, (Stage((0, 1), ("big:0",), {1: 10_000.0}, 0),), 0.0)
     pol = make_scheduler("elsa", Topology(vg, {"m": (small, big)}, {"m": 50_000.0}, 10.0))
-    pol.enqueue(Request(1, "m", 0.0, 45_000.0))
+    pol.enqueue(RequestRow(1, "m", 0.0, 45_000.0))
     assert pol.step(0.0).dispatches[0].pipeline_id == "m/0"
-    pol.enqueue(Request(2, "m", 10_000.0, 55_000.0))
+    pol.enqueue(RequestRow(2, "m", 10_000.0, 55_000.0))
     assert pol.step(10_000.0).dispatches[0].pipeline_id == "m/1"
 
 
@@ -247,7 +247,7 @@ def test_orloj_batch_pick_equals_scoring_every_queued_request(deadlines: list[fl
     bm = next(b for b in pol.models["m"][0][1] if b.batch == batch)
     q = DeadlineQueue()
     for i, d in enumerate(deadlines):
-        q.append(Request(i, "m", 0.0, d))
+        q.append(RequestRow(i, "m", 0.0, d))
     lo = q.first_at_or_after(bm.mean_us)
     if len(q) - lo < batch:
         return

@@ -99,10 +99,18 @@ def build(root: Path | None = None, cc: str | None = None, lib: NativeLibrary = 
         raise BuildError(f"{cc} did not finish within 120 s") from None
     if r.returncode != 0:
         _discard(tmp)
-        tail = " | ".join(r.stderr.strip().splitlines()[-3:])
-        raise BuildError(f"{cc} failed (exit {r.returncode}): {tail}")
+        raise BuildError(f"the {lib.backend} backend does not build: {cc} failed (exit {r.returncode}): "
+                         f"{complaint(r.stderr)}")
     os.replace(tmp, dest)
     return dest
+
+
+def complaint(stderr: str, most: int = 3) -> str:
+    """The compiler's complaint on one line: its first ``most`` error lines (a warning after them says less), or
+    its last lines where none says error (a linker's, a crashed compiler's)."""
+    lines = [ln.strip() for ln in stderr.strip().splitlines() if ln.strip()]
+    errors = [ln for ln in lines if "error" in ln.lower()]
+    return " | ".join(errors[:most] or lines[-most:])
 
 
 def _discard(tmp: Path) -> None:

@@ -8,19 +8,31 @@ drops with an explicit error, and reports measured stage timings back with ``rep
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 
 @dataclass
-class Request:
+class RequestRow:
+    """One row of a client request, the unit the core batches, from the driver's ``submit`` to its answer.
+
+    The policy reads the first fields (on the core's clock); the driver keeps the rest: the executor's ``item`` (the
+    sidecar's ``CallRow``, a simulated arrival; opaque here), the real deadline, the attempts and the client's terms.
+    The driver enqueues a fresh copy under a new id each time (a retry, a hand-over to another driver)."""
+
     id: int
     model: str
-    arrival_us: float
-    deadline_us: float  # absolute time by which the response must be complete
+    arrival_us: float  # when it was (last) enqueued
+    deadline_us: float  # absolute time by which the response must be complete (the driver's: less its margin)
     level: int = 0  # priority level (1 = highest; 0: the model has no levels), as Triton's batcher
     expires_us: float | None = None  # when its queue timeout falls (None: none), on the core's clock
     counted: bool = True  # counts towards max_queue_size (False: a further row of a client request already counted)
+    item: Any = None  # the executor's row, handed back with each dispatch and answer
+    due_us: float = math.inf  # the real deadline (the caller's; the core plans against deadline_us)
+    attempts: int = 0  # how often it was enqueued: first, then per retry (a hand-over to another driver is none)
+    priority: int = 0  # the request's ``priority`` parameter (0: the model's default level)
+    timeout_us: int = 0  # its ``timeout`` parameter (a queue timeout, where the model's queue policy allows it)
 
 
 @dataclass(frozen=True)
@@ -39,7 +51,7 @@ class Dispatch:
     id: int
     model: str
     pipeline_id: str
-    requests: list[Request]
+    requests: list[RequestRow]
     stages: list[StageAssignment]
     completion_us: float  # predicted
     # False: the batch continues in a later Dispatch of the same requests (per-stage policies such as
@@ -56,7 +68,7 @@ class Dispatch:
 
 @dataclass(frozen=True)
 class Drop:
-    request: Request
+    request: RequestRow
     reason: str  # e.g. "deadline cannot be met"
 
 
@@ -70,7 +82,7 @@ class StepResult:
 class Scheduler(Protocol):
     """A data-plane policy over one Topology (all models)."""
 
-    def enqueue(self, request: Request) -> str | None:
+    def enqueue(self, request: RequestRow) -> str | None:
         """Queue ``request``; a reason when it is refused at once (its priority level's queue is full)."""
 
     def step(self, now_us: float) -> StepResult: ...

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from poolpipe_common.overheads import DRIVER_MARGIN_FRACTION, DRIVER_MIN_MARGIN_US
 from poolpipe_common.quantile import percentile
-from scheduler.core.api import Dispatch, Request, Scheduler, StageAssignment
+from scheduler.core.api import Dispatch, RequestRow, Scheduler, StageAssignment
 from scheduler.core.executor_load import ExecutorLoad
 from scheduler.core.policies.retired import RetiredPolicy
 from scheduler.core.topology import Topology
@@ -77,20 +77,6 @@ class DriverConfig:
         """No margin and no learning: the policy alone, as the paper's simulator runs it."""
         return replace(cls(min_margin_us=0.0, margin_fraction=0.0, learn_lateness=False,
                            min_late_wake_tolerance_us=0.0), **overrides)
-
-
-@dataclass
-class Ticket:
-    """One request as the driver tracks it: the executor's item (a sample, a simulated request) and its terms."""
-
-    item: Any
-    model: str
-    arrival_us: float
-    deadline_us: float  # the real deadline (the core sees it minus the margin)
-    attempts: int = 0
-    priority: int = 0  # the request's ``priority`` parameter (0: the model's default level)
-    timeout_us: int = 0  # its ``timeout`` parameter (a queue timeout, where the model's queue policy allows it)
-    counted: bool = True  # counts towards the queue's size limit (False: another row of a request already counted)
 
 
 @dataclass(frozen=True)
@@ -179,7 +165,7 @@ class Driver:
                                                                    for m in topology.slo_us}  # (when, how late)
         self.late_wake_tolerance_us = max(c.min_late_wake_tolerance_us,
                                           0.5 * min(self.base_margin_us.values(), default=0.0))
-        self.tickets: dict[int, Ticket] = {}
+        self.rows: dict[int, RequestRow] = {}  # by id: the rows the policy holds (queued, or between dispatches)
         self.wake_us: float | None = None
         self._stepped_at_wake_us: float | None = None  # the wake-up last stepped at its own time (see step)
         self.retries = 0
@@ -192,7 +178,7 @@ class Driver:
                                 for m, f in self.fastest_us.items()), default=0.0)
         self.learned = 0
         self._next_id = 1
-        self._in_flight: dict[int, list[Ticket]] = {}
+        self._in_flight: dict[int, list[RequestRow]] = {}
         self._completion_us: dict[int, float] = {}  # each dispatch's predicted completion, as stages move earlier
 
     @property
@@ -206,26 +192,27 @@ class Driver:
                timeout_us: int = 0, counted: bool = True) -> bool:
         """A new request: the core sees its deadline less the model's current margin, at its priority level and
         with its queue timeout (Triton's batcher controls of the model). False: refused at once (and rejected)."""
-        ticket = Ticket(item, model, arrival_us, deadline_us, 0, priority, timeout_us, counted)
-        return self._enqueue(ticket, arrival_us)
+        row = RequestRow(0, model, arrival_us, deadline_us, counted=counted, item=item, due_us=deadline_us,
+                         priority=priority, timeout_us=timeout_us)
+        return self._enqueue(row, arrival_us)
 
-    def _enqueue(self, t: Ticket, now_us: float) -> bool:
+    def _enqueue(self, row: RequestRow, now_us: float, attempt: int = 1) -> bool:
+        """Enqueue a fresh copy of ``row`` under a new id, its deadline less the model's current margin."""
         rid = self._next_id
         self._next_id += 1
-        t.attempts += 1
-        self.tickets[rid] = t
-        margin = self.margin_us.get(t.model, 0.0)
         level, expires = 0, None
-        controls = self.topology.batcher.get(t.model)
+        controls = self.topology.batcher.get(row.model)
         if controls is not None:
-            level = controls.level(t.priority)
-            timeout = controls.policy(level).timeout_us(t.timeout_us)
+            level = controls.level(row.priority)
+            timeout = controls.policy(level).timeout_us(row.timeout_us)
             expires = now_us + self.lead_us + timeout if timeout else None
-        refused = self.scheduler.enqueue(Request(rid, t.model, now_us, t.deadline_us - margin, level, expires,
-                                                   t.counted))
+        row = RequestRow(rid, row.model, now_us, row.due_us - self.margin_us.get(row.model, 0.0), level, expires,
+                         row.counted, row.item, row.due_us, row.attempts + attempt, row.priority, row.timeout_us)
+        self.rows[rid] = row
+        refused = self.scheduler.enqueue(row)
         if refused is not None:
-            del self.tickets[rid]
-            self.callers.reject(t.item, t.model, refused)
+            del self.rows[rid]
+            self.callers.reject(row.item, row.model, refused)
             return False
         return True
 
@@ -241,17 +228,17 @@ class Driver:
         result = self.scheduler.step(t + self.lead_us)
         self.wake_us = None if result.wake_at_us is None else result.wake_at_us - self.lead_us
         for drop in result.drops:
-            ticket = self.tickets.pop(drop.request.id, None)
-            if ticket is not None:
-                self.callers.reject(ticket.item, ticket.model, drop.reason)
+            row = self.rows.pop(drop.request.id, None)
+            if row is not None:
+                self.callers.reject(row.item, row.model, drop.reason)
         for d in result.dispatches:
-            tickets = [self.tickets[r.id] for r in d.requests]
+            rows = [self.rows[r.id] for r in d.requests]
             if d.final:
                 for r in d.requests:
-                    del self.tickets[r.id]
-            self._in_flight[d.id] = tickets
+                    del self.rows[r.id]
+            self._in_flight[d.id] = rows
             self._completion_us[d.id] = d.completion_us
-            self.executor.execute(d, [tk.item for tk in tickets], self.on_stage_done)
+            self.executor.execute(d, [row.item for row in rows], self.on_stage_done)
         return self.wake_us
 
     # -- feedback from the executor -----------------------------------------------------------------------
@@ -280,15 +267,15 @@ class Driver:
         self.callers.finish(d, o.wanted, o.outputs, o.now_us)
         return NextStep(Action.FINISH)
 
-    def _forget(self, d: Dispatch) -> list[Ticket]:
-        """The dispatch ends without completing: its tickets (a per-stage dispatch still holds them under the
-        requests' ids)."""
+    def _forget(self, d: Dispatch) -> list[RequestRow]:
+        """The dispatch ends without completing: its rows (a per-stage dispatch's are still held under their
+        ids)."""
         self._completion_us.pop(d.id, None)
-        tickets = self._in_flight.pop(d.id, [])
+        rows = self._in_flight.pop(d.id, [])
         if not d.final:
             for r in d.requests:
-                self.tickets.pop(r.id, None)
-        return tickets
+                self.rows.pop(r.id, None)
+        return rows
 
     def _advance(self, d: Dispatch, k: int, ready_us: float) -> StageAssignment:
         """Stage ``k`` of ``d`` can start at ``ready_us`` (core clock): the assignment the executor runs it at (the
@@ -304,48 +291,47 @@ class Driver:
     def _failed(self, dispatch: Dispatch, items: Sequence[Any], now_us: float, reason: str) -> int:
         """A server failed the batch: re-enqueue ``items`` (those still wanted) that have attempts and time
         left, reject the rest; returns how many were retried."""
-        tickets = self._forget(dispatch)
+        rows = self._forget(dispatch)
         wanted = {id(item) for item in items}
         retried = 0
-        for tk in tickets:
-            if id(tk.item) not in wanted:
+        for row in rows:
+            if id(row.item) not in wanted:
                 continue
-            if tk.attempts >= self.config.max_attempts or now_us >= tk.deadline_us:
-                self.callers.reject(tk.item, tk.model, f"{reason} and no retry could meet the deadline",
+            if row.attempts >= self.config.max_attempts or now_us >= row.due_us:
+                self.callers.reject(row.item, row.model, f"{reason} and no retry could meet the deadline",
                                     failure=True)
-            elif self._enqueue(tk, now_us):  # (refused by a full queue: rejected there)
+            elif self._enqueue(row, now_us):  # (refused by a full queue: rejected there)
                 retried += 1
         self.retries += retried
         return retried
 
-    def queued(self) -> list[Ticket]:
-        """Tickets not in any dispatch yet (to hand over to a new driver, or to answer at shutdown)."""
-        busy = {id(tk) for tks in self._in_flight.values() for tk in tks}
-        return [tk for tk in self.tickets.values() if id(tk) not in busy]
+    def queued(self) -> list[RequestRow]:
+        """Rows not in any dispatch yet (to hand over to a new driver, or to answer at shutdown)."""
+        busy = {id(row) for rows in self._in_flight.values() for row in rows}
+        return [row for row in self.rows.values() if id(row) not in busy]
 
-    def take_queued(self) -> list[Ticket]:
-        """The queued tickets, removed from this driver (a plan swap hands them to the next driver; this one is
+    def take_queued(self) -> list[RequestRow]:
+        """The queued rows, removed from this driver (a plan swap hands them to the next driver; this one is
         not stepped again, and a later take finds only what its failing batches re-enqueued since)."""
         queued = self.queued()
-        moved = {id(t) for t in queued}
-        self.tickets = {rid: t for rid, t in self.tickets.items() if id(t) not in moved}
+        moved = {id(row) for row in queued}
+        self.rows = {rid: row for rid, row in self.rows.items() if id(row) not in moved}
         return queued
 
-    def retire(self) -> list[Ticket]:
-        """The policy failed and its state cannot be trusted: returns every ticket this driver held (queued, or
+    def retire(self) -> list[RequestRow]:
+        """The policy failed and its state cannot be trusted: returns every row this driver held (queued, or
         between the dispatches of a per-stage policy) for the owner to fail; the policy is dropped, so batches in
         flight run on and complete here without it, and a retry is refused at once (the owner's new driver
         serves what comes next)."""
-        held = list(self.tickets.values())
-        self.tickets.clear()
+        held = list(self.rows.values())
+        self.rows.clear()
         self.scheduler = RetiredPolicy()
         return held
 
-    def adopt(self, tickets: list[Ticket], now_us: float) -> None:
-        """Take over another driver's queued tickets (same deadlines; this is not a retry)."""
-        for tk in tickets:
-            tk.attempts -= 1
-            self._enqueue(tk, now_us)
+    def adopt(self, rows: list[RequestRow], now_us: float) -> None:
+        """Take over another driver's queued rows (same deadlines; this is not a retry)."""
+        for row in rows:
+            self._enqueue(row, now_us, attempt=0)
 
     def set_vgpu_up(self, vgpu: str, up: bool, now_us: float) -> None:
         self.scheduler.set_vgpu_up(vgpu, up, now_us + self.lead_us)

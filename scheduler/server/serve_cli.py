@@ -190,6 +190,7 @@ def config_from_args(args: argparse.Namespace):  # -> SidecarConfig
 
 def _check_native(args: argparse.Namespace, ports: dict[str, int]) -> None:
     """--native-grpc-port: refuse what it cannot serve, in one line."""
+    from backends import native_front  # noqa: PLC0415
     from poolpipe_common.net import port_in_use  # noqa: PLC0415
 
     if args.native_grpc_port is None:
@@ -210,6 +211,9 @@ def _check_native(args: argparse.Namespace, ports: dict[str, int]) -> None:
             raise InputError(f"{flag}: {port} is not a TCP port (1-65535)")
         if port in ports.values() or port_in_use(port, args.bind):
             raise InputError(f"{flag}: port {port} on {args.bind} is already in use; choose another port")
+    if native_front.library() is None:  # built now, before a plan's shm pool exists (a BuildError is one line)
+        raise InputError("--native-grpc-port: the native front end could not be built here (the log line above says "
+                         "why: no C compiler); serve without the flag")
 
 
 def _shared_native_http_port(args: argparse.Namespace, ports: dict[str, int]) -> int:

@@ -5,7 +5,7 @@ smoothed per-model rates. When it decides, ``plan_for`` (planner.entry.spec_plan
 for the measured mix; the old
 plan keeps serving for ``solve_delay_s``, then ingest pauses: arrivals are held, the old driver dispatches
 nothing more and its in-flight batches finish (the flush). When both the flush is done and ``pause_us``
-has passed (about one SLO), a driver for the new plan adopts the old one's queued tickets
+has passed (about one SLO), a driver for the new plan adopts the old one's queued rows
 (``Driver.take_queued``/``adopt``) and the held arrivals, with their original deadlines. Without ``plan_for``
 the same loop serves the one static plan.
 """

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from scheduler.core.api import Drop, Request, StageAssignment, StepResult
+from scheduler.core.api import Drop, RequestRow, StageAssignment, StepResult
 from scheduler.core.policies.fifo_queue import FifoQueue
 from scheduler.core.policies.priority_queue import PriorityQueue
 from scheduler.core.topology import Topology
@@ -31,7 +31,7 @@ class QueueingPolicy:
             m: PriorityQueue(controls[m]) if m in controls else self.new_queue()  # type: ignore[misc]
             for m in topology.pipelines}
         self._next_dispatch = 1
-        self._unknown: list[Request] = []
+        self._unknown: list[RequestRow] = []
         self.executor_saturated = False  # the executor, not the vGPUs, limits the rate (set_executor_saturated)
 
     @staticmethod
@@ -64,7 +64,7 @@ class QueueingPolicy:
         self._next_dispatch += 1
         return i
 
-    def enqueue(self, request: Request) -> str | None:
+    def enqueue(self, request: RequestRow) -> str | None:
         q = self.queues.get(request.model)
         if q is None:
             self._unknown.append(request)
@@ -82,11 +82,11 @@ class QueueingPolicy:
         q.expire(now_us, result)
 
     @staticmethod
-    def take(q: deque[Request], n: int) -> list[Request]:
+    def take(q: deque[RequestRow], n: int) -> list[RequestRow]:
         return [q.popleft() for _ in range(n)]
 
     @staticmethod
-    def take_meeting(q: ModelQueue, n: int, completion_us: float) -> list[Request]:
+    def take_meeting(q: ModelQueue, n: int, completion_us: float) -> list[RequestRow]:
         """A batch of up to ``n`` that completes at ``completion_us``: the head of a FIFO queue; from a priority
         queue, those of its first requests whose deadline that meets (a lower level's may be earlier)."""
         return q.take_meeting(n, completion_us)

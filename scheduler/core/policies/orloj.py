@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from scheduler.core.api import Dispatch, Drop, Request, StageAssignment, StepResult
+from scheduler.core.api import Dispatch, Drop, RequestRow, StageAssignment, StepResult
 from scheduler.core.latency_dist import PriorityScore, TabulatedScore, comonotone_sum
 from scheduler.core.policies.base import QueueingPolicy
 from scheduler.core.policies.deadline_queue import DeadlineQueue
@@ -145,7 +145,7 @@ class OrlojPolicy(QueueingPolicy):
                 return _top_by_priority(q, bm, lo, now)
         return None
 
-    def _dispatch(self, model: str, cp: CompiledPipeline, first: str, requests: list[Request], now: float,
+    def _dispatch(self, model: str, cp: CompiledPipeline, first: str, requests: list[RequestRow], now: float,
                   result: StepResult) -> None:
         out, busy, server = self.vq.outstanding, self.vq.busy_until, self.vq.server
         b = len(requests)

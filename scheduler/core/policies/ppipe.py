@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from scheduler.core.api import Dispatch, Drop, Request, StageAssignment, StepResult
+from scheduler.core.api import Dispatch, Drop, RequestRow, StageAssignment, StepResult
 from scheduler.core.arrival_rate import ArrivalRate
 from scheduler.core.policies.base import EPS_US, QueueingPolicy
 from scheduler.core.probe import CompiledPipeline, ProbeResult, ReservationState
@@ -55,7 +55,7 @@ class PPipePolicy(QueueingPolicy):
         return self.state.probe_calls
 
     # -- driver interface ------------------------------------------------------------------------
-    def enqueue(self, request: Request) -> str | None:
+    def enqueue(self, request: RequestRow) -> str | None:
         refused = super().enqueue(request)
         rate = self.rates.get(request.model)
         if rate is not None and refused is None:
@@ -165,7 +165,7 @@ class PPipePolicy(QueueingPolicy):
             r = self.state.probe(cp, batches[k], now)
         return k, r
 
-    def _decide(self, model: str, q: deque[Request], now: float, result: StepResult) -> float | None:
+    def _decide(self, model: str, q: deque[RequestRow], now: float, result: StepResult) -> float | None:
         """Dispatch or drop from the head of ``q`` until it must wait; returns the wake-up time, if any."""
         pipes = self.state.pipelines[model]
         while q:

@@ -5,7 +5,7 @@ Order, as Triton's PriorityQueue: level by level; inside a level its unexpired r
 those whose DELAY timeout expired. A REJECT timeout drops the request with Triton's "Request timeout expired"; a
 full level refuses a new request with "Exceeds maximum queue size"; a request whose deadline passed is dropped
 like in any queue. The size limit counts client requests, as Triton's: a request's further rows
-(``Request.counted`` False) ride on its first.
+(``RequestRow.counted`` False) ride on its first.
 """
 
 from __future__ import annotations
@@ -13,15 +13,15 @@ from __future__ import annotations
 from collections import deque
 
 from poolpipe_common.batcher import QUEUE_FULL, QUEUE_TIMEOUT, BatcherControls
-from scheduler.core.api import Drop, Request, StepResult
+from scheduler.core.api import Drop, RequestRow, StepResult
 
 
 class _Level:
     __slots__ = ("queue", "delayed", "max_size", "delay", "next_expiry", "entries")
 
     def __init__(self, max_size: int, delay: bool) -> None:
-        self.queue: deque[Request] = deque()
-        self.delayed: deque[Request] = deque()
+        self.queue: deque[RequestRow] = deque()
+        self.delayed: deque[RequestRow] = deque()
         self.max_size = max_size
         self.delay = delay
         self.next_expiry = float("inf")  # the earliest queue timeout among ``queue``
@@ -55,7 +55,7 @@ class PriorityQueue:
             yield from level.queue
             yield from level.delayed
 
-    def __getitem__(self, i: int) -> Request:
+    def __getitem__(self, i: int) -> RequestRow:
         if i != 0:
             raise IndexError("a priority queue reads only its head")
         for lvl in self._order:
@@ -66,7 +66,7 @@ class PriorityQueue:
                 return level.delayed[0]
         raise IndexError("empty queue")
 
-    def offer(self, r: Request) -> str | None:
+    def offer(self, r: RequestRow) -> str | None:
         """Queue ``r`` at its level (``r.level``); Triton's refusal when that level is full."""
         level = self.levels.get(r.level)
         if level is None:  # not a level of this queue (the driver resolves levels): the lowest
@@ -81,10 +81,10 @@ class PriorityQueue:
         self._n += 1
         return None
 
-    def append(self, r: Request) -> None:
+    def append(self, r: RequestRow) -> None:
         self.offer(r)
 
-    def popleft(self) -> Request:
+    def popleft(self) -> RequestRow:
         for lvl in self._order:
             level = self.levels[lvl]
             if level.queue or level.delayed:
@@ -106,7 +106,7 @@ class PriorityQueue:
                     result.drops.append(Drop(self._gone(level, q.popleft()), "deadline passed while queued"))
 
     def _timeouts(self, level: _Level, now_us: float, result: StepResult) -> None:
-        kept: deque[Request] = deque()
+        kept: deque[RequestRow] = deque()
         nxt = float("inf")
         for r in level.queue:
             if r.expires_us is None or r.expires_us > now_us:
@@ -120,17 +120,17 @@ class PriorityQueue:
         level.queue = kept
         level.next_expiry = nxt
 
-    def take_meeting(self, n: int, completion_us: float) -> list[Request]:
+    def take_meeting(self, n: int, completion_us: float) -> list[RequestRow]:
         """Up to ``n`` requests in queue order whose deadline ``completion_us`` meets (a batch reserved to end then);
         the others stay for a later batch or to be shed."""
-        out: list[Request] = []
+        out: list[RequestRow] = []
         for lvl in self._order:
             level = self.levels[lvl]
             for name in ("queue", "delayed"):
-                q: deque[Request] = getattr(level, name)
+                q: deque[RequestRow] = getattr(level, name)
                 if len(out) >= n or not q:
                     continue
-                rest: deque[Request] = deque()
+                rest: deque[RequestRow] = deque()
                 while q:
                     r = q.popleft()
                     if len(out) < n and r.deadline_us >= completion_us:
@@ -140,7 +140,7 @@ class PriorityQueue:
                 setattr(level, name, rest)
         return out
 
-    def _gone(self, level: _Level, r: Request) -> Request:
+    def _gone(self, level: _Level, r: RequestRow) -> RequestRow:
         """Account ``r`` leaving ``level`` (dispatched or dropped)."""
         self._n -= 1
         if r.counted:

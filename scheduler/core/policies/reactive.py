@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from scheduler.core.api import Dispatch, Drop, Request, StageAssignment, StepResult
+from scheduler.core.api import Dispatch, Drop, RequestRow, StageAssignment, StepResult
 from scheduler.core.policies.base import EPS_US, QueueingPolicy
 from scheduler.core.policies.queue_model import VGpuQueues
 from scheduler.core.probe import CompiledPipeline
@@ -29,7 +29,7 @@ class ReactivePolicy(QueueingPolicy):
         self.pipes: dict[str, CompiledPipeline] = {}
         self.assigned: dict[str, int] = {}
         # (pipeline id, stage) -> queue of (request, server its input is on)
-        self.stage_queues: dict[tuple[str, int], deque[tuple[Request, str | None]]] = {}
+        self.stage_queues: dict[tuple[str, int], deque[tuple[RequestRow, str | None]]] = {}
         self.share: dict[tuple[str, int], float] = {}  # cumulative SLO share at the end of the stage
         self.remaining_us: dict[tuple[str, int], float] = {}  # batch-1 latency from this stage on
         for pipes in self.vq.compiled.pipelines.values():
@@ -45,7 +45,7 @@ class ReactivePolicy(QueueingPolicy):
                     self.share[(cp.id, st.index)] = acc / total
                     self.remaining_us[(cp.id, st.index)] = sum(
                         s.latency[cp.batches[0]] + s.xfer_us_per_request for s in cp.stages[st.index:])
-        self.in_flight: dict[int, tuple[str, int, str, list[Request]]] = {}
+        self.in_flight: dict[int, tuple[str, int, str, list[RequestRow]]] = {}
 
     def queue_lengths(self) -> dict[str, int]:
         """Waiting in the model's FIFO or in any stage pool's queue (between stages counts as waiting)."""
@@ -55,7 +55,7 @@ class ReactivePolicy(QueueingPolicy):
             out[m] = out.get(m, 0) + len(q)
         return out
 
-    def _route(self, request: Request) -> None:
+    def _route(self, request: RequestRow) -> None:
         pipes = self.vq.compiled.pipelines.get(request.model)
         if not pipes:
             self._unknown.append(request)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from scheduler.core.api import Request, StepResult
+from scheduler.core.api import RequestRow, StepResult
 
 POLICY_FAILED = "the scheduling policy failed"  # why a retired driver refuses a request (a retry)
 
@@ -14,7 +14,7 @@ class RetiredPolicy:
     name = "retired"
     probe_calls = 0
 
-    def enqueue(self, request: Request) -> str | None:
+    def enqueue(self, request: RequestRow) -> str | None:
         return POLICY_FAILED
 
     def step(self, now_us: float) -> StepResult:

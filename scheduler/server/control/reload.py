@@ -4,7 +4,7 @@ next.
 A reload (SIGHUP, or ``POST /v2/poolpipe/reload``) loads the manifest and brings the new plan up beside
 the old one (its own connections, shared-memory pool and calibration; the old plan keeps serving
 meanwhile). When the new plan is ready, dispatching switches at a batch boundary: the old driver stops
-(nothing new is dispatched), its queued tickets move to the new driver with their deadlines, and new
+(nothing new is dispatched), its queued rows move to the new driver with their deadlines, and new
 requests go to the new plan. When the new plan uses a server the old one has batches on, the switch waits
 for those batches first (the new driver's reservations cannot see them); otherwise the old batches finish
 beside the new plan. Then the old plan's connections and shared-memory regions are dropped. Every request
@@ -49,8 +49,8 @@ class ReloadReport:
     generation: int
     pause_ms: float  # no dispatch from the old driver's stop to the new driver's first step
     flush_ms: float  # until the old plan's last in-flight batch finished
-    handed_over: int  # queued tickets the new driver adopted
-    failed: list[str] = field(default_factory=list)  # why tickets could not be handed over (answered with errors)
+    handed_over: int  # queued rows the new driver adopted
+    failed: list[str] = field(default_factory=list)  # why rows could not be handed over (answered with errors)
     servers_added: list[str] = field(default_factory=list)
     servers_removed: list[str] = field(default_factory=list)
     shm_regions_removed: int = 0
@@ -183,15 +183,15 @@ class PlanSwitch:
 
     @staticmethod
     def _hand_over(old: PlannedService, new: PlannedService) -> tuple[int, list[str]]:
-        """Move the old driver's queued tickets to the new one; those of models the new plan lacks fail."""
+        """Move the old driver's queued rows to the new one; those of models the new plan lacks fail."""
         now = now_us()
         keep, failed = [], []
-        for tk in old.driver.take_queued():
-            if new.has(tk.model):
-                keep.append(tk)
+        for row in old.driver.take_queued():
+            if new.has(row.model):
+                keep.append(row)
             else:
-                why = f"model '{tk.model}' is not in the reloaded plan"
-                old.answers.fail(tk.item.call, ServeError(grpc.StatusCode.UNAVAILABLE, why))
+                why = f"model '{row.model}' is not in the reloaded plan"
+                old.answers.fail(row.item.call, ServeError(grpc.StatusCode.UNAVAILABLE, why))
                 failed.append(why)
         new.driver.adopt(keep, now)
         return len(keep), failed

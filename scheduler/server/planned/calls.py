@@ -1,4 +1,4 @@
-"""Client calls on the planned path: one call's samples ride batches; their outputs are gathered and the call
+"""Client calls on the planned path: one call's rows ride batches; their outputs are gathered and the call
 is answered (outputs, or an explicit error) exactly once; per-model statistics as Triton reports them."""
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class OutputTarget:
 @dataclass(eq=False)
 class ClientCall:
     """One client request on the planned path, from its check (scheduler/server/planned/validate.py) to its answer:
-    its inputs and wanted outputs as checked, its terms, and its answer's future; its rows (``Sample``) may ride
+    its inputs and wanted outputs as checked, its terms, and its answer's future; its rows (``CallRow``) may ride
     different batches."""
 
     model: ModelInfo
@@ -84,9 +84,10 @@ class ClientCall:
 
 
 @dataclass
-class Sample:
-    """One row of a call: the unit the scheduler batches. ``carry`` holds its boundary tensors between the
-    dispatches of a per-stage policy (``Dispatch.final`` False)."""
+class CallRow:
+    """One row of a call: the driver's item for it (the core's ``RequestRow``, scheduler/core/api.py, carries it),
+    the unit the scheduler batches. ``carry`` holds its boundary tensors between the dispatches of a per-stage
+    policy (``Dispatch.final`` False)."""
 
     call: ClientCall
     row: int
@@ -110,10 +111,10 @@ class Answers:
     def __post_init__(self) -> None:
         self.stats = {m: ModelStats() for m in self.models}
 
-    def complete(self, samples: list[Sample], outputs: dict[str, tuple[bytes, int]]) -> None:
-        """``outputs``: name -> (the batch's raw bytes, bytes per row); row i belongs to ``samples[i]``. A call is
+    def complete(self, rows: list[CallRow], outputs: dict[str, tuple[bytes, int]]) -> None:
+        """``outputs``: name -> (the batch's raw bytes, bytes per row); row i belongs to ``rows[i]``. A call is
         answered when its last row is in."""
-        for i, s in enumerate(samples):
+        for i, s in enumerate(rows):
             call = s.call
             if call.future.done():
                 continue
@@ -178,24 +179,24 @@ class Answers:
 
 
 class PlannedCallers:
-    """The shared driver's Callers on the sidecar: it answers the client calls whose rows (``Sample``) it holds,
+    """The shared driver's Callers on the sidecar: it answers the client calls whose rows (``CallRow``) it holds,
     through ``Answers``, when a dispatch completes, the core sheds a row or a batch cannot run."""
 
     def __init__(self, answers: Answers, metrics: SidecarMetrics) -> None:
         self.answers = answers
         self.metrics = metrics
 
-    def finish(self, dispatch: Dispatch, items: Sequence[Sample], outputs: dict[str, tuple[bytes, int]],
+    def finish(self, dispatch: Dispatch, items: Sequence[CallRow], outputs: dict[str, tuple[bytes, int]],
                now_us: float) -> None:
         """A completed dispatch's outputs: its calls' answers (a final dispatch), else the next dispatch's input
-        (each sample carries its rows' bytes)."""
+        (each row carries its bytes)."""
         if dispatch.final:
             self.answers.complete(list(items), outputs)
         else:
             for i, s in enumerate(items):
                 s.carry = row_of(outputs, i)
 
-    def reject(self, item: Sample, model: str, reason: str, *, failure: bool = False) -> None:
+    def reject(self, item: CallRow, model: str, reason: str, *, failure: bool = False) -> None:
         if reason == POLICY_FAILED:  # a retry that a retired driver refused (PlannedService._step_failed)
             self.answers.fail(item.call, ServeError(grpc.StatusCode.INTERNAL, f"request failed: {reason}"), "BACKEND")
         elif failure:
@@ -208,7 +209,7 @@ class PlannedCallers:
             self.metrics.child(self.metrics.drops, model, reason).inc()
             self.answers.fail(item.call, shed(model, reason))
 
-    def fail(self, dispatch: Dispatch, items: Sequence[Sample], error: ServeError) -> None:
+    def fail(self, dispatch: Dispatch, items: Sequence[CallRow], error: ServeError) -> None:
         for s in items:
             self.answers.fail(s.call, error)
 

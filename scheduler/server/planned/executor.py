@@ -1,7 +1,7 @@
 """The live executor: runs the core's dispatches on real Triton servers (the simulator's twin is
 scheduler.sim.virtual).
 
-A dispatched batch stacks its samples' inputs, runs each stage on the chosen vGPU's tritonserver (sent
+A dispatched batch stacks its rows' inputs, runs each stage on the chosen vGPU's tritonserver (sent
 ahead of its reserved compute start by the stage's calibrated lead time), hands the boundary tensors to
 the next stage through a shared-memory region of the machine's pool when both servers share it (else as
 gRPC bytes through the sidecar), and hands the last stage's outputs back. Measured compute intervals,
@@ -26,7 +26,7 @@ from scheduler.core.driver import EARLY_SEND_US, Action, NextStep, Report, Stage
 from scheduler.server.common.errors import ServeError
 from scheduler.server.common.metrics import SidecarMetrics
 from scheduler.server.common.tracing import DispatchTraces, Tracer
-from scheduler.server.planned.calls import Answers, Sample, now_us, shutting_down
+from scheduler.server.planned.calls import Answers, CallRow, now_us, shutting_down
 from scheduler.server.planned.fleet import Fleet
 from scheduler.server.planned.lead import Leads
 from scheduler.server.planned.shm_pool import Region
@@ -47,9 +47,9 @@ log = logging.getLogger("poolpipe.sidecar.executor")
 CLIENT_FAULTS = (grpc.StatusCode.INVALID_ARGUMENT,)
 
 
-async def _until_all_gone(samples: list[Sample], timeout_s: float) -> None:
-    """Sleep ``timeout_s``, or less if every caller of ``samples`` goes away meanwhile."""
-    futures = {id(s.call.future): s.call.future for s in samples}
+async def _until_all_gone(rows: list[CallRow], timeout_s: float) -> None:
+    """Sleep ``timeout_s``, or less if every caller of ``rows`` goes away meanwhile."""
+    futures = {id(s.call.future): s.call.future for s in rows}
     await asyncio.wait(list(futures.values()), timeout=timeout_s)
 
 
@@ -87,7 +87,7 @@ class LiveExecutor:
     def _lead(self, pipeline_id: str, stage: int, batch: int) -> float:
         return self.leads.lead_us(pipeline_id, stage, batch)
 
-    def _inputs(self, d: Dispatch, live: list[Sample]) -> list[HopTensor]:
+    def _inputs(self, d: Dispatch, live: list[CallRow]) -> list[HopTensor]:
         """The batch's input: the model's inputs for stage 0, else what the previous dispatch carried; each
         tensor's rows joined as bytes, the padded model's dummy rows as zero bytes."""
         first = d.stages[0].stage
@@ -100,10 +100,10 @@ class LiveExecutor:
         return [HopTensor(t, [len(live), *t.shape], stacked([s.carry[t.name] for s in live]))  # type: ignore[index]
                 for t in pipe.stages[first].inputs]
 
-    async def _run(self, d: Dispatch, samples: list[Sample], report: Report) -> None:
+    async def _run(self, d: Dispatch, rows: list[CallRow], report: Report) -> None:
         """Run the dispatch's stages, each reported to the driver, as long as it answers NEXT_STAGE (with the
         assignment to run the next one at); the last stage's report carries the outputs."""
-        live = [s for s in samples if s.wanted]
+        live = [s for s in rows if s.wanted]
         if not live:
             report(StageOutcome(d, 0, now_us(), gave_up=True))
             return
@@ -170,7 +170,7 @@ class LiveExecutor:
             self.release(hops)
         self.kick()
 
-    def _on_fault(self, report: Report, d: Dispatch, k: int, fault: StageFault, live: list[Sample]) -> None:
+    def _on_fault(self, report: Report, d: Dispatch, k: int, fault: StageFault, live: list[CallRow]) -> None:
         code = fault.code
         # A server restarted between health checks has lost our shm registrations: treat it as down; the
         # health loop registers the pool again when it rejoins.

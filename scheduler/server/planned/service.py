@@ -38,10 +38,10 @@ from scheduler.server.planned.calibration import (
 from scheduler.server.planned.call_costs import CallCosts, call_bytes_of
 from scheduler.server.planned.calls import (
     Answers,
+    CallRow,
     ClientCall,
     OutputTarget,
     PlannedCallers,
-    Sample,
     now_us,
     request_deadline_us,
     shutting_down,
@@ -243,9 +243,9 @@ class PlannedService:
                 t.cancel()
                 await asyncio.gather(t, return_exceptions=True)
         await self.executor.close()
-        for tk in list(self.driver.tickets.values()):
-            self.answers.fail(tk.item.call, shutting_down())
-        self.driver.tickets.clear()
+        for held in list(self.driver.rows.values()):
+            self.answers.fail(held.item.call, shutting_down())
+        self.driver.rows.clear()
         removed = await self.fleet.close()
         if self.batch_log is not None:
             self.batch_log.close()
@@ -297,9 +297,9 @@ class PlannedService:
         self.driver = self._new_driver()
         err = ServeError(grpc.StatusCode.INTERNAL, f"the scheduling policy '{self.policy}' failed ({error!r}); "
                                                    "the request was not run")
-        for tk in held:
-            self.answers.fail(tk.item.call, err, "BACKEND")
-        log.error("event=step_failed_requests_failed count=%d", len({id(tk.item.call) for tk in held}))
+        for row in held:
+            self.answers.fail(row.item.call, err, "BACKEND")
+        log.error("event=step_failed_requests_failed count=%d", len({id(row.item.call) for row in held}))
         self._wake_us = None
 
     def _loop_load(self, busy: float) -> None:
@@ -365,8 +365,8 @@ class PlannedService:
 
     async def run_module(self, model_name: str, inputs: dict[str, np.ndarray], deadline_us: float,
                          request_id: str) -> dict[str, np.ndarray]:
-        """An application module's request (inputs [rows, ...], already checked by the app): each row a sample
-        of ``model_name`` like a client's, whatever the model's max batch size; returns its outputs in order."""
+        """An application module's request (inputs [rows, ...], already checked by the app): each row goes
+        to ``model_name`` like a client's, whatever the model's max batch size; returns its outputs in order."""
         if self._closing:
             raise shutting_down()
         model = self.models[model_name]
@@ -380,7 +380,7 @@ class PlannedService:
     def _enqueue(self, call: ClientCall) -> None:
         timeout = int(call.timeout_us or 0) if call.model.dynamic_batching.active else 0
         for row in range(call.batch):
-            if not self.driver.submit(Sample(call, row), call.model.name, now_us(), call.deadline_us, call.priority,
+            if not self.driver.submit(CallRow(call, row), call.model.name, now_us(), call.deadline_us, call.priority,
                                       timeout, counted=row == 0):
                 break  # refused (its queue is full): the call is answered; its other rows would be refused too
         self._kick_loop()
@@ -389,7 +389,7 @@ class PlannedService:
 async def _awaited(future: asyncio.Future) -> Any:
     try:
         return await future
-    except asyncio.CancelledError:  # the client went away: its samples are skipped when dispatched
+    except asyncio.CancelledError:  # the client went away: its rows are skipped when dispatched
         if not future.done():
             future.cancel()
         raise

@@ -13,7 +13,7 @@ from model_repository_gen.manifest import PipelineInfo
 from scheduler.core.api import Dispatch, StageAssignment
 from scheduler.server.common.metrics import SidecarMetrics
 from scheduler.server.common.tracing import DispatchTraces
-from scheduler.server.planned.calls import Answers, Sample
+from scheduler.server.planned.calls import Answers, CallRow
 from scheduler.server.planned.overhead_meter import OverheadMeter
 from scheduler.server.planned.stage_io import StageTiming
 
@@ -26,7 +26,7 @@ class StageRecord:
 
     dispatch: Dispatch
     assignment: StageAssignment  # the reservation it ran at (the dispatched one, or the one the policy moved)
-    live: list[Sample]  # the rows it ran for
+    live: list[CallRow]  # the rows it ran for
     timing: StageTiming
     idle: bool  # sent to an idle server (its send-to-compute shows the real lead, not the server's queue)
     first: StageTiming | None  # this dispatch's stage 0 timing, when it ran it
