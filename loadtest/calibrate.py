@@ -19,7 +19,7 @@ from typing import Any
 
 from loadtest.open_loop import RunResult, no_collector_pauses, run_open_loop
 from model_repository_gen.manifest import load_manifest
-from poolpipe_common.cost_fit import CostPoint, fit_front, fit_stage_costs
+from poolpipe_common.cost_fit import CostPoint, fit_front, fit_stage_costs, leveled
 from poolpipe_common.errors import InputError
 from poolpipe_common.overheads import Overheads, median_overheads, read_overheads
 from scheduler.server.common.event_loop import new_loop
@@ -60,6 +60,18 @@ def step_points(doc: dict[str, Any], served_rps: float) -> tuple[CostPoint, ...]
     """The kinds of stage call an overheads file's ``calibration`` holds, at the rate the step served."""
     return tuple(CostPoint(served_rps, float(p["sent_bytes"]), float(p["back_bytes"]), p.get("lead_us"),
                            float(p["tail_us"]), int(p["calls"])) for p in doc.get("calibration", {}).get("points", []))
+
+
+def fitted_costs(files: Sequence[Path]) -> Overheads:
+    """The costs several ``serve --overheads-out`` files hold as one: the median of each, with lead and tail growing
+    as each kind of stage call's bytes and the rate served say where the files served different rates."""
+    base = median_overheads([read_overheads(p) for p in files])
+    docs = [json.loads(Path(p).read_text()) for p in files]
+    points = [pt for d in docs for pt in step_points(d, float(d.get("calibration", {}).get("served_rps", 0.0)))]
+    rates = sorted(p.rate_rps for p in points)
+    if len({round(r, 1) for r in rates}) < 2:
+        return base
+    return leveled(fit_stage_costs(points, base), points, base, rates[len(rates) // 2])
 
 
 class Calibration:
@@ -113,7 +125,9 @@ class Calibration:
 
     def fit(self, steps: Sequence[Step]) -> Overheads:
         base = median_overheads([s.costs for s in steps])
-        costs = fit_stage_costs([p for s in steps for p in s.points], base)
+        points = [p for s in steps for p in s.points]
+        served = sorted(s.served_rps for s in steps)
+        costs = leveled(fit_stage_costs(points, base), points, base, served[len(served) // 2]) if points else base
         fronts = [(self.input_bytes.get(m, 0), f) for s in steps for m, r in s.results.items() for f in r.front_us]
         return fit_front(costs, fronts)  # no client measurement: the front as the sidecar was told (--front-us)
 

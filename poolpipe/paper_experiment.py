@@ -152,14 +152,15 @@ def search_max_lf(attainment_at: Callable[[float], float], hi: float, step: floa
     return (grid[lo_i] if lo_i >= 0 else 0.0), points
 
 
-
 def held_costs(costs: list[tuple[float, Path]]):
-    """(Overheads, files): the median of the costs the sidecar wrote at the points that held >= 99 % (all if none
-    did; None: none written). One point's moved with the host by up to 1.8x; an overloaded one's are the overload's."""
-    from poolpipe_common.overheads import median_overheads, read_overheads
+    """(Overheads, files): the costs the sidecar wrote at the points that held >= 99 % (all if none did; None: none
+    written), fitted as `poolpipe calibrate` fits them (loadtest.calibrate.fitted_costs). One point's moved with the
+    host by up to 1.8x; an overloaded one's are the overload's."""
+    from loadtest.calibrate import fitted_costs
 
     files = [p for a, p in costs if a >= TARGET and p.exists()] or [p for _, p in costs if p.exists()]
-    return (median_overheads([read_overheads(p) for p in files]), files) if files else None
+    return (fitted_costs(files), files) if files else None
+
 
 class PaperExperiment:
     """Plans, deployments and measurements of one PaperRun under ``work``."""

@@ -61,6 +61,19 @@ def fit_stage_costs(points: Sequence[CostPoint], base: Overheads) -> Overheads:
                    tail_per_mb_us=tail_mb, tail_per_krps_us=tail_k)
 
 
+def leveled(fitted: Overheads, points: Sequence[CostPoint], base: Overheads, rate_rps: float) -> Overheads:
+    """``fitted``'s slopes through ``base``'s lead and tail at ``rate_rps`` and the points' mean call: the sidecar's
+    own lead (as calibrated, plus the high percentile it learns under load: what its driver plans with) and tail
+    where it measured them, the fit saying only how they grow. A mean of idle-server leads is below what the
+    driver plans with, and the simulator would then start stages earlier than the sidecar does."""
+    calls = sum(p.calls for p in points) or 1
+    sent = sum(p.sent_bytes * p.calls for p in points) / calls / 1e6
+    back = sum(p.back_bytes * p.calls for p in points) / calls / 1e6
+    k = rate_rps / 1e3
+    return replace(fitted, lead_us=max(0.0, base.lead_us - fitted.lead_per_mb_us * sent - fitted.lead_per_krps_us * k),
+                   tail_us=max(0.0, base.tail_us - fitted.tail_per_mb_us * back - fitted.tail_per_krps_us * k))
+
+
 def fit_front(costs: Overheads, samples: Sequence[tuple[float, float]]) -> Overheads:
     """``costs`` with the way outside the sidecar's clock fitted to (input bytes, µs) samples a client measured:
     a slope per input megabyte where inputs of several sizes were sent, and the distribution of what is left."""

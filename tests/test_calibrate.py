@@ -14,7 +14,7 @@ import yaml
 from model_repository_gen.generate import generate
 from planner.sustained.capacity import predicted_rps
 from plans.arrivals import parse_arrivals
-from poolpipe_common.cost_fit import CostPoint, fit_front, fit_line, fit_stage_costs
+from poolpipe_common.cost_fit import CostPoint, fit_front, fit_line, fit_stage_costs, leveled
 from poolpipe_common.overheads import Overheads, read_overheads
 from scheduler.sim.sweep import PointJob, run_point
 from tests.conftest import run_cli
@@ -32,6 +32,10 @@ def test_the_fit_recovers_a_known_cost_model_and_never_a_falling_one() -> None:
     assert c.lead_us == pytest.approx(300, abs=5) and c.lead_per_mb_us == pytest.approx(40, abs=3)
     assert c.lead_per_krps_us == pytest.approx(200, abs=25)
     assert c.tail_us == pytest.approx(200, abs=5) and c.tail_per_mb_us == pytest.approx(20, abs=3)
+    # levelled through what the sidecar itself measured (its driver's lead) at the median rate, the slopes kept
+    lv = leveled(c, points, Overheads(lead_us=800, tail_us=400), 150.0)
+    mb = sum(p.sent_bytes for p in points) / len(points) / 1e6
+    assert lv.lead_per_krps_us == c.lead_per_krps_us and lv.at_rate(150).lead_for(mb * 1e6) == pytest.approx(800)
     # a cost that seems to fall with the rate is fitted flat in it, not promised to shrink
     assert fit_line([(0.0,), (1.0,), (2.0,)], [500.0, 480.0, 470.0], [1, 1, 1])[1] == 0.0
     # the way outside the sidecar: a slope per input MB, and the distribution of what is left
@@ -83,7 +87,8 @@ def test_calibrate_fits_costs_on_a_live_deployment_and_plan_finds_them(tmp_path)
     assert [s["share"] for s in steps] == [0.1, 0.3]
     assert all(s["served_rps"] > 0 and s["kinds_of_call"] >= 1 for s in steps)
     assert steps[1]["served_rps"] > 1.5 * steps[0]["served_rps"]
-    assert 0 < costs.lead_us < 50_000 and 0 < costs.tail_us + costs.tail_per_mb_us < 50_000
+    at = costs.at_rate(steps[0]["served_rps"])  # at a rate it served (a base alone may be extrapolated to 0)
+    assert 0 < at.lead_us < 50_000 and 0 < at.tail_us < 50_000
     assert len(costs.front_quantiles_us) > 0  # the client measured the way outside the sidecar's clock
     # `poolpipe plan` run where the file is takes it without --overheads, says so and records it
     (tmp_path / "tiny.json").write_text(json.dumps(tiny_profile()))
