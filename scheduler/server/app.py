@@ -16,6 +16,7 @@ from scheduler.server.common import event_loop
 from scheduler.server.common.client_shm import ClientShmRegistry
 from scheduler.server.common.metrics import SidecarMetrics
 from scheduler.server.common.restricted import RestrictedApis
+from scheduler.server.common.tls import TlsSettings, tls_summary, warn_plaintext
 from scheduler.server.common.trace_settings import TraceConfig
 from scheduler.server.common.tracing import Tracer
 from scheduler.server.front.grpc_front import start_grpc
@@ -51,6 +52,7 @@ class SidecarConfig:
     native_http_port: int = 0
     stage_protocol: str = "http"  # serve --stage-protocol: how stage calls reach the Triton servers
     passthrough_http: str | None = None  # serve --passthrough-http: the native front end forwards those models
+    tls: TlsSettings = TlsSettings()  # serve --grpc-use-ssl, --http-use-ssl, --passthrough-use-ssl ...: off
 
 
 class Sidecar:
@@ -93,22 +95,24 @@ class Sidecar:
         router_args = (c.passthrough, self.plans, self.metrics, self.client_shm,
                        self.tracer if self.plans is not None else None)  # else trace settings pass through
         if peers is None:
-            self.router = Router(*router_args)
+            self.router = Router(*router_args, passthrough_tls=c.tls.passthrough)
         else:
             from scheduler.server.peers import WorkerRouter  # noqa: PLC0415
-            self.router = WorkerRouter(*router_args, peers=peers)
+            self.router = WorkerRouter(*router_args, peers=peers, passthrough_tls=c.tls.passthrough)
         await self.router.start()
         if c.native_grpc_port is not None:  # ready before our ports say ready
             from scheduler.server.front.native_front import NativeFront  # noqa: PLC0415
             self._native = NativeFront(self.router, c.bind, c.native_grpc_port, c.native_http_port,
-                                       shared=c.group is not None, passthrough_http=c.passthrough_http)
+                                       shared=c.group is not None, passthrough_http=c.passthrough_http,
+                                       grpc_tls=c.tls.grpc)
             await self._native.start(self._planned_configs())
             if self.plans is not None:
                 self.plans.after_reload.append(lambda: self._native.follow(self._planned_configs()))
         grpc_rules = RestrictedApis.parse(c.grpc_restricted, "--grpc-restricted-protocol", grpc_prefix=True)
         http_rules = RestrictedApis.parse(c.http_restricted, "--http-restricted-api", grpc_prefix=False)
         shared = peers is not None  # the workers of serve --workers listen on the same ports (SO_REUSEPORT)
-        self._grpc = await start_grpc(self.router, c.bind, c.grpc_port, grpc_rules, reuse_port=shared)
+        self._grpc = await start_grpc(self.router, c.bind, c.grpc_port, grpc_rules, reuse_port=shared,
+                                      tls=c.tls.grpc)
         http_app = HttpFront(self.router, http_rules).app()
         if self.plans is not None:
             from scheduler.server.front.admin import plan_handler, reload_handler  # noqa: PLC0415
@@ -118,14 +122,17 @@ class Sidecar:
                 run = reload_everywhere(self, peers)
             http_app.router.add_post("/v2/poolpipe/reload", reload_handler(self.plans, c.bind, run))
             http_app.router.add_get("/v2/poolpipe/plan", plan_handler(self.plans))
-        self._runners.append(await start_http(http_app, c.bind, c.http_port, c.drain_timeout_s, reuse_port=shared))
+        self._runners.append(await start_http(http_app, c.bind, c.http_port, c.drain_timeout_s, reuse_port=shared,
+                                                 tls=c.tls.http))
         if peers is None:
             metrics_app = web.Application()
             metrics_app.router.add_get("/metrics", self._metrics)
             self._runners.append(await start_http(metrics_app, c.bind, c.metrics_port))
-        log.info("event=listening grpc=%s:%d http=%s:%d metrics=%s:%d planned=%s passthrough=%s", c.bind,
+        log.info("event=listening grpc=%s:%d http=%s:%d metrics=%s:%d planned=%s passthrough=%s tls=%s", c.bind,
                  c.grpc_port, c.bind, c.http_port, c.bind, c.metrics_port,
-                 ",".join(self.plans.current.names()) if self.plans else "-", c.passthrough or "-")
+                 ",".join(self.plans.current.names()) if self.plans else "-", c.passthrough or "-",
+                 tls_summary(c.tls))
+        warn_plaintext(c.bind, c.tls)
 
     def _planned_configs(self) -> list:
         """The model configs of the plan being served (none without a manifest)."""

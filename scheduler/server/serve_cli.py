@@ -122,6 +122,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "opentelemetry,resource=KEY=VALUE, opentelemetry,bsp_schedule_delay=MS, "
                         "bsp_max_queue_size, bsp_max_export_batch_size; the trace extension (/v2/trace/setting) "
                         "changes level, rate and count while serving")
+    from scheduler.server import serve_tls_cli  # noqa: PLC0415
+
+    serve_tls_cli.add_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -150,6 +153,9 @@ def config_from_args(args: argparse.Namespace):  # -> SidecarConfig
     from scheduler.server.common.trace_settings import parse_trace_config  # noqa: PLC0415
 
     trace = parse_trace_config(args.trace_config) if args.trace_config else None
+    from scheduler.server.serve_tls_cli import settings_from_args  # noqa: PLC0415 (checks the files now)
+
+    tls = settings_from_args(args)
     _check_native(args, ports)
     args.native_http_port = _shared_native_http_port(args, ports)  # the workers' commands pass it on
     manifest, shard = None, (0, 1)
@@ -185,7 +191,7 @@ def config_from_args(args: argparse.Namespace):  # -> SidecarConfig
                          http_restricted=tuple(args.http_restricted_api),
                          trace=trace, group=args.worker_of, native_grpc_port=args.native_grpc_port,
                          native_http_port=args.native_http_port, stage_protocol=args.stage_protocol,
-                         passthrough_http=args.passthrough_http)
+                         passthrough_http=args.passthrough_http, tls=tls)
 
 
 def _check_native(args: argparse.Namespace, ports: dict[str, int]) -> None:

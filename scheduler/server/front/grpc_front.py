@@ -14,6 +14,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from scheduler.server.common.channels import SERVER_OPTIONS
 from scheduler.server.common.errors import ServeError
 from scheduler.server.common.restricted import GRPC_METHODS, RestrictedApis
+from scheduler.server.common.tls import ServerTls
 from scheduler.server.common.wire import InferRequest, serialize_response
 from scheduler.server.front.router import Router
 
@@ -166,11 +167,14 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
 
 async def start_grpc(router: Router, bind: str, port: int, restricted: RestrictedApis | None = None,
-                     reuse_port: bool = False) -> grpc.aio.Server:
-    """``reuse_port``: several processes listen on the port (serve --workers), the kernel spreads connections."""
+                     reuse_port: bool = False, tls: ServerTls | None = None) -> grpc.aio.Server:
+    """``reuse_port``: several processes listen on the port (serve --workers), the kernel spreads connections;
+    ``tls``: serve it over TLS (serve --grpc-use-ssl), else in plaintext."""
     server = grpc.aio.server(options=SERVER_OPTIONS + ([("grpc.so_reuseport", 1)] if reuse_port else []))
     server.add_generic_rpc_handlers((service_handler(InferenceServicer(router, restricted)),))
-    if server.add_insecure_port(f"{bind}:{port}") == 0:
+    address = f"{bind}:{port}"
+    bound = server.add_secure_port(address, tls.grpc_credentials()) if tls else server.add_insecure_port(address)
+    if bound == 0:
         raise OSError(f"cannot listen for gRPC on {bind}:{port}")
     await server.start()
     return server

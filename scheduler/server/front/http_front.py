@@ -16,6 +16,7 @@ from tritonclient.grpc import service_pb2
 from scheduler.server.common.errors import ServeError, invalid
 from scheduler.server.common.restricted import RestrictedApis, http_category
 from scheduler.server.common.tensors import param_value, proto_to_json, set_param
+from scheduler.server.common.tls import ServerTls
 from scheduler.server.common.wire import InferRequest
 from scheduler.server.front.http_infer import HEADER_LENGTH, infer_response_to_http, parse_infer_request
 from scheduler.server.front.router import Router
@@ -227,9 +228,11 @@ class HttpFront:
 
 
 async def start_http(app: web.Application, bind: str, port: int, drain_timeout_s: float = 30.0,
-                     reuse_port: bool = False) -> web.AppRunner:
-    """``reuse_port``: several processes listen on the port (serve --workers), the kernel spreads connections."""
+                     reuse_port: bool = False, tls: ServerTls | None = None) -> web.AppRunner:
+    """``reuse_port``: several processes listen on the port (serve --workers), the kernel spreads connections;
+    ``tls``: HTTPS (serve --http-use-ssl), else plaintext HTTP."""
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=drain_timeout_s)
     await runner.setup()
-    await web.TCPSite(runner, bind, port, reuse_port=reuse_port or None).start()
+    context = tls.ssl_context() if tls is not None else None
+    await web.TCPSite(runner, bind, port, reuse_port=reuse_port or None, ssl_context=context).start()
     return runner

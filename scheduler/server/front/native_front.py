@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 import grpc
-import tritonclient.grpc.aio as grpcaio
+import tritonclient.http.aio as httpaio
 
 from backends import native_front
 from model_repository_gen.front_models import (
@@ -33,6 +33,7 @@ from model_repository_gen.triton_config import config_text
 from poolpipe_common.errors import InputError
 from runtime.tritonserver import TritonProcess, pid_alive
 from scheduler.server.common.errors import ServeError
+from scheduler.server.common.tls import ServerTls
 from scheduler.server.common.wire import InferRequest
 from scheduler.server.front.native_frames import (
     FrameError,
@@ -187,8 +188,9 @@ class NativeFront:
     MAX_BACKOFF_S = 30.0
 
     def __init__(self, router: Router, bind: str, grpc_port: int, http_port: int = 0, shared: bool = False,
-                 passthrough_http: str | None = None) -> None:
+                 passthrough_http: str | None = None, grpc_tls: ServerTls | None = None) -> None:
         self.router, self.bind, self.grpc_port, self.http_port = router, bind, grpc_port, http_port
+        self.grpc_tls = grpc_tls  # serve --grpc-use-ssl: the front's tritonserver takes the same flags itself
         self.passthrough_http = passthrough_http  # serve --passthrough-http: its models are forwarded from C
         self.shared = shared  # a worker of serve --workers: its siblings' front ends listen on the same ports
         self.triton: TritonProcess | None = None
@@ -219,7 +221,8 @@ class NativeFront:
             self.triton = TritonProcess(repo, grpc_port=self.grpc_port, http_port=self.http_port, host=self.bind,
                                         env={native_front.SOCKET_ENV: str(sock)},
                                         log_path=self._dir / "tritonserver.log", name="native front end",
-                                        shared_ports=self.shared)
+                                        shared_ports=self.shared,
+                                        extra_args=self.grpc_tls.triton_args() if self.grpc_tls else ())
             await asyncio.to_thread(self.triton.start)
         except BaseException:
             await self.close()
@@ -238,7 +241,7 @@ class NativeFront:
             return
         repo = self._dir / "repository"
         write_front_repository(repo, changed, native_front.library())
-        client = grpcaio.InferenceServerClient(self.triton.grpc_url)
+        client = httpaio.InferenceServerClient(self.triton.http_url)  # HTTP: the gRPC port may ask for TLS
         try:
             for c in changed:
                 await client.load_model(c.name)

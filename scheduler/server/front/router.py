@@ -19,6 +19,7 @@ from scheduler.server.common.client_shm import ClientShmRegistry
 from scheduler.server.common.errors import ServeError, from_rpc_error, invalid
 from scheduler.server.common.log_settings import LogSettings
 from scheduler.server.common.metrics import SidecarMetrics
+from scheduler.server.common.tls import ClientTls
 from scheduler.server.common.trace_settings import settings_from_request
 from scheduler.server.common.tracing import Tracer
 from scheduler.server.common.wire import INFER_METHOD, InferRequest
@@ -49,8 +50,10 @@ class Router:
     """Routes calls by model name; shared-memory registrations are kept locally and mirrored to the pass-through."""
 
     def __init__(self, passthrough: str | None, plans: PlanSwitch | None, metrics: SidecarMetrics,
-                 shm: ClientShmRegistry, tracer: Tracer | None = None) -> None:
+                 shm: ClientShmRegistry, tracer: Tracer | None = None, passthrough_tls: ClientTls | None = None
+                 ) -> None:
         self.passthrough_url = passthrough
+        self.passthrough_tls = passthrough_tls  # serve --passthrough-use-ssl: the channel there is TLS
         self.tracer = tracer  # the sidecar's trace settings (planned models); None: trace calls go to the pass-through
         self.plans = plans  # which plan serves the planned models (None: no manifest, everything passes through)
         self.metrics = metrics
@@ -62,7 +65,9 @@ class Router:
 
     async def start(self) -> None:
         if self.passthrough_url:
-            self._channel = grpc.aio.insecure_channel(self.passthrough_url, options=GRPC_OPTIONS)
+            tls = self.passthrough_tls
+            self._channel = grpc.aio.insecure_channel(self.passthrough_url, options=GRPC_OPTIONS) if tls is None \
+                else grpc.aio.secure_channel(self.passthrough_url, tls.grpc_credentials(), options=GRPC_OPTIONS)
             self.stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
             self._infer_raw = self._channel.unary_unary(INFER_METHOD)
 

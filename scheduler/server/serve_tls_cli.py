@@ -1,0 +1,112 @@
+"""``poolpipe serve``'s TLS flags: tritonserver's names for the gRPC port, the same style for the HTTP port, and the
+pass-through channel's; parsed into scheduler.server.common.tls settings, checked at once (one-line errors)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from poolpipe_common.errors import InputError
+from scheduler.server.common.tls import ClientTls, ServerTls, TlsSettings
+
+TRUE, FALSE = ("true", "on", "1", "yes"), ("false", "off", "0", "no")
+PORTS = ("grpc", "http")
+PASSTHROUGH_FILES = ("root_cert", "client_cert", "client_key")
+# the attributes these flags set (scheduler/server/workers.py passes them on to each worker)
+DESTS = frozenset([f"{p}_{x}" for p in PORTS for x in ("use_ssl", "use_ssl_mutual", "server_cert", "server_key",
+                                                      "root_cert")]
+                  + ["passthrough_use_ssl"] + [f"passthrough_{x}" for x in PASSTHROUGH_FILES])
+
+
+def triton_bool(value: str) -> bool:
+    """A boolean as tritonserver reads one (``--grpc-use-ssl=true``, ``=1``, ``=off`` ...)."""
+    v = value.lower()
+    if v in TRUE or v in FALSE:
+        return v in TRUE
+    raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    for port, what in (("grpc", "gRPC"), ("http", "HTTP/REST")):
+        p.add_argument(f"--{port}-use-ssl", type=triton_bool, nargs="?", const=True, default=False,
+                       metavar="BOOL", help=f"serve the {what} port over TLS (as tritonserver: needs "
+                                            f"--{port}-server-cert and --{port}-server-key)")
+        p.add_argument(f"--{port}-use-ssl-mutual", type=triton_bool, nargs="?", const=True, default=False,
+                       metavar="BOOL", help=f"mutual TLS on the {what} port: clients must present a certificate "
+                                            f"signed by --{port}-root-cert (implies --{port}-use-ssl)")
+        p.add_argument(f"--{port}-server-cert", type=Path, metavar="FILE",
+                       help=f"PEM certificate (chain) of the {what} port")
+        p.add_argument(f"--{port}-server-key", type=Path, metavar="FILE",
+                       help=f"PEM private key of --{port}-server-cert (unencrypted)")
+        p.add_argument(f"--{port}-root-cert", type=Path, metavar="FILE",
+                       help=f"PEM root certificate(s) that sign client certificates (--{port}-use-ssl-mutual)")
+    p.add_argument("--passthrough-use-ssl", type=triton_bool, nargs="?", const=True, default=False, metavar="BOOL",
+                   help="call the --passthrough Triton over TLS (tritonserver --grpc-use-ssl); its certificate is "
+                        "checked against --passthrough-root-cert (default: the system's roots) and must name the "
+                        "HOST of --passthrough")
+    p.add_argument("--passthrough-root-cert", type=Path, metavar="FILE",
+                   help="PEM root certificate(s) that sign the pass-through Triton's certificate")
+    p.add_argument("--passthrough-client-cert", type=Path, metavar="FILE",
+                   help="PEM certificate the sidecar presents to a pass-through Triton with --grpc-use-ssl-mutual")
+    p.add_argument("--passthrough-client-key", type=Path, metavar="FILE",
+                   help="PEM private key of --passthrough-client-cert")
+
+
+def _server(args: argparse.Namespace, port: str) -> ServerTls | None:
+    def get(name: str):
+        return getattr(args, f"{port}_{name}")
+    mutual, on = get("use_ssl_mutual"), get("use_ssl") or get("use_ssl_mutual")  # mutual preempts, as in Triton
+    files = {f"--{port}-{x.replace('_', '-')}": get(x) for x in ("server_cert", "server_key", "root_cert")}
+    if not on:
+        given = [flag for flag, v in files.items() if v is not None]
+        if given:
+            raise InputError(f"{given[0]} is given but --{port}-use-ssl is not: the {port} port would stay "
+                             f"plaintext; add --{port}-use-ssl (or drop the file flags)")
+        return None
+    missing = [f for f in (f"--{port}-server-cert", f"--{port}-server-key") if files[f] is None]
+    if mutual and files[f"--{port}-root-cert"] is None:
+        missing.append(f"--{port}-root-cert")
+    if missing:
+        needs = f"--{port}-use-ssl-mutual" if mutual else f"--{port}-use-ssl"
+        raise InputError(f"{needs} needs {' and '.join(missing)}")
+    return ServerTls(get("server_cert"), get("server_key"), get("root_cert"), mutual, f"--{port}")
+
+
+def _passthrough(args: argparse.Namespace) -> ClientTls | None:
+    files = {x: getattr(args, f"passthrough_{x}") for x in PASSTHROUGH_FILES}
+    if not args.passthrough_use_ssl:
+        given = [x for x, v in files.items() if v is not None]
+        if given:
+            raise InputError(f"--passthrough-{given[0].replace('_', '-')} is given but --passthrough-use-ssl is not: "
+                             "the pass-through channel would stay plaintext; add --passthrough-use-ssl")
+        return None
+    if args.passthrough is None:
+        raise InputError("--passthrough-use-ssl needs --passthrough HOST:PORT")
+    if args.passthrough_http:
+        raise InputError("--passthrough-use-ssl and --passthrough-http do not combine: the native front end forwards "
+                         "to --passthrough-http in plaintext HTTP")
+    return ClientTls(files["root_cert"], files["client_cert"], files["client_key"])
+
+
+def settings_from_args(args: argparse.Namespace) -> TlsSettings:
+    """The TLS settings, every file checked now (one-line InputErrors)."""
+    settings = TlsSettings(grpc=_server(args, "grpc"), http=_server(args, "http"), passthrough=_passthrough(args))
+    if settings.http is not None and args.native_grpc_port is not None:
+        raise InputError("--http-use-ssl and --native-grpc-port do not combine: the native front end's HTTP port "
+                         "(tritonserver's own HTTP endpoint) cannot take TLS; serve HTTPS on --http-port without "
+                         "--native-grpc-port, or gRPC TLS (--grpc-use-ssl) with it")
+    settings.check()
+    return settings
+
+
+def worker_args(args: argparse.Namespace) -> list[str]:
+    """The TLS flags as given, for a worker of serve --workers."""
+    out: list[str] = []
+    for dest in sorted(DESTS):
+        value = getattr(args, dest)
+        flag = "--" + dest.replace("_", "-")
+        if isinstance(value, bool):
+            out += [f"{flag}={'true' if value else 'false'}"] if value else []
+        elif value is not None:
+            out += [flag, str(value)]
+    return out
