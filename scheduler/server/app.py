@@ -20,6 +20,7 @@ from scheduler.server.common.tls import TlsSettings, tls_summary, warn_plaintext
 from scheduler.server.common.trace_settings import TraceConfig
 from scheduler.server.common.tracing import Tracer
 from scheduler.server.front.grpc_front import start_grpc
+from scheduler.server.front.health import ReadinessLog
 from scheduler.server.front.http_front import HttpFront, start_http
 from scheduler.server.front.router import Router
 
@@ -52,6 +53,7 @@ class SidecarConfig:
     native_http_port: int = 0
     stage_protocol: str = "http"  # serve --stage-protocol: how stage calls reach the Triton servers
     passthrough_http: str | None = None  # serve --passthrough-http: the native front end forwards those models
+    strict_readiness: bool = True  # serve --strict-readiness: Triton's meaning (false: ready while live)
     tls: TlsSettings = TlsSettings()  # serve --grpc-use-ssl, --http-use-ssl, --passthrough-use-ssl ...: off
 
 
@@ -69,6 +71,7 @@ class Sidecar:
         self._native = None
         self._runners: list[web.AppRunner] = []
         self.replanner = None
+        self._readiness: ReadinessLog | None = None
 
     async def start(self) -> None:
         c = self.config
@@ -99,7 +102,10 @@ class Sidecar:
         else:
             from scheduler.server.peers import WorkerRouter  # noqa: PLC0415
             self.router = WorkerRouter(*router_args, peers=peers, passthrough_tls=c.tls.passthrough)
+        self.router.strict_readiness = c.strict_readiness
         await self.router.start()
+        self._readiness = ReadinessLog(self.router)
+        self._readiness.start()
         if c.native_grpc_port is not None:  # ready before our ports say ready
             from scheduler.server.front.native_front import NativeFront  # noqa: PLC0415
             self._native = NativeFront(self.router, c.bind, c.native_grpc_port, c.native_http_port,
@@ -179,6 +185,8 @@ class Sidecar:
             await self.plans.close()
         if self.replanner is not None:
             await self.replanner.close()
+        if self._readiness is not None:
+            await self._readiness.close()
         if self.router is not None:
             await self.router.close()
         await asyncio.to_thread(self.tracer.shutdown)  # flush the batched spans

@@ -124,6 +124,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "changes level, rate and count while serving")
     from scheduler.server import serve_tls_cli  # noqa: PLC0415
 
+    p.add_argument("--strict-readiness", type=serve_tls_cli.triton_bool, default=True, metavar="BOOL",
+                   help="as tritonserver: true (default) answers ready only while every planned model and the "
+                        "pass-through Triton are ready; false answers ready while the sidecar is live, even when a "
+                        "model is not (each model's own ready state still says so)")
     serve_tls_cli.add_arguments(p)
     p.set_defaults(func=run)
 
@@ -191,7 +195,8 @@ def config_from_args(args: argparse.Namespace):  # -> SidecarConfig
                          http_restricted=tuple(args.http_restricted_api),
                          trace=trace, group=args.worker_of, native_grpc_port=args.native_grpc_port,
                          native_http_port=args.native_http_port, stage_protocol=args.stage_protocol,
-                         passthrough_http=args.passthrough_http, tls=tls)
+                         passthrough_http=args.passthrough_http, tls=tls,
+                         strict_readiness=args.strict_readiness)
 
 
 def _check_native(args: argparse.Namespace, ports: dict[str, int]) -> None:

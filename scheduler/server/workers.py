@@ -64,6 +64,7 @@ def worker_command(args: argparse.Namespace, index: int, ports: tuple[int, ...])
                          ("--http-restricted-api", args.http_restricted_api), ("--trace-config", args.trace_config)):
         for v in values:
             cmd += [flag, v]
+    cmd.append(f"--strict-readiness={'true' if args.strict_readiness else 'false'}")
     return cmd + serve_tls_cli.worker_args(args)
 
 
@@ -72,7 +73,8 @@ def worker_command(args: argparse.Namespace, index: int, ports: tuple[int, ...])
 PASSED_ON = frozenset({"manifest", "passthrough", "grpc_port", "http_port", "metrics_port", "bind", "policy",
                        "drain_timeout", "overheads_out", "front_us", "stage_protocol", "batch_log", "shard", "workers",
                        "worker_of", "replan", "grpc_restricted_protocol", "http_restricted_api", "trace_config",
-                       "native_grpc_port", "native_http_port", "passthrough_http"}) | serve_tls_cli.DESTS
+                       "native_grpc_port", "native_http_port", "passthrough_http", "strict_readiness"}
+                      ) | serve_tls_cli.DESTS
 
 
 def worker_file(path: Path, index: int) -> Path:

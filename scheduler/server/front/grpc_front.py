@@ -16,6 +16,7 @@ from scheduler.server.common.errors import ServeError
 from scheduler.server.common.restricted import GRPC_METHODS, RestrictedApis
 from scheduler.server.common.tls import ServerTls
 from scheduler.server.common.wire import InferRequest, serialize_response
+from scheduler.server.front.health import add_health
 from scheduler.server.front.router import Router
 
 log = logging.getLogger("poolpipe.sidecar.grpc")
@@ -172,6 +173,7 @@ async def start_grpc(router: Router, bind: str, port: int, restricted: Restricte
     ``tls``: serve it over TLS (serve --grpc-use-ssl), else in plaintext."""
     server = grpc.aio.server(options=SERVER_OPTIONS + ([("grpc.so_reuseport", 1)] if reuse_port else []))
     server.add_generic_rpc_handlers((service_handler(InferenceServicer(router, restricted)),))
+    add_health(server, router)  # grpc.health.v1 (Kubernetes' gRPC probes, grpc_health_probe)
     address = f"{bind}:{port}"
     bound = server.add_secure_port(address, tls.grpc_credentials()) if tls else server.add_insecure_port(address)
     if bound == 0:

@@ -23,6 +23,7 @@ from scheduler.server.common.tls import ClientTls
 from scheduler.server.common.trace_settings import settings_from_request
 from scheduler.server.common.tracing import Tracer
 from scheduler.server.common.wire import INFER_METHOD, InferRequest
+from scheduler.server.front.health import unready_reason
 
 if TYPE_CHECKING:  # the planned service is imported where a manifest is served (scheduler/server/app.py)
     from scheduler.server.control.reload import PlanSwitch
@@ -54,6 +55,7 @@ class Router:
                  ) -> None:
         self.passthrough_url = passthrough
         self.passthrough_tls = passthrough_tls  # serve --passthrough-use-ssl: the channel there is TLS
+        self.strict_readiness = True  # serve --strict-readiness false: the server is ready while it is live
         self.tracer = tracer  # the sidecar's trace settings (planned models); None: trace calls go to the pass-through
         self.plans = plans  # which plan serves the planned models (None: no manifest, everything passes through)
         self.metrics = metrics
@@ -113,6 +115,10 @@ class Router:
     # --- health and metadata ---------------------------------------------------------------------------------
 
     async def server_ready(self) -> bool:
+        """Triton's --strict-readiness: every planned model and the pass-through Triton ready (strict, the
+        default), else ready while live."""
+        if not self.strict_readiness:
+            return True
         if self.planned is not None and not all(self.planned.ready(m) for m in self.planned.names()):
             return False
         if self.stub is not None:
@@ -175,7 +181,8 @@ class Router:
             resp = await self.forward("RepositoryIndex", request, timeout_s)
         if self.planned is not None:
             for m in self.planned.names():
-                resp.models.add(name=m, version="1", state="READY" if self.planned.ready(m) else "UNAVAILABLE")
+                why = unready_reason(self.planned, m)  # what is missing, as Triton says why a model is unavailable
+                resp.models.add(name=m, version="1", state="UNAVAILABLE" if why else "READY", reason=why)
         return resp
 
     async def _RepositoryModelLoad(self, request: Any, timeout_s: float | None) -> Any:
