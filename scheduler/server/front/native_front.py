@@ -91,6 +91,12 @@ def passthrough_configs(address: str, planned: set[str]) -> list:
     return configs
 
 
+def priority_lost(planned_configs: list) -> list[str]:
+    """The planned models with priority levels: Triton's backend API gives the front's backend no request priority
+    (only the timeout), so their requests on the native port are scheduled at the default priority level."""
+    return [c.name for c in planned_configs if c.dynamic_batching.priority_levels > 0]
+
+
 class _Connection(asyncio.Protocol):
     """One front model instance's socket: requests in, each submitted at once and answered from its future's
     callback (no task per request); the answers of one loop iteration leave in one write. A cancel frame withdraws
@@ -227,6 +233,11 @@ class NativeFront:
         except BaseException:
             await self.close()
             raise
+        lost = priority_lost(planned_configs)
+        if lost:
+            log.warning("event=native_front_priority_ignored models=%s reason=Triton's backend API gives the front "
+                        "no request priority, so requests on the native port run at the default priority level; "
+                        "send prioritised requests to --grpc-port or --http-port", ",".join(lost))
         log.info("event=native_front_listening grpc=%s http=%s models=%d forwarded=%s", self.triton.grpc_url,
                  self.triton.http_url, len(planned_configs), ",".join(c.name for c in forwarded) or "-")
         self._watcher = asyncio.ensure_future(self._watch())

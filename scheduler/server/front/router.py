@@ -24,6 +24,7 @@ from scheduler.server.common.trace_settings import settings_from_request
 from scheduler.server.common.tracing import Tracer
 from scheduler.server.common.wire import INFER_METHOD, InferRequest
 from scheduler.server.front.health import unready_reason
+from scheduler.server.front.reserved import refuse_sequences
 
 if TYPE_CHECKING:  # the planned service is imported where a manifest is served (scheduler/server/app.py)
     from scheduler.server.control.reload import PlanSwitch
@@ -274,6 +275,8 @@ class Router:
         if self.plans.on_arrival is not None:  # type: ignore[union-attr]
             self.plans.on_arrival(model)  # type: ignore[union-attr]
         try:
+            if request.decoded is None:  # the native front end's requests carry no sequence (its backend refuses)
+                refuse_sequences(model, request.message().parameters)
             future = self.plans.current.submit(request)  # type: ignore[union-attr]
         except ServeError as e:
             self._count(model, series, t0, e)
