@@ -129,7 +129,7 @@ class Sidecar:
             http_app.router.add_post("/v2/poolpipe/reload", reload_handler(self.plans, c.bind, run))
             http_app.router.add_get("/v2/poolpipe/plan", plan_handler(self.plans))
         self._runners.append(await start_http(http_app, c.bind, c.http_port, c.drain_timeout_s, reuse_port=shared,
-                                                 tls=c.tls.http))
+                                                 tls=c.tls.http, cancel_on_hangup=True))
         if peers is None:
             metrics_app = web.Application()
             metrics_app.router.add_get("/metrics", self._metrics)

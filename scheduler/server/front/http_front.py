@@ -5,6 +5,7 @@ Each request is translated to the protobuf call the gRPC front end makes, so bot
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import logging
@@ -102,6 +103,12 @@ class HttpFront:
             self.restricted.check(category, request.headers.get, grpc_call=False)
         return await handler(request)
 
+    async def _call(self, method: str, request: Any) -> Any:
+        """A call other than inference: finished even when its client hangs up (the port cancels a handler whose
+        connection is lost, so that an inference's rows leave the queue), so a shared-memory registration or a
+        repository change is never left half done here and upstream."""
+        return await asyncio.shield(self.router.call(method, request))
+
     async def live(self, request: web.Request) -> web.Response:
         return web.Response(status=200)
 
@@ -109,7 +116,7 @@ class HttpFront:
         return web.Response(status=200 if await self.router.server_ready() else 400)
 
     async def server_metadata(self, request: web.Request) -> web.Response:
-        r = await self.router.call("ServerMetadata", service_pb2.ServerMetadataRequest())
+        r = await self._call("ServerMetadata", service_pb2.ServerMetadataRequest())
         return web.json_response({"name": r.name, "version": r.version, "extensions": list(r.extensions)})
 
     def _names(self, request: web.Request) -> tuple[str, str]:
@@ -117,27 +124,27 @@ class HttpFront:
 
     async def model_metadata(self, request: web.Request) -> web.Response:
         m, v = self._names(request)
-        r = await self.router.call("ModelMetadata", service_pb2.ModelMetadataRequest(name=m, version=v))
+        r = await self._call("ModelMetadata", service_pb2.ModelMetadataRequest(name=m, version=v))
         return web.json_response(metadata_json(r))
 
     async def model_ready(self, request: web.Request) -> web.Response:
         m, v = self._names(request)
-        r = await self.router.call("ModelReady", service_pb2.ModelReadyRequest(name=m, version=v))
+        r = await self._call("ModelReady", service_pb2.ModelReadyRequest(name=m, version=v))
         return web.Response(status=200 if r.ready else 400)
 
     async def model_config(self, request: web.Request) -> web.Response:
         m, v = self._names(request)
-        r = await self.router.call("ModelConfig", service_pb2.ModelConfigRequest(name=m, version=v))
+        r = await self._call("ModelConfig", service_pb2.ModelConfigRequest(name=m, version=v))
         return web.json_response(proto_to_json(r.config))
 
     async def stats(self, request: web.Request) -> web.Response:
         m, v = self._names(request)
-        r = await self.router.call("ModelStatistics", service_pb2.ModelStatisticsRequest(name=m, version=v))
+        r = await self._call("ModelStatistics", service_pb2.ModelStatisticsRequest(name=m, version=v))
         return web.json_response(proto_to_json(r))
 
     async def repository_index(self, request: web.Request) -> web.Response:
         body = await _json_body(request)
-        r = await self.router.call("RepositoryIndex", service_pb2.RepositoryIndexRequest(ready=bool(body.get("ready"))))
+        r = await self._call("RepositoryIndex", service_pb2.RepositoryIndexRequest(ready=bool(body.get("ready"))))
         return web.json_response([{k: v for k, v in (("name", x.name), ("version", x.version), ("state", x.state),
                                                      ("reason", x.reason)) if v} for x in r.models])
 
@@ -149,7 +156,7 @@ class HttpFront:
                 req.parameters[k].bytes_param = base64.b64decode(v)
             else:
                 set_param(req.parameters, k, v)
-        await self.router.call("RepositoryModelLoad", req)
+        await self._call("RepositoryModelLoad", req)
         return web.Response(status=200)
 
     async def unload(self, request: web.Request) -> web.Response:
@@ -157,7 +164,7 @@ class HttpFront:
         req = service_pb2.RepositoryModelUnloadRequest(model_name=request.match_info["model"])
         for k, v in (body.get("parameters") or {}).items():
             set_param(req.parameters, k, v)
-        await self.router.call("RepositoryModelUnload", req)
+        await self._call("RepositoryModelUnload", req)
         return web.Response(status=200)
 
     @staticmethod
@@ -167,10 +174,10 @@ class HttpFront:
     async def shm_status(self, request: web.Request) -> web.Response:
         name = request.match_info.get("region", "")
         if self._cuda(request):
-            r = await self.router.call("CudaSharedMemoryStatus", service_pb2.CudaSharedMemoryStatusRequest(name=name))
+            r = await self._call("CudaSharedMemoryStatus", service_pb2.CudaSharedMemoryStatusRequest(name=name))
             return web.json_response([{"name": x.name, "device_id": x.device_id, "byte_size": x.byte_size}
                                       for x in r.regions.values()])
-        r = await self.router.call("SystemSharedMemoryStatus", service_pb2.SystemSharedMemoryStatusRequest(name=name))
+        r = await self._call("SystemSharedMemoryStatus", service_pb2.SystemSharedMemoryStatusRequest(name=name))
         return web.json_response([{"name": x.name, "key": x.key, "offset": x.offset, "byte_size": x.byte_size}
                                   for x in r.regions.values()])
 
@@ -178,21 +185,21 @@ class HttpFront:
         name, body = request.match_info["region"], await _json_body(request)
         if self._cuda(request):
             handle = base64.b64decode((body.get("raw_handle") or {}).get("b64", ""))
-            await self.router.call("CudaSharedMemoryRegister", service_pb2.CudaSharedMemoryRegisterRequest(
+            await self._call("CudaSharedMemoryRegister", service_pb2.CudaSharedMemoryRegisterRequest(
                 name=name, raw_handle=handle, device_id=int(body.get("device_id", 0)),
                 byte_size=int(body["byte_size"])))
         else:
-            await self.router.call("SystemSharedMemoryRegister", service_pb2.SystemSharedMemoryRegisterRequest(
+            await self._call("SystemSharedMemoryRegister", service_pb2.SystemSharedMemoryRegisterRequest(
                 name=name, key=str(body["key"]), offset=int(body.get("offset", 0)), byte_size=int(body["byte_size"])))
         return web.Response(status=200)
 
     async def shm_unregister(self, request: web.Request) -> web.Response:
         name = request.match_info.get("region", "")
         if self._cuda(request):
-            await self.router.call("CudaSharedMemoryUnregister",
+            await self._call("CudaSharedMemoryUnregister",
                                    service_pb2.CudaSharedMemoryUnregisterRequest(name=name))
         else:
-            await self.router.call("SystemSharedMemoryUnregister",
+            await self._call("SystemSharedMemoryUnregister",
                                    service_pb2.SystemSharedMemoryUnregisterRequest(name=name))
         return web.Response(status=200)
 
@@ -202,7 +209,7 @@ class HttpFront:
         for k, v in body.items():
             values = v if isinstance(v, list) else ([] if v is None else [v])
             req.settings[k].value.extend(str(x) for x in values)
-        r = await self.router.call("TraceSetting", req)
+        r = await self._call("TraceSetting", req)
         return web.json_response({k: (list(v.value) if len(v.value) != 1 or k == "trace_level" else v.value[0])
                                   for k, v in r.settings.items()})
 
@@ -216,7 +223,7 @@ class HttpFront:
                 req.settings[k].uint32_param = v
             else:
                 req.settings[k].string_param = str(v)
-        r = await self.router.call("LogSettings", req)
+        r = await self._call("LogSettings", req)
         return web.json_response({k: param_value(v) for k, v in r.settings.items()})
 
     async def infer(self, request: web.Request) -> web.Response:
@@ -228,10 +235,14 @@ class HttpFront:
 
 
 async def start_http(app: web.Application, bind: str, port: int, drain_timeout_s: float = 30.0,
-                     reuse_port: bool = False, tls: ServerTls | None = None) -> web.AppRunner:
+                     reuse_port: bool = False, tls: ServerTls | None = None, cancel_on_hangup: bool = False
+                     ) -> web.AppRunner:
     """``reuse_port``: several processes listen on the port (serve --workers), the kernel spreads connections;
-    ``tls``: HTTPS (serve --http-use-ssl), else plaintext HTTP."""
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=drain_timeout_s)
+    ``tls``: HTTPS (serve --http-use-ssl), else plaintext HTTP; ``cancel_on_hangup`` (the KServe port): a handler
+    whose client hangs up is cancelled, and an inference's future with it, which withdraws its queued rows and their
+    reserved GPU time as a gRPC cancellation does (calls that must finish are shielded: HttpFront._call)."""
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=drain_timeout_s,
+                           handler_cancellation=cancel_on_hangup)
     await runner.setup()
     context = tls.ssl_context() if tls is not None else None
     await web.TCPSite(runner, bind, port, reuse_port=reuse_port or None, ssl_context=context).start()
