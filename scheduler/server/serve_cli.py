@@ -122,13 +122,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "opentelemetry,resource=KEY=VALUE, opentelemetry,bsp_schedule_delay=MS, "
                         "bsp_max_queue_size, bsp_max_export_batch_size; the trace extension (/v2/trace/setting) "
                         "changes level, rate and count while serving")
-    from scheduler.server import serve_tls_cli  # noqa: PLC0415
+    from scheduler.server import serve_front_cli  # noqa: PLC0415
 
-    p.add_argument("--strict-readiness", type=serve_tls_cli.triton_bool, default=True, metavar="BOOL",
-                   help="as tritonserver: true (default) answers ready only while every planned model and the "
-                        "pass-through Triton are ready; false answers ready while the sidecar is live, even when a "
-                        "model is not (each model's own ready state still says so)")
-    serve_tls_cli.add_arguments(p)
+    serve_front_cli.add_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -157,7 +153,7 @@ def config_from_args(args: argparse.Namespace):  # -> SidecarConfig
     from scheduler.server.common.trace_settings import parse_trace_config  # noqa: PLC0415
 
     trace = parse_trace_config(args.trace_config) if args.trace_config else None
-    from scheduler.server.serve_tls_cli import settings_from_args  # noqa: PLC0415 (checks the files now)
+    from scheduler.server.serve_front_cli import COMPRESSION_LEVELS, settings_from_args  # noqa: PLC0415
 
     tls = settings_from_args(args)
     _check_native(args, ports)
@@ -196,7 +192,8 @@ def config_from_args(args: argparse.Namespace):  # -> SidecarConfig
                          trace=trace, group=args.worker_of, native_grpc_port=args.native_grpc_port,
                          native_http_port=args.native_http_port, stage_protocol=args.stage_protocol,
                          passthrough_http=args.passthrough_http, tls=tls,
-                         strict_readiness=args.strict_readiness)
+                         strict_readiness=args.strict_readiness,
+                         grpc_compression=COMPRESSION_LEVELS.index(args.grpc_infer_response_compression_level))
 
 
 def _check_native(args: argparse.Namespace, ports: dict[str, int]) -> None:

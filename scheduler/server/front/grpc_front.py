@@ -168,10 +168,15 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
 
 async def start_grpc(router: Router, bind: str, port: int, restricted: RestrictedApis | None = None,
-                     reuse_port: bool = False, tls: ServerTls | None = None) -> grpc.aio.Server:
+                     reuse_port: bool = False, tls: ServerTls | None = None, compression_level: int = 0
+                     ) -> grpc.aio.Server:
     """``reuse_port``: several processes listen on the port (serve --workers), the kernel spreads connections;
-    ``tls``: serve it over TLS (serve --grpc-use-ssl), else in plaintext."""
-    server = grpc.aio.server(options=SERVER_OPTIONS + ([("grpc.so_reuseport", 1)] if reuse_port else []))
+    ``tls``: serve it over TLS (serve --grpc-use-ssl), else in plaintext; ``compression_level``: grpc core's
+    response compression level (0 none .. 3 high, serve --grpc-infer-response-compression-level)."""
+    options = SERVER_OPTIONS + ([("grpc.so_reuseport", 1)] if reuse_port else [])
+    if compression_level:
+        options = [*options, ("grpc.default_compression_level", compression_level)]
+    server = grpc.aio.server(options=options)
     server.add_generic_rpc_handlers((service_handler(InferenceServicer(router, restricted)),))
     add_health(server, router)  # grpc.health.v1 (Kubernetes' gRPC probes, grpc_health_probe)
     address = f"{bind}:{port}"

@@ -25,6 +25,14 @@ from scheduler.server.front.router import Router
 log = logging.getLogger("poolpipe.sidecar.http")
 
 
+COMPRESS_MIN_BYTES = 256  # smaller bodies go as they are: compressing them saves nothing
+
+
+def _accepts_compression(request: web.Request) -> bool:
+    accepted = request.headers.get("Accept-Encoding", "").lower()
+    return "gzip" in accepted or "deflate" in accepted
+
+
 def error_response(e: ServeError) -> web.Response:
     return web.json_response({"error": e.message}, status=e.http_status)
 
@@ -57,7 +65,7 @@ class HttpFront:
         self.restricted = restricted or RestrictedApis()
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=1 << 31, middlewares=[self._errors, self._restrict])
+        app = web.Application(client_max_size=1 << 31, middlewares=[self._compress, self._errors, self._restrict])
         r = app.router
         r.add_get("/v2/health/live", self.live)
         r.add_get("/v2/health/ready", self.ready)
@@ -93,6 +101,16 @@ class HttpFront:
             return error_response(e)
         except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as e:  # a JSON field of the wrong type
             return error_response(invalid(f"malformed request: {type(e).__name__}: {e}"))
+
+    @web.middleware
+    async def _compress(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """As Triton's HTTP endpoint: a body compressed with gzip or deflate when Accept-Encoding asks for it
+        (aiohttp picks the coding; a request body sent with Content-Encoding is decompressed on reading)."""
+        response = await handler(request)
+        if (isinstance(response, web.Response) and response.body is not None and
+                len(response.body) >= COMPRESS_MIN_BYTES and _accepts_compression(request)):
+            response.enable_compression()
+        return response
 
     @web.middleware
     async def _restrict(self, request: web.Request, handler: Any) -> web.StreamResponse:

@@ -1,5 +1,6 @@
-"""``poolpipe serve``'s TLS flags: tritonserver's names for the gRPC port, the same style for the HTTP port, and the
-pass-through channel's; parsed into scheduler.server.common.tls settings, checked at once (one-line errors)."""
+"""``poolpipe serve``'s front-end flags with tritonserver's names: TLS (the gRPC port's as tritonserver's, the HTTP
+port's in the same style, and the pass-through channel's; parsed into scheduler.server.common.tls settings, checked
+at once: one-line errors), readiness and response compression."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ PASSTHROUGH_FILES = ("root_cert", "client_cert", "client_key")
 # the attributes these flags set (scheduler/server/workers.py passes them on to each worker)
 DESTS = frozenset([f"{p}_{x}" for p in PORTS for x in ("use_ssl", "use_ssl_mutual", "server_cert", "server_key",
                                                       "root_cert")]
-                  + ["passthrough_use_ssl"] + [f"passthrough_{x}" for x in PASSTHROUGH_FILES])
+                  + ["passthrough_use_ssl"] + [f"passthrough_{x}" for x in PASSTHROUGH_FILES]
+                  + ["strict_readiness", "grpc_infer_response_compression_level"])
+COMPRESSION_LEVELS = ("none", "low", "med", "high")  # tritonserver's, grpc core's levels 0-3
 
 
 def triton_bool(value: str) -> bool:
@@ -27,6 +30,15 @@ def triton_bool(value: str) -> bool:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--strict-readiness", type=triton_bool, default=True, metavar="BOOL",
+                   help="as tritonserver: true (default) answers ready only while every planned model and the "
+                        "pass-through Triton are ready; false answers ready while the sidecar is live, even when a "
+                        "model is not (each model's own ready state still says so)")
+    p.add_argument("--grpc-infer-response-compression-level", choices=COMPRESSION_LEVELS, default="none",
+                   help="as tritonserver: compress gRPC responses at this level, with an algorithm the client "
+                        "accepts (grpc core's levels; here every response of the gRPC port, not only inference's) "
+                        "(default: %(default)s). HTTP responses are compressed when the client's Accept-Encoding "
+                        "asks for gzip or deflate")
     for port, what in (("grpc", "gRPC"), ("http", "HTTP/REST")):
         p.add_argument(f"--{port}-use-ssl", type=triton_bool, nargs="?", const=True, default=False,
                        metavar="BOOL", help=f"serve the {what} port over TLS (as tritonserver: needs "
@@ -106,7 +118,7 @@ def worker_args(args: argparse.Namespace) -> list[str]:
         value = getattr(args, dest)
         flag = "--" + dest.replace("_", "-")
         if isinstance(value, bool):
-            out += [f"{flag}={'true' if value else 'false'}"] if value else []
+            out.append(f"{flag}={'true' if value else 'false'}")
         elif value is not None:
             out += [flag, str(value)]
     return out
