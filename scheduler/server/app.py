@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import signal
 from collections.abc import Awaitable
 from dataclasses import dataclass
@@ -54,8 +55,14 @@ class SidecarConfig:
     stage_protocol: str = "http"  # serve --stage-protocol: how stage calls reach the Triton servers
     passthrough_http: str | None = None  # serve --passthrough-http: the native front end forwards those models
     strict_readiness: bool = True  # serve --strict-readiness: Triton's meaning (false: ready while live)
+    grpc_header_forward_pattern: str | None = None  # Triton's flags: matching headers become request parameters
+    http_header_forward_pattern: str | None = None
     grpc_compression: int = 0  # serve --grpc-infer-response-compression-level: grpc core's level, 0 (none) to 3
     tls: TlsSettings = TlsSettings()  # serve --grpc-use-ssl, --http-use-ssl, --passthrough-use-ssl ...: off
+
+
+def _pattern(regex: str | None) -> re.Pattern | None:
+    return None if regex is None else re.compile(regex)
 
 
 class Sidecar:
@@ -119,8 +126,9 @@ class Sidecar:
         http_rules = RestrictedApis.parse(c.http_restricted, "--http-restricted-api", grpc_prefix=False)
         shared = peers is not None  # the workers of serve --workers listen on the same ports (SO_REUSEPORT)
         self._grpc = await start_grpc(self.router, c.bind, c.grpc_port, grpc_rules, reuse_port=shared,
-                                      tls=c.tls.grpc, compression_level=c.grpc_compression)
-        http_app = HttpFront(self.router, http_rules).app()
+                                      tls=c.tls.grpc, compression_level=c.grpc_compression,
+                                      header_pattern=_pattern(c.grpc_header_forward_pattern))
+        http_app = HttpFront(self.router, http_rules, _pattern(c.http_header_forward_pattern)).app()
         if self.plans is not None:
             from scheduler.server.front.admin import plan_handler, reload_handler  # noqa: PLC0415
             run = None

@@ -193,6 +193,8 @@ def config_from_args(args: argparse.Namespace):  # -> SidecarConfig
                          native_http_port=args.native_http_port, stage_protocol=args.stage_protocol,
                          passthrough_http=args.passthrough_http, tls=tls,
                          strict_readiness=args.strict_readiness,
+                         grpc_header_forward_pattern=args.grpc_header_forward_pattern,
+                         http_header_forward_pattern=args.http_header_forward_pattern,
                          grpc_compression=COMPRESSION_LEVELS.index(args.grpc_infer_response_compression_level))
 
 

@@ -5,6 +5,7 @@ at once: one-line errors), readiness and response compression."""
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 from poolpipe_common.errors import InputError
@@ -17,7 +18,8 @@ PASSTHROUGH_FILES = ("root_cert", "client_cert", "client_key")
 DESTS = frozenset([f"{p}_{x}" for p in PORTS for x in ("use_ssl", "use_ssl_mutual", "server_cert", "server_key",
                                                       "root_cert")]
                   + ["passthrough_use_ssl"] + [f"passthrough_{x}" for x in PASSTHROUGH_FILES]
-                  + ["strict_readiness", "grpc_infer_response_compression_level"])
+                  + ["strict_readiness", "grpc_infer_response_compression_level", "grpc_header_forward_pattern",
+                     "http_header_forward_pattern"])
 COMPRESSION_LEVELS = ("none", "low", "med", "high")  # tritonserver's, grpc core's levels 0-3
 
 
@@ -29,11 +31,24 @@ def triton_bool(value: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
 
 
+def _regex(value: str) -> str:
+    try:
+        re.compile(value)
+    except re.error as e:
+        raise argparse.ArgumentTypeError(f"not a regular expression: {e}") from None
+    return value
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strict-readiness", type=triton_bool, default=True, metavar="BOOL",
                    help="as tritonserver: true (default) answers ready only while every planned model and the "
                         "pass-through Triton are ready; false answers ready while the sidecar is live, even when a "
                         "model is not (each model's own ready state still says so)")
+    for port, what in (("grpc", "gRPC metadata"), ("http", "HTTP headers")):
+        p.add_argument(f"--{port}-header-forward-pattern", type=_regex, metavar="REGEX",
+                       help=f"as tritonserver: {what} whose (lower-case) name matches REGEX anywhere become string "
+                            "parameters of the inference request (planned and pass-through models). Every client "
+                            "header but hop-by-hop ones reaches the pass-through Triton as gRPC metadata either way")
     p.add_argument("--grpc-infer-response-compression-level", choices=COMPRESSION_LEVELS, default="none",
                    help="as tritonserver: compress gRPC responses at this level, with an algorithm the client "
                         "accepts (grpc core's levels; here every response of the gRPC port, not only inference's) "

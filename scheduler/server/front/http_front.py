@@ -9,12 +9,14 @@ import asyncio
 import base64
 import json
 import logging
+import re
 from typing import Any
 
 from aiohttp import web
 from tritonclient.grpc import service_pb2
 
 from scheduler.server.common.errors import ServeError, invalid
+from scheduler.server.common.forwarding import set_incoming
 from scheduler.server.common.restricted import RestrictedApis, http_category
 from scheduler.server.common.tensors import param_value, proto_to_json, set_param
 from scheduler.server.common.tls import ServerTls
@@ -60,9 +62,11 @@ def metadata_json(r: service_pb2.ModelMetadataResponse) -> dict[str, Any]:
 
 
 class HttpFront:
-    def __init__(self, router: Router, restricted: RestrictedApis | None = None) -> None:
+    def __init__(self, router: Router, restricted: RestrictedApis | None = None,
+                 header_pattern: re.Pattern | None = None) -> None:
         self.router = router
         self.restricted = restricted or RestrictedApis()
+        self.header_pattern = header_pattern  # --http-header-forward-pattern: headers as request parameters
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=1 << 31, middlewares=[self._compress, self._errors, self._restrict])
@@ -105,7 +109,9 @@ class HttpFront:
     @web.middleware
     async def _compress(self, request: web.Request, handler: Any) -> web.StreamResponse:
         """As Triton's HTTP endpoint: a body compressed with gzip or deflate when Accept-Encoding asks for it
-        (aiohttp picks the coding; a request body sent with Content-Encoding is decompressed on reading)."""
+        (aiohttp picks the coding; a request body sent with Content-Encoding is decompressed on reading). The
+        request's headers are kept for its task first (scheduler/server/common/forwarding.py)."""
+        set_incoming(request.headers.items, self.header_pattern)  # headers forwarded to the pass-through
         response = await handler(request)
         if (isinstance(response, web.Response) and response.body is not None and
                 len(response.body) >= COMPRESS_MIN_BYTES and _accepts_compression(request)):

@@ -1,6 +1,7 @@
-"""Triton's reserved request parameters that a planned model cannot honour: it has no sequence batcher (the sidecar
-batches stateless rows), so a request that names a sequence is refused, as Triton refuses what a model cannot do,
-instead of being answered as if it were stateless."""
+"""Request parameters the sidecar decides on: Triton's reserved sequence parameters, which a planned model cannot
+honour (it has no sequence batcher: the sidecar batches stateless rows), so a request that names a sequence is
+refused, as Triton refuses what a model cannot do, instead of being answered as if it were stateless; and headers
+forwarded as parameters."""
 
 from __future__ import annotations
 
@@ -26,3 +27,11 @@ def refuse_sequences(model: str, parameters: Any) -> None:
                           f"'{model}' is a planned model served by poolpipe and has no sequence batcher: its "
                           "requests are stateless, so a sequence cannot be kept (send sequences to a stateful model "
                           "on the pass-through Triton)")
+
+
+def add_parameters(message: Any, params: dict[str, str]) -> None:
+    """Headers forwarded as request parameters (Triton's --grpc-header-forward-pattern): each a string parameter,
+    unless the request sets that parameter itself."""
+    for key, value in params.items():
+        if key not in message.parameters:
+            message.parameters[key].string_param = value

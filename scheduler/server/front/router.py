@@ -17,6 +17,7 @@ from poolpipe_common.errors import InputError
 from scheduler.server.common.channels import GRPC_OPTIONS
 from scheduler.server.common.client_shm import ClientShmRegistry
 from scheduler.server.common.errors import ServeError, from_rpc_error, invalid
+from scheduler.server.common.forwarding import forwarded_metadata, header_parameters
 from scheduler.server.common.log_settings import LogSettings
 from scheduler.server.common.metrics import SidecarMetrics
 from scheduler.server.common.tls import ClientTls
@@ -24,7 +25,7 @@ from scheduler.server.common.trace_settings import settings_from_request
 from scheduler.server.common.tracing import Tracer
 from scheduler.server.common.wire import INFER_METHOD, InferRequest
 from scheduler.server.front.health import unready_reason
-from scheduler.server.front.reserved import refuse_sequences
+from scheduler.server.front.reserved import add_parameters, refuse_sequences
 
 if TYPE_CHECKING:  # the planned service is imported where a manifest is served (scheduler/server/app.py)
     from scheduler.server.control.reload import PlanSwitch
@@ -101,7 +102,7 @@ class Router:
             raise ServeError(grpc.StatusCode.UNIMPLEMENTED if method.startswith(("Repository", "Cuda", "Trace"))
                              else grpc.StatusCode.NOT_FOUND, self._no_passthrough(method, request))
         try:
-            return await getattr(self.stub, method)(request, timeout=timeout_s)
+            return await getattr(self.stub, method)(request, timeout=timeout_s, metadata=forwarded_metadata())
         except grpc.aio.AioRpcError as e:
             raise from_rpc_error(e) from None
 
@@ -277,6 +278,7 @@ class Router:
         try:
             if request.decoded is None:  # the native front end's requests carry no sequence (its backend refuses)
                 refuse_sequences(model, request.message().parameters)
+                add_parameters(request.message(), header_parameters())
             future = self.plans.current.submit(request)  # type: ignore[union-attr]
         except ServeError as e:
             self._count(model, series, t0, e)
@@ -292,12 +294,15 @@ class Router:
         """A pass-through model's inference: its bytes as received (Triton's answer comes back as bytes), else the
         message."""
         left = _left_s(request.deadline_s)
-        if request.wire is not None and self._infer_raw is not None:
+        params = header_parameters()  # --grpc/http-header-forward-pattern: then the message, with them, goes
+        if request.wire is not None and self._infer_raw is not None and not params:
             try:
-                return await self._infer_raw(request.wire, timeout=left)
+                return await self._infer_raw(request.wire, timeout=left, metadata=forwarded_metadata())
             except grpc.aio.AioRpcError as e:
                 raise from_rpc_error(e) from None
-        return await self.forward("ModelInfer", request.message(), left)
+        message = request.message()
+        add_parameters(message, params)
+        return await self.forward("ModelInfer", message, left)
 
     def _count(self, model: str, series: Any, t0: float, error: BaseException | None) -> None:
         """Count one answered request (``error`` None) or one failed with a ServeError (other errors are not)."""
