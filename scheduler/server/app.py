@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from scheduler.server.common import event_loop
+from scheduler.server.common import event_loop, latency_summary
 from scheduler.server.common.client_shm import ClientShmRegistry
+from scheduler.server.common.latency_summary import SummarySettings
 from scheduler.server.common.metrics import SidecarMetrics
 from scheduler.server.common.restricted import RestrictedApis
 from scheduler.server.common.tls import TlsSettings, tls_summary, warn_plaintext
@@ -58,6 +59,7 @@ class SidecarConfig:
     grpc_header_forward_pattern: str | None = None  # Triton's flags: matching headers become request parameters
     http_header_forward_pattern: str | None = None
     grpc_compression: int = 0  # serve --grpc-infer-response-compression-level: grpc core's level, 0 (none) to 3
+    summaries: SummarySettings = SummarySettings()  # serve --metrics-config summary_latencies=true: Triton's summaries
     tls: TlsSettings = TlsSettings()  # serve --grpc-use-ssl, --http-use-ssl, --passthrough-use-ssl ...: off
 
 
@@ -70,6 +72,7 @@ class Sidecar:
 
     def __init__(self, config: SidecarConfig) -> None:
         self.config = config
+        latency_summary.configure(config.summaries)  # the process's: the planned models' statistics observe them
         self.metrics = SidecarMetrics()
         self.client_shm = ClientShmRegistry()  # registered through the router, read and written by planned models
         self.tracer = Tracer(config.trace)

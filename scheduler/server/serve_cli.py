@@ -156,6 +156,9 @@ def config_from_args(args: argparse.Namespace):  # -> SidecarConfig
     from scheduler.server.serve_front_cli import COMPRESSION_LEVELS, settings_from_args  # noqa: PLC0415
 
     tls = settings_from_args(args)
+    from scheduler.server.common.latency_summary import parse_metrics_config  # noqa: PLC0415
+
+    summaries = parse_metrics_config(args.metrics_config)
     _check_native(args, ports)
     args.native_http_port = _shared_native_http_port(args, ports)  # the workers' commands pass it on
     manifest, shard = None, (0, 1)
@@ -192,7 +195,7 @@ def config_from_args(args: argparse.Namespace):  # -> SidecarConfig
                          trace=trace, group=args.worker_of, native_grpc_port=args.native_grpc_port,
                          native_http_port=args.native_http_port, stage_protocol=args.stage_protocol,
                          passthrough_http=args.passthrough_http, tls=tls,
-                         strict_readiness=args.strict_readiness,
+                         strict_readiness=args.strict_readiness, summaries=summaries,
                          grpc_header_forward_pattern=args.grpc_header_forward_pattern,
                          http_header_forward_pattern=args.http_header_forward_pattern,
                          grpc_compression=COMPRESSION_LEVELS.index(args.grpc_infer_response_compression_level))

@@ -19,7 +19,7 @@ DESTS = frozenset([f"{p}_{x}" for p in PORTS for x in ("use_ssl", "use_ssl_mutua
                                                       "root_cert")]
                   + ["passthrough_use_ssl"] + [f"passthrough_{x}" for x in PASSTHROUGH_FILES]
                   + ["strict_readiness", "grpc_infer_response_compression_level", "grpc_header_forward_pattern",
-                     "http_header_forward_pattern"])
+                     "http_header_forward_pattern", "metrics_config"])
 COMPRESSION_LEVELS = ("none", "low", "med", "high")  # tritonserver's, grpc core's levels 0-3
 
 
@@ -49,6 +49,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        help=f"as tritonserver: {what} whose (lower-case) name matches REGEX anywhere become string "
                             "parameters of the inference request (planned and pass-through models). Every client "
                             "header but hop-by-hop ones reaches the pass-through Triton as gRPC metadata either way")
+    p.add_argument("--metrics-config", action="append", default=[], metavar="SETTING=VALUE",
+                   help="as tritonserver (repeatable): summary_latencies=true adds Triton's latency summaries "
+                        "(nv_inference_request/queue/compute_input/compute_infer/compute_output_summary_us, "
+                        "quantiles over the last 60 s) for the planned models; summary_quantiles=0.5:0.05,0.9:0.01,"
+                        "0.95:0.001,0.99:0.001 (the default) chooses the quantiles")
     p.add_argument("--grpc-infer-response-compression-level", choices=COMPRESSION_LEVELS, default="none",
                    help="as tritonserver: compress gRPC responses at this level, with an algorithm the client "
                         "accepts (grpc core's levels; here every response of the gRPC port, not only inference's) "
@@ -134,6 +139,9 @@ def worker_args(args: argparse.Namespace) -> list[str]:
         flag = "--" + dest.replace("_", "-")
         if isinstance(value, bool):
             out.append(f"{flag}={'true' if value else 'false'}")
+        elif isinstance(value, list):
+            for v in value:
+                out += [flag, str(v)]
         elif value is not None:
             out += [flag, str(value)]
     return out
