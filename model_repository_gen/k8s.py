@@ -40,6 +40,7 @@ from model_repository_gen.k8s_pods import (
     startup_probe,
     startup_s,
 )
+from model_repository_gen.k8s_sidecar import add_sidecar_options
 from model_repository_gen.manifest import Manifest, VGpuInfo
 from poolpipe_common.errors import InputError
 from profiling.gpu_types import gpu_products
@@ -76,6 +77,9 @@ class K8sOptions:
     plugin_namespace: str = DEFAULT_PLUGIN_NAMESPACE
     gpu_products: dict[str, str] = field(default_factory=dict)  # GPU type -> nvidia.com/gpu.product
     shards: int = 1
+    passthrough: str | None = None  # generate --passthrough HOST:PORT: an existing Triton Service the sidecar fronts
+    tls_secret: str | None = None  # --k8s-tls-secret: a kubernetes.io/tls Secret, mounted for the sidecar's TLS
+    tls_mutual: bool = False  # --k8s-tls-mutual: mutual TLS on the sidecar's gRPC port (the Secret's ca.crt)
 
     def check(self) -> K8sOptions:
         for flag, name in (("--k8s-namespace", self.namespace), ("--k8s-repository-pvc", self.repository_pvc),
@@ -85,6 +89,10 @@ class K8sOptions:
                                  "(at most 63, starting and ending with a letter or digit)")
         if not 1 <= self.shards <= 64:
             raise InputError(f"--k8s-shards {self.shards}: expected 1..64 sidecar shards")
+        if self.tls_secret is not None and (not _DNS_LABEL.match(self.tls_secret) or len(self.tls_secret) > 63):
+            raise InputError(f"--k8s-tls-secret {self.tls_secret!r}: not a Kubernetes Secret name")
+        if self.tls_mutual and self.tls_secret is None:
+            raise InputError("--k8s-tls-mutual needs --k8s-tls-secret (its ca.crt signs the clients' certificates)")
         return self
 
     def products(self, gpu_type: str) -> tuple[str, ...]:
@@ -245,6 +253,7 @@ def sidecar_documents(opts: K8sOptions) -> list[dict[str, Any]]:
                  "volumeMounts": [{"name": "manifest", "mountPath": "/etc/poolpipe", "readOnly": True}]}
     pod = {"terminationGracePeriodSeconds": 40, "containers": [container],
            "volumes": [{"name": "manifest", "configMap": {"name": "poolpipe-manifest"}}]}
+    add_sidecar_options(container, pod, opts.passthrough, opts.tls_secret, opts.tls_mutual)
     spec: dict[str, Any] = {"replicas": opts.shards, "selector": {"matchLabels": selector},
                             "template": {"metadata": {"labels": meta["labels"]}, "spec": pod}}
     if opts.shards > 1:
