@@ -22,7 +22,7 @@ from runtime.sidecar_process import SidecarProcess
 from runtime.testbed import EMULATED_MODEL, build_emulated_deployment
 from runtime.tritonserver import TritonProcess
 from scheduler.server.common.tls import ServerTls, TlsSettings, warn_plaintext
-from tests.conftest import run_cli
+from tests.conftest import run_cli, run_perf_analyzer
 from tests.tls_certs import Certs, make_certs
 
 MODELS = Path(__file__).resolve().parent / "models"
@@ -187,6 +187,19 @@ def test_https_infers_planned_and_passthrough(secured: SidecarProcess, certs: Ce
     _simple(c, httpclient)
     with pytest.raises(Exception):  # noqa: B017 - a plaintext request on the TLS port: the connection fails
         httpclient.InferenceServerClient(secured.http_url, connection_timeout=5, network_timeout=5).is_server_live()
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_perf_analyzer_with_its_ssl_flags(secured: SidecarProcess, certs: Certs, protocol: str) -> None:
+    flags = {"grpc": ("--ssl-grpc-use-ssl", "true", "--ssl-grpc-root-certifications-file", str(certs.ca),
+                      "--ssl-grpc-private-key-file", str(certs.client_key), "--ssl-grpc-certificate-chain-file",
+                      str(certs.client_cert)),
+             "http": ("--ssl-https-ca-certificates-file", str(certs.ca))}[protocol]
+    url = secured.grpc_url if protocol == "grpc" else f"https://{secured.http_url}"
+    out = run_perf_analyzer(url, "simple", protocol, *flags, "--measurement-mode", "count_windows",
+                            "--measurement-request-count", "50", "--stability-percentage", "100")
+    assert "Throughput:" in out
 
 
 # --- live: TLS to the pass-through Triton; mutual TLS on HTTPS --------------------------------------------
