@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import ssl
+import time
 from pathlib import Path
 
 import numpy as np
@@ -121,6 +122,7 @@ def test_bad_certificates_are_one_line_errors_at_start(certs: Certs, case: str, 
     (("--passthrough-root-cert", "{ca}"), "--passthrough-root-cert is given but --passthrough-use-ssl is not"),
     (("--passthrough-use-ssl", "--passthrough-root-cert", "{cert}", "--passthrough-client-key", "{key}"),
      "--passthrough-client-cert and --passthrough-client-key go together"),
+    (("--stage-use-ssl", "--stage-root-cert", "{ca}"), "--stage-use-ssl needs --stage-protocol grpc"),
 ])
 def test_incomplete_tls_flags_are_refused(certs: Certs, flags: tuple[str, ...], expected: str) -> None:
     names = {"cert": certs.server_cert, "key": certs.server_key, "ca": certs.ca}
@@ -247,3 +249,28 @@ def test_native_front_end_takes_the_grpc_tls_flags(certs: Certs, tmp_path: Path)
                 _grpc(native, certs).is_server_live()
         finally:
             assert sc.stop() == 0
+
+
+@pytest.mark.triton
+def test_stage_calls_over_mutual_tls(certs: Certs, tmp_path: Path) -> None:
+    """The stage servers serve gRPC over mutual TLS only (launch's --triton-arg, tritonserver's flags): a sidecar
+    with --stage-use-ssl and its client certificate serves the planned model through them; one without cannot
+    reach them and says which stage is missing."""
+    deploy = build_emulated_deployment(tmp_path, slo_us=3_000_000.0)
+    server_tls = ServerTls(certs.server_cert, certs.server_key, certs.ca, mutual=True).triton_args()
+    stage = ("--stage-protocol", "grpc", "--stage-use-ssl", "--stage-root-cert", str(certs.ca),
+             "--stage-client-cert", str(certs.client_cert), "--stage-client-key", str(certs.client_key))
+    with Deployment(deploy, check_hardware=False, log_dir=tmp_path / "logs", triton_args=server_tls):
+        with SidecarProcess(manifest=deploy, log_path=tmp_path / "tls.log", extra_args=stage) as sc:
+            sc.wait_ready()
+            c = grpcclient.InferenceServerClient(sc.grpc_url)
+            _planned(c, grpcclient)
+            assert "stage=on" in (tmp_path / "tls.log").read_text()
+        with SidecarProcess(manifest=deploy, log_path=tmp_path / "plain.log",
+                            extra_args=("--stage-protocol", "grpc")) as plain:
+            t0 = time.monotonic()
+            while "event=not_ready" not in (tmp_path / "plain.log").read_text():
+                assert time.monotonic() - t0 < 60, "the sidecar did not say what is missing"
+                time.sleep(0.2)
+            assert not grpcclient.InferenceServerClient(plain.grpc_url).is_server_ready()
+            assert "no vGPU up" in (tmp_path / "plain.log").read_text()

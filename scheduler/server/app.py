@@ -18,7 +18,7 @@ from scheduler.server.common.client_shm import ClientShmRegistry
 from scheduler.server.common.latency_summary import SummarySettings
 from scheduler.server.common.metrics import SidecarMetrics
 from scheduler.server.common.restricted import RestrictedApis
-from scheduler.server.common.tls import TlsSettings, tls_summary, warn_plaintext
+from scheduler.server.common.tls import TlsSettings, configure_stage_tls, tls_summary, warn_plaintext
 from scheduler.server.common.trace_settings import TraceConfig
 from scheduler.server.common.tracing import Tracer
 from scheduler.server.front.grpc_front import start_grpc
@@ -73,6 +73,7 @@ class Sidecar:
     def __init__(self, config: SidecarConfig) -> None:
         self.config = config
         latency_summary.configure(config.summaries)  # the process's: the planned models' statistics observe them
+        configure_stage_tls(config.tls.stage)  # the process's: the fleet's channels to the stage servers
         self.metrics = SidecarMetrics()
         self.client_shm = ClientShmRegistry()  # registered through the router, read and written by planned models
         self.tracer = Tracer(config.trace)

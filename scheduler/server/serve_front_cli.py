@@ -17,7 +17,8 @@ PASSTHROUGH_FILES = ("root_cert", "client_cert", "client_key")
 # the attributes these flags set (scheduler/server/workers.py passes them on to each worker)
 DESTS = frozenset([f"{p}_{x}" for p in PORTS for x in ("use_ssl", "use_ssl_mutual", "server_cert", "server_key",
                                                       "root_cert")]
-                  + ["passthrough_use_ssl"] + [f"passthrough_{x}" for x in PASSTHROUGH_FILES]
+                  + [f"{side}_use_ssl" for side in ("passthrough", "stage")]
+                  + [f"{side}_{x}" for side in ("passthrough", "stage") for x in PASSTHROUGH_FILES]
                   + ["strict_readiness", "grpc_infer_response_compression_level", "grpc_header_forward_pattern",
                      "http_header_forward_pattern", "metrics_config"])
 COMPRESSION_LEVELS = ("none", "low", "med", "high")  # tritonserver's, grpc core's levels 0-3
@@ -72,6 +73,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        help=f"PEM private key of --{port}-server-cert (unencrypted)")
         p.add_argument(f"--{port}-root-cert", type=Path, metavar="FILE",
                        help=f"PEM root certificate(s) that sign client certificates (--{port}-use-ssl-mutual)")
+    p.add_argument("--stage-use-ssl", type=triton_bool, nargs="?", const=True, default=False, metavar="BOOL",
+                   help="call the planned models' tritonservers over TLS (servers started with --grpc-use-ssl, e.g. "
+                        "by 'poolpipe launch --triton-arg'); needs --stage-protocol grpc (Triton's HTTP endpoint has "
+                        "no TLS); each server's certificate must name its address in the manifest")
+    p.add_argument("--stage-root-cert", type=Path, metavar="FILE",
+                   help="PEM root certificate(s) that sign the stage servers' certificates")
+    p.add_argument("--stage-client-cert", type=Path, metavar="FILE",
+                   help="PEM certificate the sidecar presents to stage servers with --grpc-use-ssl-mutual")
+    p.add_argument("--stage-client-key", type=Path, metavar="FILE", help="PEM private key of --stage-client-cert")
     p.add_argument("--passthrough-use-ssl", type=triton_bool, nargs="?", const=True, default=False, metavar="BOOL",
                    help="call the --passthrough Triton over TLS (tritonserver --grpc-use-ssl); its certificate is "
                         "checked against --passthrough-root-cert (default: the system's roots) and must name the "
@@ -104,25 +114,44 @@ def _server(args: argparse.Namespace, port: str) -> ServerTls | None:
     return ServerTls(get("server_cert"), get("server_key"), get("root_cert"), mutual, f"--{port}")
 
 
-def _passthrough(args: argparse.Namespace) -> ClientTls | None:
-    files = {x: getattr(args, f"passthrough_{x}") for x in PASSTHROUGH_FILES}
-    if not args.passthrough_use_ssl:
+def _client(args: argparse.Namespace, side: str) -> ClientTls | None:
+    """--passthrough-* or --stage-*: a channel's TLS (None: plaintext), the file flags checked against the switch."""
+    files = {x: getattr(args, f"{side}_{x}") for x in PASSTHROUGH_FILES}
+    if not getattr(args, f"{side}_use_ssl"):
         given = [x for x, v in files.items() if v is not None]
         if given:
-            raise InputError(f"--passthrough-{given[0].replace('_', '-')} is given but --passthrough-use-ssl is not: "
-                             "the pass-through channel would stay plaintext; add --passthrough-use-ssl")
+            raise InputError(f"--{side}-{given[0].replace('_', '-')} is given but --{side}-use-ssl is not: the "
+                             f"channel would stay plaintext; add --{side}-use-ssl")
+        return None
+    return ClientTls(files["root_cert"], files["client_cert"], files["client_key"], f"--{side}")
+
+
+def _stage(args: argparse.Namespace) -> ClientTls | None:
+    tls = _client(args, "stage")
+    if tls is not None and args.stage_protocol != "grpc":
+        raise InputError("--stage-use-ssl needs --stage-protocol grpc: Triton's HTTP endpoint has no TLS, so stage "
+                         "calls over HTTP would stay plaintext")
+    if tls is not None and args.manifest is None:
+        raise InputError("--stage-use-ssl needs --manifest (the planned models' servers)")
+    return tls
+
+
+def _passthrough(args: argparse.Namespace) -> ClientTls | None:
+    tls = _client(args, "passthrough")
+    if tls is None:
         return None
     if args.passthrough is None:
         raise InputError("--passthrough-use-ssl needs --passthrough HOST:PORT")
     if args.passthrough_http:
         raise InputError("--passthrough-use-ssl and --passthrough-http do not combine: the native front end forwards "
                          "to --passthrough-http in plaintext HTTP")
-    return ClientTls(files["root_cert"], files["client_cert"], files["client_key"])
+    return tls
 
 
 def settings_from_args(args: argparse.Namespace) -> TlsSettings:
     """The TLS settings, every file checked now (one-line InputErrors)."""
-    settings = TlsSettings(grpc=_server(args, "grpc"), http=_server(args, "http"), passthrough=_passthrough(args))
+    settings = TlsSettings(grpc=_server(args, "grpc"), http=_server(args, "http"), passthrough=_passthrough(args),
+                           stage=_stage(args))
     if settings.http is not None and args.native_grpc_port is not None:
         raise InputError("--http-use-ssl and --native-grpc-port do not combine: the native front end's HTTP port "
                          "(tritonserver's own HTTP endpoint) cannot take TLS; serve HTTPS on --http-port without "

@@ -144,9 +144,10 @@ class TlsSettings:
     grpc: ServerTls | None = None
     http: ServerTls | None = None
     passthrough: ClientTls | None = None
+    stage: ClientTls | None = None  # the stage calls to the planned models' tritonservers (gRPC)
 
     def check(self) -> None:
-        for part in (self.grpc, self.http, self.passthrough):
+        for part in (self.grpc, self.http, self.passthrough, self.stage):
             if part is not None:
                 part.check()
 
@@ -160,7 +161,8 @@ def tls_summary(tls: TlsSettings) -> str:
     def mode(part: ServerTls | ClientTls | None) -> str:
         return "off" if part is None else "mutual" if getattr(part, "mutual", False) else "on"
     return ",".join(f"{name}={mode(part)}" for name, part in
-                    (("grpc", tls.grpc), ("http", tls.http), ("passthrough", tls.passthrough)))
+                    (("grpc", tls.grpc), ("http", tls.http), ("passthrough", tls.passthrough),
+                     ("stage", tls.stage)))
 
 
 def is_loopback(address: str) -> bool:
@@ -178,3 +180,18 @@ def warn_plaintext(bind: str, tls: TlsSettings) -> None:
     if plain and not is_loopback(bind):
         log.warning("event=plaintext_off_loopback bind=%s ports=%s hint=anyone who reaches %s reads and sends "
                     "requests in clear; serve them with --grpc-use-ssl / --http-use-ssl", bind, ",".join(plain), bind)
+
+
+STAGE_TLS: list[ClientTls | None] = [None]  # serve --stage-use-ssl: the process's, set once at start (configure)
+
+
+def configure_stage_tls(tls: ClientTls | None) -> None:
+    STAGE_TLS[0] = tls
+
+
+def stage_channel(url: str, options: list) -> grpc.aio.Channel:
+    """A channel to a planned model's tritonserver: TLS where serve --stage-use-ssl says so, else plaintext."""
+    tls = STAGE_TLS[0]
+    if tls is None:
+        return grpc.aio.insecure_channel(url, options=options)
+    return grpc.aio.secure_channel(url, tls.grpc_credentials(), options=options)
