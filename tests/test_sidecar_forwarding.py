@@ -22,6 +22,7 @@ from runtime.tritonserver import TritonProcess
 from scheduler.server.common.forwarding import forwarded_metadata, header_parameters, set_incoming
 from scheduler.server.common.trace_settings import parse_trace_config
 from scheduler.server.common.tracing import Tracer
+from scheduler.server.front.http_passthrough import forwarded_headers
 
 ECHO = Path(__file__).resolve().parent / "models_echo"
 TRACE_ID, PARENT_ID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
@@ -39,6 +40,8 @@ def test_hop_by_hop_and_transport_headers_stay_and_the_pattern_picks_parameters(
     assert metadata == (("x-tenant", "blue"), ("traceparent", TRACEPARENT), ("x-key-bin", b"\x00\x01"))
     assert params == {"x-tenant": "blue"}
     assert forwarded_metadata() is None and header_parameters() == {}  # outside a request's task: nothing
+    kept = forwarded_headers({"Connection": "close", "Content-Type": "application/json", "X-A": "1", "Host": "h"})
+    assert kept == {"Content-Type": "application/json", "X-A": "1"}
 
 
 def test_a_clients_traceparent_is_the_parent_of_the_sidecars_spans() -> None:
@@ -83,3 +86,22 @@ def test_headers_reach_the_passthrough_triton_and_become_parameters(tmp_path: Pa
         for mod, url in ((grpcclient, patterned.grpc_url), (httpclient, patterned.http_url)):
             got = _echo(mod.InferenceServerClient(url), mod, {"x-tenant": "blue", "x-other": "no"})
             assert got.get("x-tenant") == "blue" and "x-other" not in got, (mod.__name__, got)
+
+
+@pytest.mark.triton
+def test_http_inference_reaches_the_passthrough_triton_as_http(tmp_path: Path) -> None:
+    """With --passthrough-http, a header matching only the Triton's *HTTP* forward pattern becomes a parameter
+    there (so it came as HTTP), and Triton's own gzip answer passes back as it was sent."""
+    with TritonProcess(ECHO, log_path=tmp_path / "triton.log",
+                       extra_args=("--http-header-forward-pattern=^x-via-http",)) as triton, \
+            SidecarProcess(passthrough=triton.grpc_url, log_path=tmp_path / "sidecar.log",
+                           extra_args=("--passthrough-http", triton.http_url)) as sc:
+        c = httpclient.InferenceServerClient(sc.http_url)
+        inp = httpclient.InferInput("INPUT", [1], "INT32")
+        inp.set_data_from_numpy(np.zeros(1, np.int32))
+        for coding in (None, "gzip"):
+            out = c.infer("echo_parameters", [inp], headers={"x-via-http": "yes"},
+                          response_compression_algorithm=coding).as_numpy("PARAMETERS")[0]
+            got = json.loads(out.decode() if isinstance(out, bytes) else out)
+            assert got.get("x-via-http") == "yes", got
+        assert c.is_model_ready("echo_parameters")  # the other calls still go over gRPC

@@ -24,6 +24,7 @@ from scheduler.server.common.tracing import Tracer
 from scheduler.server.front.grpc_front import start_grpc
 from scheduler.server.front.health import ReadinessLog
 from scheduler.server.front.http_front import HttpFront, start_http
+from scheduler.server.front.http_passthrough import HttpPassthrough
 from scheduler.server.front.router import Router
 
 if TYPE_CHECKING:
@@ -84,6 +85,7 @@ class Sidecar:
         self._runners: list[web.AppRunner] = []
         self.replanner = None
         self._readiness: ReadinessLog | None = None
+        self._http_passthrough: HttpPassthrough | None = None
 
     async def start(self) -> None:
         c = self.config
@@ -132,7 +134,11 @@ class Sidecar:
         self._grpc = await start_grpc(self.router, c.bind, c.grpc_port, grpc_rules, reuse_port=shared,
                                       tls=c.tls.grpc, compression_level=c.grpc_compression,
                                       header_pattern=_pattern(c.grpc_header_forward_pattern))
-        http_app = HttpFront(self.router, http_rules, _pattern(c.http_header_forward_pattern)).app()
+        if c.passthrough_http and c.passthrough:  # the HTTP port forwards pass-through inference as HTTP
+            self._http_passthrough = HttpPassthrough(c.passthrough_http, self.metrics)
+            await self._http_passthrough.start()
+        http_app = HttpFront(self.router, http_rules, _pattern(c.http_header_forward_pattern),
+                             self._http_passthrough).app()
         if self.plans is not None:
             from scheduler.server.front.admin import plan_handler, reload_handler  # noqa: PLC0415
             run = None
@@ -200,6 +206,8 @@ class Sidecar:
             await self.replanner.close()
         if self._readiness is not None:
             await self._readiness.close()
+        if self._http_passthrough is not None:
+            await self._http_passthrough.close()
         if self.router is not None:
             await self.router.close()
         await asyncio.to_thread(self.tracer.shutdown)  # flush the batched spans

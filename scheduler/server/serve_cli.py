@@ -43,10 +43,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--passthrough", type=_hostport, metavar="HOST:PORT",
                    help="gRPC endpoint of a Triton server for models that are not planned")
     p.add_argument("--passthrough-http", type=_hostport, metavar="HOST:PORT",
-                   help="the pass-through Triton's HTTP endpoint (its --http-port). With --native-grpc-port, that "
-                        "port then also serves the pass-through Triton's models (those ready at start, but "
-                        "stateful and decoupled ones): Triton's front end forwards each request there over HTTP "
-                        "from C, with no Python on the path (a Python gRPC proxy hop costs about 0.5 ms)")
+                   help="the pass-through Triton's HTTP endpoint (its --http-port): the HTTP port forwards a "
+                        "pass-through model's inference there as HTTP (body and headers as received; needs "
+                        "--passthrough for the other calls). With --native-grpc-port, that port then also serves "
+                        "the pass-through Triton's models (those ready at start, but stateful and decoupled ones): "
+                        "Triton's front end forwards each request there over HTTP from C, with no Python on the "
+                        "path (a Python gRPC proxy hop costs about 0.5 ms)")
     p.add_argument("--grpc-port", type=int, default=8001, help="KServe v2 gRPC port (default: %(default)s, as Triton)")
     p.add_argument("--http-port", type=int, default=8000, help="KServe v2 HTTP/REST port (default: %(default)s)")
     p.add_argument("--metrics-port", type=int, default=8002, help="Prometheus /metrics port (default: %(default)s)")
@@ -206,9 +208,9 @@ def _check_native(args: argparse.Namespace, ports: dict[str, int]) -> None:
     from poolpipe_common.net import port_in_use  # noqa: PLC0415
 
     if args.native_grpc_port is None:
-        if args.passthrough_http:
-            raise InputError("--passthrough-http needs --native-grpc-port: it is the native front end that "
-                             "forwards to it (the sidecar's own ports forward to --passthrough)")
+        if args.passthrough_http and not args.passthrough:
+            raise InputError("--passthrough-http needs --passthrough (the same Triton's gRPC endpoint, for every "
+                             "call but HTTP inference) or --native-grpc-port (whose front end forwards to it)")
         return
     if args.manifest is None and args.passthrough_http is None:
         raise InputError("--native-grpc-port needs --manifest (it serves the planned models) or "

@@ -22,6 +22,7 @@ from scheduler.server.common.tensors import param_value, proto_to_json, set_para
 from scheduler.server.common.tls import ServerTls
 from scheduler.server.common.wire import InferRequest
 from scheduler.server.front.http_infer import HEADER_LENGTH, infer_response_to_http, parse_infer_request
+from scheduler.server.front.http_passthrough import HttpPassthrough
 from scheduler.server.front.router import Router
 
 log = logging.getLogger("poolpipe.sidecar.http")
@@ -63,8 +64,9 @@ def metadata_json(r: service_pb2.ModelMetadataResponse) -> dict[str, Any]:
 
 class HttpFront:
     def __init__(self, router: Router, restricted: RestrictedApis | None = None,
-                 header_pattern: re.Pattern | None = None) -> None:
+                 header_pattern: re.Pattern | None = None, passthrough: HttpPassthrough | None = None) -> None:
         self.router = router
+        self.passthrough = passthrough  # serve --passthrough-http: pass-through inference forwarded as HTTP
         self.restricted = restricted or RestrictedApis()
         self.header_pattern = header_pattern  # --http-header-forward-pattern: headers as request parameters
 
@@ -113,8 +115,8 @@ class HttpFront:
         request's headers are kept for its task first (scheduler/server/common/forwarding.py)."""
         set_incoming(request.headers.items, self.header_pattern)  # headers forwarded to the pass-through
         response = await handler(request)
-        if (isinstance(response, web.Response) and response.body is not None and
-                len(response.body) >= COMPRESS_MIN_BYTES and _accepts_compression(request)):
+        if (isinstance(response, web.Response) and response.body is not None and "Content-Encoding" not in
+                response.headers and len(response.body) >= COMPRESS_MIN_BYTES and _accepts_compression(request)):
             response.enable_compression()
         return response
 
@@ -253,6 +255,8 @@ class HttpFront:
     async def infer(self, request: web.Request) -> web.Response:
         m, v = self._names(request)
         body = await request.read()
+        if self.passthrough is not None and not self.router.is_planned(m):
+            return await self.passthrough.infer(m, request, body)
         req, binary, default_binary, shm_outputs = parse_infer_request(m, v, body, request.headers.get(HEADER_LENGTH))
         resp = await self.router.submit(InferRequest.from_message(req, None))
         return infer_response_to_http(resp, binary, default_binary, shm_outputs)
