@@ -17,7 +17,9 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from runtime.launch import Deployment
 from runtime.sidecar_process import SidecarProcess
+from runtime.testbed import build_emulated_deployment
 from runtime.tritonserver import TritonProcess
 from scheduler.server.common.forwarding import forwarded_metadata, header_parameters, set_incoming
 from scheduler.server.common.trace_settings import parse_trace_config
@@ -105,3 +107,19 @@ def test_http_inference_reaches_the_passthrough_triton_as_http(tmp_path: Path) -
             got = json.loads(out.decode() if isinstance(out, bytes) else out)
             assert got.get("x-via-http") == "yes", got
         assert c.is_model_ready("echo_parameters")  # the other calls still go over gRPC
+
+
+@pytest.mark.triton
+def test_global_trace_settings_reach_the_passthrough_triton(tmp_path: Path) -> None:
+    """A global trace-settings change on a sidecar with planned models is the sidecar's and the pass-through
+    Triton's (before, it stopped at the sidecar)."""
+    deploy = build_emulated_deployment(tmp_path, slo_us=3_000_000.0)
+    with TritonProcess(ECHO, log_path=tmp_path / "triton.log") as triton, \
+            Deployment(deploy, check_hardware=False, log_dir=tmp_path / "logs"), \
+            SidecarProcess(manifest=deploy, passthrough=triton.grpc_url, log_path=tmp_path / "sidecar.log",
+                           extra_args=("--trace-config", "level=TIMESTAMPS", "--trace-config", "rate=1000")) as sc:
+        c = grpcclient.InferenceServerClient(sc.grpc_url)
+        got = c.update_trace_settings(settings={"trace_rate": "7"}, as_json=True)["settings"]
+        assert got["trace_rate"]["value"] == ["7"]  # the sidecar's own
+        upstream = grpcclient.InferenceServerClient(triton.grpc_url).get_trace_settings(as_json=True)["settings"]
+        assert upstream["trace_rate"]["value"] == ["7"]

@@ -202,13 +202,19 @@ class Router:
 
     async def _TraceSetting(self, request: Any, timeout_s: float | None) -> Any:
         """The trace extension: the sidecar's settings (global, or a planned model's); another model's go to the
-        pass-through Triton."""
+        pass-through Triton, and so does a global change (its models follow the global settings too)."""
         if self.tracer is None or (request.model_name and not self.is_planned(request.model_name)):
             return await self.forward("TraceSetting", request, timeout_s)
         try:
             settings = self.tracer.settings.update(request.model_name, settings_from_request(request.settings))
         except InputError as e:
             raise ServeError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+        if not request.model_name and request.settings and self.stub is not None:
+            try:
+                await self.forward("TraceSetting", request, timeout_s)
+            except ServeError as e:  # the sidecar's own settings changed: say what the pass-through refused
+                log.warning("event=trace_settings_not_forwarded passthrough=%s error=%r", self.passthrough_url,
+                            e.message)
         resp = service_pb2.TraceSettingResponse()
         for k, v in settings.items():
             resp.settings[k].value.extend(v)
