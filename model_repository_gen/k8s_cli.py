@@ -42,6 +42,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--k8s-tls-secret", metavar="NAME",
                    help="a kubernetes.io/tls Secret (tls.crt, tls.key; ca.crt for --k8s-tls-mutual) mounted in the "
                         "sidecar's pod: its gRPC and HTTP ports serve TLS with it, and the probes use HTTPS")
+    g.add_argument("--k8s-stage-tls-secret", metavar="NAME",
+                   help="a kubernetes.io/tls Secret whose certificate names every tritonserver's Service "
+                        "(e.g. *.NAMESPACE.svc.cluster.local): each tritonserver serves gRPC over TLS with it, and the "
+                        "sidecar calls them over gRPC checking the Secret's ca.crt (serve --stage-use-ssl)")
     g.add_argument("--k8s-tls-mutual", action="store_true",
                    help="mutual TLS on the sidecar's gRPC port: clients present a certificate signed by the "
                         "Secret's ca.crt (HTTP stays server-authenticated: the kubelet's probes have no client "
@@ -64,7 +68,7 @@ def options_from_args(args: argparse.Namespace) -> k8s.K8sOptions:
         products[t] = label
     return k8s.K8sOptions(args.k8s_namespace, args.k8s_triton_image, args.k8s_sidecar_image, args.k8s_repository_pvc,
                           args.k8s_device_plugin_namespace, products, args.k8s_shards, args.passthrough,
-                          args.k8s_tls_secret, args.k8s_tls_mutual).check()
+                          args.k8s_tls_secret, args.k8s_tls_mutual, args.k8s_stage_tls_secret).check()
 
 
 def write_from_args(manifest, out: Path, args: argparse.Namespace) -> str:
