@@ -54,10 +54,13 @@ def _grpc(url: str, c: Certs, client: tuple[Path, Path] | None = None) -> grpccl
                                             certificate_chain=chain)
 
 
-def _https(url: str, c: Certs, client_cert: bool = False) -> httpclient.InferenceServerClient:
+def _https(url: str, c: Certs, client_cert: bool = False,
+           client: tuple[Path, Path] | None = None) -> httpclient.InferenceServerClient:
     options = {"ca_certs": str(c.ca)}
     if client_cert:
-        options |= {"certfile": str(c.client_cert), "keyfile": str(c.client_key)}
+        client = (c.client_cert, c.client_key)
+    if client is not None:
+        options |= {"certfile": str(client[0]), "keyfile": str(client[1])}
     return httpclient.InferenceServerClient(url, ssl=True, ssl_options=options)
 
 
@@ -224,7 +227,9 @@ def test_passthrough_triton_over_tls_and_mutual_https(certs: Certs, tmp_path: Pa
             _simple(_https(sc.http_url, certs, client_cert=True), httpclient)
             with pytest.raises(Exception):  # noqa: B017 - no client certificate: the handshake fails
                 _https(sc.http_url, certs).is_server_live()
-            assert "tls=grpc=on,http=mutual,passthrough=on" in (tmp_path / "sidecar.log").read_text()
+            with pytest.raises(Exception):  # noqa: B017 - a certificate another CA signed: refused too
+                _https(sc.http_url, certs, client=(certs.other_client_cert, certs.other_client_key)).is_server_live()
+            assert "tls=grpc=on,http=mutual,passthrough=mutual,stage=off" in (tmp_path / "sidecar.log").read_text()
 
 
 @pytest.mark.triton
@@ -265,7 +270,7 @@ def test_stage_calls_over_mutual_tls(certs: Certs, tmp_path: Path) -> None:
             sc.wait_ready()
             c = grpcclient.InferenceServerClient(sc.grpc_url)
             _planned(c, grpcclient)
-            assert "stage=on" in (tmp_path / "tls.log").read_text()
+            assert "stage=mutual" in (tmp_path / "tls.log").read_text()
         with SidecarProcess(manifest=deploy, log_path=tmp_path / "plain.log",
                             extra_args=("--stage-protocol", "grpc")) as plain:
             t0 = time.monotonic()

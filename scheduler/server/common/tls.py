@@ -91,7 +91,10 @@ class ServerTls:
         return grpc.ssl_server_credentials([pair], root_certificates=root, require_client_auth=self.mutual)
 
     def ssl_context(self) -> ssl.SSLContext:
-        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        # a bare server context: under mutual TLS only --*-root-cert signs acceptable clients (a default context
+        # would also trust every CA of the system's store)
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         try:
             ctx.load_cert_chain(self.cert, self.key)
             if self.root is not None:
@@ -121,6 +124,11 @@ class ClientTls:
     cert: Path | None = None
     key: Path | None = None
     prefix: str = "--passthrough"
+
+    @property
+    def mutual(self) -> bool:
+        """The sidecar presents a certificate of its own."""
+        return self.cert is not None
 
     def check(self) -> None:
         if (self.cert is None) != (self.key is None):
@@ -159,7 +167,7 @@ class TlsSettings:
 def tls_summary(tls: TlsSettings) -> str:
     """``grpc=mutual,http=on,passthrough=off``: the start-up line's account of TLS."""
     def mode(part: ServerTls | ClientTls | None) -> str:
-        return "off" if part is None else "mutual" if getattr(part, "mutual", False) else "on"
+        return "off" if part is None else "mutual" if part.mutual else "on"
     return ",".join(f"{name}={mode(part)}" for name, part in
                     (("grpc", tls.grpc), ("http", tls.http), ("passthrough", tls.passthrough),
                      ("stage", tls.stage)))
