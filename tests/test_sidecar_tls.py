@@ -279,3 +279,24 @@ def test_stage_calls_over_mutual_tls(certs: Certs, tmp_path: Path) -> None:
                 time.sleep(0.2)
             assert not grpcclient.InferenceServerClient(plain.grpc_url).is_server_ready()
             assert "no vGPU up" in (tmp_path / "plain.log").read_text()
+
+
+@pytest.mark.triton
+def test_workers_serve_tls_on_their_shared_ports(certs: Certs, tmp_path: Path) -> None:
+    """serve --workers 2 with mutual TLS on gRPC and TLS on HTTP: each worker takes the flags (SO_REUSEPORT and
+    TLS together), so every connection, whichever worker the kernel hands it to, is TLS."""
+    deploy = build_emulated_deployment(tmp_path, slo_us=3_000_000.0, gpus=2, addresses=("127.0.0.1", "127.0.0.1"))
+    flags = ("--workers", "2", *_server_flags("grpc", certs, mutual=True), *_server_flags("http", certs, False))
+    with Deployment(deploy, check_hardware=False, log_dir=tmp_path / "logs"):
+        sc = SidecarProcess(manifest=deploy, log_path=tmp_path / "sidecar.log", extra_args=flags,
+                            http_ssl=_https_context(certs, client_cert=False))
+        try:
+            sc.start().wait_ready()
+            for _ in range(4):  # new connections: the kernel spreads them over both workers
+                _planned(_grpc(sc.grpc_url, certs, (certs.client_cert, certs.client_key)), grpcclient)
+                _planned(_https(sc.http_url, certs), httpclient)
+                with pytest.raises(InferenceServerException):
+                    grpcclient.InferenceServerClient(sc.grpc_url).is_server_live()
+            assert (tmp_path / "sidecar.log").read_text().count("tls=grpc=mutual,http=on") == 2  # each worker's
+        finally:
+            assert sc.stop() == 0
