@@ -74,6 +74,8 @@ def _run(args: argparse.Namespace) -> int:
     batcher, notes = parse_dynamic_batching_args(args.dynamic_batching)
     if args.k8s:
         k8s_cli.options_from_args(args)  # bad flags fail before anything is written
+    elif args.passthrough or args.k8s_tls_secret or args.k8s_tls_mutual or args.k8s_stage_tls_secret:
+        raise InputError("--passthrough and the --k8s-*tls* flags shape the Kubernetes manifests: add --k8s")
     previous = load_manifest(args.previous) if args.previous else None
     if previous is not None and args.out.resolve() == previous.root:
         raise InputError(f"--out {args.out} is the --previous deployment; generate the next one beside it "

@@ -40,6 +40,7 @@ from model_repository_gen.k8s_pods import (
     startup_probe,
     startup_s,
 )
+from model_repository_gen.k8s_sidecar import add_sidecar_options, add_stage_tls
 from model_repository_gen.manifest import Manifest, VGpuInfo
 from poolpipe_common.errors import InputError
 from profiling.gpu_types import gpu_products
@@ -76,6 +77,10 @@ class K8sOptions:
     plugin_namespace: str = DEFAULT_PLUGIN_NAMESPACE
     gpu_products: dict[str, str] = field(default_factory=dict)  # GPU type -> nvidia.com/gpu.product
     shards: int = 1
+    passthrough: str | None = None  # generate --passthrough HOST:PORT: an existing Triton Service the sidecar fronts
+    tls_secret: str | None = None  # --k8s-tls-secret: a kubernetes.io/tls Secret, mounted for the sidecar's TLS
+    tls_mutual: bool = False  # --k8s-tls-mutual: mutual TLS on the sidecar's gRPC port (the Secret's ca.crt)
+    stage_tls_secret: str | None = None  # --k8s-stage-tls-secret: the tritonservers' gRPC over TLS, stage calls too
 
     def check(self) -> K8sOptions:
         for flag, name in (("--k8s-namespace", self.namespace), ("--k8s-repository-pvc", self.repository_pvc),
@@ -85,6 +90,11 @@ class K8sOptions:
                                  "(at most 63, starting and ending with a letter or digit)")
         if not 1 <= self.shards <= 64:
             raise InputError(f"--k8s-shards {self.shards}: expected 1..64 sidecar shards")
+        for flag, secret in (("--k8s-tls-secret", self.tls_secret), ("--k8s-stage-tls-secret", self.stage_tls_secret)):
+            if secret is not None and (not _DNS_LABEL.match(secret) or len(secret) > 63):
+                raise InputError(f"{flag} {secret!r}: not a Kubernetes Secret name")
+        if self.tls_mutual and self.tls_secret is None:
+            raise InputError("--k8s-tls-mutual needs --k8s-tls-secret (its ca.crt signs the clients' certificates)")
         return self
 
     def products(self, gpu_type: str) -> tuple[str, ...]:
@@ -187,6 +197,8 @@ def vgpu_workload(g: VGpuInfo, opts: K8sOptions, manifest: Manifest) -> list[dic
         volume]}
     if on_gpu:
         pod["affinity"] = _affinity(opts.products(g.gpu_type), plugin_config_name(g.gpu_type, g.v))
+    if opts.stage_tls_secret:
+        add_stage_tls(container, pod, opts.stage_tls_secret)
     sts = {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": meta,
            "spec": {"serviceName": name, "replicas": 1, "selector": {"matchLabels": selector},
                     "template": {"metadata": {"labels": meta["labels"]}, "spec": pod}}}
@@ -245,6 +257,7 @@ def sidecar_documents(opts: K8sOptions) -> list[dict[str, Any]]:
                  "volumeMounts": [{"name": "manifest", "mountPath": "/etc/poolpipe", "readOnly": True}]}
     pod = {"terminationGracePeriodSeconds": 40, "containers": [container],
            "volumes": [{"name": "manifest", "configMap": {"name": "poolpipe-manifest"}}]}
+    add_sidecar_options(container, pod, opts.passthrough, opts.tls_secret, opts.tls_mutual, opts.stage_tls_secret)
     spec: dict[str, Any] = {"replicas": opts.shards, "selector": {"matchLabels": selector},
                             "template": {"metadata": {"labels": meta["labels"]}, "spec": pod}}
     if opts.shards > 1:

@@ -36,6 +36,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--k8s-shards", type=int, default=1, metavar="N",
                    help="run N sidecar shards (a StatefulSet, each serving 'poolpipe serve --shard I/N') behind "
                         "one Service (default: 1, a Deployment)")
+    g.add_argument("--passthrough", type=_hostport, metavar="HOST:PORT",
+                   help="the gRPC address of an existing Triton (its Service, e.g. triton.inference.svc:8001) that "
+                        "the sidecar passes every model not in the plan through to (serve --passthrough)")
+    g.add_argument("--k8s-tls-secret", metavar="NAME",
+                   help="a kubernetes.io/tls Secret (tls.crt, tls.key; ca.crt for --k8s-tls-mutual) mounted in the "
+                        "sidecar's pod: its gRPC and HTTP ports serve TLS with it, and the probes use HTTPS")
+    g.add_argument("--k8s-stage-tls-secret", metavar="NAME",
+                   help="a kubernetes.io/tls Secret whose certificate names every tritonserver's Service "
+                        "(e.g. *.NAMESPACE.svc.cluster.local): each tritonserver serves gRPC over TLS with it, and the "
+                        "sidecar calls them over gRPC checking the Secret's ca.crt (serve --stage-use-ssl)")
+    g.add_argument("--k8s-tls-mutual", action="store_true",
+                   help="mutual TLS on the sidecar's gRPC port: clients present a certificate signed by the "
+                        "Secret's ca.crt (HTTP stays server-authenticated: the kubelet's probes have no client "
+                        "certificate)")
+
+
+def _hostport(value: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT (e.g. triton.inference.svc:8001), got {value!r}")
+    return value
 
 
 def options_from_args(args: argparse.Namespace) -> k8s.K8sOptions:
@@ -46,7 +67,8 @@ def options_from_args(args: argparse.Namespace) -> k8s.K8sOptions:
             raise InputError(f"--k8s-gpu-product {v!r}: expected TYPE=LABEL, e.g. T4=Tesla-T4")
         products[t] = label
     return k8s.K8sOptions(args.k8s_namespace, args.k8s_triton_image, args.k8s_sidecar_image, args.k8s_repository_pvc,
-                          args.k8s_device_plugin_namespace, products, args.k8s_shards).check()
+                          args.k8s_device_plugin_namespace, products, args.k8s_shards, args.passthrough,
+                          args.k8s_tls_secret, args.k8s_tls_mutual, args.k8s_stage_tls_secret).check()
 
 
 def write_from_args(manifest, out: Path, args: argparse.Namespace) -> str:

@@ -102,8 +102,9 @@ class Deployment:
     def __init__(self, directory: str | Path, hosts: Sequence[str] | None = None, *, check_hardware: bool = True,
                  timeout_s: float | None = None, log_dir: str | Path | None = None,
                  on_ready: Callable[[str, int, int], None] | None = None,
-                 on_wait: Callable[[list[str], float], None] | None = None) -> None:
+                 on_wait: Callable[[list[str], float], None] | None = None, triton_args: Sequence[str] = ()) -> None:
         self.hosts = tuple(hosts or ())
+        self.triton_args = tuple(triton_args)  # launch --triton-arg: tritonserver flags for every server (TLS)
         self.directory, self.manifest, self.launches = self.read(directory)
         self.check_hardware = check_hardware
         # None: long enough for a first TensorRT build where one of these servers' engines may build one
@@ -171,7 +172,7 @@ class Deployment:
             log.parent.mkdir(parents=True, exist_ok=True)
             started[s.vgpu] = self.servers[s.vgpu] = TritonProcess(
                 s.repository, s.http_port, s.grpc_port, s.metrics_port, host=s.address, env=self.env_of(s),
-                log_path=log, name=f"vGPU {s.vgpu}").spawn()
+                log_path=log, name=f"vGPU {s.vgpu}", extra_args=self.triton_args).spawn()
         self._wait_all_ready(started)
         return started
 

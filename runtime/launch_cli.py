@@ -49,6 +49,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--restart-backoff", type=non_negative(float), default=0.5, metavar="S",
                    help="seconds before the first restart of a server; doubled for each further one, at most 30 "
                         "(default 0.5)")
+    p.add_argument("--triton-arg", action="append", default=[], metavar="ARG",
+                   help="a tritonserver flag for every server this launch starts (repeatable), e.g. "
+                        "--triton-arg=--grpc-use-ssl=true --triton-arg=--grpc-server-cert=host.pem "
+                        "--triton-arg=--grpc-server-key=host.key: TLS on the stage servers' gRPC ports, one host's "
+                        "certificate per launch --host H (the sidecar then calls them with --stage-protocol grpc "
+                        "--stage-use-ssl)")
     p.set_defaults(func=_run)
 
 
@@ -136,7 +142,8 @@ def _run(args: argparse.Namespace) -> int:
     reclaimed = reclaim_predecessors()  # first: a dead launch's servers hold their ports
     if reclaimed.launches or reclaimed.shm_regions:
         print(reclaimed.line(), file=sys.stderr, flush=True)
-    dep = Deployment(args.dir, args.host, check_hardware=not args.no_hardware_check, timeout_s=args.timeout)
+    dep = Deployment(args.dir, args.host, check_hardware=not args.no_hardware_check, timeout_s=args.timeout,
+                     triton_args=args.triton_arg)
 
     def terminate(signum: int, _frame: object) -> None:
         raise KeyboardInterrupt(signal.Signals(signum).name)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -35,6 +36,9 @@ class SidecarProcess:
     http_port: int = 0
     metrics_port: int = 0
     proc: subprocess.Popen | None = None
+    # the client side of serve --http-use-ssl (its roots, and a client certificate under mutual TLS): health over
+    # HTTPS; None: plaintext HTTP
+    http_ssl: ssl.SSLContext | None = None
     picked: tuple[str, ...] = field(default=(), init=False)
 
     def __post_init__(self) -> None:
@@ -113,7 +117,9 @@ class SidecarProcess:
                 tail = Path(self.log_path).read_text()[-2000:] if self.log_path else ""
                 raise RuntimeError(f"sidecar exited with status {self.proc.returncode}: {tail}")
             try:
-                with urllib.request.urlopen(f"http://{self.http_url}/v2/health/{what}", timeout=call_timeout_s) as r:
+                scheme = "https" if self.http_ssl is not None else "http"
+                with urllib.request.urlopen(f"{scheme}://{self.http_url}/v2/health/{what}", timeout=call_timeout_s,
+                                            context=self.http_ssl) as r:
                     if r.status == 200:
                         return True
             except (urllib.error.URLError, OSError):

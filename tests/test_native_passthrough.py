@@ -74,10 +74,12 @@ def test_front_configs_forward_what_clients_send_and_skip_what_cannot_be_forward
     assert "sequence" in passthrough_unsupported(stateful) and "decoupled" in passthrough_unsupported(decoupled)
 
 
-def test_serve_refuses_passthrough_http_without_the_native_front() -> None:
-    r = run_cli("serve", "--passthrough", "127.0.0.1:1", "--passthrough-http", "127.0.0.1:2",
+def test_serve_refuses_passthrough_http_without_the_native_front_or_passthrough() -> None:
+    """Without the native front end, --passthrough-http is the sidecar's HTTP port's own forwarding: the other
+    calls still need the gRPC --passthrough (tests/test_sidecar_forwarding.py serves it)."""
+    r = run_cli("serve", "--manifest", "nowhere", "--passthrough-http", "127.0.0.1:2",
                 "--grpc-port", "3", "--http-port", "4", "--metrics-port", "5")
-    assert r.returncode == 2 and "--passthrough-http needs --native-grpc-port" in r.stderr
+    assert r.returncode == 2 and "--passthrough-http needs --passthrough" in r.stderr
 
 
 def _shm_round_trip(client: grpcclient.InferenceServerClient) -> None:

@@ -132,9 +132,41 @@ static void* read_answers(void* arg) {
   return NULL;
 }
 
+/* A request that names a sequence (Triton's reserved sequence_id, sequence_start, sequence_end): refused, since a
+ * planned model is stateless (scheduler/server/front/reserved.py says the same on the sidecar's own ports). */
+static TRITONSERVER_Error* refuse_sequence(TRITONBACKEND_Request* request, const char* model) {
+  uint64_t correlation = 0;
+  uint32_t flags = 0;
+  const char* name = NULL;
+  TRITONSERVER_Error* err = TRITONBACKEND_RequestCorrelationId(request, &correlation);
+  if (err != NULL) { /* not an integer: a string sequence_id */
+    drop(err);
+    name = "sequence_id";
+  } else if (correlation != 0) {
+    name = "sequence_id";
+  } else if ((err = TRITONBACKEND_RequestFlags(request, &flags)) != NULL) {
+    return err;
+  } else if (flags & 1u) { /* TRITONSERVER_REQUEST_FLAG_SEQUENCE_START */
+    name = "sequence_start";
+  } else if (flags & 2u) { /* TRITONSERVER_REQUEST_FLAG_SEQUENCE_END */
+    name = "sequence_end";
+  }
+  if (name == NULL) return NULL;
+  char msg[512];
+  snprintf(msg, sizeof(msg),
+           "inference request to model '%s' sets the reserved parameter '%s', but '%s' is a planned model served by "
+           "poolpipe and has no sequence batcher: its requests are stateless, so a sequence cannot be kept (send "
+           "sequences to a stateful model on the pass-through Triton)",
+           model, name, model);
+  return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG, msg);
+}
+
 /* Append one request's frame (slot, inputs, requested outputs, the client's request id and timeout) to ``w``;
  * NULL or why it cannot be forwarded. */
-static TRITONSERVER_Error* encode_request(writer_t* w, TRITONBACKEND_Request* request, uint32_t id) {
+static TRITONSERVER_Error* encode_request(writer_t* w, TRITONBACKEND_Request* request, uint32_t id,
+                                          const char* model) {
+  TRITONSERVER_Error* refused = refuse_sequence(request, model);
+  if (refused != NULL) return refused;
   size_t start = frame_begin(w);
   wr_u32(w, id);
   uint32_t n_in = 0, n_out = 0;
@@ -196,7 +228,7 @@ EXPORT TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_Mode
       continue;
     }
     size_t mark = w.len;
-    err = encode_request(&w, requests[r], id);
+    err = encode_request(&w, requests[r], id, c->model);
     if (err != NULL) {
       w.len = mark; /* the half-written frame is dropped */
       uint64_t started = 0;

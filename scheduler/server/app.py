@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import signal
 from collections.abc import Awaitable
 from dataclasses import dataclass
@@ -12,14 +13,18 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from scheduler.server.common import event_loop
+from scheduler.server.common import event_loop, latency_summary
 from scheduler.server.common.client_shm import ClientShmRegistry
+from scheduler.server.common.latency_summary import SummarySettings
 from scheduler.server.common.metrics import SidecarMetrics
 from scheduler.server.common.restricted import RestrictedApis
+from scheduler.server.common.tls import TlsSettings, configure_stage_tls, tls_summary, warn_plaintext
 from scheduler.server.common.trace_settings import TraceConfig
 from scheduler.server.common.tracing import Tracer
 from scheduler.server.front.grpc_front import start_grpc
+from scheduler.server.front.health import ReadinessLog
 from scheduler.server.front.http_front import HttpFront, start_http
+from scheduler.server.front.http_passthrough import HttpPassthrough
 from scheduler.server.front.router import Router
 
 if TYPE_CHECKING:
@@ -51,6 +56,16 @@ class SidecarConfig:
     native_http_port: int = 0
     stage_protocol: str = "http"  # serve --stage-protocol: how stage calls reach the Triton servers
     passthrough_http: str | None = None  # serve --passthrough-http: the native front end forwards those models
+    strict_readiness: bool = True  # serve --strict-readiness: Triton's meaning (false: ready while live)
+    grpc_header_forward_pattern: str | None = None  # Triton's flags: matching headers become request parameters
+    http_header_forward_pattern: str | None = None
+    grpc_compression: int = 0  # serve --grpc-infer-response-compression-level: grpc core's level, 0 (none) to 3
+    summaries: SummarySettings = SummarySettings()  # serve --metrics-config summary_latencies=true: Triton's summaries
+    tls: TlsSettings = TlsSettings()  # serve --grpc-use-ssl, --http-use-ssl, --passthrough-use-ssl ...: off
+
+
+def _pattern(regex: str | None) -> re.Pattern | None:
+    return None if regex is None else re.compile(regex)
 
 
 class Sidecar:
@@ -58,6 +73,8 @@ class Sidecar:
 
     def __init__(self, config: SidecarConfig) -> None:
         self.config = config
+        latency_summary.configure(config.summaries)  # the process's: the planned models' statistics observe them
+        configure_stage_tls(config.tls.stage)  # the process's: the fleet's channels to the stage servers
         self.metrics = SidecarMetrics()
         self.client_shm = ClientShmRegistry()  # registered through the router, read and written by planned models
         self.tracer = Tracer(config.trace)
@@ -67,6 +84,8 @@ class Sidecar:
         self._native = None
         self._runners: list[web.AppRunner] = []
         self.replanner = None
+        self._readiness: ReadinessLog | None = None
+        self._http_passthrough: HttpPassthrough | None = None
 
     async def start(self) -> None:
         c = self.config
@@ -93,23 +112,33 @@ class Sidecar:
         router_args = (c.passthrough, self.plans, self.metrics, self.client_shm,
                        self.tracer if self.plans is not None else None)  # else trace settings pass through
         if peers is None:
-            self.router = Router(*router_args)
+            self.router = Router(*router_args, passthrough_tls=c.tls.passthrough)
         else:
             from scheduler.server.peers import WorkerRouter  # noqa: PLC0415
-            self.router = WorkerRouter(*router_args, peers=peers)
+            self.router = WorkerRouter(*router_args, peers=peers, passthrough_tls=c.tls.passthrough)
+        self.router.strict_readiness = c.strict_readiness
         await self.router.start()
+        self._readiness = ReadinessLog(self.router)
+        self._readiness.start()
         if c.native_grpc_port is not None:  # ready before our ports say ready
             from scheduler.server.front.native_front import NativeFront  # noqa: PLC0415
             self._native = NativeFront(self.router, c.bind, c.native_grpc_port, c.native_http_port,
-                                       shared=c.group is not None, passthrough_http=c.passthrough_http)
+                                       shared=c.group is not None, passthrough_http=c.passthrough_http,
+                                       grpc_tls=c.tls.grpc)
             await self._native.start(self._planned_configs())
             if self.plans is not None:
                 self.plans.after_reload.append(lambda: self._native.follow(self._planned_configs()))
         grpc_rules = RestrictedApis.parse(c.grpc_restricted, "--grpc-restricted-protocol", grpc_prefix=True)
         http_rules = RestrictedApis.parse(c.http_restricted, "--http-restricted-api", grpc_prefix=False)
         shared = peers is not None  # the workers of serve --workers listen on the same ports (SO_REUSEPORT)
-        self._grpc = await start_grpc(self.router, c.bind, c.grpc_port, grpc_rules, reuse_port=shared)
-        http_app = HttpFront(self.router, http_rules).app()
+        self._grpc = await start_grpc(self.router, c.bind, c.grpc_port, grpc_rules, reuse_port=shared,
+                                      tls=c.tls.grpc, compression_level=c.grpc_compression,
+                                      header_pattern=_pattern(c.grpc_header_forward_pattern))
+        if c.passthrough_http and c.passthrough:  # the HTTP port forwards pass-through inference as HTTP
+            self._http_passthrough = HttpPassthrough(c.passthrough_http, self.metrics)
+            await self._http_passthrough.start()
+        http_app = HttpFront(self.router, http_rules, _pattern(c.http_header_forward_pattern),
+                             self._http_passthrough).app()
         if self.plans is not None:
             from scheduler.server.front.admin import plan_handler, reload_handler  # noqa: PLC0415
             run = None
@@ -118,14 +147,17 @@ class Sidecar:
                 run = reload_everywhere(self, peers)
             http_app.router.add_post("/v2/poolpipe/reload", reload_handler(self.plans, c.bind, run))
             http_app.router.add_get("/v2/poolpipe/plan", plan_handler(self.plans))
-        self._runners.append(await start_http(http_app, c.bind, c.http_port, c.drain_timeout_s, reuse_port=shared))
+        self._runners.append(await start_http(http_app, c.bind, c.http_port, c.drain_timeout_s, reuse_port=shared,
+                                                 tls=c.tls.http, cancel_on_hangup=True))
         if peers is None:
             metrics_app = web.Application()
             metrics_app.router.add_get("/metrics", self._metrics)
             self._runners.append(await start_http(metrics_app, c.bind, c.metrics_port))
-        log.info("event=listening grpc=%s:%d http=%s:%d metrics=%s:%d planned=%s passthrough=%s", c.bind,
+        log.info("event=listening grpc=%s:%d http=%s:%d metrics=%s:%d planned=%s passthrough=%s tls=%s", c.bind,
                  c.grpc_port, c.bind, c.http_port, c.bind, c.metrics_port,
-                 ",".join(self.plans.current.names()) if self.plans else "-", c.passthrough or "-")
+                 ",".join(self.plans.current.names()) if self.plans else "-", c.passthrough or "-",
+                 tls_summary(c.tls))
+        warn_plaintext(c.bind, c.tls)
 
     def _planned_configs(self) -> list:
         """The model configs of the plan being served (none without a manifest)."""
@@ -172,6 +204,10 @@ class Sidecar:
             await self.plans.close()
         if self.replanner is not None:
             await self.replanner.close()
+        if self._readiness is not None:
+            await self._readiness.close()
+        if self._http_passthrough is not None:
+            await self._http_passthrough.close()
         if self.router is not None:
             await self.router.close()
         await asyncio.to_thread(self.tracer.shutdown)  # flush the batched spans

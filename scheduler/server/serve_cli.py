@@ -43,10 +43,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--passthrough", type=_hostport, metavar="HOST:PORT",
                    help="gRPC endpoint of a Triton server for models that are not planned")
     p.add_argument("--passthrough-http", type=_hostport, metavar="HOST:PORT",
-                   help="the pass-through Triton's HTTP endpoint (its --http-port). With --native-grpc-port, that "
-                        "port then also serves the pass-through Triton's models (those ready at start, but "
-                        "stateful and decoupled ones): Triton's front end forwards each request there over HTTP "
-                        "from C, with no Python on the path (a Python gRPC proxy hop costs about 0.5 ms)")
+                   help="the pass-through Triton's HTTP endpoint (its --http-port): the HTTP port forwards a "
+                        "pass-through model's inference there as HTTP (body and headers as received; needs "
+                        "--passthrough for the other calls). With --native-grpc-port, that port then also serves "
+                        "the pass-through Triton's models (those ready at start, but stateful and decoupled ones): "
+                        "Triton's front end forwards each request there over HTTP from C, with no Python on the "
+                        "path (a Python gRPC proxy hop costs about 0.5 ms)")
     p.add_argument("--grpc-port", type=int, default=8001, help="KServe v2 gRPC port (default: %(default)s, as Triton)")
     p.add_argument("--http-port", type=int, default=8000, help="KServe v2 HTTP/REST port (default: %(default)s)")
     p.add_argument("--metrics-port", type=int, default=8002, help="Prometheus /metrics port (default: %(default)s)")
@@ -122,6 +124,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "opentelemetry,resource=KEY=VALUE, opentelemetry,bsp_schedule_delay=MS, "
                         "bsp_max_queue_size, bsp_max_export_batch_size; the trace extension (/v2/trace/setting) "
                         "changes level, rate and count while serving")
+    from scheduler.server import serve_front_cli  # noqa: PLC0415
+
+    serve_front_cli.add_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -150,6 +155,12 @@ def config_from_args(args: argparse.Namespace):  # -> SidecarConfig
     from scheduler.server.common.trace_settings import parse_trace_config  # noqa: PLC0415
 
     trace = parse_trace_config(args.trace_config) if args.trace_config else None
+    from scheduler.server.serve_front_cli import COMPRESSION_LEVELS, settings_from_args  # noqa: PLC0415
+
+    tls = settings_from_args(args)
+    from scheduler.server.common.latency_summary import parse_metrics_config  # noqa: PLC0415
+
+    summaries = parse_metrics_config(args.metrics_config)
     _check_native(args, ports)
     args.native_http_port = _shared_native_http_port(args, ports)  # the workers' commands pass it on
     manifest, shard = None, (0, 1)
@@ -185,7 +196,11 @@ def config_from_args(args: argparse.Namespace):  # -> SidecarConfig
                          http_restricted=tuple(args.http_restricted_api),
                          trace=trace, group=args.worker_of, native_grpc_port=args.native_grpc_port,
                          native_http_port=args.native_http_port, stage_protocol=args.stage_protocol,
-                         passthrough_http=args.passthrough_http)
+                         passthrough_http=args.passthrough_http, tls=tls,
+                         strict_readiness=args.strict_readiness, summaries=summaries,
+                         grpc_header_forward_pattern=args.grpc_header_forward_pattern,
+                         http_header_forward_pattern=args.http_header_forward_pattern,
+                         grpc_compression=COMPRESSION_LEVELS.index(args.grpc_infer_response_compression_level))
 
 
 def _check_native(args: argparse.Namespace, ports: dict[str, int]) -> None:
@@ -194,9 +209,9 @@ def _check_native(args: argparse.Namespace, ports: dict[str, int]) -> None:
     from poolpipe_common.net import port_in_use  # noqa: PLC0415
 
     if args.native_grpc_port is None:
-        if args.passthrough_http:
-            raise InputError("--passthrough-http needs --native-grpc-port: it is the native front end that "
-                             "forwards to it (the sidecar's own ports forward to --passthrough)")
+        if args.passthrough_http and not args.passthrough:
+            raise InputError("--passthrough-http needs --passthrough (the same Triton's gRPC endpoint, for every "
+                             "call but HTTP inference) or --native-grpc-port (whose front end forwards to it)")
         return
     if args.manifest is None and args.passthrough_http is None:
         raise InputError("--native-grpc-port needs --manifest (it serves the planned models) or "

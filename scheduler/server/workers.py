@@ -29,6 +29,7 @@ from model_repository_gen.manifest import load_manifest
 from poolpipe_common.errors import InputError
 from poolpipe_common.net import free_ports
 from runtime.supervise import RestartPolicy
+from scheduler.server import serve_front_cli
 from scheduler.server.app import SidecarConfig
 from scheduler.server.common.metrics_merge import counter_samples, merge_expositions
 from scheduler.server.front.http_front import start_http
@@ -63,7 +64,7 @@ def worker_command(args: argparse.Namespace, index: int, ports: tuple[int, ...])
                          ("--http-restricted-api", args.http_restricted_api), ("--trace-config", args.trace_config)):
         for v in values:
             cmd += [flag, v]
-    return cmd
+    return cmd + serve_front_cli.worker_args(args)
 
 
 # serve's options worker_command passes on (or replaces), or that serve refuses with --workers; a new option must be
@@ -71,7 +72,7 @@ def worker_command(args: argparse.Namespace, index: int, ports: tuple[int, ...])
 PASSED_ON = frozenset({"manifest", "passthrough", "grpc_port", "http_port", "metrics_port", "bind", "policy",
                        "drain_timeout", "overheads_out", "front_us", "stage_protocol", "batch_log", "shard", "workers",
                        "worker_of", "replan", "grpc_restricted_protocol", "http_restricted_api", "trace_config",
-                       "native_grpc_port", "native_http_port", "passthrough_http"})
+                       "native_grpc_port", "native_http_port", "passthrough_http"}) | serve_front_cli.DESTS
 
 
 def worker_file(path: Path, index: int) -> Path:

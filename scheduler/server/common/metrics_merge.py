@@ -42,6 +42,9 @@ def _combine(series: str, kind: str, family: str, values: list[float]) -> float:
     name = series.split("{", 1)[0]
     if name.endswith("_created"):
         return min(values)
+    if kind == "summary" and 'quantile="' in series:  # the union's quantile is within the workers' range: the
+        numbers = [v for v in values if not math.isnan(v)]  # upper end, a bound that holds
+        return max(numbers) if numbers else math.nan
     if kind == "gauge" and family in MEAN:
         numbers = [v for v in values if not math.isnan(v)]
         return sum(numbers) / len(numbers) if numbers else math.nan
@@ -85,13 +88,14 @@ CUMULATIVE = ("counter", "histogram", "summary")
 
 def counter_samples(text: bytes) -> bytes:
     """Only the cumulative samples of an exposition (counters, histograms, summaries, without ``*_created``): what
-    a dead worker counted, carried in the sums so that they never drop when a worker is restarted."""
+    a dead worker counted, carried in the sums so that they never drop when a worker is restarted (a summary's
+    quantiles are of the last minute, not cumulative: left out)."""
     out, keep = [], False
     for line in text.decode().splitlines():
         if line.startswith("# TYPE "):
             keep = line.split()[3] in CUMULATIVE
         if line.startswith("#"):
             out.append(line)
-        elif keep and line and not line.split("{", 1)[0].split()[0].endswith("_created"):
+        elif keep and line and not line.split("{", 1)[0].split()[0].endswith("_created") and 'quantile="' not in line:
             out.append(line)
     return ("\n".join(out) + "\n").encode()

@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 
 from tritonclient.grpc import service_pb2
 
+from scheduler.server.common import latency_summary
+from scheduler.server.common.latency_summary import LatencySummaries
+
 # Triton's reasons for a failed request (label ``reason`` of nv_inference_request_failure)
 FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 
@@ -73,6 +76,7 @@ class ModelStats:
     last_ms: int = 0
     failures: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FAILURE_REASONS, 0))
     batches: dict[int, BatchDurations] = field(default_factory=dict)
+    summaries: LatencySummaries = field(default_factory=LatencySummaries)  # --metrics-config summary_latencies
 
     def succeeded(self, arrival_us: float, marks: RequestMarks, answer_us: float, rows: int) -> None:
         """One answered request; a mark not measured falls back to its neighbour (the counts stay equal, as
@@ -87,6 +91,9 @@ class ModelStats:
         self.compute_input.add(start - ready)
         self.compute_infer.add(end - start)
         self.compute_output.add(answer_us - end)
+        if latency_summary.SETTINGS[0].enabled:
+            self.summaries.observe(answer_us - arrival_us, ready - arrival_us, start - ready, end - start,
+                                   answer_us - end)
         self.inferences += rows
         self.last_ms = int(time.time() * 1e3)
 

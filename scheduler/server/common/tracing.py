@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from scheduler.server.common import forwarding
 from scheduler.server.common.trace_settings import TraceConfig, TraceSettings
 
 log = logging.getLogger("poolpipe.sidecar.trace")
@@ -39,10 +40,12 @@ class SpanRecord:
 class CallTrace:
     """The spans of one traced request, recorded as it is served."""
 
-    __slots__ = ("model", "request_id", "arrival_us", "attrs", "spans", "queue_end_us")
+    __slots__ = ("model", "request_id", "arrival_us", "attrs", "spans", "queue_end_us", "traceparent")
 
-    def __init__(self, model: str, request_id: str, arrival_us: float, attrs: dict[str, Any]) -> None:
+    def __init__(self, model: str, request_id: str, arrival_us: float, attrs: dict[str, Any],
+                 traceparent: str | None = None) -> None:
         self.model = model
+        self.traceparent = traceparent  # the client's W3C trace context: the request's span continues its trace
         self.request_id = request_id
         self.arrival_us = arrival_us
         self.attrs = attrs
@@ -113,7 +116,7 @@ class Tracer:
         """A new request of ``model``: its trace when sampled (None otherwise)."""
         if not self.settings.on or not self.settings.sample(model):
             return None
-        return CallTrace(model, request_id, arrival_us, attrs)
+        return CallTrace(model, request_id, arrival_us, attrs, forwarding.traceparent())
 
     def finish(self, ct: CallTrace, end_us: float, error: str | None = None) -> None:
         """The request was answered (or failed with ``error``): export its spans."""
@@ -131,7 +134,11 @@ class Tracer:
         from opentelemetry.trace import Status, StatusCode  # noqa: PLC0415
 
         tracer = self._tracer()
-        root = tracer.start_span("InferRequest", context=otel_context.Context(), start_time=self._ns(ct.arrival_us),
+        parent = otel_context.Context()
+        if ct.traceparent is not None:  # a malformed one starts a new trace, as the W3C propagator decides
+            from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator  # noqa: PLC0415
+            parent = TraceContextTextMapPropagator().extract({"traceparent": ct.traceparent}, context=parent)
+        root = tracer.start_span("InferRequest", context=parent, start_time=self._ns(ct.arrival_us),
                                  attributes={"triton.model_name": ct.model, "triton.model_version": "1",
                                              "triton.request_id": ct.request_id, **ct.attrs})
         queue_end = ct.queue_end_us if ct.queue_end_us is not None else end_us

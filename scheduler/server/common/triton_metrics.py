@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+from scheduler.server.common.latency_summary import summary_exposition
 from scheduler.server.common.model_stats import FAILURE_REASONS, ModelStats
 
 VERSION = "1"
@@ -75,4 +76,5 @@ def triton_exposition(stats: Mapping[str, ModelStats], pending: Mapping[str, int
     for model in stats:
         out.append(_line("nv_inference_pending_request_count", {"model": model, "version": VERSION},
                          pending.get(model, 0)))
+    out.append(summary_exposition({model: s.summaries for model, s in stats.items()}))  # "" unless turned on
     return "".join(out).encode()

@@ -3,6 +3,7 @@ plan the sidecar dispatches to; control/reload.py does the reload itself)."""
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import logging
 from collections.abc import Awaitable, Callable
@@ -54,7 +55,8 @@ def reload_handler(planned: PlanSwitch, bind: str,
         if not isinstance(body, dict) or set(body) - {"manifest"} or not isinstance(body.get("manifest", ""), str):
             return web.json_response({"error": "the body may hold only {\"manifest\": PATH} (a string)"}, status=400)
         try:
-            report = await run(Path(body["manifest"]) if body.get("manifest") else None)
+            # shielded: a client that hangs up (the HTTP port then cancels its handler) never stops a reload midway
+            report = await asyncio.shield(run(Path(body["manifest"]) if body.get("manifest") else None))
         except ReloadError as e:
             log.warning("event=reload_failed reason=%s", e)
             return web.json_response({"error": str(e)}, status=e.status)

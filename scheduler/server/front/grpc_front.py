@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from typing import Any, AsyncIterator, Callable
 
@@ -13,8 +14,11 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from scheduler.server.common.channels import SERVER_OPTIONS
 from scheduler.server.common.errors import ServeError
+from scheduler.server.common.forwarding import forwarded_metadata, set_incoming
 from scheduler.server.common.restricted import GRPC_METHODS, RestrictedApis
+from scheduler.server.common.tls import ServerTls
 from scheduler.server.common.wire import InferRequest, serialize_response
+from scheduler.server.front.health import add_health
 from scheduler.server.front.router import Router
 
 log = logging.getLogger("poolpipe.sidecar.grpc")
@@ -67,9 +71,11 @@ def _deadline(context: grpc.aio.ServicerContext) -> float | None:
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     """Every call goes to the Router; a ServeError becomes the gRPC status Triton would send."""
 
-    def __init__(self, router: Router, restricted: RestrictedApis | None = None) -> None:
+    def __init__(self, router: Router, restricted: RestrictedApis | None = None,
+                 header_pattern: re.Pattern | None = None) -> None:
         self.router = router
         self.restricted = restricted or RestrictedApis()
+        self.header_pattern = header_pattern  # --grpc-header-forward-pattern: metadata as request parameters
         for name in UNARY_METHODS:
             setattr(self, name, self._unary(name))
 
@@ -81,6 +87,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     def _unary(self, method: str) -> Any:
         async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            set_incoming(context.invocation_metadata, self.header_pattern)  # forwarded to the pass-through
             try:
                 self._check(method, context)
             except ServeError as e:
@@ -95,6 +102,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def ModelInfer(self, request: bytes, context: grpc.aio.ServicerContext) -> Any:
         """The serialized request: the router decodes a planned model's, forwards another's as received."""
+        set_incoming(context.invocation_metadata, self.header_pattern)
         try:
             self._check("ModelInfer", context)
             return await self.router.submit(InferRequest.from_wire(request, _deadline(context)))
@@ -105,6 +113,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                                context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         """Planned models answer each request in turn; other models ride one stream to the pass-through Triton
         (so decoupled models keep their semantics)."""
+        set_incoming(context.invocation_metadata, self.header_pattern)
         try:
             self._check("ModelStreamInfer", context)
         except ServeError as e:
@@ -139,7 +148,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                     t.add_done_callback(tasks.discard)
                     continue
                 if backend_call is None:
-                    backend_call = self.router.stub.ModelStreamInfer()
+                    backend_call = self.router.stub.ModelStreamInfer(metadata=forwarded_metadata())
                     t = asyncio.ensure_future(pump_backend(backend_call))
                     tasks.add(t)
                     t.add_done_callback(tasks.discard)
@@ -166,11 +175,20 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
 
 async def start_grpc(router: Router, bind: str, port: int, restricted: RestrictedApis | None = None,
-                     reuse_port: bool = False) -> grpc.aio.Server:
-    """``reuse_port``: several processes listen on the port (serve --workers), the kernel spreads connections."""
-    server = grpc.aio.server(options=SERVER_OPTIONS + ([("grpc.so_reuseport", 1)] if reuse_port else []))
-    server.add_generic_rpc_handlers((service_handler(InferenceServicer(router, restricted)),))
-    if server.add_insecure_port(f"{bind}:{port}") == 0:
+                     reuse_port: bool = False, tls: ServerTls | None = None, compression_level: int = 0,
+                     header_pattern: re.Pattern | None = None) -> grpc.aio.Server:
+    """``reuse_port``: several processes listen on the port (serve --workers), the kernel spreads connections;
+    ``tls``: serve it over TLS (serve --grpc-use-ssl), else in plaintext; ``compression_level``: grpc core's
+    response compression level (0 none .. 3 high, serve --grpc-infer-response-compression-level)."""
+    options = SERVER_OPTIONS + ([("grpc.so_reuseport", 1)] if reuse_port else [])
+    if compression_level:
+        options = [*options, ("grpc.default_compression_level", compression_level)]
+    server = grpc.aio.server(options=options)
+    server.add_generic_rpc_handlers((service_handler(InferenceServicer(router, restricted, header_pattern)),))
+    add_health(server, router)  # grpc.health.v1 (Kubernetes' gRPC probes, grpc_health_probe)
+    address = f"{bind}:{port}"
+    bound = server.add_secure_port(address, tls.grpc_credentials()) if tls else server.add_insecure_port(address)
+    if bound == 0:
         raise OSError(f"cannot listen for gRPC on {bind}:{port}")
     await server.start()
     return server

@@ -5,22 +5,35 @@ Each request is translated to the protobuf call the gRPC front end makes, so bot
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import logging
+import re
 from typing import Any
 
 from aiohttp import web
 from tritonclient.grpc import service_pb2
 
 from scheduler.server.common.errors import ServeError, invalid
+from scheduler.server.common.forwarding import set_incoming
 from scheduler.server.common.restricted import RestrictedApis, http_category
 from scheduler.server.common.tensors import param_value, proto_to_json, set_param
+from scheduler.server.common.tls import ServerTls
 from scheduler.server.common.wire import InferRequest
 from scheduler.server.front.http_infer import HEADER_LENGTH, infer_response_to_http, parse_infer_request
+from scheduler.server.front.http_passthrough import HttpPassthrough
 from scheduler.server.front.router import Router
 
 log = logging.getLogger("poolpipe.sidecar.http")
+
+
+COMPRESS_MIN_BYTES = 256  # smaller bodies go as they are: compressing them saves nothing
+
+
+def _accepts_compression(request: web.Request) -> bool:
+    accepted = request.headers.get("Accept-Encoding", "").lower()
+    return "gzip" in accepted or "deflate" in accepted
 
 
 def error_response(e: ServeError) -> web.Response:
@@ -50,12 +63,15 @@ def metadata_json(r: service_pb2.ModelMetadataResponse) -> dict[str, Any]:
 
 
 class HttpFront:
-    def __init__(self, router: Router, restricted: RestrictedApis | None = None) -> None:
+    def __init__(self, router: Router, restricted: RestrictedApis | None = None,
+                 header_pattern: re.Pattern | None = None, passthrough: HttpPassthrough | None = None) -> None:
         self.router = router
+        self.passthrough = passthrough  # serve --passthrough-http: pass-through inference forwarded as HTTP
         self.restricted = restricted or RestrictedApis()
+        self.header_pattern = header_pattern  # --http-header-forward-pattern: headers as request parameters
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=1 << 31, middlewares=[self._errors, self._restrict])
+        app = web.Application(client_max_size=1 << 31, middlewares=[self._compress, self._errors, self._restrict])
         r = app.router
         r.add_get("/v2/health/live", self.live)
         r.add_get("/v2/health/ready", self.ready)
@@ -93,6 +109,18 @@ class HttpFront:
             return error_response(invalid(f"malformed request: {type(e).__name__}: {e}"))
 
     @web.middleware
+    async def _compress(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """As Triton's HTTP endpoint: a body compressed with gzip or deflate when Accept-Encoding asks for it
+        (aiohttp picks the coding; a request body sent with Content-Encoding is decompressed on reading). The
+        request's headers are kept for its task first (scheduler/server/common/forwarding.py)."""
+        set_incoming(request.headers.items, self.header_pattern)  # headers forwarded to the pass-through
+        response = await handler(request)
+        if (isinstance(response, web.Response) and response.body is not None and "Content-Encoding" not in
+                response.headers and len(response.body) >= COMPRESS_MIN_BYTES and _accepts_compression(request)):
+            response.enable_compression()
+        return response
+
+    @web.middleware
     async def _restrict(self, request: web.Request, handler: Any) -> web.StreamResponse:
         """--http-restricted-api: a restricted API's call without its header is a 403 naming the header."""
         resource = request.match_info.route.resource
@@ -101,6 +129,12 @@ class HttpFront:
             self.restricted.check(category, request.headers.get, grpc_call=False)
         return await handler(request)
 
+    async def _call(self, method: str, request: Any) -> Any:
+        """A call other than inference: finished even when its client hangs up (the port cancels a handler whose
+        connection is lost, so that an inference's rows leave the queue), so a shared-memory registration or a
+        repository change is never left half done here and upstream."""
+        return await asyncio.shield(self.router.call(method, request))
+
     async def live(self, request: web.Request) -> web.Response:
         return web.Response(status=200)
 
@@ -108,7 +142,7 @@ class HttpFront:
         return web.Response(status=200 if await self.router.server_ready() else 400)
 
     async def server_metadata(self, request: web.Request) -> web.Response:
-        r = await self.router.call("ServerMetadata", service_pb2.ServerMetadataRequest())
+        r = await self._call("ServerMetadata", service_pb2.ServerMetadataRequest())
         return web.json_response({"name": r.name, "version": r.version, "extensions": list(r.extensions)})
 
     def _names(self, request: web.Request) -> tuple[str, str]:
@@ -116,27 +150,27 @@ class HttpFront:
 
     async def model_metadata(self, request: web.Request) -> web.Response:
         m, v = self._names(request)
-        r = await self.router.call("ModelMetadata", service_pb2.ModelMetadataRequest(name=m, version=v))
+        r = await self._call("ModelMetadata", service_pb2.ModelMetadataRequest(name=m, version=v))
         return web.json_response(metadata_json(r))
 
     async def model_ready(self, request: web.Request) -> web.Response:
         m, v = self._names(request)
-        r = await self.router.call("ModelReady", service_pb2.ModelReadyRequest(name=m, version=v))
+        r = await self._call("ModelReady", service_pb2.ModelReadyRequest(name=m, version=v))
         return web.Response(status=200 if r.ready else 400)
 
     async def model_config(self, request: web.Request) -> web.Response:
         m, v = self._names(request)
-        r = await self.router.call("ModelConfig", service_pb2.ModelConfigRequest(name=m, version=v))
+        r = await self._call("ModelConfig", service_pb2.ModelConfigRequest(name=m, version=v))
         return web.json_response(proto_to_json(r.config))
 
     async def stats(self, request: web.Request) -> web.Response:
         m, v = self._names(request)
-        r = await self.router.call("ModelStatistics", service_pb2.ModelStatisticsRequest(name=m, version=v))
+        r = await self._call("ModelStatistics", service_pb2.ModelStatisticsRequest(name=m, version=v))
         return web.json_response(proto_to_json(r))
 
     async def repository_index(self, request: web.Request) -> web.Response:
         body = await _json_body(request)
-        r = await self.router.call("RepositoryIndex", service_pb2.RepositoryIndexRequest(ready=bool(body.get("ready"))))
+        r = await self._call("RepositoryIndex", service_pb2.RepositoryIndexRequest(ready=bool(body.get("ready"))))
         return web.json_response([{k: v for k, v in (("name", x.name), ("version", x.version), ("state", x.state),
                                                      ("reason", x.reason)) if v} for x in r.models])
 
@@ -148,7 +182,7 @@ class HttpFront:
                 req.parameters[k].bytes_param = base64.b64decode(v)
             else:
                 set_param(req.parameters, k, v)
-        await self.router.call("RepositoryModelLoad", req)
+        await self._call("RepositoryModelLoad", req)
         return web.Response(status=200)
 
     async def unload(self, request: web.Request) -> web.Response:
@@ -156,7 +190,7 @@ class HttpFront:
         req = service_pb2.RepositoryModelUnloadRequest(model_name=request.match_info["model"])
         for k, v in (body.get("parameters") or {}).items():
             set_param(req.parameters, k, v)
-        await self.router.call("RepositoryModelUnload", req)
+        await self._call("RepositoryModelUnload", req)
         return web.Response(status=200)
 
     @staticmethod
@@ -166,10 +200,10 @@ class HttpFront:
     async def shm_status(self, request: web.Request) -> web.Response:
         name = request.match_info.get("region", "")
         if self._cuda(request):
-            r = await self.router.call("CudaSharedMemoryStatus", service_pb2.CudaSharedMemoryStatusRequest(name=name))
+            r = await self._call("CudaSharedMemoryStatus", service_pb2.CudaSharedMemoryStatusRequest(name=name))
             return web.json_response([{"name": x.name, "device_id": x.device_id, "byte_size": x.byte_size}
                                       for x in r.regions.values()])
-        r = await self.router.call("SystemSharedMemoryStatus", service_pb2.SystemSharedMemoryStatusRequest(name=name))
+        r = await self._call("SystemSharedMemoryStatus", service_pb2.SystemSharedMemoryStatusRequest(name=name))
         return web.json_response([{"name": x.name, "key": x.key, "offset": x.offset, "byte_size": x.byte_size}
                                   for x in r.regions.values()])
 
@@ -177,21 +211,21 @@ class HttpFront:
         name, body = request.match_info["region"], await _json_body(request)
         if self._cuda(request):
             handle = base64.b64decode((body.get("raw_handle") or {}).get("b64", ""))
-            await self.router.call("CudaSharedMemoryRegister", service_pb2.CudaSharedMemoryRegisterRequest(
+            await self._call("CudaSharedMemoryRegister", service_pb2.CudaSharedMemoryRegisterRequest(
                 name=name, raw_handle=handle, device_id=int(body.get("device_id", 0)),
                 byte_size=int(body["byte_size"])))
         else:
-            await self.router.call("SystemSharedMemoryRegister", service_pb2.SystemSharedMemoryRegisterRequest(
+            await self._call("SystemSharedMemoryRegister", service_pb2.SystemSharedMemoryRegisterRequest(
                 name=name, key=str(body["key"]), offset=int(body.get("offset", 0)), byte_size=int(body["byte_size"])))
         return web.Response(status=200)
 
     async def shm_unregister(self, request: web.Request) -> web.Response:
         name = request.match_info.get("region", "")
         if self._cuda(request):
-            await self.router.call("CudaSharedMemoryUnregister",
+            await self._call("CudaSharedMemoryUnregister",
                                    service_pb2.CudaSharedMemoryUnregisterRequest(name=name))
         else:
-            await self.router.call("SystemSharedMemoryUnregister",
+            await self._call("SystemSharedMemoryUnregister",
                                    service_pb2.SystemSharedMemoryUnregisterRequest(name=name))
         return web.Response(status=200)
 
@@ -201,7 +235,7 @@ class HttpFront:
         for k, v in body.items():
             values = v if isinstance(v, list) else ([] if v is None else [v])
             req.settings[k].value.extend(str(x) for x in values)
-        r = await self.router.call("TraceSetting", req)
+        r = await self._call("TraceSetting", req)
         return web.json_response({k: (list(v.value) if len(v.value) != 1 or k == "trace_level" else v.value[0])
                                   for k, v in r.settings.items()})
 
@@ -215,21 +249,29 @@ class HttpFront:
                 req.settings[k].uint32_param = v
             else:
                 req.settings[k].string_param = str(v)
-        r = await self.router.call("LogSettings", req)
+        r = await self._call("LogSettings", req)
         return web.json_response({k: param_value(v) for k, v in r.settings.items()})
 
     async def infer(self, request: web.Request) -> web.Response:
         m, v = self._names(request)
         body = await request.read()
+        if self.passthrough is not None and not self.router.is_planned(m):
+            return await self.passthrough.infer(m, request, body)
         req, binary, default_binary, shm_outputs = parse_infer_request(m, v, body, request.headers.get(HEADER_LENGTH))
         resp = await self.router.submit(InferRequest.from_message(req, None))
         return infer_response_to_http(resp, binary, default_binary, shm_outputs)
 
 
 async def start_http(app: web.Application, bind: str, port: int, drain_timeout_s: float = 30.0,
-                     reuse_port: bool = False) -> web.AppRunner:
-    """``reuse_port``: several processes listen on the port (serve --workers), the kernel spreads connections."""
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=drain_timeout_s)
+                     reuse_port: bool = False, tls: ServerTls | None = None, cancel_on_hangup: bool = False
+                     ) -> web.AppRunner:
+    """``reuse_port``: several processes listen on the port (serve --workers), the kernel spreads connections;
+    ``tls``: HTTPS (serve --http-use-ssl), else plaintext HTTP; ``cancel_on_hangup`` (the KServe port): a handler
+    whose client hangs up is cancelled, and an inference's future with it, which withdraws its queued rows and their
+    reserved GPU time as a gRPC cancellation does (calls that must finish are shielded: HttpFront._call)."""
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=drain_timeout_s,
+                           handler_cancellation=cancel_on_hangup)
     await runner.setup()
-    await web.TCPSite(runner, bind, port, reuse_port=reuse_port or None).start()
+    context = tls.ssl_context() if tls is not None else None
+    await web.TCPSite(runner, bind, port, reuse_port=reuse_port or None, ssl_context=context).start()
     return runner

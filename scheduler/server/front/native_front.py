@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 import grpc
-import tritonclient.grpc.aio as grpcaio
+import tritonclient.http.aio as httpaio
 
 from backends import native_front
 from model_repository_gen.front_models import (
@@ -33,6 +33,7 @@ from model_repository_gen.triton_config import config_text
 from poolpipe_common.errors import InputError
 from runtime.tritonserver import TritonProcess, pid_alive
 from scheduler.server.common.errors import ServeError
+from scheduler.server.common.tls import ServerTls
 from scheduler.server.common.wire import InferRequest
 from scheduler.server.front.native_frames import (
     FrameError,
@@ -88,6 +89,12 @@ def passthrough_configs(address: str, planned: set[str]) -> list:
         else:
             configs.append(passthrough_front_config(cfg, address))
     return configs
+
+
+def priority_lost(planned_configs: list) -> list[str]:
+    """The planned models with priority levels: Triton's backend API gives the front's backend no request priority
+    (only the timeout), so their requests on the native port are scheduled at the default priority level."""
+    return [c.name for c in planned_configs if c.dynamic_batching.priority_levels > 0]
 
 
 class _Connection(asyncio.Protocol):
@@ -187,8 +194,9 @@ class NativeFront:
     MAX_BACKOFF_S = 30.0
 
     def __init__(self, router: Router, bind: str, grpc_port: int, http_port: int = 0, shared: bool = False,
-                 passthrough_http: str | None = None) -> None:
+                 passthrough_http: str | None = None, grpc_tls: ServerTls | None = None) -> None:
         self.router, self.bind, self.grpc_port, self.http_port = router, bind, grpc_port, http_port
+        self.grpc_tls = grpc_tls  # serve --grpc-use-ssl: the front's tritonserver takes the same flags itself
         self.passthrough_http = passthrough_http  # serve --passthrough-http: its models are forwarded from C
         self.shared = shared  # a worker of serve --workers: its siblings' front ends listen on the same ports
         self.triton: TritonProcess | None = None
@@ -219,11 +227,17 @@ class NativeFront:
             self.triton = TritonProcess(repo, grpc_port=self.grpc_port, http_port=self.http_port, host=self.bind,
                                         env={native_front.SOCKET_ENV: str(sock)},
                                         log_path=self._dir / "tritonserver.log", name="native front end",
-                                        shared_ports=self.shared)
+                                        shared_ports=self.shared,
+                                        extra_args=self.grpc_tls.triton_args() if self.grpc_tls else ())
             await asyncio.to_thread(self.triton.start)
         except BaseException:
             await self.close()
             raise
+        lost = priority_lost(planned_configs)
+        if lost:
+            log.warning("event=native_front_priority_ignored models=%s reason=Triton's backend API gives the front "
+                        "no request priority, so requests on the native port run at the default priority level; "
+                        "send prioritised requests to --grpc-port or --http-port", ",".join(lost))
         log.info("event=native_front_listening grpc=%s http=%s models=%d forwarded=%s", self.triton.grpc_url,
                  self.triton.http_url, len(planned_configs), ",".join(c.name for c in forwarded) or "-")
         self._watcher = asyncio.ensure_future(self._watch())
@@ -238,7 +252,7 @@ class NativeFront:
             return
         repo = self._dir / "repository"
         write_front_repository(repo, changed, native_front.library())
-        client = grpcaio.InferenceServerClient(self.triton.grpc_url)
+        client = httpaio.InferenceServerClient(self.triton.http_url)  # HTTP: the gRPC port may ask for TLS
         try:
             for c in changed:
                 await client.load_model(c.name)

@@ -17,11 +17,15 @@ from poolpipe_common.errors import InputError
 from scheduler.server.common.channels import GRPC_OPTIONS
 from scheduler.server.common.client_shm import ClientShmRegistry
 from scheduler.server.common.errors import ServeError, from_rpc_error, invalid
+from scheduler.server.common.forwarding import forwarded_metadata, header_parameters
 from scheduler.server.common.log_settings import LogSettings
 from scheduler.server.common.metrics import SidecarMetrics
+from scheduler.server.common.tls import ClientTls
 from scheduler.server.common.trace_settings import settings_from_request
 from scheduler.server.common.tracing import Tracer
 from scheduler.server.common.wire import INFER_METHOD, InferRequest
+from scheduler.server.front.health import unready_reason
+from scheduler.server.front.reserved import add_parameters, refuse_sequences
 
 if TYPE_CHECKING:  # the planned service is imported where a manifest is served (scheduler/server/app.py)
     from scheduler.server.control.reload import PlanSwitch
@@ -49,8 +53,11 @@ class Router:
     """Routes calls by model name; shared-memory registrations are kept locally and mirrored to the pass-through."""
 
     def __init__(self, passthrough: str | None, plans: PlanSwitch | None, metrics: SidecarMetrics,
-                 shm: ClientShmRegistry, tracer: Tracer | None = None) -> None:
+                 shm: ClientShmRegistry, tracer: Tracer | None = None, passthrough_tls: ClientTls | None = None
+                 ) -> None:
         self.passthrough_url = passthrough
+        self.passthrough_tls = passthrough_tls  # serve --passthrough-use-ssl: the channel there is TLS
+        self.strict_readiness = True  # serve --strict-readiness false: the server is ready while it is live
         self.tracer = tracer  # the sidecar's trace settings (planned models); None: trace calls go to the pass-through
         self.plans = plans  # which plan serves the planned models (None: no manifest, everything passes through)
         self.metrics = metrics
@@ -62,7 +69,9 @@ class Router:
 
     async def start(self) -> None:
         if self.passthrough_url:
-            self._channel = grpc.aio.insecure_channel(self.passthrough_url, options=GRPC_OPTIONS)
+            tls = self.passthrough_tls
+            self._channel = grpc.aio.insecure_channel(self.passthrough_url, options=GRPC_OPTIONS) if tls is None \
+                else grpc.aio.secure_channel(self.passthrough_url, tls.grpc_credentials(), options=GRPC_OPTIONS)
             self.stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
             self._infer_raw = self._channel.unary_unary(INFER_METHOD)
 
@@ -93,7 +102,7 @@ class Router:
             raise ServeError(grpc.StatusCode.UNIMPLEMENTED if method.startswith(("Repository", "Cuda", "Trace"))
                              else grpc.StatusCode.NOT_FOUND, self._no_passthrough(method, request))
         try:
-            return await getattr(self.stub, method)(request, timeout=timeout_s)
+            return await getattr(self.stub, method)(request, timeout=timeout_s, metadata=forwarded_metadata())
         except grpc.aio.AioRpcError as e:
             raise from_rpc_error(e) from None
 
@@ -108,6 +117,10 @@ class Router:
     # --- health and metadata ---------------------------------------------------------------------------------
 
     async def server_ready(self) -> bool:
+        """Triton's --strict-readiness: every planned model and the pass-through Triton ready (strict, the
+        default), else ready while live."""
+        if not self.strict_readiness:
+            return True
         if self.planned is not None and not all(self.planned.ready(m) for m in self.planned.names()):
             return False
         if self.stub is not None:
@@ -170,7 +183,8 @@ class Router:
             resp = await self.forward("RepositoryIndex", request, timeout_s)
         if self.planned is not None:
             for m in self.planned.names():
-                resp.models.add(name=m, version="1", state="READY" if self.planned.ready(m) else "UNAVAILABLE")
+                why = unready_reason(self.planned, m)  # what is missing, as Triton says why a model is unavailable
+                resp.models.add(name=m, version="1", state="UNAVAILABLE" if why else "READY", reason=why)
         return resp
 
     async def _RepositoryModelLoad(self, request: Any, timeout_s: float | None) -> Any:
@@ -188,13 +202,19 @@ class Router:
 
     async def _TraceSetting(self, request: Any, timeout_s: float | None) -> Any:
         """The trace extension: the sidecar's settings (global, or a planned model's); another model's go to the
-        pass-through Triton."""
+        pass-through Triton, and so does a global change (its models follow the global settings too)."""
         if self.tracer is None or (request.model_name and not self.is_planned(request.model_name)):
             return await self.forward("TraceSetting", request, timeout_s)
         try:
             settings = self.tracer.settings.update(request.model_name, settings_from_request(request.settings))
         except InputError as e:
             raise ServeError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+        if not request.model_name and request.settings and self.stub is not None:
+            try:
+                await self.forward("TraceSetting", request, timeout_s)
+            except ServeError as e:  # the sidecar's own settings changed: say what the pass-through refused
+                log.warning("event=trace_settings_not_forwarded passthrough=%s error=%r", self.passthrough_url,
+                            e.message)
         resp = service_pb2.TraceSettingResponse()
         for k, v in settings.items():
             resp.settings[k].value.extend(v)
@@ -262,6 +282,9 @@ class Router:
         if self.plans.on_arrival is not None:  # type: ignore[union-attr]
             self.plans.on_arrival(model)  # type: ignore[union-attr]
         try:
+            if request.decoded is None:  # the native front end's requests carry no sequence (its backend refuses)
+                refuse_sequences(model, request.message().parameters)
+                add_parameters(request.message(), header_parameters())
             future = self.plans.current.submit(request)  # type: ignore[union-attr]
         except ServeError as e:
             self._count(model, series, t0, e)
@@ -277,12 +300,15 @@ class Router:
         """A pass-through model's inference: its bytes as received (Triton's answer comes back as bytes), else the
         message."""
         left = _left_s(request.deadline_s)
-        if request.wire is not None and self._infer_raw is not None:
+        params = header_parameters()  # --grpc/http-header-forward-pattern: then the message, with them, goes
+        if request.wire is not None and self._infer_raw is not None and not params:
             try:
-                return await self._infer_raw(request.wire, timeout=left)
+                return await self._infer_raw(request.wire, timeout=left, metadata=forwarded_metadata())
             except grpc.aio.AioRpcError as e:
                 raise from_rpc_error(e) from None
-        return await self.forward("ModelInfer", request.message(), left)
+        message = request.message()
+        add_parameters(message, params)
+        return await self.forward("ModelInfer", message, left)
 
     def _count(self, model: str, series: Any, t0: float, error: BaseException | None) -> None:
         """Count one answered request (``error`` None) or one failed with a ServeError (other errors are not)."""

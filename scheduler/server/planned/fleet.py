@@ -16,6 +16,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from model_repository_gen.manifest import Manifest, PipelineInfo
 from scheduler.server.common.channels import GRPC_OPTIONS
+from scheduler.server.common.tls import stage_channel
 from scheduler.server.planned.shm_pool import HostPool, Region, align, stale
 from scheduler.server.planned.stage_client import StageClient, stage_client
 
@@ -93,7 +94,7 @@ class Fleet:
                     for v in s.vgpus:
                         models_on.setdefault(v, set()).add(s.triton_model)
         for g in self.manifest.vgpus:
-            ch = grpc.aio.insecure_channel(g.grpc_url, options=CHANNEL_OPTIONS)
+            ch = stage_channel(g.grpc_url, CHANNEL_OPTIONS)  # TLS with serve --stage-use-ssl
             stub = service_pb2_grpc.GRPCInferenceServiceStub(ch)
             self.servers[g.id] = VGpuServer(g.id, self.machine[g.host], g.grpc_url,
                                             tuple(sorted(models_on.get(g.id, ()))), ch, stub,
