@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
     from runtime.launch import Deployment
     from runtime.migration import Migration
+    from runtime.sidecar_watch import SidecarWatch
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -40,6 +41,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sidecar", metavar="HOST:PORT",
                    help="the sidecar's HTTP address: after a migration, the old deployment's servers stop once the "
                         "sidecar dispatches to the new one (GET /v2/poolpipe/plan)")
+    p.add_argument("--sidecar-use-ssl", action="store_true",
+                   help="ask the sidecar over HTTPS (serve --http-use-ssl), trusting the system's roots or "
+                        "--sidecar-root-cert; implied by the --sidecar-*-cert flags")
+    p.add_argument("--sidecar-root-cert", type=Path, metavar="PEM",
+                   help="the CA certificate that signed the sidecar's HTTPS certificate (serve --http-server-cert)")
+    p.add_argument("--sidecar-client-cert", type=Path, metavar="PEM",
+                   help="launch's client certificate, for a sidecar that asks for one (serve --http-use-ssl-mutual)")
+    p.add_argument("--sidecar-client-key", type=Path, metavar="PEM", help="the key of --sidecar-client-cert")
     p.add_argument("--retire-after", type=float, default=60.0, metavar="S",
                    help="without --sidecar: seconds from a migration's new servers being ready until the old "
                         "deployment's servers stop; reload the sidecar within them (default 60)")
@@ -58,25 +67,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_run)
 
 
-def sidecar_serves(sidecar: str, directory: Path) -> bool:
-    """Whether the sidecar at ``sidecar`` dispatches to ``directory`` and no reload is under way."""
-    import json
-    import urllib.error
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(f"http://{sidecar}/v2/poolpipe/plan", timeout=2) as r:
-            state = json.loads(r.read())
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
-    return Path(state.get("directory", "")) == directory and not state.get("reloading")
-
-
 class Migrator:
     """The SIGHUP side of ``launch``: one migration at a time, retired when the sidecar (or the clock) says."""
 
-    def __init__(self, dep: "Deployment", args: argparse.Namespace, err: "Console") -> None:
+    def __init__(self, dep: "Deployment", args: argparse.Namespace, err: "Console",
+                 sidecar: "SidecarWatch | None" = None) -> None:
         self.dep, self.args, self.err = dep, args, err
+        self.sidecar = sidecar  # --sidecar (over HTTPS with --sidecar-use-ssl); None: retire by the clock
         self.migration: Migration | None = None
         self.retire_at = 0.0
 
@@ -94,7 +91,7 @@ class Migrator:
             return
         m = self.migration
         self.retire_at = time.monotonic() + self.args.retire_after
-        wait = (f"waiting for the sidecar {self.args.sidecar} to serve it" if self.args.sidecar
+        wait = (f"waiting for the sidecar {self.sidecar.url} to serve it" if self.sidecar is not None
                 else f"the old servers stop in {self.args.retire_after:.0f} s")
         print(f"migrating to {m.directory}: {m.steps.summary()}; new servers ready; reload the sidecar ({wait})",
               flush=True)
@@ -103,7 +100,7 @@ class Migrator:
         m = self.migration
         if m is None:
             return
-        done = (sidecar_serves(self.args.sidecar, m.directory) if self.args.sidecar
+        done = (self.sidecar.serves(m.directory) if self.sidecar is not None
                 else time.monotonic() >= self.retire_at)
         if done:
             report = m.finish()
@@ -136,9 +133,12 @@ def _run(args: argparse.Namespace) -> int:
     )
 
     from runtime.launch import Deployment
+    from runtime.sidecar_watch import sidecar_watch
     from runtime.supervise import RestartPolicy, Supervisor, reclaim_predecessors, remove_state, write_state
 
     err = Console(stderr=True)
+    watch = sidecar_watch(args.sidecar, args.sidecar_use_ssl, args.sidecar_root_cert, args.sidecar_client_cert,
+                          args.sidecar_client_key)  # certificates TLS cannot use: one line, before anything starts
     reclaimed = reclaim_predecessors()  # first: a dead launch's servers hold their ports
     if reclaimed.launches or reclaimed.shm_regions:
         print(reclaimed.line(), file=sys.stderr, flush=True)
@@ -174,7 +174,7 @@ def _run(args: argparse.Namespace) -> int:
                   f"metrics {s.address}:{s.metrics_port}  models {models}")
         print(f"ready: {total} tritonserver(s); Ctrl-C to stop, SIGHUP to migrate to what {args.dir} names now",
               flush=True)
-        migrator = Migrator(dep, args, err)
+        migrator = Migrator(dep, args, err, watch)
         supervisor = Supervisor(dep, RestartPolicy(args.max_restarts, args.restart_backoff,
                                                    max(30.0, args.restart_backoff)), lambda s: print(s, flush=True))
         pids: dict[str, int] = {}

@@ -6,6 +6,7 @@ takes the same flags, and certificates that do not load, have expired or are ano
 from __future__ import annotations
 
 import logging
+import re
 import ssl
 import time
 from pathlib import Path
@@ -17,9 +18,11 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from backends import native_front
+from poolpipe.cli import build_parser
 from poolpipe_common.net import free_ports
 from runtime.launch import Deployment
 from runtime.sidecar_process import SidecarProcess
+from runtime.sidecar_watch import SidecarWatch, sidecar_watch
 from runtime.testbed import EMULATED_MODEL, build_emulated_deployment
 from runtime.tritonserver import TritonProcess
 from scheduler.server.common.tls import ServerTls, TlsSettings, warn_plaintext
@@ -205,6 +208,40 @@ def test_perf_analyzer_with_its_ssl_flags(secured: SidecarProcess, certs: Certs,
     out = run_perf_analyzer(url, "simple", protocol, *flags, "--measurement-mode", "count_windows",
                             "--measurement-request-count", "50", "--stability-percentage", "100")
     assert "Throughput:" in out
+
+
+def _launch_watch(*flags: str) -> SidecarWatch | None:
+    """What ``poolpipe launch DIR FLAGS`` watches the sidecar with."""
+    a = build_parser().parse_args(["launch", "deploy", *flags])
+    return sidecar_watch(a.sidecar, a.sidecar_use_ssl, a.sidecar_root_cert, a.sidecar_client_cert,
+                         a.sidecar_client_key)
+
+
+@pytest.mark.triton
+def test_launch_watches_an_https_sidecar_with_its_root_certificate(secured: SidecarProcess, certs: Certs) -> None:
+    """launch --sidecar with --sidecar-root-cert asks the sidecar over HTTPS which deployment it serves, so a
+    migration's old servers stop once it serves the new one (before, launch asked over plain HTTP, an HTTPS sidecar
+    never answered, and the old servers ran on)."""
+    directory = Path(secured.manifest).resolve()
+    watch = _launch_watch("--sidecar", secured.http_url, "--sidecar-root-cert", str(certs.ca))
+    assert watch is not None and watch.url.startswith("https://") and watch.serves(directory)
+    assert not watch.serves(directory / "other")
+    assert not _launch_watch("--sidecar", secured.http_url).serves(directory)  # plain HTTP to the HTTPS port
+    stranger = _launch_watch("--sidecar", secured.http_url, "--sidecar-root-cert", str(certs.other_ca))
+    assert not stranger.serves(directory)  # roots that did not sign the sidecar's certificate: refused
+
+
+@pytest.mark.parametrize(("flags", "expected"), [
+    (("--sidecar-root-cert", "ca.pem"), "need --sidecar HOST:PORT"),
+    (("--sidecar", "127.0.0.1:1", "--sidecar-root-cert", "NOT_PEM"), "--sidecar-root-cert .*TLS cannot use it"),
+    (("--sidecar", "127.0.0.1:1", "--sidecar-client-cert", "CLIENT"), "go together")])
+def test_launch_refuses_sidecar_tls_flags_it_cannot_use(certs: Certs, tmp_path: Path, flags: tuple[str, ...],
+                                                       expected: str) -> None:
+    flags = tuple(str(certs.not_pem) if f == "NOT_PEM" else str(certs.client_cert) if f == "CLIENT" else f
+                  for f in flags)
+    r = run_cli("launch", str(tmp_path), *flags)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert re.search(expected, r.stderr), r.stderr
 
 
 # --- live: TLS to the pass-through Triton; mutual TLS on HTTPS --------------------------------------------

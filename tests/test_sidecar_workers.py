@@ -9,7 +9,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
+import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -23,12 +26,13 @@ import tritonclient.utils.shared_memory as shm
 
 from backends import native_front
 from poolpipe_common.net import free_port
+from runtime import netbed
 from runtime.launch import Deployment
 from runtime.sidecar_process import SidecarProcess
 from runtime.testbed import EMULATED_MODEL, build_emulated_deployment
 from scheduler.server.front.native_front import DIR_PREFIX
 from scheduler.server.planned.shm_pool import PREFIX, SHM_DIR
-from tests.conftest import run_cli
+from tests.conftest import ROOT, run_cli
 
 pytestmark = pytest.mark.triton
 CLIENTS = 16  # separate connections (the kernel spreads connections, not requests, over the workers)
@@ -268,3 +272,26 @@ def test_a_worker_that_fails_its_first_start_stops_serve_with_one_line(tmp_path:
     assert r.returncode == 2
     assert re.search(r"poolpipe serve: error: sidecar worker \d exited with status 2 before it was ready",
                      r.stderr.splitlines()[-1])
+
+
+@pytest.mark.skipif(netbed.unavailable() is not None or shutil.which("unshare") is None,
+                    reason=f"no private network namespace here: {netbed.unavailable() or 'unshare is missing'}")
+def test_off_loopback_the_plaintext_warning_is_said_once(tmp_path: Path) -> None:
+    """serve --workers 2 bound off loopback without TLS: one event=plaintext_off_loopback line, the parent's (before,
+    one per worker). Served in a network namespace of its own, whose only interface is its loopback, so 0.0.0.0
+    opens nothing on this machine's network (the servers are out of its reach: the workers start unready)."""
+    deploy = build_emulated_deployment(tmp_path, gpus=2)
+    log = tmp_path / "serve.log"
+    serve = (f"ip link set lo up && exec {sys.executable} -m poolpipe serve --manifest {deploy} --workers 2 "
+             "--bind 0.0.0.0 --grpc-port 8001 --http-port 8000 --metrics-port 8002")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with open(log, "wb") as out:
+        p = subprocess.Popen(["unshare", "--net", "--", "sh", "-c", serve], stdout=out, stderr=subprocess.STDOUT,
+                             env=env)
+    try:
+        _wait("both workers listen", lambda: log.read_text().count("event=listening") == 2)
+    finally:
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(60) == 0
+    lines = [x for x in log.read_text().splitlines() if "event=plaintext_off_loopback" in x]
+    assert len(lines) == 1 and "[worker" not in lines[0] and "ports=grpc,http" in lines[0], lines  # the parent's

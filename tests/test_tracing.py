@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import http.server
+import json
 import threading
 import time
 from pathlib import Path
@@ -25,10 +26,12 @@ from poolpipe_common.net import free_port
 from runtime.launch import Deployment
 from runtime.sidecar_process import SidecarProcess
 from scheduler.server.common.trace_settings import Sampling, TraceSettings, parse_trace_config
-from scheduler.server.common.tracing import DispatchTraces, Tracer
+from scheduler.server.common.tracing import CallTrace, DispatchTraces, Tracer
 from tests.conftest import run_cli
 from tests.deploy_helpers import write_cluster
 from tests.test_emulated import MODEL, SCALE, emulated_hosts, ppipe_plan
+
+CLIENT_SPAN = "00f067aa0ba902b7"  # the span id of the client's traceparent
 
 
 def test_trace_config_takes_tritonservers_syntax():
@@ -73,6 +76,7 @@ def test_span_tree_of_a_two_stage_request():
     dt = DispatchTraces.of([call, call], 7, "m/0", 1500.0)  # two rows of one call: one trace, once
     t0 = SimpleNamespace(ready_us=1500.0, send_us=1510.0, start_us=1600.0, end_us=2600.0, recv_us=2700.0)
     t1 = SimpleNamespace(ready_us=2700.0, send_us=2750.0, start_us=2800.0, end_us=3800.0, recv_us=3900.0)
+    called = [dt.call_context(0), dt.call_context(1)]  # each stage call's traceparent, before it goes out
     dt.stage(0, "m_p0", "a0", "127.0.0.1:1", None, t0)
     dt.stage(1, "m_p1", "b0", "127.0.0.2:1", "grpc", t1)
     tracer.finish(ct, 4000.0)
@@ -90,21 +94,48 @@ def test_span_tree_of_a_two_stage_request():
     assert (computes[0].end_time - computes[0].start_time) == 1_000_000  # 1000 µs, in ns
     assert spans["queue"].end_time - spans["queue"].start_time == 500_000
     assert root.attributes["triton.model_name"] == "m" and root.status.is_ok
+    for k, tp in enumerate(called):  # the request's trace, the stage's span as the parent, sampled
+        stage = next(s for s in mem.get_finished_spans() if s.name.startswith(f"stage {k}:"))
+        assert tp == f"00-{root.context.trace_id:032x}-{stage.context.span_id:016x}-01"
+
+
+def test_a_stage_call_of_several_traced_requests_carries_the_first_ones_context():
+    mem = InMemorySpanExporter()
+    tracer = Tracer(parse_trace_config(["level=TIMESTAMPS", "rate=1"]), exporter=mem)
+    client = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    a = SimpleNamespace(trace=CallTrace("m", "a", 1000.0, {}, client))  # came with the client's traceparent
+    b = SimpleNamespace(trace=CallTrace("m", "b", 1000.0, {}))
+    dt = DispatchTraces.of([a, b], 1, "m/0", 1500.0)
+    tp = dt.call_context(0)
+    dt.stage(0, "m_p0", "a0", "127.0.0.1:1", None, SimpleNamespace(ready_us=1500.0, send_us=1510.0, start_us=1600.0,
+                                                                    end_us=2600.0, recv_us=2700.0))
+    tracer.finish(a.trace, 3000.0)
+    tracer.finish(b.trace, 3000.0)
+    stages = {s.context.trace_id: s for s in mem.get_finished_spans() if s.name == "stage 0: m_p0"}
+    first = stages[int(client[3:35], 16)]
+    assert tp == f"{client[:35]}-{first.context.span_id:016x}-01"
+    assert len(stages) == 2 and f"{stages[b.trace.trace_id].context.span_id:016x}" not in tp  # b's: in b's trace
 
 
 class _Receiver(http.server.BaseHTTPRequestHandler):
-    """An OTLP/HTTP trace receiver: keeps every exported span."""
+    """An OTLP/HTTP trace receiver: keeps every exported span (the sidecar's, protobuf; tritonserver's, JSON with hex
+    ids, kept as dicts in ``triton``)."""
 
     spans: list = []
+    triton: list = []
 
     def do_POST(self) -> None:  # noqa: N802 - http.server's name
         body = self.rfile.read(int(self.headers["Content-Length"]))
         if self.headers.get("Content-Encoding") == "gzip":
             body = gzip.decompress(body)
-        req = ExportTraceServiceRequest.FromString(body)
-        for rs in req.resource_spans:
-            for ss in rs.scope_spans:
-                type(self).spans.extend(ss.spans)
+        if self.headers.get("Content-Type") == "application/json":
+            for rs in json.loads(body).get("resourceSpans", []):
+                for ss in rs.get("scopeSpans", []):
+                    type(self).triton.extend(ss.get("spans", []))
+        else:
+            for rs in ExportTraceServiceRequest.FromString(body).resource_spans:
+                for ss in rs.scope_spans:
+                    type(self).spans.extend(ss.spans)
         self.send_response(200)
         self.send_header("Content-Type", "application/x-protobuf")
         self.end_headers()
@@ -183,3 +214,76 @@ def test_live_trace_has_one_span_per_stage_and_the_shed_reason(tmp_path: Path) -
     shed_root = next(s for s in shed_spans if s.name == "InferRequest" and s.trace_id != root.trace_id)
     assert shed_root.status.code == 2 and "shed to protect the SLO" in shed_root.status.message  # STATUS_CODE_ERROR
     assert "Traceback" not in (tmp_path / "sidecar.log").read_text()
+
+
+def _otel_flags(port: int) -> tuple[str, ...]:
+    return tuple(f"--trace-config={c}" for c in ("mode=opentelemetry", "level=TIMESTAMPS", "rate=1",
+                                                   f"opentelemetry,url=127.0.0.1:{port}/v1/traces",
+                                                   "opentelemetry,bsp_schedule_delay=50"))
+
+
+def _links(trace_id: str, want: set[str], timeout_s: float) -> set[str]:
+    """The sidecar's stage spans of one trace that a Triton server's request span names as its parent ("elsewhere":
+    a Triton span of the trace whose parent is no stage span), once all of ``want`` are in or ``timeout_s`` passed."""
+    end = time.monotonic() + timeout_s
+    while True:
+        mine = [s for s in _Receiver.spans if s.trace_id.hex() == trace_id]
+        stage_spans = {s.span_id.hex(): s.name for s in mine if s.name.startswith("stage ")}
+        got = {stage_spans.get(s["parentSpanId"], "elsewhere") for s in list(_Receiver.triton)
+               if s["traceId"] == trace_id and s["name"] == "InferRequest"}
+        if any(s.name == "InferRequest" for s in mine) and got >= want or time.monotonic() > end:
+            return got
+        time.sleep(0.05)
+
+
+def _root(request_id: str, timeout_s: float = 60.0):
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        for s in list(_Receiver.spans):
+            if s.name == "InferRequest" and any(a.key == "triton.request_id" and a.value.string_value == request_id
+                                                for a in s.attributes):
+                return s
+        time.sleep(0.05)
+    raise AssertionError(f"no span of request {request_id}")
+
+
+@pytest.mark.triton
+def test_stage_calls_carry_the_trace_to_the_triton_servers(tmp_path: Path) -> None:
+    """Every stage call of a traced request carries a W3C traceparent: a Triton server tracing in OpenTelemetry mode
+    shows the client's trace id, with the sidecar's span of that stage as the parent of its own request span; without
+    a client traceparent, the sidecar's own trace goes on there. Over HTTP (the default stage protocol) every call;
+    over gRPC (--stage-protocol grpc) tritonserver's gRPC front end itself starts a trace of its own for a few calls
+    (3 in 80 from tritonclient straight to it), so each stage must show the trace in one of a few requests."""
+    port = free_port()
+    receiver = http.server.ThreadingHTTPServer(("127.0.0.1", port), _Receiver)
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    _Receiver.spans, _Receiver.triton = [], []
+    cluster = write_cluster(tmp_path / "cluster.json", emulated_hosts())
+    manifest = generate(ppipe_plan(), {}, cluster, tmp_path / "deploy", emulated_tensor_scale=SCALE)
+    want = {f"stage {k}: {s.triton_model}" for k, s in enumerate(manifest.model(MODEL).pipelines[0].stages)}
+    i = grpcclient.InferInput("input", [1, 3, 22, 22], "FP32")
+    i.set_data_from_numpy(np.zeros((1, 3, 22, 22), np.float32))
+    got: dict[str, set[str]] = {"http": set(), "own": set(), "grpc": set()}
+    try:
+        with Deployment(tmp_path / "deploy", log_dir=tmp_path / "logs", triton_args=_otel_flags(port)):
+            for protocol in ("http", "grpc"):
+                with SidecarProcess(manifest=tmp_path / "deploy", log_path=tmp_path / f"{protocol}.log",
+                                    extra_args=(*_otel_flags(port), "--stage-protocol", protocol)) as sc, \
+                        grpcclient.InferenceServerClient(sc.wait_ready().grpc_url) as c:
+                    for n in range(1 if protocol == "http" else 6):
+                        trace_id = f"{'a' if protocol == 'http' else 'b'}{n + 1:031x}"  # the client's
+                        c.infer(MODEL, [i], request_id=f"{protocol}-{n}",
+                                headers={"traceparent": f"00-{trace_id}-{CLIENT_SPAN}-01"})
+                        assert _root(f"{protocol}-{n}").parent_span_id.hex() == CLIENT_SPAN  # the client's span
+                        links = _links(trace_id, want, 60.0 if protocol == "http" else 10.0)
+                        assert "elsewhere" not in links, links  # never another parent
+                        got[protocol] |= links
+                        if got[protocol] == want:
+                            break
+                    if protocol == "http":
+                        c.infer(MODEL, [i], request_id="own")
+                        got["own"] = _links(_root("own").trace_id.hex(), want, 60.0)
+    finally:
+        receiver.shutdown()
+        receiver.server_close()
+    assert got == {"http": want, "own": want, "grpc": want}

@@ -157,7 +157,8 @@ class Sidecar:
                  c.grpc_port, c.bind, c.http_port, c.bind, c.metrics_port,
                  ",".join(self.plans.current.names()) if self.plans else "-", c.passthrough or "-",
                  tls_summary(c.tls))
-        warn_plaintext(c.bind, c.tls)
+        if c.group is None:  # a worker of serve --workers N says nothing: the parent says it once for all
+            warn_plaintext(c.bind, c.tls)
 
     def _planned_configs(self) -> list:
         """The model configs of the plan being served (none without a manifest)."""

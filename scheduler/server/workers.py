@@ -32,6 +32,7 @@ from runtime.supervise import RestartPolicy
 from scheduler.server import serve_front_cli
 from scheduler.server.app import SidecarConfig
 from scheduler.server.common.metrics_merge import counter_samples, merge_expositions
+from scheduler.server.common.tls import warn_plaintext
 from scheduler.server.front.http_front import start_http
 from scheduler.server.planned.manifest_shard import check_split
 from scheduler.server.planned.shm_pool import remove_stale_regions
@@ -217,6 +218,7 @@ class WorkerPool:
             log.info("event=workers_started workers=%d pids=%s grpc=%s:%d http=%s:%d metrics=%s:%d",
                      len(self.slots), ",".join(str(s.proc.pid) for s in self.slots), c.bind, c.grpc_port, c.bind,
                      c.http_port, c.bind, c.metrics_port)
+            warn_plaintext(c.bind, c.tls)  # once for the workers' shared ports (they say nothing)
             next_scrape = time.monotonic() + SCRAPE_EVERY_S
             while not stop.is_set() and error is None:
                 if not all(s.ready for s in self.slots):

@@ -10,12 +10,15 @@
         │   └── response           compute ends -> response received
         └── hop K-1->K             previous response -> this stage sent (shm, or http / grpc: the stage protocol)
 
-Nothing is recorded while tracing is off (``Tracer.on`` is one attribute read per request and per dispatch).
+The trace continues the client's (its W3C ``traceparent``) and goes on on the Triton servers: each stage call carries
+a ``traceparent`` naming its stage span, so a tritonserver tracing in OpenTelemetry mode makes its spans children of
+it. Nothing is recorded while tracing is off (``Tracer.on`` is one attribute read per request and per dispatch).
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,17 +38,30 @@ class SpanRecord:
     end_us: float
     parent: int  # index in CallTrace.spans (ROOT: the request's span)
     attrs: dict[str, Any] = field(default_factory=dict)
+    span_id: int | None = None  # chosen before the span is made (a stage call named it as its parent); None: random
+
+
+def new_id(bits: int) -> int:
+    """A random W3C trace (128 bits) or span (64 bits) id: never the invalid all-zero one."""
+    return random.getrandbits(bits) or 1
 
 
 class CallTrace:
     """The spans of one traced request, recorded as it is served."""
 
-    __slots__ = ("model", "request_id", "arrival_us", "attrs", "spans", "queue_end_us", "traceparent")
+    __slots__ = ("model", "request_id", "arrival_us", "attrs", "spans", "queue_end_us", "parent", "trace_id",
+                 "flags")
 
     def __init__(self, model: str, request_id: str, arrival_us: float, attrs: dict[str, Any],
                  traceparent: str | None = None) -> None:
+        from scheduler.server.common.trace_ids import remote_parent  # noqa: PLC0415 - only when tracing
+
         self.model = model
-        self.traceparent = traceparent  # the client's W3C trace context: the request's span continues its trace
+        # the client's W3C trace context (a malformed one starts a new trace, as the W3C propagator decides): the
+        # request's span continues its trace, and the stage calls carry its trace id and flags
+        self.parent = remote_parent(traceparent)
+        self.trace_id = self.parent.trace_id if self.parent is not None else new_id(128)
+        self.flags = int(self.parent.trace_flags) if self.parent is not None else 1  # 1: sampled
         self.request_id = request_id
         self.arrival_us = arrival_us
         self.attrs = attrs
@@ -65,11 +81,12 @@ class CallTrace:
 class DispatchTraces:
     """The traced requests riding one dispatch and their dispatch spans: each stage is recorded into all."""
 
-    __slots__ = ("entries", "last_recv_us")
+    __slots__ = ("entries", "last_recv_us", "call_span_ids")
 
     def __init__(self, traces: list[CallTrace], dispatch_id: int, pipeline: str, batch: int, now_us: float) -> None:
         self.entries = [(ct, ct.dispatched(dispatch_id, pipeline, batch, now_us)) for ct in traces]
         self.last_recv_us: float | None = None
+        self.call_span_ids: dict[int, int] = {}  # stage -> the span id its call's traceparent named
 
     @classmethod
     def of(cls, calls: list[Any], dispatch_id: int, pipeline: str, now_us: float) -> "DispatchTraces | None":
@@ -80,15 +97,25 @@ class DispatchTraces:
                 seen[id(c.trace)] = c.trace
         return cls(list(seen.values()), dispatch_id, pipeline, len(calls), now_us) if seen else None
 
+    def call_context(self, k: int) -> str:
+        """The W3C ``traceparent`` stage ``k``'s call carries: its parent is the stage's span, which :meth:`stage`
+        records under the span id chosen here. A call carries the rows of several requests but one header names
+        one parent: the first traced request's (the others' stage spans are in their traces alone)."""
+        ct = self.entries[0][0]
+        span_id = self.call_span_ids[k] = new_id(64)
+        return f"00-{ct.trace_id:032x}-{span_id:016x}-{ct.flags:02x}"
+
     def stage(self, k: int, partition: str, vgpu: str, server: str, hop: str | None, t: Any) -> None:
         """Stage ``k``'s measured timing ``t`` (ready, send, start, end, recv in µs); ``hop``: how its input came
         from the previous stage (shm, grpc; None for the first)."""
         attrs = {"poolpipe.stage": k, "poolpipe.partition": partition, "poolpipe.vgpu": vgpu, "poolpipe.server": server}
-        for ct, parent in self.entries:
+        call_span_id = self.call_span_ids.pop(k, None)
+        for i, (ct, parent) in enumerate(self.entries):
             if hop is not None and self.last_recv_us is not None:
                 ct.spans.append(SpanRecord(f"hop {k - 1}->{k}", self.last_recv_us, t.send_us, parent,
                                            {"poolpipe.hop": hop}))
-            ct.spans.append(SpanRecord(f"stage {k}: {partition}", t.ready_us, t.recv_us, parent, attrs))
+            ct.spans.append(SpanRecord(f"stage {k}: {partition}", t.ready_us, t.recv_us, parent, attrs,
+                                       call_span_id if i == 0 else None))
             me = len(ct.spans) - 1
             ct.spans += [SpanRecord("send", t.send_us, t.start_us, me), SpanRecord("compute", t.start_us, t.end_us, me),
                          SpanRecord("response", t.end_us, t.recv_us, me)]
@@ -106,6 +133,7 @@ class Tracer:
         self._exporter = exporter
         self._provider: Any = None
         self._otel: Any = None
+        self._ids: Any = None  # trace_ids.ChosenIds, once tracing
         self._offset_ns = time.time_ns() - time.monotonic_ns()
 
     @property
@@ -135,18 +163,20 @@ class Tracer:
 
         tracer = self._tracer()
         parent = otel_context.Context()
-        if ct.traceparent is not None:  # a malformed one starts a new trace, as the W3C propagator decides
-            from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator  # noqa: PLC0415
-            parent = TraceContextTextMapPropagator().extract({"traceparent": ct.traceparent}, context=parent)
+        if ct.parent is not None:
+            parent = otel_trace.set_span_in_context(otel_trace.NonRecordingSpan(ct.parent), parent)
+        self._ids.choose(trace_id=ct.trace_id if ct.parent is None else None)  # the id its stage calls carried
         root = tracer.start_span("InferRequest", context=parent, start_time=self._ns(ct.arrival_us),
                                  attributes={"triton.model_name": ct.model, "triton.model_version": "1",
                                              "triton.request_id": ct.request_id, **ct.attrs})
         queue_end = ct.queue_end_us if ct.queue_end_us is not None else end_us
-        spans = [("queue", ct.arrival_us, queue_end, ROOT, {})] + [
-            (s.name, s.start_us, s.end_us, s.parent + 1 if s.parent != ROOT else ROOT, s.attrs) for s in ct.spans]
+        spans = [("queue", ct.arrival_us, queue_end, ROOT, {}, None)] + [
+            (s.name, s.start_us, s.end_us, s.parent + 1 if s.parent != ROOT else ROOT, s.attrs, s.span_id)
+            for s in ct.spans]
         made: list[Any] = []
-        for name, start, end, parent, attrs in spans:
+        for name, start, end, parent, attrs, span_id in spans:
             ctx = otel_trace.set_span_in_context(root if parent == ROOT else made[parent])
+            self._ids.choose(span_id=span_id)
             sp = tracer.start_span(name, context=ctx, start_time=self._ns(start), attributes=attrs)
             made.append(sp)
             sp.end(end_time=self._ns(max(end, start)))
@@ -161,7 +191,10 @@ class Tracer:
             from opentelemetry.sdk.trace import TracerProvider  # noqa: PLC0415
             from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor  # noqa: PLC0415
 
-            self._provider = TracerProvider(resource=Resource.create(self.config.resource))
+            from scheduler.server.common.trace_ids import ChosenIds  # noqa: PLC0415
+
+            self._ids = ChosenIds()
+            self._provider = TracerProvider(resource=Resource.create(self.config.resource), id_generator=self._ids)
             if self._exporter is not None:
                 self._provider.add_span_processor(SimpleSpanProcessor(self._exporter))
             else:

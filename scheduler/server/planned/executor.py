@@ -132,7 +132,8 @@ class LiveExecutor:
                     self.metrics.child(self.metrics.hops, hop).inc()
                 hops, timing = await self.run_stage(a.vgpu, pipe.stages[a.stage], hops,
                                                     following.vgpu if following else None, deadline_us,
-                                                    f"{d.id}.{a.stage}")
+                                                    f"{d.id}.{a.stage}",
+                                                    traces.call_context(a.stage) if traces is not None else None)
                 held = None
                 if timing is not None:
                     idle = self.occupancy.measured(a.vgpu, timing.send_us, timing.start_us, timing.end_us)
@@ -196,9 +197,11 @@ class LiveExecutor:
 
     # -- one stage ------------------------------------------------------------------------------------------
     async def run_stage(self, vgpu: str, stage: StageInfo, inputs: list[HopTensor], next_vgpu: str | None,
-                        deadline_us: float, request_id: str) -> tuple[list[HopTensor], StageTiming | None]:
+                        deadline_us: float, request_id: str, traceparent: str | None = None
+                        ) -> tuple[list[HopTensor], StageTiming | None]:
         """Run one stage on ``vgpu``; its outputs go to a shared-memory region when ``next_vgpu`` shares the
-        machine's pool. Returns the outputs and the stage's timing (None if the server sent no timestamps)."""
+        machine's pool; ``traceparent``: the W3C trace context the call carries (traced batches). Returns the
+        outputs and the stage's timing (None if the server sent no timestamps)."""
         t_ready = now_us()
         srv = self.fleet.servers[vgpu]
         batch = inputs[0].shape[0]
@@ -208,7 +211,7 @@ class LiveExecutor:
         timeout = max(deadline_us - now_us(), 0.0) / 1e6 + 1.0
         t_send = now_us()
         try:
-            raw, offsets = await srv.stage.call(stage, inputs, out_region, batch, request_id, timeout)
+            raw, offsets = await srv.stage.call(stage, inputs, out_region, batch, request_id, timeout, traceparent)
             t_recv = now_us()
         except StageCallError as e:
             if out_region is not None:

@@ -20,10 +20,12 @@ StageAnswer = tuple[dict[str, tuple[list[int], bytes]], dict[str, int]]
 
 
 class StageClient(Protocol):
-    """Runs one stage's batch on one tritonserver; a StageCallError (in gRPC's status terms) when it fails."""
+    """Runs one stage's batch on one tritonserver; a StageCallError (in gRPC's status terms) when it fails.
+    ``traceparent`` (a traced batch's W3C trace context) travels as the HTTP header or gRPC metadata of that name,
+    where a tritonserver tracing in OpenTelemetry mode takes it as its spans' parent."""
 
     async def call(self, stage: StageInfo, inputs: list[HopTensor], out_region: Region | None, batch: int,
-                   request_id: str, timeout_s: float) -> StageAnswer: ...
+                   request_id: str, timeout_s: float, traceparent: str | None = None) -> StageAnswer: ...
 
     def close(self) -> None: ...
 
@@ -35,9 +37,9 @@ class HttpStage:
         self.client = HttpStageClient(address)
 
     async def call(self, stage: StageInfo, inputs: list[HopTensor], out_region: Region | None, batch: int,
-                   request_id: str, timeout_s: float) -> StageAnswer:
+                   request_id: str, timeout_s: float, traceparent: str | None = None) -> StageAnswer:
         head, binary, offsets = encode_call(stage, inputs, out_region, batch, request_id)
-        return await self.client.infer(stage.triton_model, head, binary, timeout_s), offsets
+        return await self.client.infer(stage.triton_model, head, binary, timeout_s, traceparent), offsets
 
     def close(self) -> None:
         self.client.close()
@@ -50,10 +52,11 @@ class GrpcStage:
         self.stub = stub
 
     async def call(self, stage: StageInfo, inputs: list[HopTensor], out_region: Region | None, batch: int,
-                   request_id: str, timeout_s: float) -> StageAnswer:
+                   request_id: str, timeout_s: float, traceparent: str | None = None) -> StageAnswer:
         req, offsets = infer_request(stage, inputs, out_region, batch, request_id)
         try:
-            resp = await self.stub.ModelInfer(req, timeout=timeout_s)
+            resp = await self.stub.ModelInfer(req, timeout=timeout_s, metadata=(
+                (("traceparent", traceparent),) if traceparent is not None else None))
         except grpc.aio.AioRpcError as e:
             raise StageCallError(e.code(), e.details() or "") from None
         return raw_outputs(resp, set(offsets)), offsets

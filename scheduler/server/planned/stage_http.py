@@ -161,12 +161,15 @@ class HttpStageClient:
                                  ) from None
         return conn, False
 
-    async def infer(self, model: str, head: bytes, binary: list[bytes], timeout_s: float
-                    ) -> dict[str, tuple[list[int], bytes]]:
-        """POST one inference; its outputs by name, or a StageCallError (a timeout is DEADLINE_EXCEEDED)."""
+    async def infer(self, model: str, head: bytes, binary: list[bytes], timeout_s: float,
+                    traceparent: str | None = None) -> dict[str, tuple[list[int], bytes]]:
+        """POST one inference (with a W3C ``traceparent`` header where given); its outputs by name, or a
+        StageCallError (a timeout is DEADLINE_EXCEEDED)."""
+        trace = b"traceparent: %s\r\n" % traceparent.encode("ascii") if traceparent is not None else b""
         request = [b"POST /v2/models/%s/infer HTTP/1.1\r\nHost: %s\r\nContent-Type: application/octet-stream\r\n"
-                   b"Inference-Header-Content-Length: %d\r\nContent-Length: %d\r\n\r\n"
-                   % (model.encode(), self.host.encode(), len(head), len(head) + sum(map(len, binary))), head, *binary]
+                   b"Inference-Header-Content-Length: %d\r\nContent-Length: %d\r\n%s\r\n"
+                   % (model.encode(), self.host.encode(), len(head), len(head) + sum(map(len, binary)), trace),
+                   head, *binary]
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout_s  # one timeout for the connection and the exchange together
         conn, kept = await self._connection(timeout_s)
