@@ -5,7 +5,9 @@ dead server are explicit errors, and a planned sidecar serves over either protoc
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import signal
 import urllib.request
 from pathlib import Path
 
@@ -82,7 +84,13 @@ def test_tritons_errors_arrive_as_grpc_codes(triton) -> None:
         wrong = StageInfo("trivial", (0, 1), "cpu", 1, ("v0",), (TensorSpec("x", "FP32", (15,)),), (Y,), {})
         e = await _raises(_call(client, wrong))
         assert e.code == grpc.StatusCode.INVALID_ARGUMENT and "unexpected shape" in e.details
-        e = await _raises(_call(client, timeout_s=1e-6))  # no answer comes this soon: the call gives up, explicitly
+        # a server that cannot answer in time (stopped, not merely fast: a 1 us timeout raced the trivial model's
+        # answer and lost on a loaded host): the call gives up, explicitly, within its own timeout
+        os.kill(triton.proc.pid, signal.SIGSTOP)
+        try:
+            e = await _raises(_call(client, timeout_s=0.2))
+        finally:
+            os.kill(triton.proc.pid, signal.SIGCONT)
         assert e.code == grpc.StatusCode.DEADLINE_EXCEEDED
         assert (await _call(client))["y"][0] == [1, 16]  # and the client still works
         client.close()
