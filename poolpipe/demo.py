@@ -217,7 +217,7 @@ def _check_answers(opts: DemoOptions, plan: Any, onnx_path: Path, out: Path, con
     logs.mkdir(exist_ok=True)
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(opts.seed)
-    worst, stages = 0.0, len(plan.models[0].pipelines[0].partitions)
+    worst, stages, shed = 0.0, len(plan.models[0].pipelines[0].partitions), 0
     max_batch = max(p.batch for p in manifest.models[0].pipelines)
     with Deployment(deploy, check_hardware=False, log_dir=logs) as dep:
         console.print(f"{len(dep.servers)} Triton servers ready: "
@@ -227,14 +227,34 @@ def _check_answers(opts: DemoOptions, plan: Any, onnx_path: Path, out: Path, con
             clients = _clients(sidecar)
             for i in range(opts.requests):
                 x = rng.standard_normal((1 + i % max_batch, 3, opts.input_hw, opts.input_hw)).astype(np.float32)
-                got = _infer(*clients[i % 3 == 2], manifest.models[0], x)
+                got, shed = _answered(clients[i % 3 == 2], manifest.models[0], x, shed)
                 want = session.run(None, {manifest.models[0].inputs[0].name: x})
                 worst = max(worst, max(float(np.abs(g - w).max()) for g, w in zip(got, want)))
     if worst > 1e-3:
         raise RuntimeError(f"answers through the sidecar differ from ONNX Runtime by {worst:g}")
     console.print(f"{opts.requests} requests (batch 1..{max_batch}, gRPC and HTTP) through a {stages}-stage pooled "
-                  f"pipeline: answers equal ONNX Runtime's (max abs difference {worst:.1e})")
-    return {"requests": opts.requests, "max_abs_diff": worst, "stages": stages}
+                  f"pipeline: answers equal ONNX Runtime's (max abs difference {worst:.1e})"
+                  + (f"; {shed} shed on a busy host and sent again" if shed else ""))
+    return {"requests": opts.requests, "max_abs_diff": worst, "stages": stages, "shed": shed}
+
+
+def _answered(client: tuple[Any, Any], info: Any, x: Any, shed: int, tries: int = 5) -> tuple[list[Any], int]:
+    """(outputs, sheds so far): a request the sidecar sheds for its SLO (an explicit answer to a host busier than
+    the profile it was planned on: the CPU profile is measured on this machine) is sent again; this part checks
+    answers, not speed."""
+    import time
+
+    from tritonclient.utils import InferenceServerException
+
+    for attempt in range(tries):
+        try:
+            return _infer(*client, info, x), shed
+        except InferenceServerException as e:
+            if "shed" not in str(e) or attempt == tries - 1:
+                raise
+            shed += 1
+            time.sleep(0.05 * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 def _clients(sidecar: Any) -> tuple[tuple[Any, Any], tuple[Any, Any]]:

@@ -61,8 +61,9 @@ def test_inputs_span_the_latency_distribution(tmp_path: Path) -> None:
     lo = load_profile(out["light"]).latency_quantiles_us("cpu", 1, 1, 0, 1)
     hi = load_profile(out["mixed"]).latency_quantiles_us("cpu", 1, 1, 0, 1)
     assert lo is not None and hi is not None
-    # the light inputs' slowest run is far below the heavy half's: the spread comes from the inputs
-    assert hi[1][-1] > 5 * lo[1][-1] and hi[1][0] < hi[1][-1] / 5
+    # the light inputs' typical run is far below the heavy half's slowest: the spread comes from the inputs (their
+    # median, not their slowest run: one stall of a loaded host made a light run as slow as a heavy one)
+    assert hi[1][-1] > 5 * float(np.interp(0.5, lo[0], lo[1])) and hi[1][0] < hi[1][-1] / 5
     prov = load_profile(out["mixed"]).provenance
     assert prov["input_samples"] == 4 and "--inputs" in prov["method"]
 
