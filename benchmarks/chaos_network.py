@@ -27,19 +27,10 @@ from runtime.netbed import LinkState, NetBed, unavailable
 from runtime.sidecar_process import ROOT
 from runtime.supervise import STATE_DIR
 
-
-def _load_chaos():
-    """benchmarks/chaos.py (benchmarks are scripts, not a package)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("poolpipe_chaos", Path(__file__).with_name("chaos.py"))
-    mod = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
-
-
-chaos = _load_chaos()
-Cluster, Window = chaos.Cluster, chaos.Window
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks are scripts: a sibling imports as a module
+import chaos  # noqa: E402
+from chaos import Cluster  # noqa: E402
+from chaos_report import Outcomes, Window, recovery_s, report, sample  # noqa: E402
 
 NET_FAULTS = ("partition", "delay_100ms", "loss_5pct", "narrow_10x")
 FAULT_HOST = {"partition": "t4", "delay_100ms": "t4", "loss_5pct": "t4", "narrow_10x": "l4"}
@@ -272,15 +263,15 @@ def _serve(bed: NetBed, base: LinkState, work: Path, model: str, valid: list[flo
            schedule: list, burst_s: float, warmup: float, duration: float) -> int:
     enter_namespace(bed.namespace("sc"))
     c = NetCluster(work / "deploy", work, bed)
-    out, windows, samples, views = chaos.Outcomes(), [], {}, []
+    out, windows, samples, views = Outcomes(), [], {}, []
     shm = chaos.load_and_join(c, model, valid, [], slo_s, warmup, out,
                               [lambda t0, stop: run_network_faults(bed, base, schedule, burst_s, t0, windows, stop),
-                               lambda t0, stop: chaos.sample(c, t0, samples, stop),
+                               lambda t0, stop: sample(c, t0, samples, stop),
                                lambda t0, stop: sample_hosts(c, t0, views, stop)])
-    passed = chaos.report(out, windows, samples, warmup, duration, shm)
+    passed = report(out, windows, samples, warmup, duration, shm)
     print("\nthe sidecar's view of the faulted host (its poolpipe_sidecar_vgpu_up gauge, sampled every 0.25 s):")
     print("\n".join(host_view_lines(views, windows, (work / "sidecar.log").read_text(errors="replace"))))
-    recoveries = [chaos.recovery_s(out, w, windows) for w in windows]
+    recoveries = [recovery_s(out, w, windows) for w in windows]
     print("recovery to >= 99 % after each heal (s): " + ", ".join(f"{w.fault} {r:.2f}" for w, r in
                                                                     zip(windows, recoveries)))
     left = sorted(p for p in {*(lp.pid for lp in c.launches.values()), *c.sidecar_pids, *c.server_pids}

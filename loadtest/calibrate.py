@@ -19,9 +19,9 @@ from typing import Any
 
 from loadtest.open_loop import RunResult, no_collector_pauses, run_open_loop
 from model_repository_gen.manifest import load_manifest
-from poolpipe_common.cost_fit import CostPoint, fit_front, fit_stage_costs, leveled
+from poolpipe_common.cost_fit import CostPoint, fit_front, fit_runs
 from poolpipe_common.errors import InputError
-from poolpipe_common.overheads import Overheads, median_overheads, read_overheads
+from poolpipe_common.overheads import Overheads, read_overheads
 from scheduler.server.common.event_loop import new_loop
 
 DEFAULT_SHARES = (0.25, 0.5, 0.75, 1.0)  # of the plan's promise
@@ -65,13 +65,9 @@ def step_points(doc: dict[str, Any], served_rps: float) -> tuple[CostPoint, ...]
 def fitted_costs(files: Sequence[Path]) -> Overheads:
     """The costs several ``serve --overheads-out`` files hold as one: the median of each, with lead and tail growing
     as each kind of stage call's bytes and the rate served say where the files served different rates."""
-    base = median_overheads([read_overheads(p) for p in files])
     docs = [json.loads(Path(p).read_text()) for p in files]
     points = [pt for d in docs for pt in step_points(d, float(d.get("calibration", {}).get("served_rps", 0.0)))]
-    rates = sorted(p.rate_rps for p in points)
-    if len({round(r, 1) for r in rates}) < 2:
-        return base
-    return leveled(fit_stage_costs(points, base), points, base, rates[len(rates) // 2])
+    return fit_runs([read_overheads(p) for p in files], points)
 
 
 class Calibration:
@@ -124,10 +120,7 @@ class Calibration:
         return self.fit(steps), steps
 
     def fit(self, steps: Sequence[Step]) -> Overheads:
-        base = median_overheads([s.costs for s in steps])
-        points = [p for s in steps for p in s.points]
-        served = sorted(s.served_rps for s in steps)
-        costs = leveled(fit_stage_costs(points, base), points, base, served[len(served) // 2]) if points else base
+        costs = fit_runs([s.costs for s in steps], [p for s in steps for p in s.points])
         fronts = [(self.input_bytes.get(m, 0), f) for s in steps for m, r in s.results.items() for f in r.front_us]
         return fit_front(costs, fronts)  # no client measurement: the front as the sidecar was told (--front-us)
 

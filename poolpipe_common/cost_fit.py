@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from poolpipe_common.overheads import Overheads, front_quantiles
+from poolpipe_common.overheads import Overheads, front_quantiles, median_overheads
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,16 @@ def leveled(fitted: Overheads, points: Sequence[CostPoint], base: Overheads, rat
     k = rate_rps / 1e3
     return replace(fitted, lead_us=max(0.0, base.lead_us - fitted.lead_per_mb_us * sent - fitted.lead_per_krps_us * k),
                    tail_us=max(0.0, base.tail_us - fitted.tail_per_mb_us * back - fitted.tail_per_krps_us * k))
+
+
+def fit_runs(runs: Sequence[Overheads], points: Sequence[CostPoint]) -> Overheads:
+    """Several serving runs' costs as one: the median of each (median_overheads), growing as ``points`` say with the
+    bytes and the rate (levelled at their median rate) where they were served at different rates."""
+    base = median_overheads(runs)
+    rates = sorted(p.rate_rps for p in points)
+    if len({round(r, 1) for r in rates}) < 2:
+        return base
+    return leveled(fit_stage_costs(points, base), points, base, rates[len(rates) // 2])
 
 
 def fit_front(costs: Overheads, samples: Sequence[tuple[float, float]]) -> Overheads:

@@ -11,6 +11,8 @@ import asyncio
 import json
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,6 +24,7 @@ from tritonclient.utils import InferenceServerException
 from model_repository_gen.generate import generate
 from planner.planners import solve_spec
 from plans.plan_costs import with_assumed_costs
+from plans.plan_json import Plan
 from plans.spec.planning_spec import ClusterSpec, ModelSpec, PlanningSpec, time_dilated
 from poolpipe_common.net import port_in_use
 from poolpipe_common.overheads import DEFAULT_OVERHEADS, Overheads
@@ -101,61 +104,47 @@ def _schedule(rates: list[tuple[float, float, dict[str, float]]]) -> list[tuple[
 
 
 def test_serve_replan_notices_the_shift_plans_launches_and_reloads(tmp_path: Path) -> None:
-    spec_file, cluster_file, spec = _write_inputs(tmp_path)
+    _, cluster_file, spec = _write_inputs(tmp_path)
     first = solve_spec(spec, time_limit_s=20)
     cap = {m.name: m.throughput_rps for m in first.models}
-    generate(first, {}, cluster_file, tmp_path / "gen-0", emulated_tensor_scale=0.01)
-    settings = {"spec": "spec.json", "cluster": "cluster.json", "out_dir": "replans", "emulated_tensor_scale": 0.01,
-                "window_s": 1.0, "smoothing": 0.6, "high": 0.8, "cooldown_s": 120, "time_limit_s": 20}
-    (tmp_path / "replan.json").write_text(json.dumps(settings))
-    log = tmp_path / "sidecar.log"
-    with Deployment(tmp_path / "gen-0", log_dir=tmp_path / "logs-0"):
-        sc = SidecarProcess(manifest=tmp_path / "gen-0", log_path=log,
-                            extra_args=("--replan", str(tmp_path / "replan.json"))).start()
-        try:
-            assert sc.proc is not None
-            deadline = time.monotonic() + 60
-            while not _ready(sc):
-                assert time.monotonic() < deadline, "the sidecar did not turn ready"
-                time.sleep(0.1)
-            hot = {MODELS[0]: 0.1 * cap[MODELS[0]], MODELS[1]: 1.0 * cap[MODELS[1]]}
-            schedule = _schedule([(0, 2, {m: 0.4 * c for m, c in cap.items()}), (2, 16, hot)])
-            outcomes = asyncio.run(_load(sc.grpc_url, schedule))
-            deadline = time.monotonic() + 60  # on a busy machine the launch may outlast the load
-            while "event=replanned" not in (text := log.read_text()):
-                assert "event=replan_failed" not in text and time.monotonic() < deadline, text[-3000:]
-                time.sleep(0.2)
-            t_replanned = next(line for line in text.splitlines() if "event=replanned" in line)
-            print("(emulated)", next(line for line in text.splitlines() if "event=replan_decided" in line))
-            print("(emulated)", next(line for line in text.splitlines() if "event=reloaded" in line))
-            print("(emulated)", t_replanned)
-            # a few seconds in, too few stage calls to plan with their costs: the plan's (the next test: measured)
-            costs = next(line for line in text.splitlines() if "event=replan_costs" in line)
-            print("(emulated)", costs)
-            assert "as_planned=1" in costs
-            hung = [o for o in outcomes if o[1] == "hung"]
-            errors = [o for o in outcomes if o[1] == "error"]
-            print(f"requests {len(outcomes)}: ok {len(outcomes) - len(errors) - len(hung)}, explicit errors "
-                  f"{len(errors)}, hung {len(hung)}")
-            assert len(outcomes) == len(schedule) and not hung
-            with urllib.request.urlopen(f"http://127.0.0.1:{sc.metrics_port}/metrics", timeout=5) as r:
-                metrics = r.read().decode()
-            assert 'poolpipe_sidecar_replans_total{outcome="replanned"} 1.0' in metrics
-            assert "poolpipe_sidecar_reload_pause_seconds_count 1.0" in metrics
-            def ports(gen: Path) -> set[tuple[str, int]]:
-                return {(s.address, s.grpc_port) for h in ("l4", "t4") if (gen / h / "launch.json").is_file()
-                        for s in load_host_launch(gen, h).servers}
-            now, before = ports(tmp_path / "replans" / "gen-1"), ports(tmp_path / "gen-0")
-            started = now - before
-            assert now and all(port_in_use(p, a) for a, p in now), "gen-1's servers run (kept or started)"
-            migrated = t_replanned.split("migration=")[-1]
-            assert f"started {len(started)}, kept {len(now & before)}" in migrated, migrated
-            pid = sc.proc.pid
-        finally:
-            code = sc.stop()
-        assert code == 0
-        assert not any(port_in_use(p, a) for a, p in started), "the servers it started stopped with it"
-        assert not list(SHM_DIR.glob(f"{PREFIX}{pid}_*"))
+    with _serving_with_replan(tmp_path, first, cluster_file, high=0.8) as (sc, log, ended):
+        assert sc.proc is not None
+        hot = {MODELS[0]: 0.1 * cap[MODELS[0]], MODELS[1]: 1.0 * cap[MODELS[1]]}
+        schedule = _schedule([(0, 2, {m: 0.4 * c for m, c in cap.items()}), (2, 16, hot)])
+        outcomes = asyncio.run(_load(sc.grpc_url, schedule))
+        deadline = time.monotonic() + 60  # on a busy machine the launch may outlast the load
+        while "event=replanned" not in (text := log.read_text()):
+            assert "event=replan_failed" not in text and time.monotonic() < deadline, text[-3000:]
+            time.sleep(0.2)
+        t_replanned = next(line for line in text.splitlines() if "event=replanned" in line)
+        print("(emulated)", next(line for line in text.splitlines() if "event=replan_decided" in line))
+        print("(emulated)", next(line for line in text.splitlines() if "event=reloaded" in line))
+        print("(emulated)", t_replanned)
+        # a few seconds in, too few stage calls to plan with their costs: the plan's (the next test: measured)
+        costs = next(line for line in text.splitlines() if "event=replan_costs" in line)
+        print("(emulated)", costs)
+        assert "as_planned=1" in costs
+        hung = [o for o in outcomes if o[1] == "hung"]
+        errors = [o for o in outcomes if o[1] == "error"]
+        print(f"requests {len(outcomes)}: ok {len(outcomes) - len(errors) - len(hung)}, explicit errors "
+              f"{len(errors)}, hung {len(hung)}")
+        assert len(outcomes) == len(schedule) and not hung
+        with urllib.request.urlopen(f"http://127.0.0.1:{sc.metrics_port}/metrics", timeout=5) as r:
+            metrics = r.read().decode()
+        assert 'poolpipe_sidecar_replans_total{outcome="replanned"} 1.0' in metrics
+        assert "poolpipe_sidecar_reload_pause_seconds_count 1.0" in metrics
+        def ports(gen: Path) -> set[tuple[str, int]]:
+            return {(s.address, s.grpc_port) for h in ("l4", "t4") if (gen / h / "launch.json").is_file()
+                    for s in load_host_launch(gen, h).servers}
+        now, before = ports(tmp_path / "replans" / "gen-1"), ports(tmp_path / "gen-0")
+        started = now - before
+        assert now and all(port_in_use(p, a) for a, p in now), "gen-1's servers run (kept or started)"
+        migrated = t_replanned.split("migration=")[-1]
+        assert f"started {len(started)}, kept {len(now & before)}" in migrated, migrated
+        pid = sc.proc.pid
+    assert ended["code"] == 0
+    assert not any(port_in_use(p, a) for a, p in started), "the servers it started stopped with it"
+    assert not list(SHM_DIR.glob(f"{PREFIX}{pid}_*"))
 
 
 def test_a_replan_is_planned_with_the_per_stage_costs_the_sidecar_measured(tmp_path: Path) -> None:
@@ -182,33 +171,20 @@ def test_serve_replan_replans_when_the_measured_costs_no_longer_cover_the_arriva
     assumed costs), served at 80 % of its throughput in the planned mix: the mix rule has nothing to do, but the
     promise check finds the plan holds about a quarter of that at the costs measured, and the trigger re-plans
     (kind costs) with the costs of the last windows."""
-    spec_file, cluster_file, spec = _write_inputs(tmp_path)
+    _, cluster_file, spec = _write_inputs(tmp_path)
     first = solve_spec(spec, time_limit_s=20)
     first = replace(first, sustained=with_assumed_costs({"evaluated_by": "none"}, Overheads(slowdown=0.5)))
     cap = {m.name: m.throughput_rps for m in first.models}
-    generate(first, {}, cluster_file, tmp_path / "gen-0", emulated_tensor_scale=0.01)
-    settings = {"spec": "spec.json", "cluster": "cluster.json", "out_dir": "replans", "emulated_tensor_scale": 0.01,
-                "window_s": 1.0, "smoothing": 0.6, "high": 0.9, "cooldown_s": 120, "time_limit_s": 20}
-    (tmp_path / "replan.json").write_text(json.dumps(settings))
-    log = tmp_path / "sidecar.log"
-    with Deployment(tmp_path / "gen-0", log_dir=tmp_path / "logs-0"):
-        sc = SidecarProcess(manifest=tmp_path / "gen-0", log_path=log,
-                            extra_args=("--replan", str(tmp_path / "replan.json"))).start()
-        try:
-            deadline = time.monotonic() + 60
-            while not _ready(sc):
-                assert time.monotonic() < deadline, "the sidecar did not turn ready"
-                time.sleep(0.1)
-            outcomes = []
-            deadline = time.monotonic() + 240  # the costs need 256 stage calls, then a check, then a window
-            while "event=replan_decided" not in (text := log.read_text()):
-                assert time.monotonic() < deadline, text[-3000:]
-                outcomes += asyncio.run(_load(sc.grpc_url, _schedule([(0, 5, {m: 0.8 * c for m, c in cap.items()})])))
-            while "event=replanned" not in (text := log.read_text()):
-                assert "event=replan_failed" not in text and time.monotonic() < deadline, text[-3000:]
-                time.sleep(0.2)
-        finally:
-            assert sc.stop() == 0
+    with _serving_with_replan(tmp_path, first, cluster_file, high=0.9) as (sc, log, ended):
+        outcomes = []
+        deadline = time.monotonic() + 240  # the costs need 256 stage calls, then a check, then a window
+        while "event=replan_decided" not in (text := log.read_text()):
+            assert time.monotonic() < deadline, text[-3000:]
+            outcomes += asyncio.run(_load(sc.grpc_url, _schedule([(0, 5, {m: 0.8 * c for m, c in cap.items()})])))
+        while "event=replanned" not in (text := log.read_text()):
+            assert "event=replan_failed" not in text and time.monotonic() < deadline, text[-3000:]
+            time.sleep(0.2)
+    assert ended["code"] == 0
     lines = text.splitlines()
     decided = next(line for line in lines if "event=replan_decided" in line)
     costs = next(line for line in lines if "event=replan_costs" in line)
@@ -217,6 +193,29 @@ def test_serve_replan_replans_when_the_measured_costs_no_longer_cover_the_arriva
     assert "reason=costs: " in decided and "measured=recent" in costs and "slowdown=1." in costs
     assert 1 <= sum("event=promise_at_risk" in line for line in lines) <= len(cap)  # once per model at most
     assert not [o for o in outcomes if o[1] == "hung"]
+
+
+@contextmanager
+def _serving_with_replan(tmp_path: Path, first: Plan, cluster_file: Path, high: float
+                         ) -> Iterator[tuple[SidecarProcess, Path, dict[str, int | None]]]:
+    """``first`` generated into gen-0 and launched, and a ready sidecar serving it with --replan on a quick trigger
+    (1 s windows, ``high``): (sidecar, its log, a dict whose "code" is its exit status once it stopped)."""
+    generate(first, {}, cluster_file, tmp_path / "gen-0", emulated_tensor_scale=0.01)
+    settings = {"spec": "spec.json", "cluster": "cluster.json", "out_dir": "replans", "emulated_tensor_scale": 0.01,
+                "window_s": 1.0, "smoothing": 0.6, "high": high, "cooldown_s": 120, "time_limit_s": 20}
+    (tmp_path / "replan.json").write_text(json.dumps(settings))
+    log, ended = tmp_path / "sidecar.log", {}
+    with Deployment(tmp_path / "gen-0", log_dir=tmp_path / "logs-0"):
+        sc = SidecarProcess(manifest=tmp_path / "gen-0", log_path=log,
+                            extra_args=("--replan", str(tmp_path / "replan.json"))).start()
+        try:
+            deadline = time.monotonic() + 60
+            while not _ready(sc):
+                assert time.monotonic() < deadline, "the sidecar did not turn ready"
+                time.sleep(0.1)
+            yield sc, log, ended
+        finally:
+            ended["code"] = sc.stop()
 
 
 def _ready(sc: SidecarProcess) -> bool:

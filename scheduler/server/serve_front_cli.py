@@ -77,21 +77,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="call the planned models' tritonservers over TLS (servers started with --grpc-use-ssl, e.g. "
                         "by 'poolpipe launch --triton-arg'); needs --stage-protocol grpc (Triton's HTTP endpoint has "
                         "no TLS); each server's certificate must name its address in the manifest")
-    p.add_argument("--stage-root-cert", type=Path, metavar="FILE",
-                   help="PEM root certificate(s) that sign the stage servers' certificates")
-    p.add_argument("--stage-client-cert", type=Path, metavar="FILE",
-                   help="PEM certificate the sidecar presents to stage servers with --grpc-use-ssl-mutual")
-    p.add_argument("--stage-client-key", type=Path, metavar="FILE", help="PEM private key of --stage-client-cert")
+    _upstream_tls(p, "stage", "the stage servers' certificates", "stage servers")
     p.add_argument("--passthrough-use-ssl", type=triton_bool, nargs="?", const=True, default=False, metavar="BOOL",
                    help="call the --passthrough Triton over TLS (tritonserver --grpc-use-ssl); its certificate is "
                         "checked against --passthrough-root-cert (default: the system's roots) and must name the "
                         "HOST of --passthrough")
-    p.add_argument("--passthrough-root-cert", type=Path, metavar="FILE",
-                   help="PEM root certificate(s) that sign the pass-through Triton's certificate")
-    p.add_argument("--passthrough-client-cert", type=Path, metavar="FILE",
-                   help="PEM certificate the sidecar presents to a pass-through Triton with --grpc-use-ssl-mutual")
-    p.add_argument("--passthrough-client-key", type=Path, metavar="FILE",
-                   help="PEM private key of --passthrough-client-cert")
+    _upstream_tls(p, "passthrough", "the pass-through Triton's certificate", "a pass-through Triton")
+
+
+def _upstream_tls(p: argparse.ArgumentParser, name: str, signed: str, to_whom: str) -> None:
+    """--NAME-root-cert, --NAME-client-cert and --NAME-client-key: the sidecar as a TLS client of an upstream."""
+    p.add_argument(f"--{name}-root-cert", type=Path, metavar="FILE", help=f"PEM root certificate(s) that sign {signed}")
+    p.add_argument(f"--{name}-client-cert", type=Path, metavar="FILE",
+                   help=f"PEM certificate the sidecar presents to {to_whom} with --grpc-use-ssl-mutual")
+    p.add_argument(f"--{name}-client-key", type=Path, metavar="FILE", help=f"PEM private key of --{name}-client-cert")
 
 
 def _server(args: argparse.Namespace, port: str) -> ServerTls | None:

@@ -56,7 +56,8 @@ class CallCosts:
             kind.lead_us += max(0.0, t.start_us - t.send_us)
         if k == 0:
             self.rows += b
-            self.first_us = t.send_us if self.first_us is None else self.first_us
+            if self.first_us is None:
+                self.first_us = t.send_us
             self.last_us = t.send_us
 
     def served_rps(self) -> float:
