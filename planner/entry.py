@@ -49,7 +49,8 @@ def plan(spec: PlanningSpec, request: PlanRequest | None = None) -> PlanOutcome:
         planned = replace(planned, colocate=True)
     result = OBJECTIVES[request.objective](planned, request)
     if request.verify and any(m.sustainable_rps is None for m in result.models):
-        result = annotate(result, parse_arrivals(request.arrivals), request.costs(), request.evaluator)
+        result = annotate(result, parse_arrivals(request.arrivals), request.costs(), request.evaluator,
+                          request.jobs)
     if result.sustained is not None:  # what the promise assumed, for the sidecar's promise check
         result = replace(result, sustained=with_assumed_costs(result.sustained, request.costs()))
     result = replace(result, applications=tuple(a.to_plan_dict() for a in apps), request=request.to_dict())

@@ -6,6 +6,7 @@ are checked when made with one-line errors that name the flag."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import yaml
 
 from planner import PlanRequest, plan, reweighted
 from planner.request import request_of
+from planner.solvers.milp_solvers import SolverOptions
 from plans.plan_json import load_plan, plan_from_dict
 from plans.spec.planning_spec import load_spec
 from poolpipe_common.errors import InputError
@@ -88,6 +90,23 @@ def test_the_plan_is_the_same_for_any_number_of_measuring_processes(tmp_path: Pa
     one, two = (plan(load_spec(tmp_path / "spec.yaml"), PlanRequest(jobs=jobs)).plan for jobs in (1, 2))
     assert _comparable(one.to_dict()) == _comparable(two.to_dict())
     assert one.sustained["evaluated_by"] == "simulated" and one.models[0].sustainable_rps > 0
+
+
+def test_candidate_plans_solved_in_workers_equal_those_solved_in_turn(tmp_path: Path) -> None:
+    """The apps case's MILPs solved side by side (planning process and workers) and in turn: the same plan, down to
+    every candidate weighed (one of its MILPs has several plans within the gap, and HiGHS's pick depended on the
+    exact time limit it was given)."""
+    spec_doc, _, request = _apps_case(tmp_path)
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec_doc))
+    one, two = (plan(load_spec(tmp_path / "spec.yaml"), replace(request, jobs=jobs)).plan for jobs in (1, 2))
+    assert _comparable(one.to_dict()) == _comparable(two.to_dict())
+
+
+def test_every_step_of_a_solve_is_given_the_requests_limit_not_the_clocks_remainder() -> None:
+    options = SolverOptions(time_limit_s=20.0)
+    assert options.remaining(0.1234).time_limit_s == options.remaining(7.5).time_limit_s == 20.0
+    assert options.remaining(20.0).time_limit_s == 1e-3  # spent: no further step starts
+    assert SolverOptions().remaining(99.0).time_limit_s is None
 
 
 def test_a_promise_on_default_costs_says_so(tmp_path: Path) -> None:

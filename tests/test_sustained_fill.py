@@ -9,7 +9,8 @@ from planner import PlanRequest, plan
 from planner.planners import PLANNERS
 from planner.solvers.milp_solvers import SolverOptions
 from planner.sustained.fill import fills, idle_gpus, merged
-from planner.sustained.search import fill_margins, with_serving_costs
+from planner.sustained.measure_pool import WorkerPool
+from planner.sustained.search import fill_margins, solve_each, with_serving_costs
 from plans.arrivals import parse_arrivals
 from poolpipe_common.overheads import DEFAULT_OVERHEADS
 from scheduler.sim.sustain import simulated_rps
@@ -45,8 +46,8 @@ def test_filling_idle_gpus_sustains_more_than_the_plan_that_left_them_idle():
     spec = small_spec(4, 12, margin=0.0)
     arrivals = parse_arrivals("poisson")
     base = run_planner(with_serving_costs(spec, 0.3, DEFAULT_OVERHEADS), "ppipe")
-    out = fills(spec, base, idle_gpus(base, spec.cluster.gpus), (0.0,), [PLANNERS["ppipe"], PLANNERS["np"]], OPTS,
-                lambda s, m: with_serving_costs(s, m, DEFAULT_OVERHEADS))
+    out = fills(spec, base, idle_gpus(base, spec.cluster.gpus), (0.0,), [PLANNERS["ppipe"], PLANNERS["np"]],
+                solve_each(WorkerPool(1), OPTS), lambda s, m: with_serving_costs(s, m, DEFAULT_OVERHEADS))
     assert out and all(margin == 0.0 for margin, _ in out)
     alone = simulated_rps(base, arrivals, DEFAULT_OVERHEADS)[MODEL]
     with_fill = max(simulated_rps(p, arrivals, DEFAULT_OVERHEADS)[MODEL] for _, p in out)

@@ -63,10 +63,12 @@ class SolverOptions:
     log: bool = False
 
     def remaining(self, spent_s: float) -> SolverOptions:
-        """The same options with ``spent_s`` seconds less of the time limit (at least a millisecond)."""
-        if self.time_limit_s is None:
+        """The options for the next step of a solve that has run ``spent_s``: the same limit while any is left (a
+        millisecond once it is spent, so no step starts). Never the wall-clock remainder: HiGHS's search depends on
+        the limit's exact value, so a remainder made the same MILP give different plans on a busier machine."""
+        if self.time_limit_s is None or spent_s < self.time_limit_s:
             return self
-        return SolverOptions(self.solver, max(1e-3, self.time_limit_s - spent_s), self.rel_gap, self.log)
+        return SolverOptions(self.solver, 1e-3, self.rel_gap, self.log)
 
 
 @dataclass(frozen=True)

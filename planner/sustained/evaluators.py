@@ -14,15 +14,16 @@ from plans.arrivals import Arrivals
 from plans.plan_json import Plan
 from poolpipe_common.errors import InputError
 from poolpipe_common.overheads import Overheads
-from scheduler.sim.sustain import Precision, simulated_rps
+from scheduler.sim.sustain import PointRunner, Precision, judge_here, simulated_rps
 
-# (plan, arrivals, costs, precision) -> {model: req/s}; precision None: the promise's (scheduler.sim.sustain)
-Evaluator = Callable[[Plan, Arrivals, Overheads, Precision | None], dict[str, float]]
+# (plan, arrivals, costs, precision, points) -> {model: req/s}; precision None: the promise's; points: what judges a
+# search's load points (scheduler.sim.sustain.PointRunner: here, or a pool's workers)
+Evaluator = Callable[..., dict[str, float]]
 
 
-def analytic_rps(plan: Plan, arrivals: Arrivals, costs: Overheads, precision: Precision | None = None
-                 ) -> dict[str, float]:
-    """The closed form (planner.sustained.capacity); it has no precision to choose."""
+def analytic_rps(plan: Plan, arrivals: Arrivals, costs: Overheads, precision: Precision | None = None,
+                 points: PointRunner = judge_here) -> dict[str, float]:
+    """The closed form (planner.sustained.capacity); it has no precision to choose and no points to judge."""
     return predicted_rps(plan, arrivals, costs)
 
 

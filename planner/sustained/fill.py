@@ -15,7 +15,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from planner.planners import Planner
-from planner.solvers.milp_solvers import SolverOptions
 from plans.plan_json import Plan, nominal_objective
 from plans.spec.planning_spec import PlanningSpec
 from poolpipe_common.errors import InputError
@@ -44,18 +43,18 @@ def merged(base: Plan, extra: Plan) -> Plan:
                    solve_seconds=base.solve_seconds + extra.solve_seconds)
 
 
+# Solves (planner, spec) pairs under the request's options: each one's plan, or the InputError it raised (no
+# pipeline fits); side by side where the caller has workers (planner.sustained.search.solve_each).
+SolveEach = Callable[[Sequence[tuple[Planner, PlanningSpec]]], list[Plan | InputError]]
+
+
 def fills(spec: PlanningSpec, plan: Plan, idle: dict[str, int], margins: Sequence[float],
-          planners: Sequence[Planner], options: SolverOptions,
+          planners: Sequence[Planner], solve_each: SolveEach,
           with_costs: Callable[[PlanningSpec, float], PlanningSpec]) -> list[tuple[float, Plan]]:
     """``plan`` with its ``idle`` GPUs (:func:`idle_gpus`) planned at each of ``margins`` by each planner: (fill
     margin, merged plan); none where no model fits on them within a margin."""
     rest = replace(spec, cluster=replace(spec.cluster, gpus=idle))
-    out = []
-    for margin in margins:
-        for planner in planners:
-            try:
-                extra = planner.solve(with_costs(rest, margin), options)
-            except InputError:  # no model fits on these GPUs within this margin
-                continue
-            out.append((margin, merged(plan, extra)))
-    return out
+    asked = [(margin, planner) for margin in margins for planner in planners]
+    solved = solve_each([(planner, with_costs(rest, margin)) for margin, planner in asked])
+    return [(margin, merged(plan, extra)) for (margin, _), extra in zip(asked, solved, strict=True)
+            if not isinstance(extra, InputError)]  # an InputError: no model fits on these GPUs within this margin

@@ -1,11 +1,14 @@
-"""Candidate plans measured side by side: each evaluator call runs in one of up to ``jobs`` worker processes, so
-planning uses the host's cores (the simulator's bisection over one plan is sequential; the plans are not).
+"""The planner's worker processes: candidate plans solved and measured side by side, so planning uses the host's
+cores. A plan's search for its sustainable rate runs in a thread of the planning process; the points it judges (and
+the MILPs of the candidate plans) run in the workers, the next point of a search beside the pending one where a
+worker is idle (scheduler.sim.sustain), so even one plan's search uses two cores.
 
 The workers are fresh interpreters running this module (``python -m planner.sustained.measure_pool``), not
 multiprocessing's children: those re-import the caller's ``__main__``, and a script that plans without an
-``if __name__ == "__main__"`` guard would plan again in each. A worker reads pickled jobs on its stdin and
-writes each result (or the exception it raised) on a private copy of its stdout; whatever a library prints goes
-to stderr. Every evaluator is deterministic for its inputs, so the results equal those of measuring in turn.
+``if __name__ == "__main__"`` guard would plan again in each. A worker reads pickled calls (a module-level function
+and its arguments) on its stdin and writes each result (or the exception it raised) on a private copy of its
+stdout; whatever a library prints goes to stderr. Every call is deterministic for its inputs, so the results equal
+those of running them in turn.
 """
 
 from __future__ import annotations
@@ -17,13 +20,14 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from typing import Any, BinaryIO
 
 from planner.sustained.evaluators import evaluator
 from plans.arrivals import Arrivals
 from plans.plan_json import Plan
 from poolpipe_common.overheads import Overheads
-from scheduler.sim.sustain import Precision
+from scheduler.sim.sustain import Point, Precision, judge
 
 Rates = dict[str, float]
 STOP_WAIT_S = 5.0  # a worker whose stdin closed exits at once; one that does not is killed after this
@@ -34,38 +38,163 @@ def default_jobs() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+class WorkerPool:
+    """Up to ``jobs`` worker processes (None: one per core) running module-level functions; with one job, calls run
+    in the calling thread and nothing is started. The workers start at once, so their imports overlap the caller's
+    work; use as a context manager (the workers stop on exit, also on error)."""
+
+    def __init__(self, jobs: int | None = None) -> None:
+        self.size = jobs or default_jobs()
+        self._todo: queue.Queue[tuple[Future, Callable, tuple] | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._idle = 0
+        self._workers: list[_Worker] = []
+        self._threads: list[threading.Thread] = []
+        if self.size > 1:
+            for _ in range(self.size):
+                w = _Worker()
+                self._workers.append(w)
+                self._threads.append(threading.Thread(target=self._feed, args=(w,), daemon=True))
+            for t in self._threads:
+                t.start()
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def inline(self) -> bool:
+        return not self._workers
+
+    def submit(self, fn: Callable, *args: Any, speculative: bool = False) -> Future | None:
+        """``fn(*args)``'s future; None for a ``speculative`` call while no worker is idle (or running inline)."""
+        fut: Future = Future()
+        if self.inline:
+            if speculative:
+                return None
+            _settle(fut, fn, args)
+            return fut
+        with self._lock:
+            if speculative and self._idle <= self._todo.qsize():
+                return None
+        self._todo.put((fut, fn, args))
+        return fut
+
+    def map(self, fn: Callable, calls: Sequence[tuple]) -> list[Any]:
+        """``[fn(*args) for args in calls]``, in the workers and this thread alike (calls that take milliseconds are
+        done here before a worker has even started); the first error raised."""
+        futures = [self.submit(fn, *args) for args in calls]
+        while not all(f.done() for f in futures):  # type: ignore[union-attr]
+            try:
+                job = self._todo.get_nowait()
+            except queue.Empty:
+                break
+            if job is None:  # closing: leave the sentinel for a feeder
+                self._todo.put(None)
+                break
+            if job[0].set_running_or_notify_cancel():
+                _settle(job[0], job[1], job[2])
+        return [f.result() for f in futures]  # type: ignore[union-attr]
+
+    def judge(self, point: Point, speculative: bool) -> Future | None:
+        """A search's point runner (scheduler.sim.sustain.PointRunner)."""
+        return self.submit(judge, point, speculative=speculative)
+
+    def _feed(self, worker: _Worker) -> None:
+        """Hand queued calls to ``worker`` until the pool closes or the worker dies (then to no one: the other
+        workers go on; the last to die fails what is left)."""
+        while True:
+            with self._lock:
+                self._idle += 1
+            job = self._todo.get()
+            with self._lock:
+                self._idle -= 1
+            if job is None:
+                return
+            fut, fn, args = job
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(worker.call(fn, args))
+            except BaseException as e:  # noqa: BLE001 - the caller raises it
+                fut.set_exception(e)
+                if not worker.alive():
+                    self._died(worker)
+                    return
+
+    def _died(self, worker: _Worker) -> None:
+        with self._lock:
+            self._workers = [w for w in self._workers if w is not worker]
+            last = not self._workers
+        while last:
+            try:
+                job = self._todo.get_nowait()
+            except queue.Empty:
+                return
+            if job is not None and job[0].set_running_or_notify_cancel():
+                job[0].set_exception(RuntimeError(f"every plan-measuring worker died (the last: pid {worker.pid}); "
+                                                  "their stderr above says why"))
+
+    def close(self) -> None:
+        """Stop the workers (queued calls not started are cancelled)."""
+        while True:
+            try:
+                job = self._todo.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job[0].cancel()
+        for _ in self._threads:
+            self._todo.put(None)
+        for t in self._threads:
+            t.join()
+        for w in self._workers:
+            w.stop()
+        self._workers, self._threads = [], []
+
+
+def _settle(fut: Future, fn: Callable, args: tuple) -> None:
+    try:
+        fut.set_result(fn(*args))
+    except Exception as e:  # noqa: BLE001 - the caller raises it, as from a worker
+        fut.set_exception(e)
+
+
 def measure_all(name: str, plans: Sequence[Plan], arrivals: Arrivals, costs: Overheads,
-                jobs: int | None = None, done: Callable[[], object] | None = None,
+                jobs: int | WorkerPool | None = None, done: Callable[[], object] | None = None,
                 precisions: Sequence[Precision | None] | None = None) -> list[Rates]:
     """Each plan's sustainable rates by the evaluator ``name`` (each to its precision: scheduler.sim.sustain), in
-    order; in up to ``jobs`` processes (None: one per core; 1: in this process). ``done`` is called once per plan
-    measured (a progress bar's update)."""
+    order; the searches side by side, their points in ``jobs`` (a pool, or how many processes: None one per core, 1
+    this process). ``done`` is called once per plan measured (a progress bar's update)."""
     done = done or (lambda: None)
     precisions = list(precisions) if precisions is not None else [None] * len(plans)
-    workers = min(jobs or default_jobs(), len(plans))
-    if workers <= 1 or name == "analytic":  # the closed form takes milliseconds: no process is worth starting
-        _, evaluate = evaluator(name)
-        out = []
-        for p, precision in zip(plans, precisions, strict=True):
-            out.append(evaluate(p, arrivals, costs, precision))
-            done()
-        return out
-    todo: queue.Queue[tuple[int, Plan, Precision | None]] = queue.Queue()
-    for i, (p, precision) in enumerate(zip(plans, precisions, strict=True)):
-        todo.put((i, p, precision))
+    _, evaluate = evaluator(name)
+    if name == "analytic":  # the closed form takes milliseconds: no process is worth starting
+        jobs = 1
+    if not isinstance(jobs, WorkerPool):
+        with WorkerPool(1 if len(plans) == 0 else jobs) as pool:
+            return measure_all(name, plans, arrivals, costs, pool, done, precisions)
+    pool = jobs
     results: list[Rates | BaseException | None] = [None] * len(plans)
-    pool: list[_Worker] = []
-    try:
-        pool.extend(_Worker() for _ in range(workers))
-        threads = [threading.Thread(target=w.drain, args=(todo, results, (name, arrivals, costs), done), daemon=True)
-                   for w in pool]
+
+    def measure(i: int) -> None:
+        try:
+            results[i] = evaluate(plans[i], arrivals, costs, precisions[i], points=pool.judge)
+            done()
+        except BaseException as e:  # noqa: BLE001 - raised below, in the caller's thread
+            results[i] = e
+
+    if pool.inline:
+        for i in range(len(plans)):
+            measure(i)
+    else:
+        threads = [threading.Thread(target=measure, args=(i,), daemon=True) for i in range(len(plans))]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-    finally:
-        for w in pool:
-            w.stop()
     for r in results:
         if isinstance(r, BaseException):
             raise r
@@ -73,32 +202,30 @@ def measure_all(name: str, plans: Sequence[Plan], arrivals: Arrivals, costs: Ove
 
 
 class _Worker:
-    """One worker process and the thread in this process that feeds it jobs."""
+    """One worker process."""
 
     def __init__(self) -> None:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))  # the modules this process has
         self.proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      env=env)
+        self.pid = self.proc.pid
 
-    def drain(self, todo: queue.Queue, results: list, shared: tuple[str, Arrivals, Overheads],
-              done: Callable[[], object]) -> None:
-        """Measure jobs from ``todo`` until it is empty or this worker fails (its error is the job's result)."""
-        while True:
-            try:
-                i, plan, precision = todo.get_nowait()
-            except queue.Empty:
-                return
-            try:
-                pickle.dump((plan, precision, *shared), self.proc.stdin)  # type: ignore[arg-type]
-                self.proc.stdin.flush()  # type: ignore[union-attr]
-                results[i] = pickle.load(self.proc.stdout)  # type: ignore[arg-type]
-            except (OSError, EOFError, pickle.UnpicklingError) as e:
-                results[i] = RuntimeError(f"a plan-measuring worker (pid {self.proc.pid}) died: {e!r}; its stderr "
-                                          "above says why")
-                return
-            if isinstance(results[i], BaseException):
-                return
-            done()
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def call(self, fn: Callable, args: tuple) -> Any:
+        """``fn(*args)`` in the worker; what it raised is raised here."""
+        try:
+            pickle.dump((fn, args), self.proc.stdin)  # type: ignore[arg-type]
+            self.proc.stdin.flush()  # type: ignore[union-attr]
+            ok, result = pickle.load(self.proc.stdout)  # type: ignore[arg-type]
+        except (OSError, EOFError, pickle.UnpicklingError) as e:
+            self.proc.poll()
+            raise RuntimeError(f"a plan-measuring worker (pid {self.pid}) died: {e!r}; its stderr above says "
+                               "why") from None
+        if not ok:
+            raise result
+        return result
 
     def stop(self) -> None:
         """Close its stdin (it exits at EOF); kill it if it does not."""
@@ -114,23 +241,21 @@ class _Worker:
         self.proc.stdout.close()  # type: ignore[union-attr]
 
 
-def serve(jobs: BinaryIO, answers: BinaryIO) -> None:
-    """The worker's loop: (plan, precision, evaluator name, arrivals, costs) in, the rates or the exception raised
-    out."""
+def serve(calls: BinaryIO, answers: BinaryIO) -> None:
+    """The worker's loop: (function, arguments) in, (True, the result) or (False, the exception raised) out."""
     while True:
         try:
-            plan, precision, name, arrivals, costs = pickle.load(jobs)
+            fn, args = pickle.load(calls)
         except EOFError:
             return
-        result: Any
         try:
-            result = evaluator(name)[1](plan, arrivals, costs, precision)
+            answer = (True, fn(*args))
         except Exception as e:  # noqa: BLE001 - handed to the planning process, which raises it
-            result = e
+            answer = (False, e)
         try:
-            data = pickle.dumps(result)
+            data = pickle.dumps(answer)
         except Exception:  # noqa: BLE001 - an exception that does not pickle still reaches the caller, as text
-            data = pickle.dumps(RuntimeError(repr(result)))
+            data = pickle.dumps((False, RuntimeError(repr(answer[1]))))
         answers.write(data)
         answers.flush()
 

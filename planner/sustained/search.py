@@ -25,8 +25,8 @@ from planner.planners import Planner
 from planner.solvers.milp_solvers import SolverOptions
 from planner.sustained.capacity import predicted_rps
 from planner.sustained.evaluators import evaluator
-from planner.sustained.fill import fills, idle_gpus
-from planner.sustained.measure_pool import measure_all
+from planner.sustained.fill import SolveEach, fills, idle_gpus
+from planner.sustained.measure_pool import WorkerPool, measure_all
 from plans.arrivals import Arrivals
 from plans.plan_json import Plan
 from plans.spec.planning_spec import ModelSpec, PlanningSpec
@@ -111,22 +111,34 @@ def _signature(plan: Plan) -> str:
     return repr([[p.to_dict() for p in m.pipelines] for m in plan.models])
 
 
+def solve_one(planner: Planner, spec: PlanningSpec, options: SolverOptions) -> Plan | InputError:
+    """The planner's plan of ``spec``, or the InputError it raised (this margin leaves no pipeline within the SLO)."""
+    try:
+        return planner.solve(spec, options)
+    except InputError as e:
+        return e
+
+
+def solve_each(pool: WorkerPool, options: SolverOptions) -> SolveEach:
+    """Solves (planner, spec) pairs in ``pool``'s workers, side by side (each MILP is deterministic for its inputs)."""
+    return lambda asked: pool.map(solve_one, [(planner, spec, options) for planner, spec in asked])
+
+
 def candidate_plans(spec: PlanningSpec, planners: Sequence[Planner], options: SolverOptions, arrivals: Arrivals,
-                    costs: Overheads) -> list[CandidatePlan]:
+                    costs: Overheads, pool: WorkerPool | None = None) -> list[CandidatePlan]:
     """One plan per margin and planner, and the plan of the spec as it is (its own margin, no serving costs: PPipe's
     nominal plan, which on large pools often holds well), plans equal to an earlier one dropped; best predicted
-    first (ties: the order made, so the same inputs rank the same)."""
+    first (ties: the order made, so the same inputs rank the same). The MILPs run in ``pool`` (None: here)."""
     out: dict[str, CandidatePlan] = {}
+    asked = [(planner, margin) for planner in planners for margin in (None, *MARGIN_FRACTIONS)]
+    solved = solve_each(pool or WorkerPool(1), screening(options))(
+        [(planner, spec if margin is None else with_serving_costs(spec, margin, costs)) for planner, margin in asked])
     last_error: Exception | None = None
-    opts = screening(options)
-    for planner in planners:
-        for margin in (None, *MARGIN_FRACTIONS):
-            try:
-                plan = planner.solve(spec if margin is None else with_serving_costs(spec, margin, costs), opts)
-            except InputError as e:  # this margin leaves no pipeline within the SLO
-                last_error = e
-                continue
-            out.setdefault(_signature(plan), CandidatePlan(margin, plan, predicted_rps(plan, arrivals, costs)))
+    for (_, margin), plan in zip(asked, solved, strict=True):
+        if isinstance(plan, InputError):
+            last_error = plan
+            continue
+        out.setdefault(_signature(plan), CandidatePlan(margin, plan, predicted_rps(plan, arrivals, costs)))
     if not out:
         raise InputError(f"no plan fits the SLOs once serving's per-stage costs ({costs.lead_us:.0f} + "
                          f"{costs.tail_us:.0f} us per stage) and the driver's margin are counted: {last_error}; "
@@ -159,11 +171,12 @@ def plan_sustained(spec: PlanningSpec, planners: Sequence[Planner], options: Sol
                    ) -> tuple[Plan, tuple[str, ...]]:
     """The candidate plan that sustains the most (max-min over models), with its sustainable rates recorded; the
     candidates are measured in up to ``jobs`` processes (planner.sustained.measure_pool)."""
-    cands = candidate_plans(spec, planners, options, arrivals, costs)
-    cands = sorted(cands + filled(spec, cands, planners, options, arrivals, costs),
-                   key=lambda c: -score(c.plan, c.predicted))
     name, _ = evaluator(evaluator_name)
-    pool, best = (cands, kept(cands)) if name == "analytic" else _measured(cands, name, arrivals, costs, jobs)
+    with WorkerPool(jobs) as workers:  # started now: their imports overlap the first MILPs
+        cands = candidate_plans(spec, planners, options, arrivals, costs, workers)
+        cands = sorted(cands + filled(spec, cands, planners, options, arrivals, costs, workers),
+                       key=lambda c: -score(c.plan, c.predicted))
+        pool, best = (cands, kept(cands)) if name == "analytic" else _measured(cands, name, arrivals, costs, workers)
     table = [{"margin_fraction": c.margin, "fill_margin_fraction": c.fill_margin,
               "nominal_rps": {m.name: m.throughput_rps for m in c.plan.models}, "stage_calls": stage_calls(c.plan),
               "predicted_rps": c.predicted, "measured_rps": c.measured, "chosen": c is best,
@@ -197,7 +210,7 @@ def kept(pool: Sequence[CandidatePlan]) -> CandidatePlan:
     return robust_best(better) if better else mine
 
 
-def _measured(cands: Sequence[CandidatePlan], name: str, arrivals: Arrivals, costs: Overheads, jobs: int | None
+def _measured(cands: Sequence[CandidatePlan], name: str, arrivals: Arrivals, costs: Overheads, jobs: WorkerPool
               ) -> tuple[list[CandidatePlan], CandidatePlan]:
     """(the screened candidates, the kept one measured to the promise's precision). A screen is too coarse to replace
     the spec's own plan: where it would, both are measured to the promise's precision and kept() weighs them again."""
@@ -212,7 +225,7 @@ def _measured(cands: Sequence[CandidatePlan], name: str, arrivals: Arrivals, cos
     return screened, kept(final)
 
 
-def _screened(pool: Sequence[CandidatePlan], name: str, arrivals: Arrivals, costs: Overheads, jobs: int | None,
+def _screened(pool: Sequence[CandidatePlan], name: str, arrivals: Arrivals, costs: Overheads, jobs: WorkerPool,
               bar: tqdm) -> list[CandidatePlan]:
     """The candidates worth keeping, screened: the best-predicted first, then the others from its rate less
     MODEL_ERROR (screening_precision's floor), those that fail there marked fell_short and left out."""
@@ -242,7 +255,7 @@ def fill_margins(margin: float) -> tuple[float, ...]:
 
 
 def filled(spec: PlanningSpec, cands: Sequence[CandidatePlan], planners: Sequence[Planner], options: SolverOptions,
-           arrivals: Arrivals, costs: Overheads) -> list[CandidatePlan]:
+           arrivals: Arrivals, costs: Overheads, pool: WorkerPool | None = None) -> list[CandidatePlan]:
     """The best-predicted candidates that leave whole GPUs idle, those GPUs planned at smaller margins
     (:func:`fill_margins`, planner.sustained.fill); plans equal to a candidate's dropped."""
     seen = {_signature(c.plan) for c in cands}
@@ -251,7 +264,8 @@ def filled(spec: PlanningSpec, cands: Sequence[CandidatePlan], planners: Sequenc
     bases = sorted(idle, key=lambda cg: -score(cg[0].plan, cg[0].predicted))[:FILLED_CANDIDATES]
     out = []
     for base, gpus in bases:
-        for fill_margin, plan in fills(spec, base.plan, gpus, fill_margins(base.margin), planners, screening(options),
+        for fill_margin, plan in fills(spec, base.plan, gpus, fill_margins(base.margin), planners,
+                                       solve_each(pool or WorkerPool(1), screening(options)),
                                        lambda s, m: with_serving_costs(s, m, costs)):
             if _signature(plan) in seen:
                 continue
@@ -295,7 +309,7 @@ def promise_precision(c: CandidatePlan) -> Precision:
 
 
 def _measure(cands: Sequence[CandidatePlan], precisions: Sequence[Precision], name: str, arrivals: Arrivals,
-             costs: Overheads, jobs: int | None, bar: tqdm) -> None:
+             costs: Overheads, jobs: WorkerPool, bar: tqdm) -> None:
     """Each candidate's rates measured by the evaluator ``name`` (planner.sustained.measure_pool), ``bar`` counting."""
     bar.total += len(cands)
     bar.refresh()
@@ -304,7 +318,10 @@ def _measure(cands: Sequence[CandidatePlan], precisions: Sequence[Precision], na
         c.measured = rates
 
 
-def annotate(plan: Plan, arrivals: Arrivals, costs: Overheads, evaluator_name: str | None = None) -> Plan:
-    """Any plan with its sustainable rates measured (for the objectives that do not plan for them)."""
+def annotate(plan: Plan, arrivals: Arrivals, costs: Overheads, evaluator_name: str | None = None,
+             jobs: int | None = None) -> Plan:
+    """Any plan with its sustainable rates measured (for the objectives that do not plan for them), its search's
+    points in up to ``jobs`` processes."""
     name, evaluate = evaluator(evaluator_name)
-    return with_sustainable(plan, evaluate(plan, arrivals, costs), arrivals, name)
+    with WorkerPool(1 if name == "analytic" else jobs) as workers:
+        return with_sustainable(plan, evaluate(plan, arrivals, costs, None, points=workers.judge), arrivals, name)

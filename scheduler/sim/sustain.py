@@ -7,7 +7,9 @@ simulator, imports it as its ``simulated`` evaluator (planner.sustained.evaluato
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field, replace
 
 from plans.arrivals import Arrivals
 from plans.plan_json import Plan
@@ -111,20 +113,49 @@ def _holds(attainment: float) -> bool:
     return attainment + 1e-12 >= TARGET_ATTAINMENT
 
 
-def _attainment(plan: Plan, rates: dict[str, float], trace: TraceSpec, lf: float, runs: list[Run],
-                costs: Overheads, open_: set[str], joint: bool = False) -> dict[str, float]:
-    """Per model, the least attainment over the runs; stops once every model still bracketed has missed (joint:
-    once one has)."""
-    least = {m: 1.0 for m in rates}
-    for run in runs:
-        summary, _ = run_point(PointJob(plan, rates, "ppipe", trace, lf, run.duration_s, run.seed, driver="live",
-                                        overheads=costs, stop_when_failed=tuple(sorted(open_)),
-                                        stop_on_any_failed=joint))
-        for m, point in summary["models"].items():
-            least[m] = min(least[m], point["slo_attainment"])
-        if not any(_holds(least[m]) for m in open_) or (joint and not all(_holds(a) for a in least.values())):
+@dataclass(frozen=True)
+class Point:
+    """One load point of a search, judged on its runs: picklable, so a pool of processes can judge it
+    (planner.sustained.measure_pool) while the search goes on elsewhere."""
+
+    plan: Plan
+    rates: dict[str, float]
+    trace: TraceSpec
+    lf: float
+    runs: tuple[Run, ...]
+    costs: Overheads
+    open_: tuple[str, ...]  # the models whose brackets the point tells something (the others may stop early)
+    joint: bool = False
+
+
+def judge(point: Point) -> dict[str, float]:
+    """Per model, the least attainment over the point's runs; stops once every open model has missed (joint: once
+    one has)."""
+    least = {m: 1.0 for m in point.rates}
+    for run in point.runs:
+        summary, _ = run_point(PointJob(point.plan, point.rates, "ppipe", point.trace, point.lf, run.duration_s,
+                                        run.seed, driver="live", overheads=point.costs, stop_when_failed=point.open_,
+                                        stop_on_any_failed=point.joint))
+        for m, p in summary["models"].items():
+            least[m] = min(least[m], p["slo_attainment"])
+        if not any(_holds(least[m]) for m in point.open_) or (point.joint and not all(map(_holds, least.values()))):
             break
     return least
+
+
+# Judges a point: (point, speculative) -> its future, or None where a speculative point is not worth running now (no
+# idle process). The search asks for the points it needs in order; a speculative one is the point it will need next
+# if the pending one goes as expected, so a pool with an idle process judges both at once.
+PointRunner = Callable[[Point, bool], "Future[dict[str, float]] | None"]
+
+
+def judge_here(point: Point, speculative: bool) -> Future[dict[str, float]] | None:
+    """Judge ``point`` in this process now; no speculation (it would only cost time)."""
+    if speculative:
+        return None
+    done: Future[dict[str, float]] = Future()
+    done.set_result(judge(point))
+    return done
 
 
 def mix_rates(plan: Plan) -> dict[str, float]:
@@ -137,30 +168,93 @@ def mix_rates(plan: Plan) -> dict[str, float]:
 
 
 def simulated_rps(plan: Plan, arrivals: Arrivals, costs: Overheads, precision: Precision | None = None,
-                  seed: int = 0) -> dict[str, float]:
+                  seed: int = 0, points: PointRunner = judge_here) -> dict[str, float]:
     """Per model, the largest rate (to ``precision.resolution`` of its rate in the mix) the simulator serves at
     >= 99 %, every model offered the same fraction of its rate in the spec's workload mix (``mix_rates``). Models
     that share links or GPUs slow each other down, so a promise measured with the others offered less than their
-    share (their nominal fractions) would not hold in the mix clients send."""
+    share (their nominal fractions) would not hold in the mix clients send. ``points`` judges the search's points
+    (a pool judges the next one beside the pending one); the rates do not depend on it."""
     precision = precision or Precision()
     rates = mix_rates(plan)
-    if precision.joint:
-        return _joint_rps(plan, arrivals, costs, precision, seed, rates)
     trace = parse_trace(arrivals.text)
-    runs = point_runs(plan, trace, seed, precision.fidelity)
-    brackets = {m: _start(precision, m) for m in rates}
-    for _ in range(MAX_POINTS):
-        widest = max(rates, key=lambda m: brackets[m].width())
-        if brackets[widest].width() <= precision.resolution:
-            break
-        lf = round(brackets[widest].next_lf(), 4)  # bracket ends are kept to 4 places, so an end is a point
-        open_ = {m for m in rates if brackets[m].tells(lf)}  # a point outside a bracket tells that model nothing
-        if not open_:
-            break
-        least = _attainment(plan, rates, trace, lf, runs, costs, open_)
+    runs = tuple(point_runs(plan, trace, seed, precision.fidelity))
+    search = _Search(precision, rates, joint=precision.joint)
+
+    def point(lf: float, open_: tuple[str, ...]) -> Point:
+        return Point(plan, rates, trace, lf, runs, costs, open_, precision.joint)
+
+    pending: dict[tuple[float, tuple[str, ...]], Future[dict[str, float]]] = {}
+    try:
+        for _ in range(MAX_POINTS):
+            asked = search.next_point()
+            if asked is None:
+                break
+            now = pending.pop(asked, None) or points(point(*asked), False)
+            after = search.expected().next_point()
+            if after is not None and after not in pending and (ahead := points(point(*after), True)) is not None:
+                pending[after] = ahead
+            if not search.update(*asked, now.result()):  # type: ignore[union-attr]
+                return {m: 0.0 for m in rates}
+        return search.rates()
+    finally:
+        for unused in pending.values():  # a guess that did not come true: not started, it never runs
+            unused.cancel()
+
+
+@dataclass
+class _Search:
+    """The brackets of one search: per model, or one for the whole mix (joint) under the name "*"."""
+
+    precision: Precision
+    mix: dict[str, float]
+    joint: bool
+    brackets: dict[str, _Bracket] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.brackets:
+            names = ("*",) if self.joint else tuple(self.mix)
+            self.brackets = {m: _start(self.precision, m) for m in names}
+
+    def next_point(self) -> tuple[float, tuple[str, ...]] | None:
+        """The next load factor to judge and the models it tells something, or None when the search is done."""
+        widest = max(self.brackets, key=lambda m: self.brackets[m].width())
+        if self.brackets[widest].width() <= self.precision.resolution + 1e-9:  # ends are kept to 4 places
+            return None
+        lf = round(self.brackets[widest].next_lf(), 4)  # bracket ends are kept to 4 places, so an end is a point
+        if self.joint:
+            return lf, tuple(sorted(self.mix))
+        open_ = tuple(sorted(m for m in self.mix if self.brackets[m].tells(lf)))  # a point outside a bracket tells
+        return (lf, open_) if open_ else None  # that model nothing
+
+    def update(self, lf: float, open_: tuple[str, ...], least: dict[str, float]) -> bool:
+        """Take a judged point in; False where a floor search ends (its first point failed: every rate 0)."""
+        if self.joint:
+            b, holds = self.brackets["*"], all(_holds(a) for a in least.values())
+            if self.precision.floor and not holds and not b.lo_ok and lf == b.lo:
+                return False
+            b.update(lf, holds)
+            return True
         for m in open_:
-            brackets[m].update(lf, _holds(least[m]))
-    return {m: (brackets[m].lo if brackets[m].lo_ok else 0.0) * rates[m] for m in rates}
+            self.brackets[m].update(lf, _holds(least[m]))
+        return True
+
+    def expected(self) -> _Search:
+        """A copy of the search as it will be if the next point goes as expected: an unverified low end holds, an
+        unverified high end fails, a midpoint holds."""
+        guess = _Search(self.precision, self.mix, self.joint, {m: replace(b) for m, b in self.brackets.items()})
+        asked = self.next_point()
+        if asked is not None:
+            lf, open_ = asked
+            fails = any(b.hi == lf and not b.hi_ok for b in self.brackets.values())
+            guess.update(lf, open_, {m: 0.0 if fails else 1.0 for m in self.mix})
+        return guess
+
+    def rates(self) -> dict[str, float]:
+        def held(b: _Bracket) -> float:
+            return b.lo if b.lo_ok else 0.0
+        if self.joint:
+            return {m: held(self.brackets["*"]) * r for m, r in self.mix.items()}
+        return {m: held(self.brackets[m]) * r for m, r in self.mix.items()}
 
 
 def _start(precision: Precision, model: str) -> _Bracket:
@@ -171,21 +265,3 @@ def _start(precision: Precision, model: str) -> _Bracket:
         return _Bracket()
     lo, hi = round(min(x for x, _ in given), 4), round(min(HIGHEST, max(x for _, x in given)), 4)
     return _Bracket(lo, hi, lo <= 0.0, hi >= HIGHEST, max(hi - lo, 2 * precision.resolution))
-
-
-def _joint_rps(plan: Plan, arrivals: Arrivals, costs: Overheads, precision: Precision, seed: int,
-               rates: dict[str, float]) -> dict[str, float]:
-    """Every model's rate at the largest fraction of the mix at which all of them hold (Precision.joint)."""
-    trace = parse_trace(arrivals.text)
-    runs = point_runs(plan, trace, seed, precision.fidelity)
-    bracket = _start(precision, "*")
-    for _ in range(MAX_POINTS):
-        if bracket.width() <= precision.resolution:
-            break
-        lf = round(bracket.next_lf(), 4)
-        least = _attainment(plan, rates, trace, lf, runs, costs, set(rates), joint=True)
-        holds = all(_holds(a) for a in least.values())
-        if precision.floor and not holds and not bracket.lo_ok and lf == bracket.lo:
-            return {m: 0.0 for m in rates}
-        bracket.update(lf, holds)
-    return {m: (bracket.lo if bracket.lo_ok else 0.0) * r for m, r in rates.items()}
