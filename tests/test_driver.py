@@ -168,17 +168,17 @@ class _Recorder:
         self.finished: list[tuple[int, list, object]] = []
         self.failed: list[tuple[list, object]] = []
 
-    def execute(self, dispatch, items, report):
-        self.executed.append((dispatch, items, report))
+    def execute(self, dispatch, rows, report):
+        self.executed.append((dispatch, rows, report))
 
-    def finish(self, dispatch, items, outputs, now_us):
-        self.finished.append((dispatch.id, list(items), outputs))
+    def finish(self, dispatch, rows, outputs, now_us):
+        self.finished.append((dispatch.id, list(rows), outputs))
 
-    def reject(self, item, model, reason, *, failure=False):
-        self.rejected.append((item, reason, failure))
+    def reject(self, row, reason, *, failure=False):
+        self.rejected.append((row.call, reason, failure))
 
-    def fail(self, dispatch, items, error):
-        self.failed.append((list(items), error))
+    def fail(self, dispatch, rows, error):
+        self.failed.append((list(rows), error))
 
 
 class _OneShot:
@@ -224,7 +224,7 @@ class _OneShot:
 @settings(max_examples=40, deadline=None)
 @given(n=st.integers(1, 12), attempts=st.integers(1, 4), fails=st.integers(0, 5))
 def test_every_item_ends_exactly_once_whatever_fails(n, attempts, fails):
-    """Property: however often batches fail, each submitted item is either executed in a completed batch or
+    """Property: however often batches fail, each submitted request is either executed in a completed batch or
     rejected, exactly once; retries never exceed the attempts allowed."""
     ex = _Recorder()
     core = _OneShot()
@@ -239,13 +239,13 @@ def test_every_item_ends_exactly_once_whatever_fails(n, attempts, fails):
         drv.step(t)
         if not ex.executed:
             break
-        d, items, report = ex.executed.pop()
+        d, rows, report = ex.executed.pop()
         if k < fails:
-            assert report(StageOutcome(d, 0, t, failed="vGPU a0 failed", wanted=items)).action is Action.STOP
+            assert report(StageOutcome(d, 0, t, failed="vGPU a0 failed", wanted=rows)).action is Action.STOP
         else:
-            assert report(StageOutcome(d, 0, t, (t - 1000.0, t), wanted=items, outputs="out")).action is Action.FINISH
-            assert ex.finished[-1] == (d.id, items, "out")  # the driver, not the executor, answers the callers
-            done.extend(items)
+            assert report(StageOutcome(d, 0, t, (t - 1000.0, t), wanted=rows, outputs="out")).action is Action.FINISH
+            assert ex.finished[-1] == (d.id, rows, "out")  # the driver, not the executor, answers the callers
+            done.extend(r.call for r in rows)
     rejected = [i for i, _, failure in ex.rejected if failure]
     assert sorted(done + rejected) == list(range(n))
     assert not drv.rows and drv.queue_lengths() == {"m": 0}
@@ -259,7 +259,7 @@ def test_one_report_per_stage_says_what_follows():
     drv = Driver(core, two_stage_topology(), ex, DriverConfig.live(), callers=ex)
     drv.submit("x", "m", 0.0, SLO_US)
     drv.step(0.0)
-    d, items, report = ex.executed.pop()
+    d, rows, report = ex.executed.pop()
     d = replace(d, stages=[*d.stages, StageAssignment(1, "b0", d.completion_us, d.completion_us + 1000.0)])
     assert report(StageOutcome(d, 0, 1000.0, (100.0, 900.0))).action is Action.NEXT_STAGE
     assert core.reported == [(d.id, 0, 100.0, 900.0)] and drv.learned == 0
@@ -267,7 +267,7 @@ def test_one_report_per_stage_says_what_follows():
     assert core.reported[-1] == (d.id, 1, 1500.0, 2400.0) and drv.learned == 1
     drv.submit("y", "m", 3000.0, 3000.0 + SLO_US)
     drv.step(3000.0)
-    d, items, report = ex.executed.pop()
+    d, rows, report = ex.executed.pop()
     assert report(StageOutcome(d, 0, 3500.0, gave_up=True)) == NextStep(Action.STOP)
     assert drv.learned == 1 and not ex.rejected and not drv.rows
     assert core.released == [(d.id, 3500.0 + drv.lead_us)]  # what it held goes back to the core at once
@@ -393,4 +393,4 @@ def test_a_lead_learned_in_a_stall_cannot_shed_every_request():
         t = 1e6 + i * 20_000.0
         drv.submit(i, "m", t, t + SLO_US)
         drv.step(t)
-    assert not ex.rejected and sum(len(items) for _, items, _ in ex.executed) == 20
+    assert not ex.rejected and sum(len(rows) for _, rows, _ in ex.executed) == 20

@@ -34,13 +34,13 @@ def test_a_retired_driver_hands_back_what_it_held_and_refuses_retries() -> None:
     drv = Driver(core, two_stage_topology(), ex, DriverConfig.live(), callers=ex)
     drv.submit("running", "m", 0.0, SLO_US)
     drv.step(0.0)
-    d, items, report = ex.executed.pop()
+    d, rows, report = ex.executed.pop()
     for i in range(3):
         drv.submit(f"queued{i}", "m", 10.0, SLO_US)
     held = drv.retire()
-    assert sorted(t.item for t in held) == ["queued0", "queued1", "queued2"] and not drv.rows
+    assert sorted(t.call for t in held) == ["queued0", "queued1", "queued2"] and not drv.rows
     assert drv.step(20.0) is None and not ex.executed  # nothing decides any more
-    report(StageOutcome(d, 0, 100.0, failed="vGPU a0 failed", wanted=items))  # its retry is refused, answered
+    report(StageOutcome(d, 0, 100.0, failed="vGPU a0 failed", wanted=rows))  # its retry is refused, answered
     assert ex.rejected == [("running", POLICY_FAILED, False)]
 
 

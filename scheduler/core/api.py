@@ -15,11 +15,14 @@ from typing import Any, Protocol
 
 @dataclass
 class RequestRow:
-    """One row of a client request, the unit the core batches, from the driver's ``submit`` to its answer.
+    """One row of a client request, the unit the core batches and the executor runs, from the driver's ``submit``
+    to its answer: the one name a row has from the front end to the core.
 
-    The policy reads the first fields (on the core's clock); the driver keeps the rest: the executor's ``item`` (the
-    sidecar's ``CallRow``, a simulated arrival; opaque here), the real deadline, the attempts and the client's terms.
-    The driver enqueues a fresh copy under a new id each time (a retry, a hand-over to another driver)."""
+    The policy reads the first fields (on the core's clock); the driver and the executor the rest: which request
+    the row belongs to (``call``: the sidecar's ``ClientCall``, the simulator's arrival; opaque here) and which of
+    its rows it is, what it carries between the dispatches of a per-stage policy, the real deadline, the attempts
+    and the client's terms. The driver enqueues a fresh copy under a new id each time (a retry, a hand-over to
+    another driver); the copy keeps the call, the index and the carry."""
 
     id: int
     model: str
@@ -28,7 +31,9 @@ class RequestRow:
     level: int = 0  # priority level (1 = highest; 0: the model has no levels), as Triton's batcher
     expires_us: float | None = None  # when its queue timeout falls (None: none), on the core's clock
     counted: bool = True  # counts towards max_queue_size (False: a further row of a client request already counted)
-    item: Any = None  # the executor's row, handed back with each dispatch and answer
+    call: Any = None  # the request it is a row of, whom the answer goes to (opaque to the core)
+    index: int = 0  # which row of that request
+    carry: Any = None  # its boundary tensors between the dispatches of a per-stage policy (``Dispatch.final`` False)
     due_us: float = math.inf  # the real deadline (the caller's; the core plans against deadline_us)
     attempts: int = 0  # how often it was enqueued: first, then per retry (a hand-over to another driver is none)
     priority: int = 0  # the request's ``priority`` parameter (0: the model's default level)

@@ -84,12 +84,12 @@ class StageOutcome:
     """What became of one stage of a dispatch: the executor's one report to the driver (executor clock).
 
     ``compute_us``: the interval the stage held its vGPU, as measured: its compute, plus the server's turnaround
-    to its next batch where the executor knows it (None: not measured). ``wanted``: the items the batch ran for
-    (those whose callers still waited when it started), in the order of its rows. ``outputs``: the last stage's
-    outputs (the executor's own form, row i for ``wanted[i]``), which the driver hands to the callers.
-    ``failed``: the stage's server failed (why); the driver retries or rejects the ``wanted`` items.
+    to its next batch where the executor knows it (None: not measured). ``wanted``: the rows the batch ran for
+    (those whose callers still waited when it started), in the order it was handed them. ``outputs``: the last
+    stage's outputs (the executor's own form, row i for ``wanted[i]``), which the driver hands to the callers.
+    ``failed``: the stage's server failed (why); the driver retries or rejects the ``wanted`` rows.
     ``gave_up``: the executor abandoned the dispatch (no caller waits, or ``error``: it cannot run, and the driver
-    fails the ``wanted`` items with that error): nothing to learn from it. ``next_lead_us``: how long after
+    fails the ``wanted`` rows with that error): nothing to learn from it. ``next_lead_us``: how long after
     ``now_us`` the next stage could start computing if sent now (None: the core's clock lead), for moving it
     earlier when its input is ready before its reservation."""
 
@@ -98,7 +98,7 @@ class StageOutcome:
     now_us: float
     compute_us: tuple[float, float] | None = None
     failed: str | None = None
-    wanted: Sequence[Any] = ()
+    wanted: Sequence[RequestRow] = ()
     gave_up: bool = False
     next_lead_us: float | None = None
     outputs: Any = None
@@ -108,7 +108,7 @@ class StageOutcome:
 class Action(Enum):
     NEXT_STAGE = "next_stage"  # run the dispatch's next stage
     FINISH = "finish"  # its work is done: the driver handed the outputs on (answers, or the next dispatch's input)
-    STOP = "stop"  # it ended without outputs; the driver re-enqueued, rejected or failed its items
+    STOP = "stop"  # it ended without outputs; the driver re-enqueued, rejected or failed its rows
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,7 @@ class NextStep:
     """The driver's answer to a StageOutcome."""
 
     action: Action
-    retried: int = 0  # after a failure: how many items were re-enqueued (the others were rejected)
+    retried: int = 0  # after a failure: how many rows were re-enqueued (the others were rejected)
     # NEXT_STAGE: the next stage's assignment (moved earlier where the policy could), which the executor runs
     next: StageAssignment | None = None
 
@@ -127,24 +127,24 @@ Report = Callable[[StageOutcome], NextStep]
 class Executor(Protocol):
     """What a driver needs from the side that executes (virtual cluster or Triton servers)."""
 
-    def execute(self, dispatch: Dispatch, items: list[Any], report: Report) -> None:
-        """Start running ``dispatch`` (its requests' items, in order); report each stage's outcome to ``report``
-        and follow its answer."""
+    def execute(self, dispatch: Dispatch, rows: list[RequestRow], report: Report) -> None:
+        """Start running ``dispatch`` on ``rows`` (the driver's records of its requests, in order); report each
+        stage's outcome to ``report`` and follow its answer."""
 
 
 class Callers(Protocol):
-    """Who waits for the items (the sidecar's client calls, the simulator's outcome log): the driver answers them."""
+    """Who waits for the rows (the sidecar's client calls, the simulator's outcome log): the driver answers them."""
 
-    def finish(self, dispatch: Dispatch, items: Sequence[Any], outputs: Any, now_us: float) -> None:
-        """``dispatch`` completed with ``outputs`` (row i for ``items[i]``): answer the callers (a final
-        dispatch), or keep each item's rows for its next dispatch (``Dispatch.final`` False)."""
+    def finish(self, dispatch: Dispatch, rows: Sequence[RequestRow], outputs: Any, now_us: float) -> None:
+        """``dispatch`` completed with ``outputs`` (row i for ``rows[i]``): answer the callers (a final
+        dispatch), or keep each row's outputs as its carry for its next dispatch (``Dispatch.final`` False)."""
 
-    def reject(self, item: Any, model: str, reason: str, *, failure: bool = False) -> None:
-        """Answer ``item`` with an explicit error: the core dropped (shed) it, or (``failure``) a server failed
+    def reject(self, row: RequestRow, reason: str, *, failure: bool = False) -> None:
+        """Answer ``row`` with an explicit error: the core dropped (shed) it, or (``failure``) a server failed
         its batch and no retry can meet its deadline."""
 
-    def fail(self, dispatch: Dispatch, items: Sequence[Any], error: Any) -> None:
-        """Answer ``items`` (of ``dispatch``) with the executor's ``error``: their batch could not run (a bug, a
+    def fail(self, dispatch: Dispatch, rows: Sequence[RequestRow], error: Any) -> None:
+        """Answer ``rows`` (of ``dispatch``) with the executor's ``error``: their batch could not run (a bug, a
         refused request, a stop)."""
 
 
@@ -188,12 +188,13 @@ class Driver:
         return min(self.config.clock_lead_us + self.extra_lead_us, self.lead_cap_us)
 
     # -- requests in --------------------------------------------------------------------------------------
-    def submit(self, item: Any, model: str, arrival_us: float, deadline_us: float, priority: int = 0,
-               timeout_us: int = 0, counted: bool = True) -> bool:
-        """A new request: the core sees its deadline less the model's current margin, at its priority level and
-        with its queue timeout (Triton's batcher controls of the model). False: refused at once (and rejected)."""
-        row = RequestRow(0, model, arrival_us, deadline_us, counted=counted, item=item, due_us=deadline_us,
-                         priority=priority, timeout_us=timeout_us)
+    def submit(self, call: Any, model: str, arrival_us: float, deadline_us: float, priority: int = 0,
+               timeout_us: int = 0, counted: bool = True, index: int = 0) -> bool:
+        """Row ``index`` of the request ``call``: the core sees its deadline less the model's current margin, at its
+        priority level and with its queue timeout (Triton's batcher controls of the model). False: refused at once
+        (and rejected)."""
+        row = RequestRow(0, model, arrival_us, deadline_us, counted=counted, call=call, index=index,
+                         due_us=deadline_us, priority=priority, timeout_us=timeout_us)
         return self._enqueue(row, arrival_us)
 
     def _enqueue(self, row: RequestRow, now_us: float, attempt: int = 1) -> bool:
@@ -207,12 +208,13 @@ class Driver:
             timeout = controls.policy(level).timeout_us(row.timeout_us)
             expires = now_us + self.lead_us + timeout if timeout else None
         row = RequestRow(rid, row.model, now_us, row.due_us - self.margin_us.get(row.model, 0.0), level, expires,
-                         row.counted, row.item, row.due_us, row.attempts + attempt, row.priority, row.timeout_us)
+                         row.counted, row.call, row.index, row.carry, row.due_us, row.attempts + attempt,
+                         row.priority, row.timeout_us)
         self.rows[rid] = row
         refused = self.scheduler.enqueue(row)
         if refused is not None:
             del self.rows[rid]
-            self.callers.reject(row.item, row.model, refused)
+            self.callers.reject(row, refused)
             return False
         return True
 
@@ -230,7 +232,7 @@ class Driver:
         for drop in result.drops:
             row = self.rows.pop(drop.request.id, None)
             if row is not None:
-                self.callers.reject(row.item, row.model, drop.reason)
+                self.callers.reject(row, drop.reason)
         for d in result.dispatches:
             rows = [self.rows[r.id] for r in d.requests]
             if d.final:
@@ -238,14 +240,14 @@ class Driver:
                     del self.rows[r.id]
             self._in_flight[d.id] = rows
             self._completion_us[d.id] = d.completion_us
-            self.executor.execute(d, [row.item for row in rows], self.on_stage_done)
+            self.executor.execute(d, list(rows), self.on_stage_done)
         return self.wake_us
 
     # -- feedback from the executor -----------------------------------------------------------------------
     def on_stage_done(self, o: StageOutcome) -> NextStep:
         """One stage's outcome: a measured interval corrects the core's tables; the last stage completes the
         dispatch (its outputs go to the callers; a final one teaches the margin how late batches run); a failure
-        retries or rejects its items; an executor's error fails them."""
+        retries or rejects its rows; an executor's error fails them."""
         d = o.dispatch
         if o.gave_up:  # nobody waits for the rest: what it holds from now on goes back to the core
             self._forget(d)
@@ -288,18 +290,17 @@ class Driver:
             self._completion_us[d.id] -= old.end_us - new.end_us
         return new
 
-    def _failed(self, dispatch: Dispatch, items: Sequence[Any], now_us: float, reason: str) -> int:
-        """A server failed the batch: re-enqueue ``items`` (those still wanted) that have attempts and time
-        left, reject the rest; returns how many were retried."""
+    def _failed(self, dispatch: Dispatch, wanted: Sequence[RequestRow], now_us: float, reason: str) -> int:
+        """A server failed the batch: re-enqueue its ``wanted`` rows (those whose callers still wait) that have
+        attempts and time left, reject the rest; returns how many were retried."""
         rows = self._forget(dispatch)
-        wanted = {id(item) for item in items}
+        ids = {id(row) for row in wanted}
         retried = 0
         for row in rows:
-            if id(row.item) not in wanted:
+            if id(row) not in ids:
                 continue
             if row.attempts >= self.config.max_attempts or now_us >= row.due_us:
-                self.callers.reject(row.item, row.model, f"{reason} and no retry could meet the deadline",
-                                    failure=True)
+                self.callers.reject(row, f"{reason} and no retry could meet the deadline", failure=True)
             elif self._enqueue(row, now_us):  # (refused by a full queue: rejected there)
                 retried += 1
         self.retries += retried

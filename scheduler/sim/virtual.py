@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from poolpipe_common.overheads import Overheads
-from scheduler.core.api import Dispatch, Scheduler
+from scheduler.core.api import Dispatch, RequestRow, Scheduler
 from scheduler.core.driver import EARLY_SEND_US, Action, Driver, DriverConfig, Report, StageOutcome
 from scheduler.core.topology import Pipeline, Topology
 
@@ -58,13 +58,13 @@ class Batch:
 class _Flight:
     """A dispatched batch moving through its stages."""
 
-    __slots__ = ("d", "stages", "pipeline", "items", "report", "starts", "pending", "send_at", "abandoned")
+    __slots__ = ("d", "stages", "pipeline", "rows", "report", "starts", "pending", "send_at", "abandoned")
 
-    def __init__(self, d: Dispatch, pipeline: Pipeline, items: list[Any], report: Report) -> None:
+    def __init__(self, d: Dispatch, pipeline: Pipeline, rows: list[RequestRow], report: Report) -> None:
         self.d = d
         self.stages = list(d.stages)  # as dispatched, then as the driver's answers move them
         self.pipeline = pipeline
-        self.items = items
+        self.rows = rows
         self.report = report
         self.starts: list[float] = [0.0] * len(d.stages)
         self.pending = -1  # the stage waiting to be sent (its transfer, its reserved start less the lead)
@@ -114,33 +114,33 @@ class VirtualExecutor:
         self.heap: list = []
         self._seq = 0
         self._wakes: set[float] = set()
-        self._level: dict[Any, float] = {}  # request item -> its quantile level (variable-latency stages)
+        self._level: dict[Any, float] = {}  # request (a row's call) -> its quantile level (variable-latency stages)
         for f in faults:
             self.push(f.at_us, DOWN, f.vgpu, 0)
             self.push(f.until_us, UP, f.vgpu, 0)
-        # clients that go away: (when, item); a batch all of whose callers are gone stops before its next stage
+        # clients that go away: (when, call); a batch all of whose callers are gone stops before its next stage
         self.on_cancel = on_cancel
         self.cancelled: set[Any] = set()
-        self._track = bool(cancels)  # which flight each item rides (only when clients may go away)
-        self._waiting: dict[Any, _Flight] = {}  # item -> its flight while a stage is on its way
-        for when, item in cancels:
-            self.push(when, CANCEL, item, 0)
+        self._track = bool(cancels)  # which flight each call rides (only when clients may go away)
+        self._waiting: dict[Any, _Flight] = {}  # call -> its flight while a stage is on its way
+        for when, call in cancels:
+            self.push(when, CANCEL, call, 0)
 
     # -- the Executor protocol ------------------------------------------------------------------------------
-    def execute(self, dispatch: Dispatch, items: list[Any], report: Report) -> None:
-        fl = _Flight(dispatch, self.pipeline_of[dispatch.pipeline_id], items, report)
+    def execute(self, dispatch: Dispatch, rows: list[RequestRow], report: Report) -> None:
+        fl = _Flight(dispatch, self.pipeline_of[dispatch.pipeline_id], rows, report)
         self.dispatches += 1
-        self.batch_sizes[len(items)] += 1
+        self.batch_sizes[len(rows)] += 1
         if self.record_timeline:
             self.paths[dispatch.id] = [a.vgpu for a in dispatch.stages]
-        if self.cancelled and all(x in self.cancelled for x in items):
+        if self.cancelled and all(r.call in self.cancelled for r in rows):
             report(StageOutcome(dispatch, 0, self.now, gave_up=True))  # as live: nobody waits, nothing runs
             return
         self._advance(fl, 0, self.now)
 
-    def forget(self, item: Any) -> None:
-        """``item`` ended (answered or rejected): its latency level is no longer needed."""
-        self._level.pop(item, None)
+    def forget(self, row: RequestRow) -> None:
+        """``row`` ended (answered or rejected): its request's latency level is no longer needed."""
+        self._level.pop(row.call, None)
 
     # -- events ---------------------------------------------------------------------------------------------
     def push(self, when: float, kind: int, obj: Any, k: int) -> None:
@@ -184,24 +184,24 @@ class VirtualExecutor:
             elif kind == CANCEL:
                 self._cancel(obj, t)
 
-    def _cancel(self, item: Any, t: float) -> None:
-        """``item``'s client went away: its flight, if every caller is gone before the stage on its way starts,
+    def _cancel(self, call: Any, t: float) -> None:
+        """``call``'s client went away: its flight, if every caller is gone before the stage on its way starts,
         is abandoned and the driver told (it gives the reservations back)."""
-        self.cancelled.add(item)
+        self.cancelled.add(call)
         if self.on_cancel is not None:
-            self.on_cancel(item, t)
-        fl = self._waiting.get(item)
-        if fl is None or t >= fl.send_at or not all(x in self.cancelled for x in fl.items):
+            self.on_cancel(call, t)
+        fl = self._waiting.get(call)
+        if fl is None or t >= fl.send_at or not all(r.call in self.cancelled for r in fl.rows):
             return
         fl.abandoned = True
         self._unwait(fl)
-        for x in fl.items:
-            self._level.pop(x, None)
+        for r in fl.rows:
+            self._level.pop(r.call, None)
         fl.report(StageOutcome(fl.d, fl.pending, t, gave_up=True))
 
     def _unwait(self, fl: _Flight) -> None:
-        for x in fl.items:
-            self._waiting.pop(x, None)
+        for r in fl.rows:
+            self._waiting.pop(r.call, None)
 
     def _advance(self, fl: _Flight, k: int, t: float) -> None:
         """Stage k's input is at hand at t: transfer it if it crosses servers, then send it."""
@@ -210,8 +210,8 @@ class VirtualExecutor:
         st = fl.pipeline.stages[a.stage]
         fl.pending, fl.send_at = k, math.inf
         if self._track:
-            for x in fl.items:
-                self._waiting[x] = fl
+            for r in fl.rows:
+                self._waiting[r.call] = fl
         crosses = (self.server[fl.stages[k - 1].vgpu] != self.server[a.vgpu] if k > 0
                    else a.transfer_start_us is not None)
         if st.in_bytes_per_request > 0 and crosses:
@@ -264,7 +264,8 @@ class VirtualExecutor:
         hop = st.hop_us.get(b, max(st.hop_us.values(), default=0.0))
         if st.latency_dist is not None and b in st.latency_dist:
             level = self._level
-            u = max(level[x] if x in level else level.setdefault(x, float(self.rng.random())) for x in fl.items)
+            u = max(level[r.call] if r.call in level else level.setdefault(r.call, float(self.rng.random()))
+                    for r in fl.rows)
             lat = (float(st.latency_dist[b].quantile(u)) - hop) * self.ov.slowdown
         else:
             lat = (stage_latency(st.latency_us, b) - hop) * self.ov.slowdown
@@ -284,7 +285,7 @@ class VirtualExecutor:
         """Stage k's response is back: report it; the driver says whether the next stage runs or the batch is done."""
         d = fl.d
         tail = self.ov.tail_for(fl.pipeline.stages[fl.stages[k].stage].call_bytes[1] * len(d.requests))
-        step = fl.report(StageOutcome(d, k, t, (fl.starts[k], t - tail), wanted=fl.items))
+        step = fl.report(StageOutcome(d, k, t, (fl.starts[k], t - tail), wanted=fl.rows))
         if step.action is Action.NEXT_STAGE:
             if step.next is not None:
                 fl.stages[k + 1] = step.next
@@ -293,12 +294,12 @@ class VirtualExecutor:
     def _fail(self, fl: _Flight, k: int, vgpu: str, t: float) -> None:
         """Stage k reached a failed vGPU: it goes out of service, then the driver retries or rejects the batch."""
         self.on_vgpu_change(vgpu, False, t)
-        fl.report(StageOutcome(fl.d, k, t, failed=f"vGPU {vgpu} failed", wanted=fl.items))
+        fl.report(StageOutcome(fl.d, k, t, failed=f"vGPU {vgpu} failed", wanted=fl.rows))
 
 
 class VirtualCallers:
     """The simulated requests' callers, whom the driver answers: a finished request's time, a rejected one's
-    reason, to the simulation's outcome log."""
+    reason, to the simulation's outcome log (by each row's call: the arrival it is)."""
 
     def __init__(self, executor: VirtualExecutor, on_done: Callable[[Any, float], None],
                  on_reject: Callable[[Any, str, str], None]) -> None:
@@ -306,20 +307,20 @@ class VirtualCallers:
         self.on_done = on_done
         self.on_reject = on_reject
 
-    def finish(self, dispatch: Dispatch, items: Sequence[Any], outputs: Any, now_us: float) -> None:
+    def finish(self, dispatch: Dispatch, rows: Sequence[RequestRow], outputs: Any, now_us: float) -> None:
         if dispatch.final:
-            for item in items:
-                self.executor.forget(item)
-                self.on_done(item, now_us)
+            for row in rows:
+                self.executor.forget(row)
+                self.on_done(row.call, now_us)
 
-    def reject(self, item: Any, model: str, reason: str, *, failure: bool = False) -> None:
-        self.executor.forget(item)
-        self.on_reject(item, model, reason)
+    def reject(self, row: RequestRow, reason: str, *, failure: bool = False) -> None:
+        self.executor.forget(row)
+        self.on_reject(row.call, row.model, reason)
 
-    def fail(self, dispatch: Dispatch, items: Sequence[Any], error: Any) -> None:  # (a virtual stage never errs)
-        for item in items:
-            self.executor.forget(item)
-            self.on_reject(item, dispatch.model, str(error))
+    def fail(self, dispatch: Dispatch, rows: Sequence[RequestRow], error: Any) -> None:  # (a virtual stage never errs)
+        for row in rows:
+            self.executor.forget(row)
+            self.on_reject(row.call, dispatch.model, str(error))
 
 
 class VirtualRun:

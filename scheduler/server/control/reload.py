@@ -191,7 +191,7 @@ class PlanSwitch:
                 keep.append(row)
             else:
                 why = f"model '{row.model}' is not in the reloaded plan"
-                old.answers.fail(row.item.call, ServeError(grpc.StatusCode.UNAVAILABLE, why))
+                old.answers.fail(row.call, ServeError(grpc.StatusCode.UNAVAILABLE, why))
                 failed.append(why)
         new.driver.adopt(keep, now)
         return len(keep), failed

@@ -18,7 +18,7 @@ from model_repository_gen.manifest import ModelInfo
 from poolpipe_common.batcher import QUEUE_FULL, QUEUE_TIMEOUT
 from poolpipe_common.overheads import SIDECAR_LATENCY_PARAMETER, sidecar_slo_us
 from poolpipe_common.tensors import TensorSpec
-from scheduler.core.api import Dispatch
+from scheduler.core.api import Dispatch, RequestRow
 from scheduler.core.policies.retired import POLICY_FAILED
 from scheduler.server.common.client_shm import ClientShmRegistry
 from scheduler.server.common.errors import ServeError, shed
@@ -58,8 +58,8 @@ class OutputTarget:
 @dataclass(eq=False)
 class ClientCall:
     """One client request on the planned path, from its check (scheduler/server/planned/validate.py) to its answer:
-    its inputs and wanted outputs as checked, its terms, and its answer's future; its rows (``CallRow``) may ride
-    different batches."""
+    its inputs and wanted outputs as checked, its terms, and its answer's future; its rows (each a ``RequestRow``,
+    scheduler/core/api.py, whose ``call`` it is) may ride different batches."""
 
     model: ModelInfo
     request_id: str  # the client's request id, echoed in the answer
@@ -83,19 +83,9 @@ class ClientCall:
         self.left = self.batch
 
 
-@dataclass
-class CallRow:
-    """One row of a call: the driver's item for it (the core's ``RequestRow``, scheduler/core/api.py, carries it),
-    the unit the scheduler batches. ``carry`` holds its boundary tensors between the dispatches of a per-stage
-    policy (``Dispatch.final`` False)."""
-
-    call: ClientCall
-    row: int
-    carry: dict[str, bytes] | None = None
-
-    @property
-    def wanted(self) -> bool:
-        return not self.call.future.done()
+def waits(row: RequestRow) -> bool:
+    """Whether the caller of ``row`` (its ``ClientCall``) still waits for the answer."""
+    return not row.call.future.done()
 
 
 @dataclass
@@ -111,14 +101,14 @@ class Answers:
     def __post_init__(self) -> None:
         self.stats = {m: ModelStats() for m in self.models}
 
-    def complete(self, rows: list[CallRow], outputs: dict[str, tuple[bytes, int]]) -> None:
+    def complete(self, rows: Sequence[RequestRow], outputs: dict[str, tuple[bytes, int]]) -> None:
         """``outputs``: name -> (the batch's raw bytes, bytes per row); row i belongs to ``rows[i]``. A call is
         answered when its last row is in."""
-        for i, s in enumerate(rows):
-            call = s.call
+        for i, r in enumerate(rows):
+            call: ClientCall = r.call
             if call.future.done():
                 continue
-            call.rows[s.row] = row_of(outputs, i)
+            call.rows[r.index] = row_of(outputs, i)
             call.left -= 1
             if call.left == 0:
                 self.answer(call)
@@ -179,39 +169,39 @@ class Answers:
 
 
 class PlannedCallers:
-    """The shared driver's Callers on the sidecar: it answers the client calls whose rows (``CallRow``) it holds,
-    through ``Answers``, when a dispatch completes, the core sheds a row or a batch cannot run."""
+    """The shared driver's Callers on the sidecar: it answers the client calls of the rows it is handed (each row's
+    ``call``), through ``Answers``, when a dispatch completes, the core sheds a row or a batch cannot run."""
 
     def __init__(self, answers: Answers, metrics: SidecarMetrics) -> None:
         self.answers = answers
         self.metrics = metrics
 
-    def finish(self, dispatch: Dispatch, items: Sequence[CallRow], outputs: dict[str, tuple[bytes, int]],
+    def finish(self, dispatch: Dispatch, rows: Sequence[RequestRow], outputs: dict[str, tuple[bytes, int]],
                now_us: float) -> None:
         """A completed dispatch's outputs: its calls' answers (a final dispatch), else the next dispatch's input
         (each row carries its bytes)."""
         if dispatch.final:
-            self.answers.complete(list(items), outputs)
+            self.answers.complete(rows, outputs)
         else:
-            for i, s in enumerate(items):
-                s.carry = row_of(outputs, i)
+            for i, r in enumerate(rows):
+                r.carry = row_of(outputs, i)
 
-    def reject(self, item: CallRow, model: str, reason: str, *, failure: bool = False) -> None:
+    def reject(self, row: RequestRow, reason: str, *, failure: bool = False) -> None:
+        call, model = row.call, row.model
         if reason == POLICY_FAILED:  # a retry that a retired driver refused (PlannedService._step_failed)
-            self.answers.fail(item.call, ServeError(grpc.StatusCode.INTERNAL, f"request failed: {reason}"), "BACKEND")
+            self.answers.fail(call, ServeError(grpc.StatusCode.INTERNAL, f"request failed: {reason}"), "BACKEND")
         elif failure:
-            self.answers.fail(item.call, ServeError(grpc.StatusCode.UNAVAILABLE, f"request failed: {reason}"),
-                              "BACKEND")
+            self.answers.fail(call, ServeError(grpc.StatusCode.UNAVAILABLE, f"request failed: {reason}"), "BACKEND")
         elif reason in (QUEUE_FULL, QUEUE_TIMEOUT):  # the queue policy's refusals, in Triton's words
             self.metrics.child(self.metrics.drops, model, reason).inc()
-            self.answers.fail(item.call, ServeError(grpc.StatusCode.UNAVAILABLE, reason), "REJECTED")
+            self.answers.fail(call, ServeError(grpc.StatusCode.UNAVAILABLE, reason), "REJECTED")
         else:
             self.metrics.child(self.metrics.drops, model, reason).inc()
-            self.answers.fail(item.call, shed(model, reason))
+            self.answers.fail(call, shed(model, reason))
 
-    def fail(self, dispatch: Dispatch, items: Sequence[CallRow], error: ServeError) -> None:
-        for s in items:
-            self.answers.fail(s.call, error)
+    def fail(self, dispatch: Dispatch, rows: Sequence[RequestRow], error: ServeError) -> None:
+        for r in rows:
+            self.answers.fail(r.call, error)
 
 
 def _joined(rows: list[dict[str, bytes] | None], name: str) -> bytes:

@@ -15,18 +15,17 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any
 
 import grpc
 
 from model_repository_gen.manifest import ModelInfo, PipelineInfo, StageInfo
 from model_repository_gen.triton_config import COMPUTE_END_OUTPUT, COMPUTE_START_OUTPUT
-from scheduler.core.api import Dispatch
+from scheduler.core.api import Dispatch, RequestRow
 from scheduler.core.driver import EARLY_SEND_US, Action, NextStep, Report, StageOutcome
 from scheduler.server.common.errors import ServeError
 from scheduler.server.common.metrics import SidecarMetrics
 from scheduler.server.common.tracing import DispatchTraces, Tracer
-from scheduler.server.planned.calls import Answers, CallRow, now_us, shutting_down
+from scheduler.server.planned.calls import Answers, now_us, shutting_down, waits
 from scheduler.server.planned.fleet import Fleet
 from scheduler.server.planned.lead import Leads
 from scheduler.server.planned.shm_pool import Region
@@ -47,9 +46,9 @@ log = logging.getLogger("poolpipe.sidecar.executor")
 CLIENT_FAULTS = (grpc.StatusCode.INVALID_ARGUMENT,)
 
 
-async def _until_all_gone(rows: list[CallRow], timeout_s: float) -> None:
+async def _until_all_gone(rows: list[RequestRow], timeout_s: float) -> None:
     """Sleep ``timeout_s``, or less if every caller of ``rows`` goes away meanwhile."""
-    futures = {id(s.call.future): s.call.future for s in rows}
+    futures = {id(r.call.future): r.call.future for r in rows}
     await asyncio.wait(list(futures.values()), timeout=timeout_s)
 
 
@@ -78,8 +77,8 @@ class LiveExecutor:
         self.tasks: set[asyncio.Task] = set()
 
     # -- the Executor protocol ------------------------------------------------------------------------------
-    def execute(self, dispatch: Dispatch, items: list[Any], report: Report) -> None:
-        task = asyncio.ensure_future(self._run(dispatch, items, report))
+    def execute(self, dispatch: Dispatch, rows: list[RequestRow], report: Report) -> None:
+        task = asyncio.ensure_future(self._run(dispatch, rows, report))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
@@ -87,7 +86,7 @@ class LiveExecutor:
     def _lead(self, pipeline_id: str, stage: int, batch: int) -> float:
         return self.leads.lead_us(pipeline_id, stage, batch)
 
-    def _inputs(self, d: Dispatch, live: list[CallRow]) -> list[HopTensor]:
+    def _inputs(self, d: Dispatch, live: list[RequestRow]) -> list[HopTensor]:
         """The batch's input: the model's inputs for stage 0, else what the previous dispatch carried; each
         tensor's rows joined as bytes, the padded model's dummy rows as zero bytes."""
         first = d.stages[0].stage
@@ -95,15 +94,15 @@ class LiveExecutor:
         if first == 0:
             pad = max(0, pipe.batch - len(live)) if d.model in self.padded else 0
             return [HopTensor(t, [len(live) + pad, *t.shape], stacked(
-                [s.call.inputs[t.name][s.row] for s in live], pad * t.bytes_per_request()))
+                [r.call.inputs[t.name][r.index] for r in live], pad * t.bytes_per_request()))
                     for t in self.models[d.model].inputs]
-        return [HopTensor(t, [len(live), *t.shape], stacked([s.carry[t.name] for s in live]))  # type: ignore[index]
+        return [HopTensor(t, [len(live), *t.shape], stacked([r.carry[t.name] for r in live]))
                 for t in pipe.stages[first].inputs]
 
-    async def _run(self, d: Dispatch, rows: list[CallRow], report: Report) -> None:
+    async def _run(self, d: Dispatch, rows: list[RequestRow], report: Report) -> None:
         """Run the dispatch's stages, each reported to the driver, as long as it answers NEXT_STAGE (with the
         assignment to run the next one at); the last stage's report carries the outputs."""
-        live = [s for s in rows if s.wanted]
+        live = [r for r in rows if waits(r)]
         if not live:
             report(StageOutcome(d, 0, now_us(), gave_up=True))
             return
@@ -113,16 +112,16 @@ class LiveExecutor:
         hops: list[HopTensor] = []
         k, step, a = 0, NextStep(Action.STOP), d.stages[0]
         first: StageTiming | None = None  # stage 0's timing in this dispatch (the batch statistics)
-        traces = DispatchTraces.of([s.call for s in live], d.id, d.pipeline_id, now_us()) if self.tracer.on else None
+        traces = DispatchTraces.of([r.call for r in live], d.id, d.pipeline_id, now_us()) if self.tracer.on else None
         try:
             hops = self._inputs(d, live)
-            deadline_us = max(s.call.deadline_us for s in live)
+            deadline_us = max(r.call.deadline_us for r in live)
             for k in range(len(d.stages)):
                 if d.reserved:  # send ahead of the reserved compute start by the stage's lead time
                     wait_us = a.start_us - self._lead(d.pipeline_id, a.stage, len(live)) - now_us()
                     if wait_us >= EARLY_SEND_US:
                         await _until_all_gone(live, wait_us / 1e6)
-                if not any(s.wanted for s in live):  # every caller went away before this stage was sent
+                if not any(waits(r) for r in live):  # every caller went away before this stage was sent
                     step = report(StageOutcome(d, k, now_us(), gave_up=True))  # its reservations go back
                     break
                 following = d.stages[k + 1] if k + 1 < len(d.stages) else None  # this dispatch's next stage
@@ -171,7 +170,7 @@ class LiveExecutor:
             self.release(hops)
         self.kick()
 
-    def _on_fault(self, report: Report, d: Dispatch, k: int, fault: StageFault, live: list[CallRow]) -> None:
+    def _on_fault(self, report: Report, d: Dispatch, k: int, fault: StageFault, live: list[RequestRow]) -> None:
         code = fault.code
         # A server restarted between health checks has lost our shm registrations: treat it as down; the
         # health loop registers the pool again when it rejoins.

@@ -38,7 +38,6 @@ from scheduler.server.planned.calibration import (
 from scheduler.server.planned.call_costs import CallCosts, call_bytes_of
 from scheduler.server.planned.calls import (
     Answers,
-    CallRow,
     ClientCall,
     OutputTarget,
     PlannedCallers,
@@ -244,7 +243,7 @@ class PlannedService:
                 await asyncio.gather(t, return_exceptions=True)
         await self.executor.close()
         for held in list(self.driver.rows.values()):
-            self.answers.fail(held.item.call, shutting_down())
+            self.answers.fail(held.call, shutting_down())
         self.driver.rows.clear()
         removed = await self.fleet.close()
         if self.batch_log is not None:
@@ -298,8 +297,8 @@ class PlannedService:
         err = ServeError(grpc.StatusCode.INTERNAL, f"the scheduling policy '{self.policy}' failed ({error!r}); "
                                                    "the request was not run")
         for row in held:
-            self.answers.fail(row.item.call, err, "BACKEND")
-        log.error("event=step_failed_requests_failed count=%d", len({id(row.item.call) for row in held}))
+            self.answers.fail(row.call, err, "BACKEND")
+        log.error("event=step_failed_requests_failed count=%d", len({id(row.call) for row in held}))
         self._wake_us = None
 
     def _loop_load(self, busy: float) -> None:
@@ -380,8 +379,8 @@ class PlannedService:
     def _enqueue(self, call: ClientCall) -> None:
         timeout = int(call.timeout_us or 0) if call.model.dynamic_batching.active else 0
         for row in range(call.batch):
-            if not self.driver.submit(CallRow(call, row), call.model.name, now_us(), call.deadline_us, call.priority,
-                                      timeout, counted=row == 0):
+            if not self.driver.submit(call, call.model.name, now_us(), call.deadline_us, call.priority, timeout,
+                                      counted=row == 0, index=row):
                 break  # refused (its queue is full): the call is answered; its other rows would be refused too
         self._kick_loop()
 

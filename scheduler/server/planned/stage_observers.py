@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from model_repository_gen.manifest import PipelineInfo
-from scheduler.core.api import Dispatch, StageAssignment
+from scheduler.core.api import Dispatch, RequestRow, StageAssignment
 from scheduler.server.common.metrics import SidecarMetrics
 from scheduler.server.common.tracing import DispatchTraces
-from scheduler.server.planned.calls import Answers, CallRow
+from scheduler.server.planned.calls import Answers
 from scheduler.server.planned.overhead_meter import OverheadMeter
 from scheduler.server.planned.stage_io import StageTiming
 
@@ -26,7 +26,7 @@ class StageRecord:
 
     dispatch: Dispatch
     assignment: StageAssignment  # the reservation it ran at (the dispatched one, or the one the policy moved)
-    live: list[CallRow]  # the rows it ran for
+    live: list[RequestRow]  # the rows it ran for
     timing: StageTiming
     idle: bool  # sent to an idle server (its send-to-compute shows the real lead, not the server's queue)
     first: StageTiming | None  # this dispatch's stage 0 timing, when it ran it
@@ -101,11 +101,11 @@ class StatisticsMarks:
     def stage_done(self, r: StageRecord) -> None:
         t, d = r.timing, r.dispatch
         if r.stage == 0:
-            for s in r.live:
-                s.call.marks.first_stage(t.ready_us, t.start_us)
+            for row in r.live:
+                row.call.marks.first_stage(t.ready_us, t.start_us)
         if r.stage == len(self.pipelines[d.pipeline_id].stages) - 1:
-            for s in r.live:
-                s.call.marks.last_stage(t.end_us)
+            for row in r.live:
+                row.call.marks.last_stage(t.end_us)
             if r.first is not None:
                 self.answers.stats[d.model].executed(r.batch, r.first.ready_us, r.first.start_us, t.end_us, t.recv_us)
 
