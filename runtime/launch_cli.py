@@ -112,7 +112,7 @@ class Migrator:
         except SidecarRefused as e:  # the old servers keep serving: stopping them unasked could fail requests
             if str(e) != self.refused:
                 self.refused = str(e)
-                self.err.print(f"poolpipe launch: {e}; the old servers keep running")
+                print(f"poolpipe launch: {e}; the old servers keep running", file=sys.stderr, flush=True)  # one line
             return
         if done:
             report = m.finish()
