@@ -49,6 +49,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sidecar-client-cert", type=Path, metavar="PEM",
                    help="launch's client certificate, for a sidecar that asks for one (serve --http-use-ssl-mutual)")
     p.add_argument("--sidecar-client-key", type=Path, metavar="PEM", help="the key of --sidecar-client-cert")
+    p.add_argument("--sidecar-restricted-key", metavar="KEY=VALUE",
+                   help="the header launch sends on its calls to the sidecar where serve --http-restricted-api "
+                        "restricts poolpipe-admin (or model-repository) to <key>=<value>, e.g. admin-key=SECRET")
     p.add_argument("--retire-after", type=float, default=60.0, metavar="S",
                    help="without --sidecar: seconds from a migration's new servers being ready until the old "
                         "deployment's servers stop; reload the sidecar within them (default 60)")
@@ -76,6 +79,7 @@ class Migrator:
         self.sidecar = sidecar  # --sidecar (over HTTPS with --sidecar-use-ssl); None: retire by the clock
         self.migration: Migration | None = None
         self.retire_at = 0.0
+        self.refused = ""  # the sidecar's last refusal, said once
 
     def begin(self) -> None:
         from poolpipe_common.errors import InputError
@@ -97,11 +101,19 @@ class Migrator:
               flush=True)
 
     def poll(self) -> None:
+        from runtime.sidecar_watch import SidecarRefused
+
         m = self.migration
         if m is None:
             return
-        done = (self.sidecar.serves(m.directory) if self.sidecar is not None
-                else time.monotonic() >= self.retire_at)
+        try:
+            done = (self.sidecar.serves(m.directory) if self.sidecar is not None
+                    else time.monotonic() >= self.retire_at)
+        except SidecarRefused as e:  # the old servers keep serving: stopping them unasked could fail requests
+            if str(e) != self.refused:
+                self.refused = str(e)
+                print(f"poolpipe launch: {e}; the old servers keep running", file=sys.stderr, flush=True)  # one line
+            return
         if done:
             report = m.finish()
             self.migration = None
@@ -137,8 +149,9 @@ def _run(args: argparse.Namespace) -> int:
     from runtime.supervise import RestartPolicy, Supervisor, reclaim_predecessors, remove_state, write_state
 
     err = Console(stderr=True)
+    # flags it cannot use (certificates, the key): one line, before anything starts
     watch = sidecar_watch(args.sidecar, args.sidecar_use_ssl, args.sidecar_root_cert, args.sidecar_client_cert,
-                          args.sidecar_client_key)  # certificates TLS cannot use: one line, before anything starts
+                          args.sidecar_client_key, args.sidecar_restricted_key)
     reclaimed = reclaim_predecessors()  # first: a dead launch's servers hold their ports
     if reclaimed.launches or reclaimed.shm_regions:
         print(reclaimed.line(), file=sys.stderr, flush=True)

@@ -75,6 +75,7 @@ class ClientCall:
     raw: bool = False  # a DecodedRequest (the native front end): answered with a RawAnswer, not a response
     marks: RequestMarks = field(default_factory=RequestMarks)  # measured by the executor, for the statistics
     trace: CallTrace | None = None  # its spans, when the request is sampled for tracing
+    parameters: dict | None = None  # its own request parameters, for its stage calls (stage_parameters.py)
     rows: list[dict[str, bytes] | None] = field(init=False)  # each row's outputs, raw bytes
     left: int = field(init=False)  # rows not answered yet
 

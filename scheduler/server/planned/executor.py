@@ -38,6 +38,7 @@ from scheduler.server.planned.stage_io import (
     wall_ns_to_mono_us,
 )
 from scheduler.server.planned.stage_observers import StageObserver, StageRecord
+from scheduler.server.planned.stage_parameters import Value, stage_parameters
 from scheduler.server.planned.vgpu_occupancy import VgpuOccupancy
 
 log = logging.getLogger("poolpipe.sidecar.executor")
@@ -115,6 +116,7 @@ class LiveExecutor:
         traces = DispatchTraces.of([r.call for r in live], d.id, d.pipeline_id, now_us()) if self.tracer.on else None
         try:
             hops = self._inputs(d, live)
+            params = stage_parameters([r.call.parameters for r in live], hops[0].shape[0] - len(live) if hops else 0)
             deadline_us = max(r.call.deadline_us for r in live)
             for k in range(len(d.stages)):
                 if d.reserved:  # send ahead of the reserved compute start by the stage's lead time
@@ -132,7 +134,8 @@ class LiveExecutor:
                 hops, timing = await self.run_stage(a.vgpu, pipe.stages[a.stage], hops,
                                                     following.vgpu if following else None, deadline_us,
                                                     f"{d.id}.{a.stage}",
-                                                    traces.call_context(a.stage) if traces is not None else None)
+                                                    traces.call_context(a.stage) if traces is not None else None,
+                                                    params)
                 held = None
                 if timing is not None:
                     idle = self.occupancy.measured(a.vgpu, timing.send_us, timing.start_us, timing.end_us)
@@ -196,11 +199,12 @@ class LiveExecutor:
 
     # -- one stage ------------------------------------------------------------------------------------------
     async def run_stage(self, vgpu: str, stage: StageInfo, inputs: list[HopTensor], next_vgpu: str | None,
-                        deadline_us: float, request_id: str, traceparent: str | None = None
-                        ) -> tuple[list[HopTensor], StageTiming | None]:
+                        deadline_us: float, request_id: str, traceparent: str | None = None,
+                        parameters: dict[str, Value] | None = None) -> tuple[list[HopTensor], StageTiming | None]:
         """Run one stage on ``vgpu``; its outputs go to a shared-memory region when ``next_vgpu`` shares the
-        machine's pool; ``traceparent``: the W3C trace context the call carries (traced batches). Returns the
-        outputs and the stage's timing (None if the server sent no timestamps)."""
+        machine's pool; ``traceparent``: the W3C trace context the call carries (traced batches); ``parameters``:
+        its rows' request parameters (stage_parameters.py). Returns the outputs and the stage's timing (None if the
+        server sent no timestamps)."""
         t_ready = now_us()
         srv = self.fleet.servers[vgpu]
         batch = inputs[0].shape[0]
@@ -210,7 +214,8 @@ class LiveExecutor:
         timeout = max(deadline_us - now_us(), 0.0) / 1e6 + 1.0
         t_send = now_us()
         try:
-            raw, offsets = await srv.stage.call(stage, inputs, out_region, batch, request_id, timeout, traceparent)
+            raw, offsets = await srv.stage.call(stage, inputs, out_region, batch, request_id, timeout, traceparent,
+                                                parameters)
             t_recv = now_us()
         except StageCallError as e:
             if out_region is not None:

@@ -4,6 +4,7 @@ connections (the default, stage_http.py) or gRPC (``serve --stage-protocol grpc`
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol
 
 import grpc
@@ -13,6 +14,7 @@ from model_repository_gen.manifest import StageInfo
 from scheduler.server.planned.shm_pool import Region
 from scheduler.server.planned.stage_http import HttpStageClient, StageCallError, encode_call
 from scheduler.server.planned.stage_io import HopTensor, infer_request, raw_outputs
+from scheduler.server.planned.stage_parameters import Value
 
 # a stage call's outputs by name (shape, bytes: empty for an output written to shared memory), and each shared-memory
 # output's offset in its region
@@ -22,10 +24,12 @@ StageAnswer = tuple[dict[str, tuple[list[int], bytes]], dict[str, int]]
 class StageClient(Protocol):
     """Runs one stage's batch on one tritonserver; a StageCallError (in gRPC's status terms) when it fails.
     ``traceparent`` (a traced batch's W3C trace context) travels as the HTTP header or gRPC metadata of that name,
-    where a tritonserver tracing in OpenTelemetry mode takes it as its spans' parent."""
+    where a tritonserver tracing in OpenTelemetry mode takes it as its spans' parent; ``parameters`` (the batch's
+    request parameters, stage_parameters.py) as the call's request parameters."""
 
     async def call(self, stage: StageInfo, inputs: list[HopTensor], out_region: Region | None, batch: int,
-                   request_id: str, timeout_s: float, traceparent: str | None = None) -> StageAnswer: ...
+                   request_id: str, timeout_s: float, traceparent: str | None = None,
+                   parameters: Mapping[str, Value] | None = None) -> StageAnswer: ...
 
     def close(self) -> None: ...
 
@@ -37,8 +41,9 @@ class HttpStage:
         self.client = HttpStageClient(address)
 
     async def call(self, stage: StageInfo, inputs: list[HopTensor], out_region: Region | None, batch: int,
-                   request_id: str, timeout_s: float, traceparent: str | None = None) -> StageAnswer:
-        head, binary, offsets = encode_call(stage, inputs, out_region, batch, request_id)
+                   request_id: str, timeout_s: float, traceparent: str | None = None,
+                   parameters: Mapping[str, Value] | None = None) -> StageAnswer:
+        head, binary, offsets = encode_call(stage, inputs, out_region, batch, request_id, parameters)
         return await self.client.infer(stage.triton_model, head, binary, timeout_s, traceparent), offsets
 
     def close(self) -> None:
@@ -52,8 +57,9 @@ class GrpcStage:
         self.stub = stub
 
     async def call(self, stage: StageInfo, inputs: list[HopTensor], out_region: Region | None, batch: int,
-                   request_id: str, timeout_s: float, traceparent: str | None = None) -> StageAnswer:
-        req, offsets = infer_request(stage, inputs, out_region, batch, request_id)
+                   request_id: str, timeout_s: float, traceparent: str | None = None,
+                   parameters: Mapping[str, Value] | None = None) -> StageAnswer:
+        req, offsets = infer_request(stage, inputs, out_region, batch, request_id, parameters)
         try:
             resp = await self.stub.ModelInfer(req, timeout=timeout_s, metadata=(
                 (("traceparent", traceparent),) if traceparent is not None else None))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import grpc
@@ -42,9 +43,10 @@ def _shm(region: str, size: int, offset: int) -> dict[str, Any]:
     return {"shared_memory_region": region, "shared_memory_byte_size": size, "shared_memory_offset": offset}
 
 
-def encode_call(stage: StageInfo, inputs: list, out_region: Region | None, batch: int, request_id: str
-                ) -> tuple[bytes, list[bytes], dict[str, int]]:
-    """The call's JSON header, its binary tensors in order, and each shm output's offset (``inputs``: HopTensors)."""
+def encode_call(stage: StageInfo, inputs: list, out_region: Region | None, batch: int, request_id: str,
+                parameters: Mapping[str, Any] | None = None) -> tuple[bytes, list[bytes], dict[str, int]]:
+    """The call's JSON header, its binary tensors in order, and each shm output's offset (``inputs``: HopTensors;
+    ``parameters``: the batch's request parameters, stage_parameters.py)."""
     ins, binary = [], []
     for spec, h in zip(stage.inputs, inputs):
         if h.region is not None:
@@ -57,7 +59,9 @@ def encode_call(stage: StageInfo, inputs: list, out_region: Region | None, batch
     outs = [{"name": s.name, "parameters": _shm(out_region.name, s.bytes_per_request() * batch, offsets[s.name])
              if out_region is not None else {"binary_data": True}} for s in stage.outputs]
     outs += [{"name": n, "parameters": {"binary_data": True}} for n in TIMING_OUTPUTS]
-    head = json.dumps({"id": request_id, "inputs": ins, "outputs": outs}, separators=(",", ":")).encode()
+    call = {"id": request_id, **({"parameters": dict(parameters)} if parameters else {}), "inputs": ins,
+            "outputs": outs}
+    head = json.dumps(call, separators=(",", ":")).encode()
     return head, binary, offsets
 
 

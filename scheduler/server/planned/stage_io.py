@@ -4,6 +4,7 @@ from them, the raw outputs of its response and the measured timing (the live exe
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +15,7 @@ from model_repository_gen.manifest import StageInfo
 from model_repository_gen.triton_config import TIMING_OUTPUTS
 from poolpipe_common.tensors import TensorSpec
 from scheduler.server.planned.shm_pool import Region, align
+from scheduler.server.planned.stage_parameters import Value, set_grpc_parameter
 
 
 def wall_ns_to_mono_us(ns: float) -> float:
@@ -84,10 +86,14 @@ def output_offsets(stage: StageInfo, out_region: Region | None, batch: int) -> d
 
 
 def infer_request(stage: StageInfo, inputs: list[HopTensor], out_region: Region | None, batch: int,
-                   request_id: str) -> tuple[service_pb2.ModelInferRequest, dict[str, int]]:
-    """The stage's ModelInferRequest: inputs as bytes or shm references, outputs (to shm where given) and
-    the compute timestamps; returns it with each shm output's offset."""
+                   request_id: str, parameters: Mapping[str, Value] | None = None
+                   ) -> tuple[service_pb2.ModelInferRequest, dict[str, int]]:
+    """The stage's ModelInferRequest: inputs as bytes or shm references, outputs (to shm where given), the
+    compute timestamps and the batch's request ``parameters`` (stage_parameters.py); returns it with each shm
+    output's offset."""
     req = service_pb2.ModelInferRequest(model_name=stage.triton_model, id=request_id)
+    for key, value in (parameters or {}).items():
+        set_grpc_parameter(req.parameters, key, value)
     for spec, h in zip(stage.inputs, inputs):
         t = req.inputs.add(name=spec.name, datatype=spec.datatype, shape=h.shape)
         if h.region is not None:

@@ -15,6 +15,7 @@ from scheduler.server.common.errors import invalid
 from scheduler.server.common.tensors import param_value
 from scheduler.server.common.wire import DecodedRequest, InferRequest
 from scheduler.server.planned.calls import ClientCall, OutputTarget
+from scheduler.server.planned.stage_parameters import custom_parameters
 
 _NP_DTYPES = {t: np.dtype(d) for t in DTYPE_SIZE if (d := triton_to_np_dtype(t)) is not None}
 
@@ -133,7 +134,8 @@ def check_request(req: service_pb2.ModelInferRequest, model: ModelInfo, shm: Cli
     outputs = _check_outputs(req, model, shm, batch or 1)
     timeout = _int_param(req.parameters, "timeout", ("int64_param",))
     priority = _int_param(req.parameters, "priority", ("int64_param", "uint64_param"))
-    return ClientCall(model, req.id, batch or 1, arrays, outputs, float(timeout) if timeout > 0 else None, priority)
+    return ClientCall(model, req.id, batch or 1, arrays, outputs, float(timeout) if timeout > 0 else None, priority,
+                      parameters=custom_parameters(req.parameters))
 
 
 def _int_param(params: Any, key: str, kinds: tuple[str, ...]) -> int:
