@@ -1,5 +1,6 @@
 """A simulated point is judged warm: requests that arrive during its warm-up are served (they load the pools and
-teach the driver) but count in none of its figures, so a short point and a long one measure the same steady state."""
+teach the driver) but count in none of its figures, so a short point and a long one measure the same steady state;
+and it counts enough requests at the rate it offers."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from scheduler.core import make_scheduler
 from scheduler.core.driver import DriverConfig
 from scheduler.sim.engine import simulate
 from scheduler.sim.placement import topology_from_plan
+from scheduler.sim.sustain import MAX_DURATION_S, MIN_REQUESTS, Run, point_runs
 from scheduler.sim.sweep import TARGET_ATTAINMENT, WARMUP_FRACTION, PointJob, run_point, warmup_s
 from tests.test_sustained import MODEL, small_spec
 from workloads.arrivals import arrival_times, mixed_arrivals, parse_trace
@@ -74,3 +76,16 @@ def test_the_warm_up_rule() -> None:
     assert warmup_s([500_000.0], rates, 15.0) == pytest.approx(2.0)  # ten SLOs, but the 2 s horizon bounds it
     assert warmup_s(slo, rates, 1.0) == pytest.approx(WARMUP_FRACTION * 1.0)  # at most a fraction of the run
     assert warmup_s(slo, {"a": 1e6}, 15.0) == pytest.approx(0.5)  # ten SLOs where requests come fast
+
+
+def test_a_point_far_below_the_nominal_rate_still_counts_min_requests(small_plan) -> None:
+    """A plan is searched at load factors far below its nominal rate where its SLO is tight: such a point lasts long
+    enough to offer MIN_REQUESTS (a quarter-length point a quarter of them), up to the longest run."""
+    full, = point_runs(small_plan, POISSON, 0, 1.0)
+    quarter, = point_runs(small_plan, POISSON, 0, 0.25)
+    assert (full.min_requests, full.longest_s) == (MIN_REQUESTS, MAX_DURATION_S)
+    assert (quarter.min_requests, quarter.longest_s) == (0.25 * MIN_REQUESTS, 0.25 * MAX_DURATION_S)
+    run = Run(0, 15.0, MIN_REQUESTS, MAX_DURATION_S)
+    assert run.length_s(MIN_REQUESTS / 15.0 * 2) == 15.0  # enough requests at its own length
+    assert run.length_s(MIN_REQUESTS / 30.0) == pytest.approx(30.0)
+    assert run.length_s(10.0) == MAX_DURATION_S
