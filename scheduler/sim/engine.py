@@ -60,6 +60,7 @@ class SimResult:
     drop_reasons: Counter = field(default_factory=Counter)
     finish_us: dict[int, float] = field(default_factory=dict)  # request id -> when it finished (not dropped)
     stopped_early: bool = False  # every model with a miss budget spent it (simulate's miss_budget)
+    warmup_us: float = 0.0  # requests that arrived before this were served but are not in ``models``
 
     @property
     def unfinished(self) -> int:
@@ -71,8 +72,10 @@ class _Outcomes:
 
     def __init__(self, models: Sequence[str], arrivals: Sequence[tuple[float, str]], slo_us: dict[str, float],
                  overheads: Overheads | None = None, seed: int = 0, miss_budget: dict[str, int] | None = None,
-                 stop_on_any: bool = False, input_bytes: dict[str, int] | None = None):
+                 stop_on_any: bool = False, input_bytes: dict[str, int] | None = None, warmup_us: float = 0.0):
         self.stats = {m: ModelStats() for m in models}
+        # requests that arrive before this warm the run up: served, but not counted (stats, budgets)
+        self.warmup_us = warmup_us
         # models whose misses may end the run early: once each has missed more than its budget, the run's verdict
         # on them is known (misses only grow), and a load search need not simulate the rest
         self.budget = dict(miss_budget or {})
@@ -97,18 +100,27 @@ class _Outcomes:
             raise RuntimeError(f"request {rid} ended twice")
         self.outcomes[rid] = outcome
 
+    def counted(self, rid: int) -> bool:
+        """Whether ``rid`` arrived after the warm-up (and so counts in the stats)."""
+        return self.arrivals[rid][0] >= self.warmup_us
+
+    def stats_of(self, rid: int) -> ModelStats:
+        """The stats ``rid`` counts in (a throw-away record for a warm-up request)."""
+        model = self.arrivals[rid][1]
+        return self.stats.setdefault(model, ModelStats()) if self.counted(rid) else ModelStats()
+
     def cancelled(self, rid: int, t: float) -> None:
         """The client of ``rid`` went away at ``t`` (ignored once the request has ended)."""
         if rid not in self.outcomes:
             self.outcomes[rid] = "cancelled"
-            self.stats.setdefault(self.arrivals[rid][1], ModelStats()).cancelled += 1
+            self.stats_of(rid).cancelled += 1
 
     def done(self, rid: int, t: float) -> None:
         if self.outcomes.get(rid) == "cancelled":
             return
         t += self.front_us[rid]
         at, model = self.arrivals[rid]
-        s = self.stats.setdefault(model, ModelStats())
+        s = self.stats_of(rid)
         met = t <= at + self.slo_us.get(model, 0.0)
         self._once(rid, "met" if met else "late")
         self.finish_us[rid] = t
@@ -116,11 +128,12 @@ class _Outcomes:
             s.met += 1
         else:
             s.late += 1
-            self._missed(model)
+            self._missed(rid)
         s.latencies_us.append(t - at)
 
-    def _missed(self, model: str) -> None:
-        if model in self.spent:
+    def _missed(self, rid: int) -> None:
+        model = self.arrivals[rid][1]
+        if model in self.spent and self.counted(rid):
             self.spent[model] += 1
             if self.spent[model] > self.budget[model]:
                 self.over.add(model)
@@ -136,9 +149,10 @@ class _Outcomes:
         if self.outcomes.get(rid) == "cancelled":
             return
         self._once(rid, "dropped")
-        self.stats.setdefault(model, ModelStats()).dropped += 1
-        self.drop_reasons[reason] += 1
-        self._missed(model)
+        self.stats_of(rid).dropped += 1
+        if self.counted(rid):
+            self.drop_reasons[reason] += 1
+        self._missed(rid)
 
 
 def input_bytes(topology: Topology) -> dict[str, int]:
@@ -152,7 +166,7 @@ def simulate(topology: Topology, scheduler: Scheduler, arrivals: Sequence[tuple[
              overheads: Overheads | None = None, faults: Sequence[Fault] = (), interference: Any = None,
              priorities: Sequence[int] | None = None,
              cancels: Sequence[tuple[float, int]] = (), miss_budget: dict[str, int] | None = None,
-             stop_on_any: bool = False) -> SimResult:
+             stop_on_any: bool = False, warmup_us: float = 0.0) -> SimResult:
     """Run ``scheduler`` over ``arrivals`` ((time_us, model) sorted by time) until every request ended.
 
     ``driver`` is the loop's setting (default: ``DriverConfig.ideal()``, the policy alone; give
@@ -162,12 +176,14 @@ def simulate(topology: Topology, scheduler: Scheduler, arrivals: Sequence[tuple[
     ``cancels``: (time_us, request index) at which a client goes away; a batch all of whose callers are gone
     before its next stage starts is abandoned and its reservations go back to the core, as live. ``miss_budget``:
     per model, how many late or dropped requests it may have; once every model named has missed more, the run stops
-    (``SimResult.stopped_early``; with ``stop_on_any``, once one has): a load search knows the point fails."""
+    (``SimResult.stopped_early``; with ``stop_on_any``, once one has): a load search knows the point fails.
+    ``warmup_us``: requests arriving before it are served as any other but counted nowhere (the stats, the miss
+    budget, the drop reasons; ``outcomes`` and ``finish_us`` keep them), so a run is judged warm."""
     if overheads is not None:  # the costs at the rate offered (a sidecar's stage calls cost more as it gets busier)
         overheads = overheads.at_rate(len(arrivals) / max(duration_us / 1e6, 1e-9))
     front = overheads.front_us if overheads is not None else 0.0
     out = _Outcomes(list(topology.pipelines), arrivals, topology.slo_us, overheads, seed, miss_budget, stop_on_any,
-                    input_bytes(topology))
+                    input_bytes(topology), warmup_us)
     run = VirtualRun(topology, scheduler, driver or DriverConfig.ideal(), duration_us, noise_cv=noise_cv, seed=seed,
                      overheads=overheads, faults=faults, record_timeline=record_timeline, on_done=out.done,
                      on_reject=out.dropped, interference=interference, cancels=cancels,
@@ -182,7 +198,7 @@ def simulate(topology: Topology, scheduler: Scheduler, arrivals: Sequence[tuple[
             t = arrivals[ai][0]
         while ai < n_arr and arrivals[ai][0] <= t:  # all arrivals at t, then all events at t
             at, model = arrivals[ai]
-            out.stats.setdefault(model, ModelStats()).offered += 1
+            out.stats_of(ai).offered += 1
             drv.submit(ai, model, at, at + sidecar_slo_us(topology.slo_us.get(model, 0.0), front),
                        priorities[ai] if priorities else 0)
             ai += 1
@@ -199,5 +215,5 @@ def simulate(topology: Topology, scheduler: Scheduler, arrivals: Sequence[tuple[
     return SimResult(out.stats, duration_us, ex.busy, utilization(topology, ex.busy, duration_us), ex.batch_sizes,
                      ex.dispatches, scheduler.probe_calls, dispatch_us, out.outcomes, ex.timeline,
                      ex.paths, drv.retries, dict(drv.margin_us), out.drop_reasons, out.finish_us,
-                     stopped_early=out.settled)
+                     stopped_early=out.settled, warmup_us=warmup_us)
 

@@ -52,12 +52,14 @@ def parse_priority_mix(text: str) -> tuple[tuple[int, float], ...]:
     return tuple(out)
 
 
-def by_priority(outcomes: dict[int, str], priorities: Sequence[int] | None) -> dict[str, dict[str, Any]]:
-    """Per priority parameter: requests offered, met (within the SLO), dropped, and the attainment."""
+def by_priority(outcomes: dict[int, str], priorities: Sequence[int] | None, first: int = 0
+                ) -> dict[str, dict[str, Any]]:
+    """Per priority parameter: requests offered, met (within the SLO), dropped, and the attainment; of the requests
+    from index ``first`` on (those before it warmed the run up)."""
     if priorities is None:
         return {}
     out: dict[str, dict[str, Any]] = {}
-    for rid, prio in enumerate(priorities):
+    for rid, prio in enumerate(priorities[first:], start=first):
         s = out.setdefault(str(prio), {"offered": 0, "met": 0, "dropped": 0})
         s["offered"] += 1
         o = outcomes.get(rid)

@@ -7,7 +7,7 @@ import os
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -21,6 +21,11 @@ from workloads.arrivals import TraceSpec, mixed_arrivals
 
 TARGET_ATTAINMENT = 0.99
 DRIVERS = ("ideal", "live")
+# A point's warm-up (warmup_s): at least this many requests of each model and this many SLOs, at most half the
+# counted run.
+WARMUP_REQUESTS = 256
+WARMUP_SLOS = 10
+WARMUP_FRACTION = 0.5
 
 
 def parse_load_factors(text: str) -> list[float]:
@@ -68,6 +73,8 @@ class PointJob:
     # models whose failure to hold TARGET_ATTAINMENT ends the run as soon as it is certain (a load search's open ones)
     stop_when_failed: tuple[str, ...] = ()
     stop_on_any_failed: bool = False  # ... as soon as one of them has certainly failed (a joint verdict)
+    # simulated before the counted ``duration_s``, its arrivals served but not counted; None: warmup_s's rule
+    warmup_s: float | None = None
 
 
 def driver_config(driver: str, overheads: Overheads | None) -> DriverConfig:
@@ -77,8 +84,25 @@ def driver_config(driver: str, overheads: Overheads | None) -> DriverConfig:
     return DriverConfig.live(clock_lead_us=lead) if driver == "live" else DriverConfig.ideal(clock_lead_us=lead)
 
 
+def warmup_s(slo_us: Iterable[float], rates_rps: dict[str, float], duration_s: float) -> float:
+    """How long a point runs before the requests it counts arrive, so that it is judged warm, as a live load test
+    that warms up first: a run starts with empty queues and a driver that has learned nothing, and what a short
+    run makes of that start would otherwise weigh more in it than in a long one (at their promise, requests in the
+    first 0.1 s of a run missed a quarter as often as later ones: a scratch run). The driver learns its margin from
+    the lateness of recent batches (from the 8th on, a percentile over up to 256) and the policy a model's rate
+    from its last 32 arrivals: WARMUP_REQUESTS of each model give both the run's own traffic to learn from; and a
+    request leaves within about its SLO, so after WARMUP_SLOS of the largest the queues and reservations hold the
+    steady state's. Never more than the driver's lateness horizon (2 s: nothing it learned before then still counts)
+    nor WARMUP_FRACTION of the counted run. The same for a quarter-length point as for a full one unless that bound
+    cuts it, and a function of the inputs only (deterministic)."""
+    per_model = [WARMUP_REQUESTS / r for r in rates_rps.values() if r > 0]
+    settle = max([WARMUP_SLOS * max(slo_us, default=0.0) / 1e6, *per_model])
+    return min(settle, DriverConfig.live().lateness_horizon_us / 1e6, WARMUP_FRACTION * duration_s)
+
+
 def run_point(job: PointJob, record_timeline: bool = False) -> tuple[dict[str, Any], Any]:
-    """Simulate one load factor; returns the per-point summary and the raw SimResult."""
+    """Simulate one load factor, warm-up first (``PointJob.warmup_s``); returns the per-point summary (of the
+    requests that arrived in the counted ``duration_s``) and the raw SimResult."""
     from scheduler.core import make_scheduler
     from scheduler.sim.engine import simulate
     from scheduler.sim.interference import interference_of
@@ -95,15 +119,17 @@ def run_point(job: PointJob, record_timeline: bool = False) -> tuple[dict[str, A
         topo = with_stage_overhead(topo, ov.tail_us, ov.tail_per_mb_us / 1e6)
     controls = job.controls or SimControls()
     topo = controls.topology(topo)
-    arrivals = mixed_arrivals(job.trace, rates, job.duration_s, job.seed)
+    warm = job.warmup_s if job.warmup_s is not None else warmup_s(topo.slo_us.values(), rates, job.duration_s)
+    arrivals = mixed_arrivals(job.trace, rates, warm + job.duration_s, job.seed)
     priorities = controls.draw(len(arrivals), job.seed)
-    counts = Counter(m for _, m in arrivals)
+    first = sum(t < warm * 1e6 for t, _ in arrivals)  # the warm-up's arrivals (sorted by time) come first
+    counts = Counter(m for _, m in arrivals[first:])
     budget = {m: int((1.0 - TARGET_ATTAINMENT) * counts[m]) for m in job.stop_when_failed if counts[m]}
-    res = simulate(topo, make_scheduler(job.policy, topo), arrivals, job.duration_s * 1e6,
+    res = simulate(topo, make_scheduler(job.policy, topo), arrivals, (warm + job.duration_s) * 1e6,
                    noise_cv=job.noise_cv, seed=job.seed, record_timeline=record_timeline,
                    driver=driver_config(job.driver, ov), overheads=ov,
                    interference=interference_of(job.plan), priorities=priorities, miss_budget=budget,
-                   stop_on_any=job.stop_on_any_failed)
+                   stop_on_any=job.stop_on_any_failed, warmup_us=warm * 1e6)
     models = {}
     for m in job.rates_rps:
         st = res.models.get(m)
@@ -121,9 +147,10 @@ def run_point(job: PointJob, record_timeline: bool = False) -> tuple[dict[str, A
     summary = {"load_factor": job.load_factor, "models": models, "dispatches": res.dispatches,
                "probe_calls": res.probe_calls, "dispatch_us": res.dispatch_us,
                "batch_sizes": {str(k): v for k, v in sorted(res.batch_sizes.items())},
-               "utilization": res.utilization, "unfinished": res.unfinished, "stopped_early": res.stopped_early}
+               "utilization": res.utilization, "unfinished": res.unfinished, "stopped_early": res.stopped_early,
+               "warmup_s": warm}
     if job.controls is not None:
-        summary["by_priority"] = by_priority(res.outcomes, priorities)
+        summary["by_priority"] = by_priority(res.outcomes, priorities, first)
         summary["drop_reasons"] = dict(res.drop_reasons)
     return summary, (res if record_timeline else None)
 
