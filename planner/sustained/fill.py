@@ -48,13 +48,25 @@ def merged(base: Plan, extra: Plan) -> Plan:
 SolveEach = Callable[[Sequence[tuple[Planner, PlanningSpec]]], list[Plan | InputError]]
 
 
+def fill_specs(spec: PlanningSpec, idle: dict[str, int], margins: Sequence[float], planners: Sequence[Planner],
+               with_costs: Callable[[PlanningSpec, float], PlanningSpec]) -> list[tuple[float, Planner, PlanningSpec]]:
+    """What planning a plan's ``idle`` GPUs asks: (fill margin, planner, the spec of those GPUs at that margin)."""
+    rest = replace(spec, cluster=replace(spec.cluster, gpus=idle))
+    return [(margin, planner, with_costs(rest, margin)) for margin in margins for planner in planners]
+
+
 def fills(spec: PlanningSpec, plan: Plan, idle: dict[str, int], margins: Sequence[float],
           planners: Sequence[Planner], solve_each: SolveEach,
           with_costs: Callable[[PlanningSpec, float], PlanningSpec]) -> list[tuple[float, Plan]]:
     """``plan`` with its ``idle`` GPUs (:func:`idle_gpus`) planned at each of ``margins`` by each planner: (fill
     margin, merged plan); none where no model fits on them within a margin."""
-    rest = replace(spec, cluster=replace(spec.cluster, gpus=idle))
-    asked = [(margin, planner) for margin in margins for planner in planners]
-    solved = solve_each([(planner, with_costs(rest, margin)) for margin, planner in asked])
-    return [(margin, merged(plan, extra)) for (margin, _), extra in zip(asked, solved, strict=True)
-            if not isinstance(extra, InputError)]  # an InputError: no model fits on these GPUs within this margin
+    asked = fill_specs(spec, idle, margins, planners, with_costs)
+    solved = solve_each([(planner, s) for _, planner, s in asked])
+    return merged_fills(plan, [margin for margin, _, _ in asked], solved)
+
+
+def merged_fills(plan: Plan, margins: Sequence[float], solved: Sequence[Plan | InputError]) -> list[tuple[float, Plan]]:
+    """(fill margin, ``plan`` merged with the plan of its idle GPUs) for each solve that found one (an InputError:
+    no model fits on these GPUs within this margin)."""
+    return [(margin, merged(plan, extra)) for margin, extra in zip(margins, solved, strict=True)
+            if not isinstance(extra, InputError)]

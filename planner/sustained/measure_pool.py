@@ -105,24 +105,30 @@ class WorkerPool:
     def _feed(self, worker: _Worker) -> None:
         """Hand queued calls to ``worker`` until the pool closes or the worker dies (then to no one: the other
         workers go on; the last to die fails what is left)."""
+        with self._lock:
+            self._idle += 1
         while True:
-            with self._lock:
-                self._idle += 1
             job = self._todo.get()
-            with self._lock:
-                self._idle -= 1
             if job is None:
                 return
             fut, fn, args = job
             if not fut.set_running_or_notify_cancel():
                 continue
+            with self._lock:
+                self._idle -= 1
             try:
-                fut.set_result(worker.call(fn, args))
+                result = worker.call(fn, args)
             except BaseException as e:  # noqa: BLE001 - the caller raises it
+                with self._lock:
+                    self._idle += 1
                 fut.set_exception(e)
                 if not worker.alive():
                     self._died(worker)
                     return
+                continue
+            with self._lock:  # idle before the caller hears: the search it wakes may offer a guess at once
+                self._idle += 1
+            fut.set_result(result)
 
     def _died(self, worker: _Worker) -> None:
         with self._lock:

@@ -25,7 +25,7 @@ from planner.planners import Planner
 from planner.solvers.milp_solvers import SolverOptions
 from planner.sustained.capacity import predicted_rps
 from planner.sustained.evaluators import evaluator
-from planner.sustained.fill import SolveEach, fills, idle_gpus
+from planner.sustained.fill import SolveEach, fill_specs, idle_gpus, merged_fills
 from planner.sustained.measure_pool import WorkerPool, measure_all
 from plans.arrivals import Arrivals
 from plans.plan_json import Plan
@@ -262,11 +262,13 @@ def filled(spec: PlanningSpec, cands: Sequence[CandidatePlan], planners: Sequenc
     idle = [(c, gpus) for c in cands if c.margin is not None
             for gpus in [idle_gpus(c.plan, spec.cluster.gpus)] if gpus]
     bases = sorted(idle, key=lambda cg: -score(cg[0].plan, cg[0].predicted))[:FILLED_CANDIDATES]
+    asked = [fill_specs(spec, gpus, fill_margins(base.margin), planners, lambda s, m: with_serving_costs(s, m, costs))
+             for base, gpus in bases]
+    solved = iter(solve_each(pool or WorkerPool(1), screening(options))(
+        [(planner, s) for asks in asked for _, planner, s in asks]))  # every base's MILPs side by side
     out = []
-    for base, gpus in bases:
-        for fill_margin, plan in fills(spec, base.plan, gpus, fill_margins(base.margin), planners,
-                                       solve_each(pool or WorkerPool(1), screening(options)),
-                                       lambda s, m: with_serving_costs(s, m, costs)):
+    for (base, _), asks in zip(bases, asked, strict=True):
+        for fill_margin, plan in merged_fills(base.plan, [m for m, _, _ in asks], [next(solved) for _ in asks]):
             if _signature(plan) in seen:
                 continue
             seen.add(_signature(plan))
