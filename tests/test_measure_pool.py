@@ -68,3 +68,22 @@ def test_jobs_must_be_a_whole_number_of_processes():
     with pytest.raises(InputError, match="--jobs: expected a whole number >= 1"):
         PlanRequest(jobs=0)
     assert "jobs" not in PlanRequest(jobs=2).to_dict()  # how to plan, not what: plan.json does not record it
+
+
+def test_closing_the_pool_kills_a_worker_busy_with_a_call_nobody_waits_for():
+    """A search's guess that no search asked for after all is not waited for: its worker is killed, its future says
+    so, and no process is left."""
+    import time
+
+    from planner.sustained.measure_pool import WorkerPool
+
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with WorkerPool(2) as pool:
+        unwanted = pool.submit(time.sleep, 20)
+        wanted = pool.submit(abs, -3)
+        assert wanted.result() == 3
+        while not pool.busy():  # the sleep has reached a worker
+            time.sleep(0.01)
+    with pytest.raises(RuntimeError, match="closed before this call finished"):
+        unwanted.result(timeout=0)
+    assert {p.pid for p in psutil.Process().children(recursive=True)} == before

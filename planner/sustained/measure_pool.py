@@ -50,6 +50,7 @@ class WorkerPool:
         self._idle = 0
         self._workers: list[_Worker] = []
         self._threads: list[threading.Thread] = []
+        self._closing = threading.Event()
         if self.size > 1:
             for _ in range(self.size):
                 w = _Worker()
@@ -81,6 +82,10 @@ class WorkerPool:
                 return None
         self._todo.put((fut, fn, args))
         return fut
+
+    def busy(self) -> int:
+        """Workers running a call now."""
+        return sum(w.busy for w in self._workers)
 
     def map(self, fn: Callable, calls: Sequence[tuple]) -> list[Any]:
         """``[fn(*args) for args in calls]``, in the workers and this thread alike (calls that take milliseconds are
@@ -117,7 +122,7 @@ class WorkerPool:
             with self._lock:
                 self._idle -= 1
             try:
-                result = worker.call(fn, args)
+                result = worker.call(fn, args, self._closing)
             except BaseException as e:  # noqa: BLE001 - the caller raises it
                 with self._lock:
                     self._idle += 1
@@ -133,18 +138,24 @@ class WorkerPool:
     def _died(self, worker: _Worker) -> None:
         with self._lock:
             self._workers = [w for w in self._workers if w is not worker]
-            last = not self._workers
+            last = not self._workers and not self._closing.is_set()
         while last:
             try:
                 job = self._todo.get_nowait()
             except queue.Empty:
                 return
-            if job is not None and job[0].set_running_or_notify_cancel():
+            if job is None:  # a feeder's stop: not this thread's to take
+                self._todo.put(None)
+                return
+            if job[0].set_running_or_notify_cancel():
                 job[0].set_exception(RuntimeError(f"every plan-measuring worker died (the last: pid {worker.pid}); "
                                                   "their stderr above says why"))
 
     def close(self) -> None:
-        """Stop the workers (queued calls not started are cancelled)."""
+        """Stop the workers: queued calls not started are cancelled, and a worker still busy (a search's guess that
+        no search asked for after all) is killed rather than waited for."""
+        self._closing.set()
+        workers = list(self._workers)  # a killed one leaves the list on its way out
         while True:
             try:
                 job = self._todo.get_nowait()
@@ -152,11 +163,14 @@ class WorkerPool:
                 break
             if job is not None:
                 job[0].cancel()
+        for w in workers:
+            if w.busy:
+                w.proc.kill()
         for _ in self._threads:
             self._todo.put(None)
         for t in self._threads:
             t.join()
-        for w in self._workers:
+        for w in workers:
             w.stop()
         self._workers, self._threads = [], []
 
@@ -215,20 +229,27 @@ class _Worker:
         self.proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      env=env)
         self.pid = self.proc.pid
+        self.busy = False  # running a call now
 
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def call(self, fn: Callable, args: tuple) -> Any:
-        """``fn(*args)`` in the worker; what it raised is raised here."""
+    def call(self, fn: Callable, args: tuple, closing: threading.Event) -> Any:
+        """``fn(*args)`` in the worker; what it raised is raised here. ``closing``: the pool is closing, so a
+        worker killed meanwhile was killed on purpose."""
+        self.busy = True
         try:
             pickle.dump((fn, args), self.proc.stdin)  # type: ignore[arg-type]
             self.proc.stdin.flush()  # type: ignore[union-attr]
             ok, result = pickle.load(self.proc.stdout)  # type: ignore[arg-type]
         except (OSError, EOFError, pickle.UnpicklingError) as e:
             self.proc.poll()
+            if closing.is_set():
+                raise RuntimeError("the plan-measuring pool closed before this call finished") from None
             raise RuntimeError(f"a plan-measuring worker (pid {self.pid}) died: {e!r}; its stderr above says "
                                "why") from None
+        finally:
+            self.busy = False
         if not ok:
             raise result
         return result
