@@ -238,10 +238,11 @@ def _check_answers(opts: DemoOptions, plan: Any, onnx_path: Path, out: Path, con
     return {"requests": opts.requests, "max_abs_diff": worst, "stages": stages, "shed": shed}
 
 
-def _answered(client: tuple[Any, Any], info: Any, x: Any, shed: int, tries: int = 5) -> tuple[list[Any], int]:
+def _answered(client: tuple[Any, Any], info: Any, x: Any, shed: int, tries: int = 12) -> tuple[list[Any], int]:
     """(outputs, sheds so far): a request the sidecar sheds for its SLO (an explicit answer to a host busier than
-    the profile it was planned on: the CPU profile is measured on this machine) is sent again; this part checks
-    answers, not speed."""
+    the profile it was planned on: the CPU profile is measured on this machine) is sent again, after a pause that
+    doubles up to a second (a host three times slower shed five tries in a row within half a second); this part
+    checks answers, not speed."""
     import time
 
     from tritonclient.utils import InferenceServerException
@@ -253,7 +254,7 @@ def _answered(client: tuple[Any, Any], info: Any, x: Any, shed: int, tries: int 
             if "shed" not in str(e) or attempt == tries - 1:
                 raise
             shed += 1
-            time.sleep(0.05 * (attempt + 1))
+            time.sleep(min(1.0, 0.05 * 2 ** attempt))
     raise AssertionError("unreachable")
 
 
