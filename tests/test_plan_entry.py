@@ -6,7 +6,6 @@ are checked when made with one-line errors that name the flag."""
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,10 @@ def _apps_case(work: Path) -> tuple[dict, list[str], PlanRequest]:
     spec = {"cluster": {"gpus": {"L4": 2, "T4": 2}, "bandwidth_gbps": 10},
             "models": [{"profile": f"{m}.json", "slo_us": 200_000} for m in ("googlenet-v3-pytorch", "repvgg-b3")],
             "applications": [SPEC_APP]}
-    flags = ["--app-split", "optimal", "--price", "L4=0.8,T4=0.35", "--time-limit", "20"]
+    # the CLI plans in turn (--jobs 1), the library side by side (default: a worker per core): the same plan, down to
+    # every candidate weighed (one of its MILPs has several plans within the gap, and HiGHS's pick depended on the
+    # exact time limit it was given, which the clock's remainder made vary with the host's load)
+    flags = ["--app-split", "optimal", "--price", "L4=0.8,T4=0.35", "--time-limit", "20", "--jobs", "1"]
     return spec, flags, PlanRequest(app_split="optimal", prices={"L4": 0.8, "T4": 0.35}, time_limit_s=20)
 
 
@@ -90,16 +92,6 @@ def test_the_plan_is_the_same_for_any_number_of_measuring_processes(tmp_path: Pa
     one, two = (plan(load_spec(tmp_path / "spec.yaml"), PlanRequest(jobs=jobs)).plan for jobs in (1, 2))
     assert _comparable(one.to_dict()) == _comparable(two.to_dict())
     assert one.sustained["evaluated_by"] == "simulated" and one.models[0].sustainable_rps > 0
-
-
-def test_candidate_plans_solved_in_workers_equal_those_solved_in_turn(tmp_path: Path) -> None:
-    """The apps case's MILPs solved side by side (planning process and workers) and in turn: the same plan, down to
-    every candidate weighed (one of its MILPs has several plans within the gap, and HiGHS's pick depended on the
-    exact time limit it was given)."""
-    spec_doc, _, request = _apps_case(tmp_path)
-    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec_doc))
-    one, two = (plan(load_spec(tmp_path / "spec.yaml"), replace(request, jobs=jobs)).plan for jobs in (1, 2))
-    assert _comparable(one.to_dict()) == _comparable(two.to_dict())
 
 
 def test_every_step_of_a_solve_is_given_the_requests_limit_not_the_clocks_remainder() -> None:
