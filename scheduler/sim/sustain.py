@@ -263,11 +263,10 @@ class _Search:
         return guess
 
     def rates(self) -> dict[str, float]:
+        """Each model's rate at the lowest end its bracket held (0 where none held)."""
         def held(b: _Bracket) -> float:
             return b.lo if b.lo_ok else 0.0
-        if self.joint:
-            return {m: held(self.brackets["*"]) * r for m, r in self.mix.items()}
-        return {m: held(self.brackets[m]) * r for m, r in self.mix.items()}
+        return {m: held(self.brackets["*" if self.joint else m]) * r for m, r in self.mix.items()}
 
 
 def _start(precision: Precision, model: str) -> _Bracket:
