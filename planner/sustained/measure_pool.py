@@ -13,6 +13,7 @@ those of running them in turn.
 
 from __future__ import annotations
 
+import importlib
 import os
 import pickle
 import queue
@@ -30,6 +31,7 @@ from poolpipe_common.overheads import Overheads
 from scheduler.sim.sustain import Point, Precision, judge
 
 Rates = dict[str, float]
+READY = "ready"  # a worker's first message: its imports are done
 STOP_WAIT_S = 5.0  # a worker whose stdin closed exits at once; one that does not is killed after this
 
 
@@ -40,10 +42,11 @@ def default_jobs() -> int:
 
 class WorkerPool:
     """Up to ``jobs`` worker processes (None: one per core) running module-level functions; with one job, calls run
-    in the calling thread and nothing is started. The workers start at once, so their imports overlap the caller's
-    work; use as a context manager (the workers stop on exit, also on error)."""
+    in the calling thread and nothing is started. The workers start at once, so their imports (``preload``: the
+    modules of the functions they will run) overlap the caller's work, and a worker takes calls only once it is
+    ready; use as a context manager (the workers stop on exit, also on error)."""
 
-    def __init__(self, jobs: int | None = None) -> None:
+    def __init__(self, jobs: int | None = None, preload: Sequence[str] = ()) -> None:
         self.size = jobs or default_jobs()
         self._todo: queue.Queue[tuple[Future, Callable, tuple] | None] = queue.Queue()
         self._lock = threading.Lock()
@@ -53,7 +56,7 @@ class WorkerPool:
         self._closing = threading.Event()
         if self.size > 1:
             for _ in range(self.size):
-                w = _Worker()
+                w = _Worker(preload)
                 self._workers.append(w)
                 self._threads.append(threading.Thread(target=self._feed, args=(w,), daemon=True))
             for t in self._threads:
@@ -108,8 +111,11 @@ class WorkerPool:
         return self.submit(judge, point, speculative=speculative)
 
     def _feed(self, worker: _Worker) -> None:
-        """Hand queued calls to ``worker`` until the pool closes or the worker dies (then to no one: the other
-        workers go on; the last to die fails what is left)."""
+        """Hand queued calls to ``worker`` once it is ready until the pool closes or the worker dies (then to no one:
+        the other workers go on; the last to die fails what is left). Until then the caller's map does them."""
+        if not worker.ready():
+            self._died(worker)
+            return
         with self._lock:
             self._idle += 1
         while True:
@@ -224,12 +230,22 @@ def measure_all(name: str, plans: Sequence[Plan], arrivals: Arrivals, costs: Ove
 class _Worker:
     """One worker process."""
 
-    def __init__(self) -> None:
+    def __init__(self, preload: Sequence[str] = ()) -> None:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))  # the modules this process has
-        self.proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     env=env)
+        self.proc = subprocess.Popen([sys.executable, "-m", __name__, *preload], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, env=env)
         self.pid = self.proc.pid
-        self.busy = False  # running a call now
+        self.busy = False  # running a call now (or starting: a pool that closes meanwhile kills it)
+
+    def ready(self) -> bool:
+        """Wait for the worker's imports; False if it died first."""
+        self.busy = True
+        try:
+            return pickle.load(self.proc.stdout) == READY  # type: ignore[arg-type]
+        except (OSError, EOFError, pickle.UnpicklingError):
+            return False
+        finally:
+            self.busy = False
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -291,6 +307,10 @@ def main() -> None:
     answers = os.fdopen(os.dup(1), "wb")  # the results' own channel; stray prints go to stderr
     os.dup2(2, 1)
     sys.stdout = sys.stderr
+    for module in sys.argv[1:]:  # what the calls will need, imported before the pool hands this worker any
+        importlib.import_module(module)
+    pickle.dump(READY, answers)
+    answers.flush()
     serve(sys.stdin.buffer, answers)
 
 

@@ -172,7 +172,7 @@ def plan_sustained(spec: PlanningSpec, planners: Sequence[Planner], options: Sol
     """The candidate plan that sustains the most (max-min over models), with its sustainable rates recorded; the
     candidates are measured in up to ``jobs`` processes (planner.sustained.measure_pool)."""
     name, _ = evaluator(evaluator_name)
-    with WorkerPool(jobs) as workers:  # started now: their imports overlap the first MILPs
+    with WorkerPool(jobs, preload=(__name__,)) as workers:  # started now: their imports overlap the first MILPs
         cands = candidate_plans(spec, planners, options, arrivals, costs, workers)
         cands = sorted(cands + filled(spec, cands, planners, options, arrivals, costs, workers),
                        key=lambda c: -score(c.plan, c.predicted))
