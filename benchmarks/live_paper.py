@@ -2,8 +2,8 @@
 
 Per model and arrival trace, each through the sidecar unless said: (a0) the fixed-margin plan (PPipe's nominal
 objective keeping 30 % of the SLO free: the old default), (a) the plan for the rate it sustains (the default
-objective, planned with the per-stage costs the sidecar measured serving a0 and the way outside its clock the
-client measured at a0's knee), (b) np planned the same way,
+objective, planned as a user would: with the costs measured serving a0, then calibrated on its own deployment
+as `poolpipe calibrate` does and planned again with those), (b) np planned with the same costs,
 (c) Triton-native (np's whole-model servers behind Triton's dynamic batcher, round-robin), and the simulator's
 prediction of (a) with those costs. Printed: each system's absolute req/s held at >= 99 % SLO attainment (load
 factors in steps of 0.0125 of a0's nominal rate), the ratios a/a0, a/c, a/b, and how the plan's promise
@@ -65,8 +65,8 @@ def main() -> None:
     ap.add_argument("--slo-margin", type=float, default=PaperRun.slo_margin,
                     help="share of the SLO the fixed-margin plan (a0) keeps free (default: %(default)s)")
     ap.add_argument("--default-overheads", action="store_true",
-                    help="plan (a) and (b) with this project's default per-stage costs instead of those the "
-                         "sidecar measured serving (a0)")
+                    help="plan (a) and (b) with this project's default per-stage costs instead of those measured "
+                         "serving (a0, then (a)'s own deployment, calibrated)")
     ap.add_argument("--l4", type=int, default=4)
     ap.add_argument("--t4", type=int, default=12)
     ap.add_argument("--time-scale", type=float, default=1.0,

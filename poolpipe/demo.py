@@ -290,8 +290,8 @@ def _paper(opts: DemoOptions, out: Path, result: DemoResult, console) -> None:
                     "np_rps": ex.np_plan.models[0].throughput_rps, "time_scale": ex.run.time_scale,
                     "cluster": f"{opts.l4} L4 + {opts.t4} T4 (emulated)",
                     "promise_rps": ex.ppipe.models[0].sustainable_rps, "promise_lf": promise_lf}
-    ppipe = ex.measure_sidecar("ppipe", ex.ppipe)
+    ex.measure_sidecar("ppipe", ex.ppipe)
     ex.measure_sidecar("np", ex.np_plan)
     ex.measure_triton_native()
-    ex.predict("ppipe", ppipe.max_lf)
+    ex.predict("ppipe")
     result.runs = ex.records

@@ -4,13 +4,15 @@ One model per run: plans of a small L4:T4 = 1:3 cluster, served on emulated devi
 hold each batch for its profiled latency, costing no CPU; hops between hosts are reserved for their profiled
 bytes over the planned links, as the planner counts them), measured with open-loop arrivals: (a0) the fixed-margin
 plan (PPipe's nominal objective with 30 % of the SLO kept free: the old default), (a) the ppipe plan for the
-rate it sustains (the default objective; planned with the per-stage costs the sidecar measured serving a0, the
-median over the points a0 held, and the way outside the sidecar's clock the client measured at a0's knee,
-answer by answer), (b) the np plan planned the same way, each through the sidecar; (c) Triton-native: the np
-plan's whole-model servers behind Triton's dynamic batcher, requests spread round-robin; and (d) the
-simulator's prediction of (a) and (b), given the overheads the sidecar measured and the way outside its clock
-the client measured. Per system: the largest load factor (steps of STEP; 1.0 = the fixed-margin plan's nominal
-rate, so rows compare absolute rates) with >= 99 % SLO attainment.
+rate it sustains (the default objective), planned as a user would: with the costs a0's serving measured (the
+sidecar's per-stage costs where a0 held, the way outside its clock as the client measured it; where a0 answers
+nothing, the same measured on the np plan made with the default costs), then calibrated on its own deployment
+(poolpipe.paper_costs.calibrated, as `poolpipe calibrate`) and planned again with what that measured; (b) the np
+plan planned with those costs, each through the sidecar; (c) Triton-native: the np plan's whole-model servers
+behind Triton's dynamic batcher, requests spread round-robin; and (d) the simulator's prediction of (a) and (b),
+given the overheads the sidecar measured and the way outside its clock the client measured. Per system: the largest
+load factor (steps of STEP; 1.0 = the fixed-margin plan's nominal rate, so rows compare absolute rates) with >= 99 %
+SLO attainment.
 Used by benchmarks/live_paper.py and `poolpipe demo`.
 """
 
@@ -25,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from poolpipe.paper_costs import calibrated, costs_text, held_costs
 
 TARGET = 0.99
 STEP = 0.0125  # of the fixed-margin plan's nominal rate: 2.6 % of convnext_large's knee (0.025 was 5.2 %)
@@ -56,9 +60,7 @@ class PaperRun:
     # Share of the SLO the fixed-margin plan (a0, the old default) keeps free for queueing; the sustained plans
     # choose their own margin.
     slo_margin: float = 0.3
-    # Plan the sustained plans with the per-stage costs the sidecar measured serving the fixed-margin plan (as a
-    # user does: serve --overheads-out, then plan --overheads) and the way outside the sidecar's clock the client
-    # measured at its knee (front_quantiles_us); False: this project's default costs.
+    # Plan the sustained plans with the costs measured serving (run_all says how); False: the default costs.
     measured_overheads: bool = True
 
 
@@ -152,16 +154,6 @@ def search_max_lf(attainment_at: Callable[[float], float], hi: float, step: floa
     return (grid[lo_i] if lo_i >= 0 else 0.0), points
 
 
-def held_costs(costs: list[tuple[float, Path]]):
-    """(Overheads, files): the costs the sidecar wrote at the points that held >= 99 % (all if none did; None: none
-    written), fitted as `poolpipe calibrate` fits them (loadtest.calibrate.fitted_costs). One point's moved with the
-    host by up to 1.8x; an overloaded one's are the overload's."""
-    from loadtest.calibrate import fitted_costs
-
-    files = [p for a, p in costs if a >= TARGET and p.exists()] or [p for _, p in costs if p.exists()]
-    return (fitted_costs(files), files) if files else None
-
-
 class PaperExperiment:
     """Plans, deployments and measurements of one PaperRun under ``work``."""
 
@@ -171,8 +163,9 @@ class PaperExperiment:
         self.log = log
         self.manifests: dict = {}  # sidecar system -> its manifest, for the prediction
         self.records: list[dict] = []  # one per measured (system, load factor): what the client saw
-        # per sidecar system and load factor: the way outside the sidecar's clock, per answer, as the client saw it
-        self.fronts: dict[tuple[str, float], list[float]] = {}
+        # per measured sidecar point (system, load factor, attainment): the way outside the sidecar's clock, per
+        # answer, as the client saw it
+        self.fronts: list[tuple[str, float, float, list[float]]] = []
         work.mkdir(parents=True, exist_ok=True)
 
     def search(self, attainment_at: Callable[[float], float], start: float = 0.7, live: bool = True
@@ -219,7 +212,7 @@ class PaperExperiment:
         for name, p in (("ppipe", self.ppipe), ("np", self.np_plan)):
             m = p.models[0]
             self.log(f"  sustained {name} plan: sustains {m.sustainable_rps:.1f} req/s ({m.arrivals}; nominal "
-                     f"{m.throughput_rps:.1f})" + (_costs_text(overheads) if overheads else ""))
+                     f"{m.throughput_rps:.1f})" + (costs_text(overheads) if overheads else ""))
 
     def promise_lf(self, plan) -> float:
         """The load factor of a plan's sustainable rate (where the search starts)."""
@@ -247,23 +240,28 @@ class PaperExperiment:
                  f"p50 {r.latency_ms(50) or 0:6.1f} ms  p99 {r.latency_ms(99) or 0:6.1f} ms  shed {r.errors}  "
                  f"late {r.late}{front}")
         if r.front_us:
-            self.fronts.setdefault((system, lf), []).extend(r.front_us)
+            self.fronts.append((system, lf, r.attainment, list(r.front_us)))
         return r.attainment
 
-    def front_samples(self, system: str, lf: float) -> list[float]:
-        """What the client measured outside ``system``'s sidecar at load factor ``lf`` (its knee), else at the
-        nearest load it measured (none: an empty list)."""
-        measured = [x for s, x in self.fronts if s == system]
-        return self.fronts[(system, min(measured, key=lambda x: abs(x - lf)))] if measured else []
+    def measured_costs(self, system: str):
+        """overheads_of(system) where its sidecar measured stage calls and the client answers; else None."""
+        if not (self.work / f"{system}-overheads.json").exists() or not any(f[0] == system for f in self.fronts):
+            return None
+        return self.overheads_of(system)
 
-    def overheads_of(self, system: str, lf: float):
+    def overheads_of(self, system: str):
         """The per-stage costs the sidecar of ``system`` wrote (none measured where it wrote none), with the way
-        outside its clock as the client measured it at load factor ``lf``."""
+        outside its clock fitted (poolpipe_common.cost_fit.fit_front) to what the client measured at every point
+        that was not overloaded, each at the rate it offered, as `poolpipe calibrate` fits it."""
+        from poolpipe_common.cost_fit import FRONT_MIN_ATTAINMENT, fit_front
         from poolpipe_common.overheads import Overheads, read_overheads
 
         path = self.work / f"{system}-overheads.json"
         ov = read_overheads(path) if path.exists() else Overheads()
-        return ov.with_front_samples(self.front_samples(system, lf))
+        mine = [f for f in self.fronts if f[0] == system]
+        runs = [f for f in mine if f[2] >= FRONT_MIN_ATTAINMENT] or mine
+        return fit_front(ov, [(0.0, us) for _, _, _, xs in runs for us in xs],
+                         [lf * self.rate for _, lf, _, xs in runs for _ in xs])
 
     def deploy(self, plan, name: str):
         from model_repository_gen.generate import generate
@@ -304,7 +302,7 @@ class PaperExperiment:
                 costs.append((r.attainment, point))
                 return self._record(name, lf, r)
             best, points = self.search(at, self.promise_lf(plan))
-        held = held_costs(costs)
+        held = held_costs(costs, TARGET)
         if held is not None:  # what plans made from this system's serving use (--work keeps it)
             (self.work / f"{name}-overheads.json").write_text(json.dumps({**held[0].to_dict(), "source": {
                 "median_of": [p.name for p in held[1]]}}, indent=1))
@@ -331,17 +329,16 @@ class PaperExperiment:
             best, points = self.search(at, 0.5 * self.promise_lf(self.np_plan))
         return SystemResult("triton-native", best, points)
 
-    def predict(self, name: str, knee_lf: float) -> SystemResult:
+    def predict(self, name: str) -> SystemResult:
         """The simulator's prediction for a sidecar system: its manifest's topology, the live driver, and the
-        overheads that sidecar measured (the way outside its clock as at ``knee_lf``, the load it held live), on
-        the same arrivals."""
+        overheads that sidecar measured (overheads_of), on the same arrivals."""
         from scheduler.core import make_scheduler
         from scheduler.core.topology import with_stage_overhead
         from scheduler.server.planned.manifest_topology import topology_from_manifest
         from scheduler.sim.engine import simulate
         from scheduler.sim.sweep import driver_config
 
-        ov = self.overheads_of(name, knee_lf)
+        ov = self.overheads_of(name)
         topo = with_stage_overhead(topology_from_manifest(self.manifests[name]), ov.tail_us)
         model = self.manifests[name].models[0].name
 
@@ -356,13 +353,6 @@ class PaperExperiment:
         best, points = self.search(at, self.promise_lf(self.ppipe if name == "ppipe" else self.np_plan), live=False)
         return SystemResult(f"simulated {name}", best, points,
                             {"lead_us": ov.lead_us, "tail_us": ov.tail_us, "slowdown": ov.slowdown})
-
-
-def _costs_text(ov) -> str:
-    q = ov.front_quantiles_us
-    front = (f", outside the sidecar (client-measured) median {ov.front_at(0.5) / 1e3:.1f} ms, p99 "
-             f"{ov.front_at(0.99) / 1e3:.1f} ms" if q else "")
-    return f", per-stage costs measured: lead {ov.lead_us:.0f} us, tail {ov.tail_us:.0f} us{front}"
 
 
 def _arrivals_of(trace: str) -> str:
@@ -390,11 +380,20 @@ def run_all(run: PaperRun, work: Path, log: Callable[[str], None] = print) -> di
     ex = PaperExperiment(run, work, log)
     ex.plan_fixed()
     out = {"fixed": ex.measure_sidecar("fixed", ex.fixed)}
-    measured = work / "fixed-overheads.json"
-    ex.plan_sustained(ex.overheads_of("fixed", out["fixed"].max_lf)
-                      if run.measured_overheads and measured.exists() else None)
+    costs = ex.measured_costs("fixed") if run.measured_overheads else None
+    if run.measured_overheads and costs is None:
+        # a0 answered nothing (its fixed margin leaves no room for serving's costs): as a user would, serve the np
+        # plan made with the default costs and take the costs it measured (not a row of the table)
+        log("  the fixed-margin plan answered nothing: measuring the costs on the np plan made with the defaults")
+        ex.plan_sustained(None)
+        ex.measure_sidecar("np-default-costs", ex.np_plan)
+        costs = ex.measured_costs("np-default-costs")
+    ex.plan_sustained(costs)
+    if run.measured_overheads:  # as a user would: calibrate the plan's own deployment, then plan with what it measured
+        ex.deploy(ex.ppipe, "calibration")
+        ex.plan_sustained(calibrated(work / "calibration", work / "calibration-steps", run.duration_s, run.seed, log))
     out.update({"ppipe": ex.measure_sidecar("ppipe", ex.ppipe), "np": ex.measure_sidecar("np", ex.np_plan),
                 "triton-native": ex.measure_triton_native()})
-    out["sim-ppipe"] = ex.predict("ppipe", out["ppipe"].max_lf)
-    out["sim-np"] = ex.predict("np", out["np"].max_lf)
+    out["sim-ppipe"] = ex.predict("ppipe")
+    out["sim-np"] = ex.predict("np")
     return {**out, "rate": ex.rate, "promise": ex.ppipe.models[0].sustainable_rps}

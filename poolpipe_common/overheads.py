@@ -16,9 +16,10 @@ import numpy as np
 OVERHEADS_FORMAT = "poolpipe.overheads/1"
 # How each cost grows (poolpipe calibrate fits them; 0: flat): a stage call's lead with the megabytes it sends, its
 # tail with the megabytes it receives, both with the rate the sidecar serves (per 1,000 req/s), and the way outside
-# the sidecar's clock with the request's input megabytes.
-SLOPE_FIELDS = ("lead_per_mb_us", "tail_per_mb_us", "lead_per_krps_us", "tail_per_krps_us", "front_per_mb_us")
-NUMBER_FIELDS = ("lead_us", "tail_us", "wake_late_us", "slowdown", "front_us", *SLOPE_FIELDS)
+# the sidecar's clock with the request's input megabytes and with the rate.
+SLOPE_FIELDS = ("lead_per_mb_us", "tail_per_mb_us", "lead_per_krps_us", "tail_per_krps_us", "front_per_mb_us",
+                "front_per_krps_us")
+NUMBER_FIELDS = ("lead_us", "tail_us", "wake_late_us", "slowdown", "front_us", *SLOPE_FIELDS, "front_rate_rps")
 OVERHEADS_FIELDS = ("format", "source", *NUMBER_FIELDS, "front_quantiles_us", "calibration")
 # The response parameter (int64, µs) in which the sidecar reports a planned request's time on its own clock, from
 # its handler to its answer: a client's latency less it is the way outside the sidecar's clock (front_quantiles_us).
@@ -70,6 +71,11 @@ class Overheads:
     lead_per_krps_us: float = 0.0
     tail_per_krps_us: float = 0.0
     front_per_mb_us: float = 0.0
+    # the way outside the sidecar's clock grows with the rate the host serves (its tail first: fitted to the 99th
+    # percentile a client measured at several rates); at_rate shifts the whole measured distribution by it, from
+    # front_rate_rps (the lowest rate it was measured at: below it, it is taken as measured there, not extrapolated)
+    front_per_krps_us: float = 0.0
+    front_rate_rps: float = 0.0
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], where: str = "overheads") -> "Overheads":
@@ -93,22 +99,27 @@ class Overheads:
     def to_dict(self) -> dict[str, Any]:
         doc = {"format": OVERHEADS_FORMAT, "lead_us": self.lead_us, "tail_us": self.tail_us,
                "wake_late_us": self.wake_late_us, "slowdown": self.slowdown, "front_us": self.front_us}
-        doc.update({k: getattr(self, k) for k in SLOPE_FIELDS if getattr(self, k)})
+        doc.update({k: getattr(self, k) for k in (*SLOPE_FIELDS, "front_rate_rps") if getattr(self, k)})
         if self.front_quantiles_us:
             doc["front_quantiles_us"] = list(self.front_quantiles_us)
         return doc
 
     @property
     def rate_dependent(self) -> bool:
-        return bool(self.lead_per_krps_us or self.tail_per_krps_us)
+        return bool(self.lead_per_krps_us or self.tail_per_krps_us or self.front_per_krps_us)
 
     def at_rate(self, rps: float) -> "Overheads":
-        """These costs for a sidecar serving ``rps`` requests/s: the rate terms folded into lead_us and tail_us."""
+        """These costs for a sidecar serving ``rps`` requests/s: the rate terms folded into lead_us, tail_us and the
+        way outside the sidecar's clock (its measured quantiles; front_us where none were measured, as it is then
+        the way every answer takes; with quantiles front_us stays the deadlines' offset, as serve --front-us)."""
         if not self.rate_dependent:
             return self
         k = max(0.0, rps) / 1e3
+        front = self.front_per_krps_us * max(0.0, k - self.front_rate_rps / 1e3)
         return replace(self, lead_us=self.lead_us + self.lead_per_krps_us * k, lead_per_krps_us=0.0,
-                       tail_us=self.tail_us + self.tail_per_krps_us * k, tail_per_krps_us=0.0)
+                       tail_us=self.tail_us + self.tail_per_krps_us * k, tail_per_krps_us=0.0,
+                       front_quantiles_us=tuple(q + front for q in self.front_quantiles_us),
+                       front_us=self.front_us + (0.0 if self.front_quantiles_us else front), front_per_krps_us=0.0)
 
     def rebased(self, measured: dict[str, float], rps: float) -> "Overheads":
         """These costs with lead, tail, wake lateness and slowdown as a serving run measured them at ``rps``: the

@@ -44,6 +44,27 @@ def test_the_fit_recovers_a_known_cost_model_and_never_a_falling_one() -> None:
     assert f.front_per_mb_us == pytest.approx(500, rel=0.15) and 1150 < f.front_us < 1350
 
 
+def test_the_way_outside_the_sidecar_grows_with_the_rate_by_its_tail() -> None:
+    """Measured at three rates, the tail (not the median) rising 2 ms per 1000 req/s: the fit finds that slope,
+    and the costs at a rate never measured give the tail a client would see there."""
+    rng = np.random.default_rng(3)
+    samples, rates = [], []
+    for rate in (100.0, 500.0, 900.0):
+        for x in rng.exponential(500, 5000):
+            samples.append((0.0, 1000 + x + (2.0 * rate if x > 1500 else 0.0)))  # only the slow answers slow down
+            rates.append(rate)
+    f = fit_front(Overheads(), samples, rates)
+    assert f.front_per_krps_us == pytest.approx(2000, rel=0.2) and f.rate_dependent
+    p99_at_700 = float(np.percentile([1000 + x + 1400 * (x > 1500) for x in rng.exponential(500, 20_000)], 99))
+    assert f.at_rate(700).front_at(0.99) == pytest.approx(p99_at_700, rel=0.1)
+    # below the lowest rate measured the tail is taken as measured there, not extrapolated down
+    assert f.front_rate_rps == 100 and f.at_rate(20).front_at(0.99) == pytest.approx(f.at_rate(100).front_at(0.99))
+    assert Overheads.from_dict(f.to_dict()) == f
+    # one rate (or too few answers at the others) says nothing about a slope
+    assert fit_front(Overheads(), samples[:5000], rates[:5000]).front_per_krps_us == 0.0
+    assert fit_front(Overheads(), samples[:5100], rates[:5100]).front_per_krps_us == 0.0
+
+
 def test_slopes_round_trip_and_fold_at_a_rate() -> None:
     c = Overheads(lead_us=300, tail_us=200, lead_per_mb_us=40, lead_per_krps_us=200, tail_per_krps_us=100,
                   front_per_mb_us=7)
@@ -51,6 +72,12 @@ def test_slopes_round_trip_and_fold_at_a_rate() -> None:
     at = c.at_rate(500)
     assert (at.lead_us, at.tail_us, at.rate_dependent) == (400, 250, False)
     assert at.lead_for(2e6) == 480 and at.front_extra_us(1e6) == 7
+    # the way outside the sidecar: its measured quantiles move with the rate; with none, front_us does
+    sampled = replace(c, front_per_krps_us=1000).with_front_samples([1000.0, 3000.0])
+    assert sampled.at_rate(500).front_at(0.99) == pytest.approx(sampled.front_at(0.99) + 500)
+    assert sampled.at_rate(500).front_us == sampled.front_us
+    assert Overheads(front_us=2000, front_per_krps_us=1000).at_rate(250).front_us == 2250
+    assert Overheads(front_us=2000, front_per_krps_us=1000, front_rate_rps=100).at_rate(250).front_us == 2150
     assert "lead_per_mb_us" not in Overheads(lead_us=1).to_dict()  # flat costs write the file they always did
     # costs a sidecar measured at 500 req/s are those of the model at 500 req/s, not a base its slope adds to
     seen = c.rebased({"lead_us": 900.0, "tail_us": 260.0}, 500)

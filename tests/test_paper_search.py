@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from poolpipe.paper_costs import held_costs
 from poolpipe.paper_experiment import (
     RECHECK_SHORTFALL,
     STEP,
     TARGET,
-    held_costs,
     max_passing,
     rechecked,
     search_max_lf,
@@ -61,15 +61,20 @@ def test_an_overloaded_point_is_measured_once():
 
 def test_plans_are_made_with_the_median_costs_of_the_points_that_held(tmp_path):
     """An overloaded point's costs (and one run's) do not set what the sustained plans are made with."""
-    def point(i: int, lead: float, tail: float) -> Path:
+    def point(i: int, lead: float, tail: float, stages: int = 300) -> Path:
         p = tmp_path / f"{i}.json"
-        p.write_text(json.dumps({"format": "poolpipe.overheads/1", "lead_us": lead, "tail_us": tail, "slowdown": 1.0}))
+        p.write_text(json.dumps({"format": "poolpipe.overheads/1", "lead_us": lead, "tail_us": tail, "slowdown": 1.0,
+                                 "source": {"stages": stages, "wake_ups": 0}}))
         return p
 
     costs = [(0.70, point(0, 2000.0, 3000.0)), (0.995, point(1, 500.0, 400.0)), (0.991, point(2, 800.0, 700.0)),
              (0.999, point(3, 520.0, 380.0)), (0.992, tmp_path / "never-written.json")]
-    ov, used = held_costs(costs)
+    ov, used = held_costs(costs, TARGET)
     assert (ov.lead_us, ov.tail_us) == (520.0, 400.0) and len(used) == 3
-    ov, used = held_costs([(0.5, point(4, 900.0, 800.0)), (0.6, point(5, 700.0, 600.0))])  # none held: every point
+    ov, used = held_costs([(0.5, point(4, 900.0, 800.0)), (0.6, point(5, 700.0, 600.0))], TARGET)  # none held
     assert ov.lead_us == 800.0 and len(used) == 2
-    assert held_costs([(0.995, tmp_path / "none.json")]) is None
+    assert held_costs([(0.995, tmp_path / "none.json")], TARGET) is None
+    # a sidecar that shed every request made no stage call: its zeros are not costs (a0 at a tight SLO)
+    assert held_costs([(0.0, point(6, 0.0, 0.0, stages=0))], TARGET) is None
+    ov, used = held_costs([(0.0, point(7, 0.0, 0.0, stages=0)), (0.9, point(8, 600.0, 500.0))], TARGET)
+    assert ov.lead_us == 600.0 and len(used) == 1

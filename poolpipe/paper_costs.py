@@ -1,0 +1,51 @@
+"""The costs the live comparison plans with (poolpipe.paper_experiment): what the sidecar wrote at the points it
+held, what `poolpipe calibrate` measures on a plan's own deployment, and how they read in its log."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+# The loads the sustained plan's own deployment is calibrated at, as shares of its promise (`poolpipe calibrate`'s
+# default): they span where a promise made from costs measured elsewhere was found to hold (0.62-1.0 of it on this
+# host), so the way outside the sidecar's clock is measured at the rates the re-plan promises, not extrapolated
+CALIBRATION_SHARES = (0.25, 0.5, 0.75, 1.0)
+
+
+def held_costs(costs: list[tuple[float, Path]], target: float):
+    """(Overheads, files): the costs the sidecar wrote at the points that held ``target`` (all if none did; None: none
+    written), fitted as `poolpipe calibrate` fits them (loadtest.calibrate.fitted_costs). One point's moved with the
+    host by up to 1.8x; an overloaded one's are the overload's. A point whose sidecar made no stage call (it shed
+    every request) measured nothing: its file's zeros are left out."""
+    from loadtest.calibrate import fitted_costs
+
+    written = [(a, p) for a, p in costs if p.exists() and _stage_calls(p) > 0]
+    files = [p for a, p in written if a >= target] or [p for _, p in written]
+    return (fitted_costs(files), files) if files else None
+
+
+def _stage_calls(path: Path) -> int:
+    """The stage calls an overheads file's costs were measured on (the sidecar writes them under "source")."""
+    source = json.loads(path.read_text()).get("source")
+    return int(source.get("stages", 0)) if isinstance(source, dict) else 0
+
+
+def costs_text(ov) -> str:
+    """How the costs a plan was made with read in the harness's log."""
+    q = ov.front_quantiles_us
+    front = (f", outside the sidecar (client-measured) median {ov.front_at(0.5) / 1e3:.1f} ms, p99 "
+             f"{ov.front_at(0.99) / 1e3:.1f} ms at no load + {ov.front_per_krps_us / 1e3:.1f} ms per 1000 req/s"
+             if q else "")
+    return f", per-stage costs measured: lead {ov.lead_us:.0f} us, tail {ov.tail_us:.0f} us{front}"
+
+
+def calibrated(deployment: Path, work: Path, duration_s: float, seed: int, log: Callable[[str], None]):
+    """The costs `poolpipe calibrate` fits on ``deployment`` (its servers started here, stopped after) at
+    CALIBRATION_SHARES of its plan's promise."""
+    from loadtest.calibrate import Calibration
+    from runtime.launch import Deployment
+
+    with Deployment(deployment, check_hardware=False, log_dir=work / "servers"):
+        costs, _ = Calibration(deployment, work, duration_s, seed, log).run(CALIBRATION_SHARES)
+    return costs
