@@ -64,6 +64,11 @@ class DriverConfig:
     max_attempts: int = 3
     # The core's clock runs this far ahead of the executor's (nothing dispatched now computes before it).
     clock_lead_us: float = 0.0
+    # The deadlines the core sees come this much before the SLO (the way outside the sidecar's clock: serve
+    # --front-us), so the slack the caps are shares of is that much less: counted against the whole SLO, a lead a
+    # startup stall taught (3.2 ms, its cap, on tf_efficientdet_d1 at a 16.4 ms SLO with 2 ms outside the clock)
+    # left no pipeline in time, and the sidecar shed every request from then on (nothing sent: nothing relearned)
+    front_us: float = 0.0
     # A wake-up that fires late by less than this is stepped at the time the core asked for (an event loop
     # is no real-time clock); this, or half the smallest base margin where that is larger.
     min_late_wake_tolerance_us: float = 2000.0
@@ -174,7 +179,7 @@ class Driver:
         # each model's fastest pipeline at its smallest batch on idle vGPUs (the slack the caps are shares of)
         self.fastest_us = {m: min(sum(st.latency(min(st.latency_us)) for st in p.stages) for p in pipes)
                            for m, pipes in topology.pipelines.items() if pipes}
-        self.lead_cap_us = min((c.max_margin_fraction * max(0.0, topology.slo_us[m] - f)
+        self.lead_cap_us = min((c.max_margin_fraction * max(0.0, topology.slo_us[m] - c.front_us - f)
                                 for m, f in self.fastest_us.items()), default=0.0)
         self.learned = 0
         self._next_id = 1
@@ -375,6 +380,6 @@ class Driver:
     def margin_cap_us(self, model: str) -> float:
         """At most a fraction of the slack an idle pipeline leaves under the SLO (see DriverConfig)."""
         slo = self.topology.slo_us[model]
-        slack = min(slo, slo - self.fastest_us[model] - self.lead_us)
+        slack = min(slo, slo - self.config.front_us - self.fastest_us[model] - self.lead_us)
         return max(self.base_margin_us[model], self.config.max_margin_fraction * slack)
 

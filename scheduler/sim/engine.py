@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -184,7 +184,8 @@ def simulate(topology: Topology, scheduler: Scheduler, arrivals: Sequence[tuple[
     front = overheads.front_us if overheads is not None else 0.0
     out = _Outcomes(list(topology.pipelines), arrivals, topology.slo_us, overheads, seed, miss_budget, stop_on_any,
                     input_bytes(topology), warmup_us)
-    run = VirtualRun(topology, scheduler, driver or DriverConfig.ideal(), duration_us, noise_cv=noise_cv, seed=seed,
+    driver = replace(driver or DriverConfig.ideal(), front_us=front)  # its caps count what the deadlines leave out
+    run = VirtualRun(topology, scheduler, driver, duration_us, noise_cv=noise_cv, seed=seed,
                      overheads=overheads, faults=faults, record_timeline=record_timeline, on_done=out.done,
                      on_reject=out.dropped, interference=interference, cancels=cancels,
                      on_cancel=out.cancelled)

@@ -139,7 +139,7 @@ class PlannedService:
         if self.overheads and len(self.overheads) == len(self.pipelines):
             lead = min(min(o.lead_us[0].values(), default=0.0) for o in self.overheads.values())
         drv = Driver(make_scheduler(self.policy, topology), topology, self.executor,
-                     DriverConfig.live(clock_lead_us=lead), callers=self.callers)
+                     DriverConfig.live(clock_lead_us=lead, front_us=self.front_us), callers=self.callers)
         for srv in self.fleet.servers.values():
             if not srv.up:
                 drv.set_vgpu_up(srv.id, False, now_us())
