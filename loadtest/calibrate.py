@@ -108,6 +108,10 @@ class Calibration:
                     results)
 
     def run(self, shares: Sequence[float]) -> tuple[Overheads, list[Step]]:
+        if sum(self.promise.values()) <= 0:  # no load to offer: the steps would measure an idle sidecar
+            raise InputError(f"{self.deployment}: its plan promises 0 req/s (no plan of it fits the SLOs with the "
+                             "costs it was made with), so there is no load to calibrate at: plan it again with "
+                             "costs measured on a plan that serves (poolpipe serve --overheads-out) or a larger SLO")
         steps = []
         for share in shares:
             t0 = time.monotonic()

@@ -381,15 +381,15 @@ def run_all(run: PaperRun, work: Path, log: Callable[[str], None] = print) -> di
     ex.plan_fixed()
     out = {"fixed": ex.measure_sidecar("fixed", ex.fixed)}
     costs = ex.measured_costs("fixed") if run.measured_overheads else None
-    if run.measured_overheads and costs is None:
-        # a0 answered nothing (its fixed margin leaves no room for serving's costs): as a user would, serve the np
-        # plan made with the default costs and take the costs it measured (not a row of the table)
-        log("  the fixed-margin plan answered nothing: measuring the costs on the np plan made with the defaults")
+    ex.plan_sustained(costs)
+    if run.measured_overheads and (costs is None or not ex.ppipe.models[0].sustainable_rps):
+        # a0 answered nothing, or what it measured leaves no plan in time: as a user would, serve the np plan made
+        # with the default costs and take the costs it measured (not a row of the table)
+        log("  a0's costs give no plan to calibrate: measuring the costs on the np plan made with the defaults")
         ex.plan_sustained(None)
         ex.measure_sidecar("np-default-costs", ex.np_plan)
-        costs = ex.measured_costs("np-default-costs")
-    ex.plan_sustained(costs)
-    if run.measured_overheads:  # as a user would: calibrate the plan's own deployment, then plan with what it measured
+        ex.plan_sustained(ex.measured_costs("np-default-costs"))
+    if run.measured_overheads and ex.ppipe.models[0].sustainable_rps:  # as a user would: calibrate it, plan again
         ex.deploy(ex.ppipe, "calibration")
         ex.plan_sustained(calibrated(work / "calibration", work / "calibration-steps", run.duration_s, run.seed, log))
     out.update({"ppipe": ex.measure_sidecar("ppipe", ex.ppipe), "np": ex.measure_sidecar("np", ex.np_plan),

@@ -126,3 +126,15 @@ def test_calibrate_fits_costs_on_a_live_deployment_and_plan_finds_them(tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "costs: measured, from poolpipe-costs.json" in r.stdout and "uncalibrated" not in r.stdout
     assert json.loads((tmp_path / "p.json").read_text())["request"]["overheads"]["lead_us"] == costs.lead_us
+
+
+def test_calibrate_refuses_a_plan_that_promises_nothing(tmp_path) -> None:
+    """A plan whose promise is 0 (no pipeline fits its SLO with the costs it was made with) leaves no load to offer:
+    steps at shares of it would measure an idle sidecar (tail 0, attainment 100 %) and a plan made from those would
+    promise far too much (698 req/s for tf_efficientdet_d1 at 2.5x, where 176 held). It is refused, saying why."""
+    plan = ppipe_plan()
+    plan = replace(plan, models=tuple(replace(m, sustainable_rps=0.0) for m in plan.models))
+    cluster = write_cluster(tmp_path / "cluster.json", emulated_hosts())
+    generate(plan, {}, cluster, tmp_path / "deploy", emulated_tensor_scale=SCALE)
+    r = run_cli("calibrate", tmp_path / "deploy", "--shares", "0.5", "--out", tmp_path / "c.json", timeout=120)
+    assert r.returncode != 0 and "promises 0 req/s" in r.stderr and not (tmp_path / "c.json").exists()
