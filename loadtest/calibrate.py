@@ -19,7 +19,7 @@ from typing import Any
 
 from loadtest.open_loop import RunResult, no_collector_pauses, run_open_loop
 from model_repository_gen.manifest import load_manifest
-from poolpipe_common.cost_fit import FRONT_MIN_ATTAINMENT, CostPoint, fit_front, fit_runs
+from poolpipe_common.cost_fit import CostPoint, fit_front, fit_runs, not_overloaded
 from poolpipe_common.errors import InputError
 from poolpipe_common.overheads import Overheads, read_overheads
 from scheduler.server.common.event_loop import new_loop
@@ -126,8 +126,7 @@ class Calibration:
     def fit(self, steps: Sequence[Step]) -> Overheads:
         """The cost model of the steps that were not overloaded (all where none was): an overloaded step's costs
         are its queues' (a step served at 89 % of its offered rate measured twice the others' lead and tail)."""
-        held = [s for s in steps if min((r.attainment for r in s.results.values()), default=1.0)
-                >= FRONT_MIN_ATTAINMENT] or list(steps)
+        held = not_overloaded(steps, lambda s: min((r.attainment for r in s.results.values()), default=1.0))
         costs = fit_runs([s.costs for s in held], [p for s in held for p in s.points])
         runs = [(s, m, r) for s in held for m, r in s.results.items()]
         fronts = [(self.input_bytes.get(m, 0), f) for _, m, r in runs for f in r.front_us]

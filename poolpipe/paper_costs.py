@@ -19,9 +19,10 @@ def held_costs(costs: list[tuple[float, Path]], target: float):
     host by up to 1.8x; an overloaded one's are the overload's. A point whose sidecar made no stage call (it shed
     every request) measured nothing: its file's zeros are left out."""
     from loadtest.calibrate import fitted_costs
+    from poolpipe_common.cost_fit import not_overloaded
 
     written = [(a, p) for a, p in costs if p.exists() and _stage_calls(p) > 0]
-    files = [p for a, p in written if a >= target] or [p for _, p in written]
+    files = [p for _, p in not_overloaded(written, lambda ap: ap[0], target)]
     return (fitted_costs(files), files) if files else None
 
 
@@ -35,7 +36,8 @@ def costs_text(ov) -> str:
     """How the costs a plan was made with read in the harness's log."""
     q = ov.front_quantiles_us
     front = (f", outside the sidecar (client-measured) median {ov.front_at(0.5) / 1e3:.1f} ms, p99 "
-             f"{ov.front_at(0.99) / 1e3:.1f} ms at no load + {ov.front_per_krps_us / 1e3:.1f} ms per 1000 req/s"
+             f"{ov.front_at(0.99) / 1e3:.1f} ms at {ov.front_rate_rps:.0f} req/s + {ov.front_per_krps_us / 1e3:.1f} ms "
+             "per 1000 req/s above"
              if q else "")
     return f", per-stage costs measured: lead {ov.lead_us:.0f} us, tail {ov.tail_us:.0f} us{front}"
 

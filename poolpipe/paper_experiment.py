@@ -253,13 +253,12 @@ class PaperExperiment:
         """The per-stage costs the sidecar of ``system`` wrote (none measured where it wrote none), with the way
         outside its clock fitted (poolpipe_common.cost_fit.fit_front) to what the client measured at every point
         that was not overloaded, each at the rate it offered, as `poolpipe calibrate` fits it."""
-        from poolpipe_common.cost_fit import FRONT_MIN_ATTAINMENT, fit_front
+        from poolpipe_common.cost_fit import fit_front, not_overloaded
         from poolpipe_common.overheads import Overheads, read_overheads
 
         path = self.work / f"{system}-overheads.json"
         ov = read_overheads(path) if path.exists() else Overheads()
-        mine = [f for f in self.fronts if f[0] == system]
-        runs = [f for f in mine if f[2] >= FRONT_MIN_ATTAINMENT] or mine
+        runs = not_overloaded([f for f in self.fronts if f[0] == system], lambda f: f[2])
         return fit_front(ov, [(0.0, us) for _, _, _, xs in runs for us in xs],
                          [lf * self.rate for _, lf, _, xs in runs for _ in xs])
 
@@ -386,7 +385,8 @@ def run_all(run: PaperRun, work: Path, log: Callable[[str], None] = print) -> di
         # a0 answered nothing, or what it measured leaves no plan in time: as a user would, serve the np plan made
         # with the default costs and take the costs it measured (not a row of the table)
         log("  a0's costs give no plan to calibrate: measuring the costs on the np plan made with the defaults")
-        ex.plan_sustained(None)
+        if costs is not None:  # the plans above are a0's
+            ex.plan_sustained(None)
         ex.measure_sidecar("np-default-costs", ex.np_plan)
         ex.plan_sustained(ex.measured_costs("np-default-costs"))
     if run.measured_overheads and ex.ppipe.models[0].sustainable_rps:  # as a user would: calibrate it, plan again

@@ -8,8 +8,9 @@ on this host (a larger call never costs less to serialise), and a negative slope
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 import numpy as np
 
@@ -18,13 +19,21 @@ from poolpipe_common.overheads import Overheads, front_quantiles, median_overhea
 # A measured rate's 99th percentile of the way outside the sidecar's clock is read only with this many answers
 # (5 beyond it)
 TAIL_SAMPLES = 500
-# A run whose attainment fell below this is overloaded: the way outside the sidecar's clock it measured is the
-# overload's (queues on the host), not what a plan at that rate would see, so the rate's slope is not fitted to it
-FRONT_MIN_ATTAINMENT = 0.95
+# A run whose attainment fell below this is overloaded: the costs it measured (the way outside the sidecar's clock
+# among them) are the overload's queues, not what a plan at that rate would see, so no fit takes them (not_overloaded)
+HELD_ATTAINMENT = 0.95
 # The rate's slope is fitted only where the rates measured span at least this factor: the 99th percentile of one
 # short run moves by 1-2 ms on this host, and two runs at rates 1.5x apart gave a slope of 13 ms per 1,000 req/s
 # that promised 0.75x of what the plan held live (googlenet at 2.5x)
 MIN_RATE_SPAN = 2.0
+
+T = TypeVar("T")
+
+
+def not_overloaded(runs: Sequence[T], attainment: Callable[[T], float], floor: float = HELD_ATTAINMENT) -> list[T]:
+    """The runs whose attainment reached ``floor`` (an overloaded run's costs are its queues'); all of them where
+    none did."""
+    return [r for r in runs if attainment(r) >= floor] or list(runs)
 
 
 @dataclass(frozen=True)
