@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from planner import PlanRequest, plan
 from planner.ppipe.reference_plans import load_reference_plans, spec_from_reference
 from planner.sustained.capacity import predicted_rps
-from planner.sustained.queueing import PipelineTerms, PoolTerms, erlang_c, sustainable_rps
+from planner.sustained.queueing import PipelineTerms, PoolTerms, erlang_c, shed_fraction, sustainable_rps
 from planner.sustained.search import (
     MODEL_ERROR,
     OWN_PLAN_TOLERANCE,
@@ -34,9 +34,10 @@ from tests.conftest import REFERENCE_DIR, run_cli
 from workloads.arrivals import parse_trace
 
 MODEL = "centernet-update_r50-caffe_fpn_ms-1x_coco"
-# The closed form ranks candidates for the simulator to measure; it rates plans of batch-2 pipelines low and pools of
-# one or two vGPUs high, so it is held only to this band of the simulator: it is not a promise.
-CLOSED_FORM_BAND = (0.4, 1.3)
+# The closed form ranks candidates for the simulator to measure (and sets where its search starts): over every
+# candidate plan of every model on 4 L4 + 12 T4 at 3x (benchmarks/closed_form.py --quick) it came within 10 % of the
+# simulator on 85 % of them; it is not a promise, so it is held to this band.
+CLOSED_FORM_BAND = (0.85, 1.15)
 # What plan.json promises (the simulator's rate, seed 0) must hold, on other arrivals (seed 7), to within this.
 PROMISE_ATTAINMENT = 0.985
 
@@ -65,6 +66,30 @@ def test_more_vgpus_at_equal_capacity_sustain_more():
     four = [PipelineTerms(1, (PoolTerms(4, 8_000.0),), 8_000.0)]
     assert sustainable_rps(four, 20_000.0) > sustainable_rps(one, 20_000.0) * 0.9
     assert sustainable_rps(one, 2_500.0) < sustainable_rps(one, 20_000.0)
+
+
+@given(c=st.integers(1, 16), rho=st.floats(0.05, 1.5), slack=st.floats(0.0, 200_000.0))
+def test_a_pool_sheds_what_cannot_wait_and_no_more(c, rho, slack):
+    """The sidecar sheds a batch whose wait would pass its slack: never more than the unbounded queue's P(W > d), at
+    least the overload's 1 - 1/rho, and less the more slack there is."""
+    pool = PoolTerms(c, 10_000.0)
+    batches = rho * c / pool.service_us
+    shed = shed_fraction(pool, batches, slack, 1.0)
+    assert 0.0 <= shed <= 1.0
+    if rho < 1:
+        assert shed <= erlang_c(c, rho * c) + 1e-12
+    else:
+        assert shed >= 1.0 - 1.0 / rho - 1e-9
+    assert shed_fraction(pool, batches, slack + 10_000.0, 1.0) <= shed + 1e-12
+    assert shed_fraction(pool, batches, -1.0, 1.0) == 1.0
+
+
+def test_a_pipeline_near_the_slo_weighs_on_the_model_as_its_own_slack_says():
+    """Pipelines queue as one pool, but a request landing on the one whose latency nearly fills the SLO has little
+    slack: the model sustains less than with both pipelines at their mean latency."""
+    near, far = (PipelineTerms(1, (PoolTerms(4, 10_000.0),), lat) for lat in (19_000.0, 5_000.0))
+    mean = PipelineTerms(1, (PoolTerms(4, 10_000.0),), 12_000.0)
+    assert sustainable_rps([near, far], 20_000.0) < sustainable_rps([mean, mean], 20_000.0)
 
 
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
