@@ -13,7 +13,6 @@ those of running them in turn.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import os
 import pickle
@@ -22,14 +21,14 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future
 from typing import Any, BinaryIO
 
 from planner.sustained.evaluators import evaluator
 from plans.arrivals import Arrivals
 from plans.plan_json import Plan
 from poolpipe_common.overheads import Overheads
-from scheduler.sim.sustain import Point, Precision, Tally, is_split, judge, pooled, tally
+from scheduler.sim.sustain import Point, Precision, judge
 
 Rates = dict[str, float]
 READY = "ready"  # a worker's first message: its imports are done
@@ -108,14 +107,8 @@ class WorkerPool:
         return [f.result() for f in futures]  # type: ignore[union-attr]
 
     def judge(self, point: Point, speculative: bool) -> Future | None:
-        """A search's point runner (scheduler.sim.sustain.PointRunner); a split point's parts side by side."""
-        if self.inline or not is_split(point):
-            return self.submit(judge, point, speculative=speculative)
-        first = self.submit(tally, point, 0, speculative=speculative)
-        if first is None:
-            return None
-        parts = [first, *(self.submit(tally, point, k) for k in range(1, point.runs[0].parts))]
-        return _gathered(parts, lambda tallies: pooled(point, tallies))
+        """A search's point runner (scheduler.sim.sustain.PointRunner)."""
+        return self.submit(judge, point, speculative=speculative)
 
     def _feed(self, worker: _Worker) -> None:
         """Hand queued calls to ``worker`` once it is ready until the pool closes or the worker dies (then to no one:
@@ -186,32 +179,6 @@ class WorkerPool:
         for w in workers:
             w.stop()
         self._workers, self._threads = [], []
-
-
-def _gathered(parts: list[Future], combine: Callable[[list[Tally]], Rates]) -> Future:
-    """One future for ``parts``: ``combine`` of their results once all are done (else the first error); cancelling
-    it cancels the parts not yet started."""
-    out: Future = Future()
-    left = [len(parts)]
-    lock = threading.Lock()
-
-    def part_done(_: Future) -> None:
-        with lock:
-            left[0] -= 1
-            if left[0] or out.done():
-                return
-        try:
-            out.set_result(combine([p.result() for p in parts]))
-        except InvalidStateError:  # cancelled meanwhile: nobody waits for it
-            pass
-        except BaseException as e:  # noqa: BLE001 - the search raises it
-            with contextlib.suppress(InvalidStateError):
-                out.set_exception(e)
-
-    out.add_done_callback(lambda f: [p.cancel() for p in parts] if f.cancelled() else None)
-    for p in parts:
-        p.add_done_callback(part_done)
-    return out
 
 
 def _settle(fut: Future, fn: Callable, args: tuple) -> None:

@@ -53,12 +53,11 @@ MODEL_ERROR = 0.03
 # (within GUESS_BAND of the simulator's on most plans); the kept one is then measured to the promise's precision
 # (scheduler.sim.sustain.Precision's defaults) from its screened rate.
 SCREEN_FIDELITY = 0.25
-GUESS_BAND = 0.1
+GUESS_BAND = 0.15
 # The kept plan's promise: the screened rate verified on full-length points, to the screen's own resolution (the lo of
 # a bracket MODEL_ERROR wide: at most that much below what the plan holds on the planner's seed). Bisecting it to 1 %
 # took two more full-length points (half of the planning time at 16 GPUs), and the promise it found was 1-5 % above
-# what a 3x longer run on another seed held (benchmarks/promise_grid.py): the finer figure was not the truer one. For
-# the same reason the bottleneck's top, where the screen failed, is not checked again on a full-length point.
+# what a 3x longer run on another seed held (benchmarks/promise_grid.py): the finer figure was not the truer one.
 PROMISE_RESOLUTION = MODEL_ERROR
 
 
@@ -299,9 +298,8 @@ def screening_precision(c: CandidatePlan, floor: float = 0.0) -> Precision:
 
 def promise_precision(c: CandidatePlan) -> Precision:
     """The promise's precision: full-length points to PROMISE_RESOLUTION, each model's search starting from the
-    screened fraction of the mix (held by all); the model the closed form names the bottleneck failed the screen
-    MODEL_ERROR above it, which is trusted (its lo is verified, and only where that fails does its search look
-    lower), the others may go up to their closed form's rate."""
+    screened fraction of the mix (held by all) to MODEL_ERROR above it (the screen's resolution) for the model the
+    closed form names the bottleneck, and up to its closed form's rate for the others."""
     held = min(_mix_fraction(c, c.rates()).values(), default=0.0)
     if held <= 0:
         return Precision()
@@ -309,8 +307,7 @@ def promise_precision(c: CandidatePlan) -> Precision:
     neck = min(guess, key=guess.__getitem__, default=None)
     top = {m: held + MODEL_ERROR if m == neck else max(held + MODEL_ERROR, g * (1 + GUESS_BAND))
            for m, g in guess.items()}
-    return Precision(PROMISE_RESOLUTION, start=tuple((m, held, hi) for m, hi in top.items()),
-                     known_hi=(neck,) if neck is not None else ())
+    return Precision(PROMISE_RESOLUTION, start=tuple((m, held, hi) for m, hi in top.items()))
 
 
 def _measure(cands: Sequence[CandidatePlan], precisions: Sequence[Precision], name: str, arrivals: Arrivals,

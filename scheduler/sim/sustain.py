@@ -24,10 +24,6 @@ MAX_POINTS = 12
 HIGHEST = 1.05  # a plan may sustain slightly more than its nominal rate (its pools are rounded up)
 # A replayed trace is judged stretch by stretch: at least this long and this many requests (1 % of it is 20).
 STRETCH_MIN_S, STRETCH_REQUESTS, MIN_STRETCHES = 6.0, 2_000, 3
-# A stationary process's full-length point is simulated in PARTS parts side by side: the run's arrivals cut in time,
-# each part warmed up on the arrivals just before it as the run is on its first, their misses pooled, so a pool of
-# processes judges one point in about 1/PARTS of its time. The parts are a function of the inputs, not of --jobs.
-PARTS = 2
 
 
 @dataclass(frozen=True)
@@ -46,9 +42,6 @@ class Precision:
     # a joint search whose first point (the start's lo) fails ends there, every rate 0: the caller only needs to know
     # whether the plan sustains that much (a candidate that cannot come near the best measured so far)
     floor: bool = False
-    # the models (or "*") whose start's hi is known to fail (a coarser search failed there): it is not checked again,
-    # so a search from a screened bracket verifies its lo, and looks lower only where that fails
-    known_hi: tuple[str, ...] = ()
 
 
 @dataclass
@@ -96,7 +89,6 @@ class Run:
     duration_s: float
     min_requests: float = 0.0
     longest_s: float = 0.0
-    parts: int = 1  # simulated in this many parts (PARTS), their misses pooled
 
     def length_s(self, offered_rps: float) -> float:
         """How long the run counts at a point offering ``offered_rps`` (all models together). A plan that sustains a
@@ -119,10 +111,10 @@ def point_runs(plan: Plan, trace: TraceSpec, seed: int = 0, fidelity: float = 1.
     run both dilutes a burst among lulls and, scaled to the whole run's mean, offers a busy stretch less than the
     rate. So the same amount of trace is cut into stretches, each offered the point's rate on its own, the first at
     the trace's start, and the point holds only where every stretch holds: what a load test of any one of them
-    measures. A stationary full-length run is simulated in PARTS parts (:func:`tally`)."""
+    measures."""
     duration = _duration_s(plan, fidelity)
-    if trace.kind != "replay":  # a quarter-length point's parts would be mostly warm-up
-        return [Run(seed, duration, fidelity * MIN_REQUESTS, fidelity * MAX_DURATION_S, PARTS if fidelity >= 1 else 1)]
+    if trace.kind != "replay":
+        return [Run(seed, duration, fidelity * MIN_REQUESTS, fidelity * MAX_DURATION_S)]
     total = sum(m.throughput_rps for m in plan.models) or 1.0
     stretch = min(duration, max(STRETCH_MIN_S, STRETCH_REQUESTS / total))
     n = max(MIN_STRETCHES, math.ceil(duration / stretch - 1e-9))
@@ -148,65 +140,15 @@ class Point:
     joint: bool = False
 
 
-def point_job(point: Point, run: Run, part: int | None = None) -> PointJob:
-    """The simulation of ``run`` at the point, or of one part of it."""
-    length = run.length_s(point.lf * sum(point.rates.values()))
-    split: dict = {} if part is None else {"offset_s": part * length / run.parts, "whole_s": length,
-                                           "miss_budget_scale": float(run.parts)}
-    return PointJob(point.plan, point.rates, "ppipe", point.trace, point.lf,
-                    length if part is None else length / run.parts, run.seed, driver="live", overheads=point.costs,
-                    stop_when_failed=point.open_, stop_on_any_failed=point.joint, **split)
-
-
-def is_split(point: Point) -> bool:
-    """Whether the point is one run simulated in parts (:func:`tally`)."""
-    return len(point.runs) == 1 and point.runs[0].parts > 1
-
-
-# Per model: (misses, requests counted, the part's own attainment where it stopped early over its budget, else None)
-Tally = dict[str, tuple[int, int, float | None]]
-
-
-def tally(point: Point, part: int) -> Tally:
-    """Part ``part`` of a split point's run, simulated; it stops once it alone misses ``parts`` times its own 1 %
-    (the whole run then misses about 1 %: the point fails)."""
-    job = point_job(point, point.runs[0], part)
-    summary, _ = run_point(job)
-    out: Tally = {}
-    for m, p in summary["models"].items():
-        counted = round(p["offered_rps"] * job.duration_s)
-        misses = p["late"] + p["dropped"]
-        over = summary["stopped_early"] and misses > int((1.0 - TARGET_ATTAINMENT) * job.miss_budget_scale * counted)
-        out[m] = (misses, counted, p["slo_attainment"] if over else None)
-    return out
-
-
-def pooled(point: Point, tallies: list[Tally]) -> dict[str, float]:
-    """Per model, the attainment of a split point's parts pooled; where a part stopped early, its own (which fails;
-    the parts after the first that stopped are not read, so judging them in turn may skip them)."""
-    stop = next((k for k, t in enumerate(tallies) if any(v[2] is not None for v in t.values())), None)
-    tallies = tallies if stop is None else tallies[:stop + 1]
-    out = {}
-    for m in point.rates:
-        stopped = [t[m][2] for t in tallies if m in t and t[m][2] is not None]
-        misses, counted = sum(t[m][0] for t in tallies if m in t), sum(t[m][1] for t in tallies if m in t)
-        out[m] = min(stopped) if stopped else (1.0 - misses / counted if counted else 1.0)
-    return out
-
-
 def judge(point: Point) -> dict[str, float]:
-    """Per model, the least attainment over the point's runs (a split point's pooled: :func:`pooled`); stops once
-    every open model has missed (joint: once one has)."""
-    if is_split(point):
-        tallies: list[Tally] = []
-        for part in range(point.runs[0].parts):
-            tallies.append(tally(point, part))
-            if any(v[2] is not None for v in tallies[-1].values()):  # a part that stopped settles the point
-                break
-        return pooled(point, tallies)
+    """Per model, the least attainment over the point's runs; stops once every open model has missed (joint: once
+    one has)."""
     least = {m: 1.0 for m in point.rates}
     for run in point.runs:
-        summary, _ = run_point(point_job(point, run))
+        length = run.length_s(point.lf * sum(point.rates.values()))
+        summary, _ = run_point(PointJob(point.plan, point.rates, "ppipe", point.trace, point.lf, length, run.seed,
+                                        driver="live", overheads=point.costs, stop_when_failed=point.open_,
+                                        stop_on_any_failed=point.joint))
         for m, p in summary["models"].items():
             least[m] = min(least[m], p["slo_attainment"])
         if not any(_holds(least[m]) for m in point.open_) or (point.joint and not all(map(_holds, least.values()))):
@@ -334,5 +276,4 @@ def _start(precision: Precision, model: str) -> _Bracket:
     if not given:
         return _Bracket()
     lo, hi = round(min(x for x, _ in given), 4), round(min(HIGHEST, max(x for _, x in given)), 4)
-    return _Bracket(lo, hi, lo <= 0.0, hi >= HIGHEST or model in precision.known_hi,
-                    max(hi - lo, precision.resolution))
+    return _Bracket(lo, hi, lo <= 0.0, hi >= HIGHEST, max(hi - lo, 2 * precision.resolution))

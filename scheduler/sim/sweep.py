@@ -75,12 +75,6 @@ class PointJob:
     stop_on_any_failed: bool = False  # ... as soon as one of them has certainly failed (a joint verdict)
     # simulated before the counted ``duration_s``, its arrivals served but not counted; None: warmup_s's rule
     warmup_s: float | None = None
-    # a part of a run whose counted length is ``whole_s``: that run's arrivals (and warm-up length) from ``offset_s``
-    # on, so that parts simulated side by side together count what the whole run would (scheduler.sim.sustain)
-    offset_s: float = 0.0
-    whole_s: float | None = None
-    # a part of a run may miss this many times its own 1 % before it stops (its run then misses about 1 %)
-    miss_budget_scale: float = 1.0
 
 
 def driver_config(driver: str, overheads: Overheads | None) -> DriverConfig:
@@ -106,15 +100,6 @@ def warmup_s(slo_us: Iterable[float], rates_rps: dict[str, float], duration_s: f
     return min(settle, DriverConfig.live().lateness_horizon_us / 1e6, WARMUP_FRACTION * duration_s)
 
 
-def _arrivals(job: PointJob, rates: dict[str, float], warm_s: float) -> list[tuple[float, str]]:
-    """The job's arrivals, its warm-up's first: of a part of a run, the run's from ``offset_s`` on, shifted to 0."""
-    if job.whole_s is None:
-        return mixed_arrivals(job.trace, rates, warm_s + job.duration_s, job.seed)
-    start_us, end_us = job.offset_s * 1e6, (job.offset_s + warm_s + job.duration_s) * 1e6
-    return [(t - start_us, m) for t, m in mixed_arrivals(job.trace, rates, warm_s + job.whole_s, job.seed)
-            if start_us <= t < end_us]
-
-
 def run_point(job: PointJob, record_timeline: bool = False) -> tuple[dict[str, Any], Any]:
     """Simulate one load factor, warm-up first (``PointJob.warmup_s``); returns the per-point summary (of the
     requests that arrived in the counted ``duration_s``) and the raw SimResult."""
@@ -134,14 +119,12 @@ def run_point(job: PointJob, record_timeline: bool = False) -> tuple[dict[str, A
         topo = with_stage_overhead(topo, ov.tail_us, ov.tail_per_mb_us / 1e6)
     controls = job.controls or SimControls()
     topo = controls.topology(topo)
-    warm = job.warmup_s if job.warmup_s is not None else warmup_s(topo.slo_us.values(), rates,
-                                                                   job.whole_s or job.duration_s)
-    arrivals = _arrivals(job, rates, warm)
+    warm = job.warmup_s if job.warmup_s is not None else warmup_s(topo.slo_us.values(), rates, job.duration_s)
+    arrivals = mixed_arrivals(job.trace, rates, warm + job.duration_s, job.seed)
     priorities = controls.draw(len(arrivals), job.seed)
     first = sum(t < warm * 1e6 for t, _ in arrivals)  # the warm-up's arrivals (sorted by time) come first
     counts = Counter(m for _, m in arrivals[first:])
-    budget = {m: int((1.0 - TARGET_ATTAINMENT) * job.miss_budget_scale * counts[m])
-              for m in job.stop_when_failed if counts[m]}
+    budget = {m: int((1.0 - TARGET_ATTAINMENT) * counts[m]) for m in job.stop_when_failed if counts[m]}
     res = simulate(topo, make_scheduler(job.policy, topo), arrivals, (warm + job.duration_s) * 1e6,
                    noise_cv=job.noise_cv, seed=job.seed, record_timeline=record_timeline,
                    driver=driver_config(job.driver, ov), overheads=ov,
