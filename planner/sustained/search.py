@@ -53,7 +53,7 @@ MODEL_ERROR = 0.03
 # (within GUESS_BAND of the simulator's on most plans); the kept one is then measured to the promise's precision
 # (scheduler.sim.sustain.Precision's defaults) from its screened rate.
 SCREEN_FIDELITY = 0.25
-GUESS_BAND = 0.15
+GUESS_BAND = 0.1
 # The kept plan's promise: the screened rate verified on full-length points, to the screen's own resolution (the lo of
 # a bracket MODEL_ERROR wide: at most that much below what the plan holds on the planner's seed). Bisecting it to 1 %
 # took two more full-length points (half of the planning time at 16 GPUs), and the promise it found was 1-5 % above
