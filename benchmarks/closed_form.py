@@ -13,12 +13,11 @@ candidate, the median ratio, the share within 10 %, and the top picks.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
 
-from benchmarks.promise_grid import PAIRS, case_spec
+from benchmarks.promise_grid import case_spec, grid_arguments, grid_cases
 from planner.objectives import sustained_planners
 from planner.request import PlanRequest
 from planner.sustained.measure_pool import measure_all
@@ -36,28 +35,33 @@ def one(case: tuple[str, tuple[str, str], tuple[int, int], float, str]) -> dict:
     model, pair, size, factor, arrivals_text = case
     spec = case_spec(model, pair, size, factor)
     request = PlanRequest(arrivals=arrivals_text, jobs=1)
-    arrivals = parse_arrivals(arrivals_text)
+    arrivals, options = parse_arrivals(arrivals_text), request.solver_options()
+    planners = sustained_planners(spec, request)
     try:
-        cands = candidate_plans(spec, sustained_planners(spec, request), request.solver_options(), arrivals,
-                                DEFAULT_OVERHEADS)
+        cands = candidate_plans(spec, planners, options, arrivals, DEFAULT_OVERHEADS)
     except Exception as e:  # noqa: BLE001 - a case no plan fits is reported, not fatal
         return {"case": case, "error": str(e).splitlines()[0][:80]}
-    cands += filled(spec, cands, sustained_planners(spec, request), request.solver_options(), arrivals,
-                    DEFAULT_OVERHEADS)
+    cands += filled(spec, cands, planners, options, arrivals, DEFAULT_OVERHEADS)
     sims = measure_all("simulated", [c.plan for c in cands], arrivals, DEFAULT_OVERHEADS, 1, None,
                        [SIMULATED] * len(cands))
     return {"case": case, "rates": [(sum(c.predicted.values()), sum(s.values())) for c, s in zip(cands, sims)]}
 
 
+def figures(rates: list[tuple[float, float]]) -> tuple[list[float], float, float]:
+    """(closed form / simulated of the plans that hold at least 5 % of the best, what the closed form's top pick
+    sustains, the best) of one case's (closed form, simulated) rates."""
+    best = max((s for _, s in rates), default=0.0)
+    pick = max(rates, key=lambda ps: ps[0])[1] if rates else 0.0
+    return [p / s for p, s in rates if s >= 0.05 * best > 0], pick, best  # a plan that holds almost nothing says little
+
+
 def summary(rows: list[dict]) -> str:
     ratios, picks = [], []
     for r in rows:
-        rates = r.get("rates") or []
-        best = max((s for _, s in rates), default=0.0)
-        if best <= 0:
-            continue
-        ratios += [p / s for p, s in rates if s >= 0.05 * best]  # a plan that holds almost nothing says little
-        picks.append(max(rates, key=lambda ps: ps[0])[1] / best)
+        case_ratios, pick, best = figures(r.get("rates") or [])
+        if best > 0:
+            ratios += case_ratios
+            picks.append(pick / best)
     if not ratios:
         return "no case had a candidate that sustains anything"
     return (f"{len(ratios)} candidate plans of {len(picks)} cases: closed form / simulated median "
@@ -69,24 +73,10 @@ def summary(rows: list[dict]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="L4+T4, 4+12 GPUs, SLO 3x, every model")
-    ap.add_argument("--models", help="comma list of data/ppipe models (default: all twelve)")
-    ap.add_argument("--pairs", help="comma list of HIGH+LOW pairs (default: all four)")
-    ap.add_argument("--factors", help="comma list of SLO factors (default: 2,3,4)")
-    ap.add_argument("--sizes", help="comma list of HIGH+LOW GPU counts (default: 4+12,8+24)")
+    grid_arguments(ap)
     ap.add_argument("--arrivals", default="poisson", help="poisson (default) or bursty:CV")
-    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     args = ap.parse_args()
-    from planner.ppipe.reference_plans import load_reference_plans
-    models = args.models.split(",") if args.models else sorted({
-        m["model"] for e in load_reference_plans() for m in e["models"]})
-    pairs = PAIRS[:1] if args.quick else PAIRS
-    pairs = tuple(tuple(p.split("+")) for p in args.pairs.split(",")) if args.pairs else pairs
-    factors = (3.0,) if args.quick else (2.0, 3.0, 4.0)
-    factors = tuple(float(x) for x in args.factors.split(",")) if args.factors else factors
-    sizes = ((4, 12),) if args.quick else ((4, 12), (8, 24))
-    sizes = tuple(tuple(int(n) for n in s.split("+")) for s in args.sizes.split(",")) if args.sizes else sizes
-    cases = [(m, p, s, f, args.arrivals) for m in models for p in pairs for s in sizes for f in factors]
+    cases = [(*case, args.arrivals) for case in grid_cases(args)]
     t0 = time.time()
     with ProcessPoolExecutor(args.jobs) as ex:
         rows = list(ex.map(one, cases))
@@ -96,9 +86,8 @@ def main() -> None:
         if "error" in r:
             print(f"{where}: {r['error']}")
             continue
-        best = max(s for _, s in r["rates"])
-        pick = max(r["rates"], key=lambda ps: ps[0])[1]
-        ratios = [p / s for p, s in r["rates"] if s >= 0.05 * best] or [0.0]
+        ratios, pick, best = figures(r["rates"])
+        ratios = ratios or [0.0]
         print(f"{where}: {len(r['rates'])} candidates, closed form / simulated {min(ratios):.2f}-{max(ratios):.2f}, "
               f"top pick sustains {pick:.1f} of the best {best:.1f} req/s")
     print(f"under {args.arrivals}: {summary(rows)}")

@@ -77,22 +77,32 @@ def one(case: tuple[str, tuple[str, str], tuple[int, int], float]) -> dict:
             "ratio": held / promise if promise > 0 else None}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def grid_arguments(ap: argparse.ArgumentParser) -> None:
+    """The flags that choose the grid's cases (:func:`grid_cases`), and --jobs."""
     ap.add_argument("--quick", action="store_true", help="L4+T4, 4+12 GPUs, SLO 3x, every model")
     ap.add_argument("--models", help="comma list of data/ppipe models (default: all twelve)")
     ap.add_argument("--pairs", help="comma list of HIGH+LOW cluster pairs, e.g. L4+T4,V100+P4 (default: all four)")
     ap.add_argument("--factors", help="comma list of SLO factors (default: 2,3,4)")
     ap.add_argument("--sizes", help="comma list of HIGH+LOW GPU counts, e.g. 4+12 (default: 4+12,8+24)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
-    args = ap.parse_args()
+
+
+def grid_cases(args: argparse.Namespace) -> list[tuple[str, tuple[str, str], tuple[int, int], float]]:
+    """(model, pair, size, factor) for every case the flags of :func:`grid_arguments` choose."""
     models = args.models.split(",") if args.models else sorted({
         m["model"] for e in load_reference_plans() for m in e["models"]})
     pairs, factors, sizes = (PAIRS[:1], (3.0,), SIZES[:1]) if args.quick else (PAIRS, FACTORS, SIZES)
     pairs = tuple(tuple(p.split("+")) for p in args.pairs.split(",")) if args.pairs else pairs
     factors = tuple(float(x) for x in args.factors.split(",")) if args.factors else factors
     sizes = tuple(tuple(int(n) for n in s.split("+")) for s in args.sizes.split(",")) if args.sizes else sizes
-    cases = [(m, p, s, f) for m in models for p in pairs for s in sizes for f in factors]
+    return [(m, p, s, f) for m in models for p in pairs for s in sizes for f in factors]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    grid_arguments(ap)
+    args = ap.parse_args()
+    cases = grid_cases(args)
     t0 = time.time()
     with ProcessPoolExecutor(args.jobs) as ex:
         rows = list(ex.map(one, cases))

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 TARGET = 0.99  # SLO attainment a sustained rate keeps
 SCAN_STEPS = 400  # the sustainable rate is found to 1/SCAN_STEPS of the capacity
@@ -55,14 +55,19 @@ def erlang_c(c: int, a: float) -> float:
     return b / (1.0 - rho * (1.0 - b))
 
 
+def decay_rate(pool: PoolTerms, batches_per_us: float, arrival_scv: float) -> float:
+    """theta = 2 (c mu - lambda) / (ca^2 + cs^2) with deterministic service (cs^2 = 0): the heavy-traffic decay of
+    P(W > t); negative when overloaded."""
+    return 2.0 * (pool.vgpus / pool.service_us - batches_per_us) / max(arrival_scv, 1e-6)
+
+
 def wait_tail(pool: PoolTerms, batches_per_us: float, arrival_scv: float) -> tuple[float, float]:
-    """(P(wait), decay rate theta) of a batch's wait for a vGPU of ``pool``: P(W > t) ~ C(c, a) exp(-theta t) with
-    theta = 2 (c mu - lambda) / (ca^2 + cs^2) and deterministic service (cs^2 = 0); theta 0 when overloaded."""
-    mu = 1.0 / pool.service_us
-    if batches_per_us / mu >= pool.vgpus:
+    """(P(wait), decay rate theta) of a batch's wait for a vGPU of ``pool``: P(W > t) ~ C(c, a) exp(-theta t);
+    theta 0 when overloaded."""
+    a = batches_per_us * pool.service_us
+    if a >= pool.vgpus:
         return 1.0, 0.0
-    theta = 2.0 * (pool.vgpus * mu - batches_per_us) / max(arrival_scv, 1e-6)
-    return erlang_c(pool.vgpus, batches_per_us / mu), theta
+    return erlang_c(pool.vgpus, a), decay_rate(pool, batches_per_us, arrival_scv)
 
 
 def wait_mean_us(pool: PoolTerms, batches_per_us: float, arrival_scv: float) -> float:
@@ -81,13 +86,11 @@ def shed_fraction(pool: PoolTerms, batches_per_us: float, slack_us: float, arriv
         return 1.0
     if batches_per_us <= 0:
         return 0.0
-    mu = 1.0 / pool.service_us
-    rho = batches_per_us / (pool.vgpus * mu)
-    theta = 2.0 * (pool.vgpus * mu - batches_per_us) / max(arrival_scv, 1e-6)
-    if abs(1.0 - rho) < 1e-9:
-        return 1.0 / (1.0 + 2.0 * pool.vgpus * mu * slack_us / max(arrival_scv, 1e-6))
-    p_wait = erlang_c(pool.vgpus, batches_per_us / mu)
-    beyond = p_wait * math.exp(min(700.0, -theta * slack_us))
+    a = batches_per_us * pool.service_us
+    rho = a / pool.vgpus
+    if abs(1.0 - rho) < 1e-9:  # the formula's 0 / 0: its limit
+        return 1.0 / (1.0 + 2.0 * pool.vgpus * slack_us / pool.service_us / max(arrival_scv, 1e-6))
+    beyond = erlang_c(pool.vgpus, a) * math.exp(min(700.0, -decay_rate(pool, batches_per_us, arrival_scv) * slack_us))
     return min(1.0, max(0.0, (1.0 - rho) * beyond / (1.0 - rho * beyond)))
 
 
@@ -101,14 +104,15 @@ def miss_fraction(p: PipelineTerms, model_rps: float, slo_us: float, arrival_scv
     batches = per_us / p.batch
     scv = arrival_scv / p.batch  # b arrivals per batch smooth the batch stream
     means = [wait_mean_us(pool, batches, scv) for pool in p.pools]
-    if math.isinf(sum(means)):
+    waits = sum(means)
+    if math.isinf(waits):
         return 1.0
     # The driver holds a partial batch only while the pools could not keep up without it, and never past the
     # first request's deadline: batches form in their mean time, (b - 1) gaps, not in a tail quantile of it.
     slack = slo_us - p.latency_us - (p.batch - 1) / per_us
     kept = 1.0
     for pool, mean in zip(p.pools, means):
-        kept *= 1.0 - shed_fraction(pool, batches, slack - (sum(means) - mean), scv)
+        kept *= 1.0 - shed_fraction(pool, batches, slack - (waits - mean), scv)
     return 1.0 - kept
 
 
@@ -155,6 +159,6 @@ def sustainable_rps(pipelines: list[PipelineTerms], slo_us: float, q: float = TA
         return pipeline_sustainable_rps(usable[0], slo_us, q, arrival_scv)
     one = pooled(usable)
     caps = [p.capacity_rps() for p in usable]
-    shares = [(c / sum(caps), PipelineTerms(one.batch, one.pools, p.latency_us)) for c, p in zip(caps, usable)]
+    shares = [(c / sum(caps), replace(one, latency_us=p.latency_us)) for c, p in zip(caps, usable)]
     return _largest_rate(one.capacity_rps(), lambda rps: sum(
         s * miss_fraction(v, rps, slo_us, arrival_scv) for s, v in shares), q)
