@@ -185,8 +185,10 @@ class Fleet:
                     if name not in mine:
                         self.reclaimed.append(f"{srv.id}:{name}")
             srv.registered.clear()
-            if pool:
-                for r in list(pool.regions):
+            # take_region registers a region it creates with the servers up only: one created while this server
+            # was being brought up must be registered here, or its stage calls would find no such region.
+            while pool and (missing := [r for r in pool.regions if r.name not in srv.registered]):
+                for r in missing:
                     await self._register(srv, r)
             return True
         except grpc.aio.AioRpcError:

@@ -1,0 +1,52 @@
+"""The sidecar's fleet against real tritonservers: a region the pool grows while a server is being brought back
+up is registered with that server too (a stage call through it once found no such region, and the vGPU was marked
+down mid-burst: CI, test_overload_gets_explicit_shed_errors)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from tritonclient.grpc import service_pb2
+
+from model_repository_gen.manifest import load_manifest
+from runtime.launch import Deployment
+from runtime.testbed import build_deployment
+from scheduler.server.planned.fleet import Fleet
+
+
+async def _grow_while_bringing_up(deploy: Path) -> tuple[set[str], set[str], set[str]]:
+    """(the pool's regions, those the fleet counts as registered, those the server lists) of a server brought
+    up while the pool grew under it."""
+    fleet = Fleet(load_manifest(deploy), on_change=lambda *_: None)
+    await fleet.connect()
+    try:
+        host, pool = next(iter(fleet.pools.items()))
+        srv = next(s for s in fleet.servers.values() if s.host == host)
+        fleet.set_up(srv, False, "test: health check timed out")
+        while pool.take() is not None:  # every free region in use: the next take creates one
+            pass
+
+        async def grow() -> None:
+            # the moment bring_up has registered its first region (and has others still to go), grow the pool
+            while not 0 < len(srv.registered) < len(pool.regions):
+                await asyncio.sleep(0)
+            await fleet.take_region(host)
+
+        grown = asyncio.ensure_future(grow())
+        assert await fleet.bring_up(srv)
+        await grown
+        status = await srv.stub.SystemSharedMemoryStatus(service_pb2.SystemSharedMemoryStatusRequest(), timeout=5)
+        return {r.name for r in pool.regions}, set(srv.registered), set(status.regions)
+    finally:
+        await fleet.close()
+
+
+def test_a_region_grown_during_bring_up_is_registered_with_that_server(tmp_path: Path) -> None:
+    deploy, _, _ = build_deployment(tmp_path, slo_us=500_000.0)
+    with Deployment(deploy, check_hardware=False, log_dir=tmp_path / "logs"):
+        regions, counted, listed = asyncio.run(_grow_while_bringing_up(deploy))
+    assert len(regions) > 1
+    assert regions <= counted, f"not registered: {sorted(regions - counted)}"
+    assert regions <= listed, f"the server does not know: {sorted(regions - listed)}"
+    assert not list(Path("/dev/shm").glob(f"{next(iter(regions)).rsplit('_', 1)[0]}_*"))  # close() removed them
