@@ -99,7 +99,10 @@ def test_perf_analyzer_runs_unchanged_on_the_native_front(servers: tuple[Path, P
     perf_analyzer finds the version there too (no -x) and reads the whole planned path as compute infer."""
     port = free_port("127.0.0.1")
     with contextlib.contextmanager(_sidecar)(servers, "native", "--native-grpc-port", str(port)) as sc:
-        s = _server_section(_perf(sc, "grpc", "--concurrency-range", "2", url=f"127.0.0.1:{port}"))
+        # what is checked here is the server-side section; stability is test_perf_analyzer_planned.py's: on a CI
+        # host, 10 windows once passed without three in a row within the default 10 %
+        s = _server_section(_perf(sc, "grpc", "--concurrency-range", "2", "--stability-percentage", "25",
+                                  "--max-trials", "20", url=f"127.0.0.1:{port}"))
         assert s["Successful request count"] > 0 and s["Inference count"] >= s["Successful request count"]
         assert 3000 < s["compute infer"] < 200_000
 
