@@ -13,7 +13,7 @@ import asyncio
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -131,7 +131,10 @@ class Calibration:
         runs = [(s, m, r) for s in held for m, r in s.results.items()]
         fronts = [(self.input_bytes.get(m, 0), f) for _, m, r in runs for f in r.front_us]
         rates = [s.served_rps for s, _, r in runs for _ in r.front_us]
-        return fit_front(costs, fronts, rates)  # no client measurement: the front as the sidecar was told (--front-us)
+        # no client measurement: the front as the sidecar was told (--front-us); the rates are this plan's, whose
+        # requests make so many stage calls each (Overheads.at_rate scales them for another plan)
+        return replace(fit_front(costs, fronts, rates),
+                       rate_calls_per_request=self.manifest.plan.stage_calls_per_request())
 
 
 def calibration_doc(costs: Overheads, steps: Sequence[Step], deployment: Path) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from typing import Any
 from plans.spec.planning_spec import ClusterSpec, cluster_from_dict
 from poolpipe_common.documents import as_float, as_int, as_str, check_fields, need, read_document
 from poolpipe_common.errors import InputError
+from poolpipe_common.overheads import stage_calls_per_request
 from profiling.profile import Profile, profile_from_dict
 
 FORMAT = "poolpipe.plan/1"
@@ -148,6 +149,11 @@ class Plan:
     def capacity_rps(self) -> dict[str, float]:
         """Per model, the rate to count on: what it sustains at >= 99 % where measured, else its nominal rate."""
         return {m.name: m.throughput_rps if m.sustainable_rps is None else m.sustainable_rps for m in self.models}
+
+    def stage_calls_per_request(self) -> float:
+        """The stage calls a request makes (the rate at which a sidecar's costs grow: Overheads.at_rate)."""
+        return stage_calls_per_request((pl.throughput_rps, len(pl.partitions), pl.batch)
+                                       for m in self.models for pl in m.pipelines)
 
     def physical_gpus_used(self) -> dict[str, float]:
         used = {t: 0.0 for t in self.cluster.gpus}

@@ -11,6 +11,10 @@ from pathlib import Path
 # default): they span where a promise made from costs measured elsewhere was found to hold (0.62-1.0 of it on this
 # host), so the way outside the sidecar's clock is measured at the rates the re-plan promises, not extrapolated
 CALIBRATION_SHARES = (0.25, 0.5, 0.75, 1.0)
+# Calibrations of a run: the plan made with the costs one measured may cut the model differently, and its costs are
+# then extrapolated (Overheads.rate_calls_per_request); a user calibrates the plan they will serve, so that one is
+# calibrated again, once.
+CALIBRATION_ROUNDS = 2
 
 
 def held_costs(costs: list[tuple[float, Path]], target: float):
@@ -51,3 +55,22 @@ def calibrated(deployment: Path, work: Path, duration_s: float, seed: int, log: 
     with Deployment(deployment, check_hardware=False, log_dir=work / "servers"):
         costs, _ = Calibration(deployment, work, duration_s, seed, log).run(CALIBRATION_SHARES)
     return costs
+
+
+def calibrate_and_replan(ex, work: Path, log: Callable[[str], None]) -> None:
+    """Calibrate the sustained ppipe plan of ``ex`` (a PaperExperiment) on its own deployment and plan both again with
+    what it measured; again where that plan makes other stage calls per request (CALIBRATION_ROUNDS in all)."""
+    run = ex.run
+    for n in range(CALIBRATION_ROUNDS):
+        if not ex.ppipe.models[0].sustainable_rps:
+            return
+        calls = ex.ppipe.stage_calls_per_request()
+        ex.deploy(ex.ppipe, "calibration")
+        ex.plan_sustained(calibrated(work / "calibration", work / f"calibration-steps-{n}", run.duration_s, run.seed,
+                                     log))
+        now = ex.ppipe.stage_calls_per_request()
+        if abs(now - calls) <= 0.1 * calls:
+            return
+        if n + 1 < CALIBRATION_ROUNDS:
+            log(f"  the plan calibrated makes {calls:.2f} stage calls per request, the plan made with its costs "
+                f"{now:.2f}: calibrating that one")

@@ -7,7 +7,8 @@ plan (PPipe's nominal objective with 30 % of the SLO kept free: the old default)
 rate it sustains (the default objective), planned as a user would: with the costs a0's serving measured (the
 sidecar's per-stage costs where a0 held, the way outside its clock as the client measured it; where a0 answers
 nothing, the same measured on the np plan made with the default costs), then calibrated on its own deployment
-(poolpipe.paper_costs.calibrated, as `poolpipe calibrate`) and planned again with what that measured; (b) the np
+(poolpipe.paper_costs.calibrate_and_replan, as `poolpipe calibrate`) and planned again with what that measured,
+once more where that plan cuts the model otherwise; (b) the np
 plan planned with those costs, each through the sidecar; (c) Triton-native: the np plan's whole-model servers
 behind Triton's dynamic batcher, requests spread round-robin; and (d) the simulator's prediction of (a) and (b),
 given the overheads the sidecar measured and the way outside its clock the client measured. Per system: the largest
@@ -22,13 +23,14 @@ import dataclasses
 import json
 import math
 import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from poolpipe.paper_costs import calibrated, costs_text, held_costs
+from poolpipe.paper_costs import calibrate_and_replan, costs_text, held_costs
 
 TARGET = 0.99
 STEP = 0.0125  # of the fixed-margin plan's nominal rate: 2.6 % of convnext_large's knee (0.025 was 5.2 %)
@@ -259,8 +261,10 @@ class PaperExperiment:
         path = self.work / f"{system}-overheads.json"
         ov = read_overheads(path) if path.exists() else Overheads()
         runs = not_overloaded([f for f in self.fronts if f[0] == system], lambda f: f[2])
-        return fit_front(ov, [(0.0, us) for _, _, _, xs in runs for us in xs],
-                         [lf * self.rate for _, lf, _, xs in runs for _ in xs])
+        fitted = fit_front(ov, [(0.0, us) for _, _, _, xs in runs for us in xs],
+                           [lf * self.rate for _, lf, _, xs in runs for _ in xs])
+        plan = self.manifests[system].plan if system in self.manifests else None
+        return dataclasses.replace(fitted, rate_calls_per_request=plan.stage_calls_per_request()) if plan else fitted
 
     def deploy(self, plan, name: str):
         from model_repository_gen.generate import generate
@@ -361,8 +365,6 @@ def _arrivals_of(trace: str) -> str:
 
 
 def _wait_ready(url: str, model: str, timeout_s: float = 30.0) -> None:
-    import time
-
     import tritonclient.grpc as grpcclient
 
     c = grpcclient.InferenceServerClient(url)
@@ -389,9 +391,8 @@ def run_all(run: PaperRun, work: Path, log: Callable[[str], None] = print) -> di
             ex.plan_sustained(None)
         ex.measure_sidecar("np-default-costs", ex.np_plan)
         ex.plan_sustained(ex.measured_costs("np-default-costs"))
-    if run.measured_overheads and ex.ppipe.models[0].sustainable_rps:  # as a user would: calibrate it, plan again
-        ex.deploy(ex.ppipe, "calibration")
-        ex.plan_sustained(calibrated(work / "calibration", work / "calibration-steps", run.duration_s, run.seed, log))
+    if run.measured_overheads:  # as a user would: calibrate the plan, plan again
+        calibrate_and_replan(ex, work, log)
     out.update({"ppipe": ex.measure_sidecar("ppipe", ex.ppipe), "np": ex.measure_sidecar("np", ex.np_plan),
                 "triton-native": ex.measure_triton_native()})
     out["sim-ppipe"] = ex.predict("ppipe")

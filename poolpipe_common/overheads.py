@@ -6,7 +6,7 @@ the margin the driver keeps before each deadline. Shared by the planner and the 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,8 @@ OVERHEADS_FORMAT = "poolpipe.overheads/1"
 # the sidecar's clock with the request's input megabytes and with the rate.
 SLOPE_FIELDS = ("lead_per_mb_us", "tail_per_mb_us", "lead_per_krps_us", "tail_per_krps_us", "front_per_mb_us",
                 "front_per_krps_us")
-NUMBER_FIELDS = ("lead_us", "tail_us", "wake_late_us", "slowdown", "front_us", *SLOPE_FIELDS, "front_rate_rps")
+NUMBER_FIELDS = ("lead_us", "tail_us", "wake_late_us", "slowdown", "front_us", *SLOPE_FIELDS, "front_rate_rps",
+                 "rate_calls_per_request")
 OVERHEADS_FIELDS = ("format", "source", *NUMBER_FIELDS, "front_quantiles_us", "calibration")
 # The response parameter (int64, µs) in which the sidecar reports a planned request's time on its own clock, from
 # its handler to its answer: a client's latency less it is the way outside the sidecar's clock (front_quantiles_us).
@@ -76,6 +77,12 @@ class Overheads:
     # front_rate_rps (the lowest rate it was measured at: below it, it is taken as measured there, not extrapolated)
     front_per_krps_us: float = 0.0
     front_rate_rps: float = 0.0
+    # The stage calls per request of the plan the rate slopes were fitted on (0: unknown, taken as any plan's). What
+    # grows with the rate is the sidecar's event loop's work, which is per stage call: a plan with more cuts or
+    # smaller batches loads it more at the same request rate, so at_rate scales the rate by the plans' ratio (a
+    # whole-model plan's costs, taken at 432 req/s for a two-stage plan, said 2.5 ms at p99 outside the sidecar's
+    # clock where a client measured 4.1; docs/configuration.md#overheads-file).
+    rate_calls_per_request: float = 0.0
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], where: str = "overheads") -> "Overheads":
@@ -99,7 +106,8 @@ class Overheads:
     def to_dict(self) -> dict[str, Any]:
         doc = {"format": OVERHEADS_FORMAT, "lead_us": self.lead_us, "tail_us": self.tail_us,
                "wake_late_us": self.wake_late_us, "slowdown": self.slowdown, "front_us": self.front_us}
-        doc.update({k: getattr(self, k) for k in (*SLOPE_FIELDS, "front_rate_rps") if getattr(self, k)})
+        doc.update({k: getattr(self, k) for k in (*SLOPE_FIELDS, "front_rate_rps", "rate_calls_per_request")
+                    if getattr(self, k)})
         if self.front_quantiles_us:
             doc["front_quantiles_us"] = list(self.front_quantiles_us)
         return doc
@@ -108,12 +116,16 @@ class Overheads:
     def rate_dependent(self) -> bool:
         return bool(self.lead_per_krps_us or self.tail_per_krps_us or self.front_per_krps_us)
 
-    def at_rate(self, rps: float) -> "Overheads":
-        """These costs for a sidecar serving ``rps`` requests/s: the rate terms folded into lead_us, tail_us and the
-        way outside the sidecar's clock (its measured quantiles; front_us where none were measured, as it is then
-        the way every answer takes; with quantiles front_us stays the deadlines' offset, as serve --front-us)."""
+    def at_rate(self, rps: float, calls_per_request: float = 0.0) -> "Overheads":
+        """These costs for a sidecar serving ``rps`` requests/s of a plan whose requests make ``calls_per_request``
+        stage calls each (stage_calls_per_request; 0: as the plan they were fitted on): the rate terms folded into
+        lead_us, tail_us and the way outside the sidecar's clock (its measured quantiles; front_us where none were
+        measured, as it is then the way every answer takes; with quantiles front_us stays the deadlines' offset, as
+        serve --front-us)."""
         if not self.rate_dependent:
             return self
+        if calls_per_request > 0 and self.rate_calls_per_request > 0:
+            rps *= calls_per_request / self.rate_calls_per_request
         k = max(0.0, rps) / 1e3
         front = self.front_per_krps_us * max(0.0, k - self.front_rate_rps / 1e3)
         return replace(self, lead_us=self.lead_us + self.lead_per_krps_us * k, lead_per_krps_us=0.0,
@@ -153,6 +165,14 @@ class Overheads:
         if not q:
             return np.full(np.shape(u), self.front_us) if np.ndim(u) else self.front_us
         return np.interp(u, np.linspace(0.0, 1.0, len(q)), q)
+
+
+def stage_calls_per_request(pipelines: Iterable[tuple[float, int, int]]) -> float:
+    """The stage calls a request makes, over pipelines given as (planned rate, stages, batch): one call per stage
+    per batch, weighted by each pipeline's rate (0 where none has a rate)."""
+    rows = [(r, n, b) for r, n, b in pipelines if r > 0 and b > 0]
+    total = sum(r for r, _, _ in rows)
+    return sum(r * n / b for r, n, b in rows) / total if total else 0.0
 
 
 def median_overheads(runs: Sequence[Overheads]) -> Overheads:

@@ -15,7 +15,7 @@ from model_repository_gen.generate import generate
 from planner.sustained.capacity import predicted_rps
 from plans.arrivals import parse_arrivals
 from poolpipe_common.cost_fit import CostPoint, fit_front, fit_line, fit_stage_costs, leveled
-from poolpipe_common.overheads import Overheads, read_overheads
+from poolpipe_common.overheads import Overheads, read_overheads, stage_calls_per_request
 from scheduler.sim.sweep import PointJob, run_point
 from tests.conftest import run_cli
 from tests.deploy_helpers import write_cluster
@@ -84,6 +84,24 @@ def test_slopes_round_trip_and_fold_at_a_rate() -> None:
     assert seen.at_rate(500).lead_us == 900 and seen.at_rate(500).tail_us == 260 and seen.lead_per_mb_us == 0
 
 
+def test_rate_terms_follow_the_stage_calls_of_the_plan_they_are_taken_for() -> None:
+    """Fitted on a whole-model plan (one call per request), a two-stage plan's costs at a rate are the whole-model
+    plan's at twice it; at half the batch, twice again; the ratio counts pipelines by their rates."""
+    whole = Overheads(front_us=2000, tail_us=100, front_per_krps_us=1000, tail_per_krps_us=200,
+                      rate_calls_per_request=stage_calls_per_request([(400.0, 1, 1)]))
+    assert Overheads.from_dict(whole.to_dict()) == whole
+    two = stage_calls_per_request([(300.0, 2, 1), (100.0, 2, 1)])
+    assert two == 2.0 and stage_calls_per_request([(300.0, 2, 2), (100.0, 1, 1)]) == pytest.approx(1.0)
+    assert whole.at_rate(400, two).front_us == whole.at_rate(800).front_us == 2800
+    assert whole.at_rate(400, two).tail_us == pytest.approx(260)
+    assert whole.at_rate(400, 1.0) == whole.at_rate(400)  # the plan it was fitted on: as measured
+    assert replace(whole, rate_calls_per_request=0).at_rate(400, two).front_us == 2400  # not known: not scaled
+    plan = ppipe_plan(batch=2, slo_us=60_000.0)
+    assert plan.stage_calls_per_request() == pytest.approx(
+        sum(pl.throughput_rps * len(pl.partitions) / pl.batch for pl in plan.models[0].pipelines)
+        / sum(pl.throughput_rps for pl in plan.models[0].pipelines))
+
+
 def test_costs_that_grow_with_the_rate_lower_the_promise_and_the_simulated_rate_alike() -> None:
     plan = ppipe_plan(batch=2, slo_us=60_000.0)
     flat = Overheads(lead_us=400, tail_us=300)
@@ -117,6 +135,7 @@ def test_calibrate_fits_costs_on_a_live_deployment_and_plan_finds_them(tmp_path)
     at = costs.at_rate(steps[0]["served_rps"])  # at a rate it served (a base alone may be extrapolated to 0)
     assert 0 < at.lead_us < 50_000 and 0 < at.tail_us < 50_000
     assert len(costs.front_quantiles_us) > 0  # the client measured the way outside the sidecar's clock
+    assert costs.rate_calls_per_request == pytest.approx(ppipe_plan().stage_calls_per_request())  # whose rates
     # `poolpipe plan` run where the file is takes it without --overheads, says so and records it
     (tmp_path / "tiny.json").write_text(json.dumps(tiny_profile()))
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump({

@@ -70,8 +70,10 @@ def predicted_rps(plan: Plan, arrivals: Arrivals, costs: Overheads) -> dict[str,
     if not costs.rate_dependent:
         return {m.name: model_rps(m, arrivals, costs) for m in plan.models}
 
+    calls = plan.stage_calls_per_request()
+
     def at(total: float) -> dict[str, float]:
-        c = costs.at_rate(total)
+        c = costs.at_rate(total, calls)
         return {m.name: model_rps(m, arrivals, c) for m in plan.models}
 
     lo, hi = 0.0, sum(at(0.0).values())

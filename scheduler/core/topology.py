@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from poolpipe_common.batcher import BatcherControls
+from poolpipe_common.overheads import stage_calls_per_request
 from scheduler.core.latency_dist import QuantileDist
 
 
@@ -83,6 +84,11 @@ class Topology:
             if p.id == pipeline_id:
                 return p
         raise KeyError(f"no pipeline {pipeline_id!r} in the topology")
+
+    def stage_calls_per_request(self) -> float:
+        """The stage calls a request makes (the rate at which a sidecar's costs grow: Overheads.at_rate)."""
+        return stage_calls_per_request((p.throughput_rps, len(p.stages), p.batch)
+                                       for ps in self.pipelines.values() for p in ps)
 
     @property
     def us_per_byte(self) -> float:

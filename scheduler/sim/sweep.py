@@ -114,7 +114,8 @@ def run_point(job: PointJob, record_timeline: bool = False) -> tuple[dict[str, A
         from scheduler.core.shards import shard_topology
         topo, share = shard_topology(topo, *job.shard), 1.0 / job.shard[1]
     rates = {m: job.load_factor * r * share for m, r in job.rates_rps.items()}
-    ov = job.overheads.at_rate(sum(rates.values())) if job.overheads is not None else None
+    ov = (job.overheads.at_rate(sum(rates.values()), topo.stage_calls_per_request()) if job.overheads is not None
+          else None)
     if ov is not None:
         topo = with_stage_overhead(topo, ov.tail_us, ov.tail_per_mb_us / 1e6)
     controls = job.controls or SimControls()
