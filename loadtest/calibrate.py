@@ -133,7 +133,7 @@ class Calibration:
         rates = [s.served_rps for s, _, r in runs for _ in r.front_us]
         # no client measurement: the front as the sidecar was told (--front-us); the rates are this plan's, whose
         # requests make so many stage calls each (Overheads.at_rate scales them for another plan)
-        return replace(fit_front(costs, fronts, rates),
+        return replace(fit_front(costs, fronts, rates), calibrated_rps=max(s.served_rps for s in held),
                        rate_calls_per_request=self.manifest.plan.stage_calls_per_request())
 
 

@@ -33,6 +33,9 @@ COST_MARGIN = 0.1  # share of the SLO a cost plan keeps for queueing beyond the 
 # How far promises made with the default costs fell from what emulated servers of other hosts held live (issue 49's
 # measurements: 0.48-1.01 over unseen models, 0.60 on 1 V100 + 3 P4): said with every plan made without --overheads.
 UNCALIBRATED_RANGE = (0.48, 1.01)
+# A promise this many times the highest rate calibrated rests on extrapolated costs (calibrate's default steps reach
+# the promise of the plan they calibrate; the last may not hold, so the one before is the highest held).
+CALIBRATED_REACH = 1.25
 
 
 def costs_note(request: ObjectiveInputs) -> tuple[str, ...]:
@@ -45,6 +48,22 @@ def costs_note(request: ObjectiveInputs) -> tuple[str, ...]:
             f"{c.tail_us:.0f} us per stage call, {c.front_us / 1e3:.1f} ms outside the sidecar), measured on emulated "
             f"servers; on other hosts such promises held {lo:.2f}-{hi:.2f} of themselves live. Measure yours with "
             "'poolpipe calibrate DEPLOYMENT' (it writes ./poolpipe-costs.json, which plan then uses) and re-plan",)
+
+
+def reach_note(plan: Plan, costs: Overheads | None) -> tuple[str, ...]:
+    """One line where the promise rests on costs calibrated elsewhere: at rates far below it (CALIBRATED_REACH), or
+    on a plan whose requests make other stage calls (its costs then scaled by Overheads.at_rate, not measured)."""
+    if costs is None:
+        return ()
+    promise = sum(plan.capacity_rps().values())
+    calls, fitted = plan.stage_calls_per_request(), costs.rate_calls_per_request
+    far = costs.calibrated_rps > 0 and promise > CALIBRATED_REACH * costs.calibrated_rps
+    other = fitted > 0 and abs(calls - fitted) > 0.1 * fitted
+    if not (far or other):
+        return ()
+    return (f"costs extrapolated: calibrated up to {costs.calibrated_rps:,.0f} req/s on a plan making {fitted:.2f} "
+            f"stage calls per request; this plan promises {promise:,.1f} req/s making {calls:.2f}. Calibrate its "
+            "deployment ('poolpipe calibrate DEPLOYMENT') and re-plan",)
 
 
 class ObjectiveInputs(Protocol):
@@ -89,7 +108,7 @@ def sustained(spec: PlanningSpec, request: ObjectiveInputs) -> Plan:
     name = "analytic" if request.evaluator == NO_EVALUATOR else request.evaluator
     plan, lines = plan_sustained(spec, sustained_planners(spec, request), request.solver_options(),
                                  parse_arrivals(request.arrivals), request.costs(), name, request.jobs)
-    return replace(plan, notes=(*lines, *costs_note(request)), sustained={
+    return replace(plan, notes=(*lines, *costs_note(request), *reach_note(plan, request.overheads)), sustained={
         **(plan.sustained or {}), "costs": "default" if request.overheads is None else "measured"})
 
 
@@ -107,7 +126,8 @@ def cost(spec: PlanningSpec, request: ObjectiveInputs) -> Plan:
         dict(request.rates_rps or {}), arrivals, costs, evaluate)
     line = (f"cost objective: sustains {', '.join(f'{m} {r:,.1f} req/s' for m, r in held.items())} at >= 99 % "
             f"under {arrivals} ({name}; {rounds} round(s))")
-    return replace(with_sustainable(plan, held, arrivals, name), notes=(line, *costs_note(request)))
+    out = with_sustainable(plan, held, arrivals, name)
+    return replace(out, notes=(line, *costs_note(request), *reach_note(out, request.overheads)))
 
 
 OBJECTIVES: dict[str, Callable[[PlanningSpec, ObjectiveInputs], Plan]] = {

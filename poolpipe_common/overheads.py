@@ -20,7 +20,7 @@ OVERHEADS_FORMAT = "poolpipe.overheads/1"
 SLOPE_FIELDS = ("lead_per_mb_us", "tail_per_mb_us", "lead_per_krps_us", "tail_per_krps_us", "front_per_mb_us",
                 "front_per_krps_us")
 NUMBER_FIELDS = ("lead_us", "tail_us", "wake_late_us", "slowdown", "front_us", *SLOPE_FIELDS, "front_rate_rps",
-                 "rate_calls_per_request")
+                 "rate_calls_per_request", "calibrated_rps")
 OVERHEADS_FIELDS = ("format", "source", *NUMBER_FIELDS, "front_quantiles_us", "calibration")
 # The response parameter (int64, µs) in which the sidecar reports a planned request's time on its own clock, from
 # its handler to its answer: a client's latency less it is the way outside the sidecar's clock (front_quantiles_us).
@@ -83,6 +83,7 @@ class Overheads:
     # whole-model plan's costs, taken at 432 req/s for a two-stage plan, said 2.5 ms at p99 outside the sidecar's
     # clock where a client measured 4.1; docs/configuration.md#overheads-file).
     rate_calls_per_request: float = 0.0
+    calibrated_rps: float = 0.0  # the highest rate a calibration step served and held (0: not calibrated)
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], where: str = "overheads") -> "Overheads":
@@ -106,8 +107,8 @@ class Overheads:
     def to_dict(self) -> dict[str, Any]:
         doc = {"format": OVERHEADS_FORMAT, "lead_us": self.lead_us, "tail_us": self.tail_us,
                "wake_late_us": self.wake_late_us, "slowdown": self.slowdown, "front_us": self.front_us}
-        doc.update({k: getattr(self, k) for k in (*SLOPE_FIELDS, "front_rate_rps", "rate_calls_per_request")
-                    if getattr(self, k)})
+        doc.update({k: getattr(self, k) for k in (*SLOPE_FIELDS, "front_rate_rps", "rate_calls_per_request",
+                                                  "calibrated_rps") if getattr(self, k)})
         if self.front_quantiles_us:
             doc["front_quantiles_us"] = list(self.front_quantiles_us)
         return doc

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from model_repository_gen.generate import generate
+from planner.objectives import reach_note
 from planner.sustained.capacity import predicted_rps
 from plans.arrivals import parse_arrivals
 from poolpipe_common.cost_fit import CostPoint, fit_front, fit_line, fit_stage_costs, leveled
@@ -102,6 +103,17 @@ def test_rate_terms_follow_the_stage_calls_of_the_plan_they_are_taken_for() -> N
         / sum(pl.throughput_rps for pl in plan.models[0].pipelines))
 
 
+def test_a_plan_says_where_its_costs_were_calibrated_on_another_plan_or_far_below_its_promise() -> None:
+    plan = ppipe_plan(batch=2, slo_us=60_000.0)
+    promise, calls = sum(plan.capacity_rps().values()), plan.stage_calls_per_request()
+    assert reach_note(plan, None) == () and reach_note(plan, Overheads()) == ()  # nothing known: nothing said
+    assert reach_note(plan, Overheads(calibrated_rps=promise, rate_calls_per_request=calls)) == ()
+    low = reach_note(plan, Overheads(calibrated_rps=promise / 2, rate_calls_per_request=calls))
+    assert len(low) == 1 and "costs extrapolated" in low[0] and "poolpipe calibrate" in low[0]
+    assert reach_note(plan, Overheads(calibrated_rps=promise, rate_calls_per_request=calls / 2))
+    assert Overheads.from_dict(Overheads(calibrated_rps=12.5).to_dict()).calibrated_rps == 12.5
+
+
 def test_costs_that_grow_with_the_rate_lower_the_promise_and_the_simulated_rate_alike() -> None:
     plan = ppipe_plan(batch=2, slo_us=60_000.0)
     flat = Overheads(lead_us=400, tail_us=300)
@@ -136,6 +148,7 @@ def test_calibrate_fits_costs_on_a_live_deployment_and_plan_finds_them(tmp_path)
     assert 0 < at.lead_us < 50_000 and 0 < at.tail_us < 50_000
     assert len(costs.front_quantiles_us) > 0  # the client measured the way outside the sidecar's clock
     assert costs.rate_calls_per_request == pytest.approx(ppipe_plan().stage_calls_per_request())  # whose rates
+    assert any(costs.calibrated_rps == pytest.approx(s["served_rps"]) for s in steps)  # how far they reach
     # `poolpipe plan` run where the file is takes it without --overheads, says so and records it
     (tmp_path / "tiny.json").write_text(json.dumps(tiny_profile()))
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump({
