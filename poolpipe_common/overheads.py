@@ -125,20 +125,25 @@ class Overheads:
         serve --front-us)."""
         if not self.rate_dependent:
             return self
-        if calls_per_request > 0 and self.rate_calls_per_request > 0:
-            rps *= calls_per_request / self.rate_calls_per_request
-        k = max(0.0, rps) / 1e3
+        k = self._krps(rps, calls_per_request)
         front = self.front_per_krps_us * max(0.0, k - self.front_rate_rps / 1e3)
         return replace(self, lead_us=self.lead_us + self.lead_per_krps_us * k, lead_per_krps_us=0.0,
                        tail_us=self.tail_us + self.tail_per_krps_us * k, tail_per_krps_us=0.0,
                        front_quantiles_us=tuple(q + front for q in self.front_quantiles_us),
                        front_us=self.front_us + (0.0 if self.front_quantiles_us else front), front_per_krps_us=0.0)
 
-    def rebased(self, measured: dict[str, float], rps: float) -> "Overheads":
-        """These costs with lead, tail, wake lateness and slowdown as a serving run measured them at ``rps``: the
-        rate slopes kept, their bases moved so that the costs at ``rps`` are the measured ones; the byte slopes
-        dropped (a measured mean already counts the sizes of the calls it averaged)."""
-        k = max(0.0, rps) / 1e3
+    def _krps(self, rps: float, calls_per_request: float) -> float:
+        """``rps`` of a plan making ``calls_per_request`` stage calls each, in 1,000 req/s of the plan fitted on."""
+        if calls_per_request > 0 and self.rate_calls_per_request > 0:
+            rps *= calls_per_request / self.rate_calls_per_request
+        return max(0.0, rps) / 1e3
+
+    def rebased(self, measured: dict[str, float], rps: float, calls_per_request: float = 0.0) -> "Overheads":
+        """These costs with lead, tail, wake lateness and slowdown as a serving run measured them at ``rps`` (of a
+        plan making ``calls_per_request``, as at_rate): the rate slopes kept, their bases moved so that the costs at
+        ``rps`` are the measured ones; the byte slopes dropped (a measured mean already counts the sizes of the calls
+        it averaged)."""
+        k = self._krps(rps, calls_per_request)
         out = replace(self, **measured, lead_per_mb_us=0.0, tail_per_mb_us=0.0)
         return replace(out, lead_us=max(0.0, out.lead_us - self.lead_per_krps_us * k),
                        tail_us=max(0.0, out.tail_us - self.tail_per_krps_us * k))

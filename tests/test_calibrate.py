@@ -97,6 +97,8 @@ def test_rate_terms_follow_the_stage_calls_of_the_plan_they_are_taken_for() -> N
     assert whole.at_rate(400, two).tail_us == pytest.approx(260)
     assert whole.at_rate(400, 1.0) == whole.at_rate(400)  # the plan it was fitted on: as measured
     assert replace(whole, rate_calls_per_request=0).at_rate(400, two).front_us == 2400  # not known: not scaled
+    # what the two-stage plan's sidecar measured at 400 req/s is what its costs at 400 req/s are
+    assert whole.rebased({"tail_us": 300.0}, 400, two).at_rate(400, two).tail_us == pytest.approx(300)
     plan = ppipe_plan(batch=2, slo_us=60_000.0)
     assert plan.stage_calls_per_request() == pytest.approx(
         sum(pl.throughput_rps * len(pl.partitions) / pl.batch for pl in plan.models[0].pipelines)

@@ -143,7 +143,9 @@ def plan_and_generate(job: ReplanJob) -> tuple[str, float, dict[str, float]]:
     request = request_of(previous.plan, **given) if previous else PlanRequest(**given)
     if job.measured_costs:
         # measured at about the rate it re-plans for: a calibrated model's rate slopes stay, based at what was measured
-        request = replace(request, overheads=request.costs().rebased(job.measured_costs, sum(job.rates_rps.values())))
+        calls = previous.plan.stage_calls_per_request() if previous else 0.0  # of the plan they were measured on
+        request = replace(request, overheads=request.costs().rebased(job.measured_costs, sum(job.rates_rps.values()),
+                                                                     calls))
     new = plan(reweighted(load_spec(job.spec), job.rates_rps), request).plan
     generate(new, job.onnx, job.cluster, job.out, emulated_tensor_scale=job.emulated_tensor_scale,
              previous=previous)

@@ -155,7 +155,8 @@ class PromiseCheck:
             return
         self.costs = costs
         # measured at the rate served: with a calibrated cost model its rate slopes stay, based at what was measured
-        self.implied = implied_rps(self.promise, self.promise.costs.rebased(costs, sum(served.values())))
+        self.implied = implied_rps(self.promise, self.promise.costs.rebased(
+            costs, sum(served.values()), self.promise.plan.stage_calls_per_request()))
         for m, implied in self.implied.items():
             self.metrics.sustainable.labels(m).set(implied)
             promised = self.promise.promised_rps[m]
