@@ -120,6 +120,16 @@ def test_the_closed_form_ranks_within_its_stated_band(l4, t4, margin):
     assert lo * simulated <= predicted <= hi * simulated, (predicted, simulated)
 
 
+def test_compute_slower_than_profiled_shrinks_the_budget_the_milp_screens_with():
+    """With compute at ``slowdown`` x the profile's, a pipeline the MILP keeps fits its SLO at the slowed latency:
+    budget and stage cost divided by the slowdown (profiled + cost <= budget <=> slowed + cost x s <= SLO - margin)."""
+    spec = small_spec(2, 3, margin=0.0)
+    flat, slow = DEFAULT_OVERHEADS, dataclasses.replace(DEFAULT_OVERHEADS, slowdown=1.025)
+    m0, m1 = with_serving_costs(spec, 0.1, flat).models[0], with_serving_costs(spec, 0.1, slow).models[0]
+    assert (m1.slo_us - m1.slo_margin_us) * 1.025 == pytest.approx(m0.slo_us - m0.slo_margin_us)
+    assert m1.stage_overhead_us * 1.025 == pytest.approx(m0.stage_overhead_us)
+
+
 def test_plans_keep_the_way_outside_the_sidecars_clock_free():
     """The front path (overheads front_us, serve --front-us) is kept free under the SLO by every candidate plan and
     lowers the closed form's rate: the client's latency includes it."""
