@@ -333,17 +333,17 @@ class PaperExperiment:
         return SystemResult("triton-native", best, points)
 
     def predict(self, name: str) -> SystemResult:
-        """The simulator's prediction for a sidecar system: its manifest's topology, the live driver, and the
-        overheads that sidecar measured (overheads_of), on the same arrivals."""
+        """The simulator's prediction for a sidecar system: its topology, the live driver, its costs (overheads_of)."""
         from scheduler.core import make_scheduler
-        from scheduler.core.topology import with_stage_overhead
+        from scheduler.core.topology import with_slowdown, with_stage_overhead
         from scheduler.server.planned.manifest_topology import topology_from_manifest
         from scheduler.sim.engine import simulate
         from scheduler.sim.sweep import driver_config
 
-        ov = self.overheads_of(name)
-        topo = with_stage_overhead(topology_from_manifest(self.manifests[name]), ov.tail_us)
-        model = self.manifests[name].models[0].name
+        measured = self.overheads_of(name)  # the compute slowed in the topology, as scheduler.sim.sweep.run_point
+        topo = with_slowdown(with_stage_overhead(topology_from_manifest(self.manifests[name]), measured.tail_us),
+                             measured.slowdown)
+        ov, model = dataclasses.replace(measured, slowdown=1.0), self.manifests[name].models[0].name
 
         def at(lf: float) -> float:
             arr = [(float(t) * 1e6, model) for t in self.arrivals(lf)]
@@ -355,7 +355,7 @@ class PaperExperiment:
             return att
         best, points = self.search(at, self.promise_lf(self.ppipe if name == "ppipe" else self.np_plan), live=False)
         return SystemResult(f"simulated {name}", best, points,
-                            {"lead_us": ov.lead_us, "tail_us": ov.tail_us, "slowdown": ov.slowdown})
+                            {"lead_us": ov.lead_us, "tail_us": ov.tail_us, "slowdown": measured.slowdown})
 
 
 def _arrivals_of(trace: str) -> str:

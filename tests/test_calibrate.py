@@ -17,6 +17,8 @@ from planner.sustained.capacity import predicted_rps
 from plans.arrivals import parse_arrivals
 from poolpipe_common.cost_fit import CostPoint, fit_front, fit_line, fit_stage_costs, leveled
 from poolpipe_common.overheads import Overheads, read_overheads, stage_calls_per_request
+from scheduler.core.topology import with_slowdown, with_stage_overhead
+from scheduler.sim.placement import topology_from_plan
 from scheduler.sim.sweep import PointJob, run_point
 from tests.conftest import run_cli
 from tests.deploy_helpers import write_cluster
@@ -114,6 +116,19 @@ def test_a_plan_says_where_its_costs_were_calibrated_on_another_plan_or_far_belo
     assert len(low) == 1 and "costs extrapolated" in low[0] and "poolpipe calibrate" in low[0]
     assert reach_note(plan, Overheads(calibrated_rps=promise, rate_calls_per_request=calls / 2))
     assert Overheads.from_dict(Overheads(calibrated_rps=12.5).to_dict()).calibrated_rps == 12.5
+
+
+def test_the_simulated_policy_plans_with_the_slowed_compute_the_sidecar_measures() -> None:
+    """Compute (a stage's latency less its hop) slowed, the hop as it was; the run then computes it as planned."""
+    topo = with_stage_overhead(topology_from_plan(ppipe_plan(batch=2, slo_us=60_000.0)), 300.0)
+    slow = with_slowdown(topo, 1.1)
+    assert with_slowdown(topo, 1.0) is topo
+    for ps, qs in zip(topo.pipelines.values(), slow.pipelines.values()):
+        for p, q in zip(ps, qs):
+            for s, t in zip(p.stages, q.stages):
+                for b, us in s.latency_us.items():
+                    assert t.latency_us[b] == pytest.approx((us - 300.0) * 1.1 + 300.0)
+                    assert t.hop_us[b] == s.hop_us[b]
 
 
 def test_costs_that_grow_with_the_rate_lower_the_promise_and_the_simulated_rate_alike() -> None:

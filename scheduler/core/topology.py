@@ -112,3 +112,26 @@ def with_stage_overhead(topology: Topology, extra_us: float, per_byte_us: float 
     pipelines = {m: tuple(replace(p, stages=tuple(stage(s) for s in p.stages)) for p in ps)
                  for m, ps in topology.pipelines.items()}
     return replace(topology, pipelines=pipelines)
+
+
+def with_slowdown(topology: Topology, slowdown: float) -> Topology:
+    """The same topology with every stage's compute (its latency less its hop) ``slowdown`` times the table's: the
+    compute a live sidecar measures, so the policy plans with it as the sidecar's driver does once it has learned it
+    (planned with the table's, a pool with less slack than the slowdown takes was kept in simulation and left
+    unused live)."""
+    if slowdown == 1.0:
+        return topology
+
+    def scaled(us: float, hop: float) -> float:
+        return (us - hop) * slowdown + hop
+
+    def stage(s: Stage) -> Stage:
+        hop = {b: s.hop_us.get(b, 0.0) for b in s.latency_us}
+        dist = None if s.latency_dist is None else {
+            b: QuantileDist(d.levels, tuple(scaled(v, s.hop_us.get(b, 0.0)) for v in d.values))
+            for b, d in s.latency_dist.items()}
+        return replace(s, latency_us={b: scaled(t, hop[b]) for b, t in s.latency_us.items()}, latency_dist=dist)
+
+    pipelines = {m: tuple(replace(p, stages=tuple(stage(s) for s in p.stages)) for p in ps)
+                 for m, ps in topology.pipelines.items()}
+    return replace(topology, pipelines=pipelines)
