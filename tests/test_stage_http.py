@@ -48,6 +48,18 @@ async def _call(client: HttpStageClient, stage: StageInfo = STAGE, timeout_s: fl
     return await client.infer(model, head, binary, timeout_s)
 
 
+async def _stopped(pid: int) -> None:
+    """Until every thread of ``pid`` is stopped (state T in /proc): SIGSTOP is delivered asynchronously."""
+    def running(task: Path) -> bool:
+        try:
+            return (task / "stat").read_text().rsplit(")", 1)[1].split()[0] not in ("T", "t", "Z", "X")
+        except FileNotFoundError:  # a thread that ended meanwhile
+            return False
+
+    while any(running(t) for t in Path(f"/proc/{pid}/task").iterdir()):
+        await asyncio.sleep(0.01)
+
+
 async def _raises(call) -> StageCallError:
     with pytest.raises(StageCallError) as e:
         await call
@@ -88,6 +100,7 @@ def test_tritons_errors_arrive_as_grpc_codes(triton) -> None:
         # answer and lost on a loaded host): the call gives up, explicitly, within its own timeout
         os.kill(triton.proc.pid, signal.SIGSTOP)
         try:
+            await _stopped(triton.proc.pid)  # a signal takes effect after kill() returns: a CI run's call got through
             e = await _raises(_call(client, timeout_s=0.2))
         finally:
             os.kill(triton.proc.pid, signal.SIGCONT)
