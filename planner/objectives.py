@@ -33,8 +33,8 @@ COST_MARGIN = 0.1  # share of the SLO a cost plan keeps for queueing beyond the 
 # How far promises made with the default costs fell from what emulated servers of other hosts held live (issue 49's
 # measurements: 0.48-1.01 over unseen models, 0.60 on 1 V100 + 3 P4): said with every plan made without --overheads.
 UNCALIBRATED_RANGE = (0.48, 1.01)
-# A promise this many times the highest rate calibrated rests on extrapolated costs (calibrate's default steps reach
-# the promise of the plan they calibrate; the last may not hold, so the one before is the highest held).
+# A promise this many times the highest rate calibrated rests on extrapolated costs (calibrated_rps: the most a step
+# fitted served; calibrate's default steps reach the promise of the plan they calibrate, and the last may not hold).
 CALIBRATED_REACH = 1.25
 
 
@@ -56,12 +56,12 @@ def reach_note(plan: Plan, costs: Overheads | None) -> tuple[str, ...]:
     if costs is None:
         return ()
     promise = sum(plan.capacity_rps().values())
-    calls, fitted = plan.stage_calls_per_request(), costs.rate_calls_per_request
+    calls = plan.stage_calls_per_request()
     far = costs.calibrated_rps > 0 and promise > CALIBRATED_REACH * costs.calibrated_rps
-    other = fitted > 0 and abs(calls - fitted) > 0.1 * fitted
-    if not (far or other):
+    if not (far or costs.fitted_on_other_calls(calls)):
         return ()
-    return (f"costs extrapolated: calibrated up to {costs.calibrated_rps:,.0f} req/s on a plan making {fitted:.2f} "
+    return (f"costs extrapolated: calibrated up to {costs.calibrated_rps:,.0f} req/s on a plan making "
+            f"{costs.rate_calls_per_request:.2f} "
             f"stage calls per request; this plan promises {promise:,.1f} req/s making {calls:.2f}. Calibrate its "
             "deployment ('poolpipe calibrate DEPLOYMENT') and re-plan",)
 

@@ -64,13 +64,12 @@ def calibrate_and_replan(ex, work: Path, log: Callable[[str], None]) -> None:
     for n in range(CALIBRATION_ROUNDS):
         if not ex.ppipe.models[0].sustainable_rps:
             return
-        calls = ex.ppipe.stage_calls_per_request()
         ex.deploy(ex.ppipe, "calibration")
-        ex.plan_sustained(calibrated(work / "calibration", work / f"calibration-steps-{n}", run.duration_s, run.seed,
-                                     log))
+        costs = calibrated(work / "calibration", work / f"calibration-steps-{n}", run.duration_s, run.seed, log)
+        ex.plan_sustained(costs)
         now = ex.ppipe.stage_calls_per_request()
-        if abs(now - calls) <= 0.1 * calls:
+        if not costs.fitted_on_other_calls(now):
             return
         if n + 1 < CALIBRATION_ROUNDS:
-            log(f"  the plan calibrated makes {calls:.2f} stage calls per request, the plan made with its costs "
-                f"{now:.2f}: calibrating that one")
+            log(f"  the plan calibrated makes {costs.rate_calls_per_request:.2f} stage calls per request, the plan "
+                f"made with its costs {now:.2f}: calibrating that one")

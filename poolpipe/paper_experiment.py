@@ -263,8 +263,7 @@ class PaperExperiment:
         runs = not_overloaded([f for f in self.fronts if f[0] == system], lambda f: f[2])
         fitted = fit_front(ov, [(0.0, us) for _, _, _, xs in runs for us in xs],
                            [lf * self.rate for _, lf, _, xs in runs for _ in xs])
-        plan = self.manifests[system].plan if system in self.manifests else None
-        return dataclasses.replace(fitted, rate_calls_per_request=plan.stage_calls_per_request()) if plan else fitted
+        return dataclasses.replace(fitted, rate_calls_per_request=self.manifests[system].plan.stage_calls_per_request())
 
     def deploy(self, plan, name: str):
         from model_repository_gen.generate import generate
@@ -335,15 +334,15 @@ class PaperExperiment:
     def predict(self, name: str) -> SystemResult:
         """The simulator's prediction for a sidecar system: its topology, the live driver, its costs (overheads_of)."""
         from scheduler.core import make_scheduler
-        from scheduler.core.topology import with_slowdown, with_stage_overhead
+        from scheduler.core.topology import slowed_as_measured, with_stage_overhead
         from scheduler.server.planned.manifest_topology import topology_from_manifest
         from scheduler.sim.engine import simulate
         from scheduler.sim.sweep import driver_config
 
         measured = self.overheads_of(name)  # the compute slowed in the topology, as scheduler.sim.sweep.run_point
-        topo = with_slowdown(with_stage_overhead(topology_from_manifest(self.manifests[name]), measured.tail_us),
-                             measured.slowdown)
-        ov, model = dataclasses.replace(measured, slowdown=1.0), self.manifests[name].models[0].name
+        topo, ov = slowed_as_measured(with_stage_overhead(topology_from_manifest(self.manifests[name]),
+                                                          measured.tail_us), measured)
+        model = self.manifests[name].models[0].name
 
         def at(lf: float) -> float:
             arr = [(float(t) * 1e6, model) for t in self.arrivals(lf)]

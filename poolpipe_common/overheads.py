@@ -37,6 +37,8 @@ FRONT_QUANTILES = 1001
 # more attainment near the knees of convnext_large, apcnet and centernet at 2.6x, with a few more late answers, and
 # changed little on centernet at 3x: serving.md); a request shed for a margin it did not need is as lost as a late one.
 DRIVER_MIN_MARGIN_US = 1000.0
+# Plans whose stage calls per request are this share apart are of another kind for the costs fitted on one of them
+CALLS_TOLERANCE = 0.1
 DRIVER_MARGIN_FRACTION = 0.02
 
 
@@ -79,9 +81,9 @@ class Overheads:
     front_rate_rps: float = 0.0
     # The stage calls per request of the plan the rate slopes were fitted on (0: unknown, taken as any plan's). What
     # grows with the rate is the sidecar's event loop's work, which is per stage call: a plan with more cuts or
-    # smaller batches loads it more at the same request rate, so at_rate scales the rate by the plans' ratio (a
-    # whole-model plan's costs, taken at 432 req/s for a two-stage plan, said 2.5 ms at p99 outside the sidecar's
-    # clock where a client measured 4.1; docs/configuration.md#overheads-file).
+    # smaller batches loads it more at the same request rate, so at_rate scales the rate by the plans' ratio (at 432
+    # req/s a client measured 2.5 ms at p99 outside the sidecar's clock serving tf_efficientdet_d1 whole, 4.1 ms
+    # serving it in two stages; docs/configuration.md#overheads-file).
     rate_calls_per_request: float = 0.0
     calibrated_rps: float = 0.0  # the highest rate a calibration step served and held (0: not calibrated)
 
@@ -131,6 +133,12 @@ class Overheads:
                        tail_us=self.tail_us + self.tail_per_krps_us * k, tail_per_krps_us=0.0,
                        front_quantiles_us=tuple(q + front for q in self.front_quantiles_us),
                        front_us=self.front_us + (0.0 if self.front_quantiles_us else front), front_per_krps_us=0.0)
+
+    def fitted_on_other_calls(self, calls_per_request: float) -> bool:
+        """Whether a plan making ``calls_per_request`` stage calls each is not the kind these rates were fitted on
+        (more than CALLS_TOLERANCE apart): its costs are then scaled by at_rate, not measured."""
+        fitted = self.rate_calls_per_request
+        return fitted > 0 and abs(calls_per_request - fitted) > CALLS_TOLERANCE * fitted
 
     def _krps(self, rps: float, calls_per_request: float) -> float:
         """``rps`` of a plan making ``calls_per_request`` stage calls each, in 1,000 req/s of the plan fitted on."""

@@ -31,7 +31,7 @@ from plans.arrivals import Arrivals
 from plans.plan_json import Plan
 from plans.spec.planning_spec import ModelSpec, PlanningSpec
 from poolpipe_common.errors import InputError
-from poolpipe_common.overheads import Overheads, driver_margin_us
+from poolpipe_common.overheads import Overheads, driver_margin_us, stage_calls_per_request
 from scheduler.sim.sustain import Precision, mix_rates
 
 # Shares of each model's SLO kept free for queueing, beyond the driver's own margin.
@@ -82,9 +82,10 @@ def score(plan: Plan, rates: dict[str, float]) -> float:
 
 
 def stage_calls(plan: Plan) -> float:
-    """Stage calls per request, weighted by each pipeline's share of its model's throughput."""
-    total = sum(pl.throughput_rps for m in plan.models for pl in m.pipelines) or 1.0
-    return sum(pl.throughput_rps * len(pl.partitions) for m in plan.models for pl in m.pipelines) / total
+    """The stages a request passes through (each a lead and a tail it waits for), weighted by each pipeline's share
+    of its model's throughput: Plan.stage_calls_per_request as if every batch were of one."""
+    return stage_calls_per_request((pl.throughput_rps, len(pl.partitions), 1)
+                                   for m in plan.models for pl in m.pipelines)
 
 
 def with_serving_costs(spec: PlanningSpec, margin: float, costs: Overheads) -> PlanningSpec:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from poolpipe_common.batcher import BatcherControls
-from poolpipe_common.overheads import stage_calls_per_request
+from poolpipe_common.overheads import Overheads, stage_calls_per_request
 from scheduler.core.latency_dist import QuantileDist
 
 
@@ -135,3 +135,9 @@ def with_slowdown(topology: Topology, slowdown: float) -> Topology:
     pipelines = {m: tuple(replace(p, stages=tuple(stage(s) for s in p.stages)) for p in ps)
                  for m, ps in topology.pipelines.items()}
     return replace(topology, pipelines=pipelines)
+
+
+def slowed_as_measured(topology: Topology, overheads: Overheads) -> tuple[Topology, Overheads]:
+    """(the topology with_slowdown by the measured slowdown, the costs with it taken out): a simulation given both
+    plans with the slowed compute and runs it as planned, not slowed twice."""
+    return with_slowdown(topology, overheads.slowdown), replace(overheads, slowdown=1.0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -15,7 +15,7 @@ from plans.plan_json import Plan
 from poolpipe_common.errors import InputError
 from poolpipe_common.overheads import Overheads
 from scheduler.core.driver import DriverConfig
-from scheduler.core.topology import with_slowdown, with_stage_overhead
+from scheduler.core.topology import slowed_as_measured, with_stage_overhead
 from scheduler.sim.priorities import SimControls, by_priority
 from workloads.arrivals import TraceSpec, mixed_arrivals
 
@@ -117,8 +117,7 @@ def run_point(job: PointJob, record_timeline: bool = False) -> tuple[dict[str, A
     ov = (job.overheads.at_rate(sum(rates.values()), topo.stage_calls_per_request()) if job.overheads is not None
           else None)
     if ov is not None:  # the policy plans with the compute the sidecar measures; the run then runs it as planned
-        topo = with_slowdown(with_stage_overhead(topo, ov.tail_us, ov.tail_per_mb_us / 1e6), ov.slowdown)
-        ov = replace(ov, slowdown=1.0)
+        topo, ov = slowed_as_measured(with_stage_overhead(topo, ov.tail_us, ov.tail_per_mb_us / 1e6), ov)
     controls = job.controls or SimControls()
     topo = controls.topology(topo)
     warm = job.warmup_s if job.warmup_s is not None else warmup_s(topo.slo_us.values(), rates, job.duration_s)
