@@ -63,7 +63,8 @@ def _run(args: argparse.Namespace) -> int:
     print(f"cost model (emulated where the deployment is): lead {costs.lead_us:.0f} us + "
           f"{costs.lead_per_mb_us:.0f} us/MB + {costs.lead_per_krps_us:.0f} us per 1000 req/s; tail "
           f"{costs.tail_us:.0f} us + {costs.tail_per_mb_us:.0f} us/MB + {costs.tail_per_krps_us:.0f} us per 1000 "
-          f"req/s; outside the sidecar {costs.front_us / 1e3:.2f} ms median, p99 {costs.front_at(0.99) / 1e3:.2f} ms "
+          f"req/s; outside the sidecar {costs.front_at(0.5) / 1e3:.2f} ms median, p99 "
+          f"{costs.front_at(0.99) / 1e3:.2f} ms "
           f"at {costs.front_rate_rps:.0f} req/s, + {costs.front_per_mb_us:.0f} us/MB + {costs.front_per_krps_us:.0f} "
           "us per 1000 req/s above it")
     print(f"wrote {args.out} ('poolpipe plan' uses it when run here without --overheads)")

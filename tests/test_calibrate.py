@@ -43,8 +43,9 @@ def test_the_fit_recovers_a_known_cost_model_and_never_a_falling_one() -> None:
     assert fit_line([(0.0,), (1.0,), (2.0,)], [500.0, 480.0, 470.0], [1, 1, 1])[1] == 0.0
     # the way outside the sidecar: a slope per input MB, and the distribution of what is left
     samples = [(b, 1000 + 500 * b / 1e6 + x) for b in (1e5, 2e6) for x in rng.exponential(300, 400)]
-    f = fit_front(Overheads(), samples)
-    assert f.front_per_mb_us == pytest.approx(500, rel=0.15) and 1150 < f.front_us < 1350
+    f = fit_front(Overheads(front_us=2000), samples)
+    assert f.front_per_mb_us == pytest.approx(500, rel=0.15) and 1150 < f.front_at(0.5) < 1350
+    assert f.front_us == 2000  # the deadlines' offset stays what the sidecar served with (serve --front-us)
 
 
 def test_the_way_outside_the_sidecar_grows_with_the_rate_by_its_tail() -> None:
