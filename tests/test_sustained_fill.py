@@ -68,3 +68,25 @@ def test_the_sustained_objective_weighs_filled_candidates_and_records_them():
     assert all(c["fill_margin_fraction"] < c["margin_fraction"] for c in filled)
     best = max(c["measured_rps"][MODEL] for c in table if c["measured_rps"] is not None)
     assert sustained.models[0].sustainable_rps == best
+
+
+def test_pipelines_the_sidecar_would_find_no_slack_in_are_not_kept():
+    """fsaf at 3x on 4 L4 + 12 T4 with costs a sidecar measured there: PPipe's own plan keeps 8 T4s serving the model
+    whole at batch 1, 59.05 ms of compute (x 1.0059 as measured) + a stage call's lead and tail against 60.0 ms left;
+    the sidecar sent them nothing. The search drops such pipelines (their GPUs idle, to be filled) and keeps none."""
+    from planner.sustained.capacity import leaves_slack, without_dead_pipelines
+    from poolpipe.paper_experiment import PaperRun, paper_spec
+    from poolpipe_common.overheads import Overheads
+
+    spec = paper_spec(PaperRun("fsaf_r101_fpn_1x_coco", 3.0, 4, 12), slo_margin=0.0)
+    costs = Overheads(lead_us=430, tail_us=281, slowdown=1.0059, front_us=2000)
+    own = run_planner(spec, "ppipe")
+    m = own.models[0]
+    dead = [pl for pl in m.pipelines if not leaves_slack(m, pl, costs)]
+    assert dead and all(len(pl.partitions) == 1 and pl.partitions[0].gpu == "T4" for pl in dead)
+    assert all(leaves_slack(m, pl, Overheads()) for pl in m.pipelines)  # with no costs every one fits
+    pruned = without_dead_pipelines(own, costs)
+    assert pruned is not None and len(pruned.models[0].pipelines) == len(m.pipelines) - len(dead)
+    assert idle_gpus(pruned, spec.cluster.gpus)["T4"] >= sum(pl.partitions[0].physical_gpus for pl in dead)
+    kept = plan(spec, PlanRequest("ppipe", time_limit_s=30, overheads=costs)).plan.models[0]
+    assert kept.sustainable_rps > 0 and all(leaves_slack(kept, pl, costs) for pl in kept.pipelines)

@@ -6,9 +6,11 @@ form finds over the batch sizes the driver may use (each pipeline at min(b, its 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from planner.sustained.queueing import TARGET, PipelineTerms, PoolTerms, sustainable_rps
 from plans.arrivals import Arrivals
-from plans.plan_json import ModelPlan, PartitionPlan, PipelinePlan, Plan
+from plans.plan_json import ModelPlan, PartitionPlan, PipelinePlan, Plan, nominal_objective
 from poolpipe_common.overheads import Overheads, driver_margin_us, sidecar_slo_us
 
 RATE_STEPS = 12  # bisection steps for the rate that rate-dependent costs are taken at (1/4096 of the unloaded total)
@@ -81,3 +83,25 @@ def predicted_rps(plan: Plan, arrivals: Arrivals, costs: Overheads) -> dict[str,
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if sum(at(mid).values()) >= mid else (lo, mid)
     return at(lo)
+
+
+def leaves_slack(model: ModelPlan, pipeline: PipelinePlan, costs: Overheads) -> bool:
+    """Whether ``pipeline`` at batch 1 (compute slowed as measured, each stage's lead and tail at no load) fits its
+    model's SLO less the driver's margin and the way outside the sidecar's clock: the sidecar's start-up test
+    (scheduler.server.planned.calibration.no_slack_warning); one that does not is sent nothing (its requests shed)."""
+    budget = (sidecar_slo_us(model.slo_us, costs.front_us + costs.front_extra_us(model.profile.input_bytes or 0))
+              - driver_margin_us(model.slo_us))
+    return pipeline_at(model, pipeline, costs.at_rate(0.0), 1).latency_us <= budget
+
+
+def without_dead_pipelines(plan: Plan, costs: Overheads) -> Plan | None:
+    """``plan`` less the pipelines that leave no slack under ``costs`` (:func:`leaves_slack`; their GPUs idle, for
+    planner.sustained.fill), the plan itself where none; None where a model would keep no pipeline."""
+    keep = {m.name: tuple(pl for pl in m.pipelines if leaves_slack(m, pl, costs)) for m in plan.models}
+    if all(len(keep[m.name]) == len(m.pipelines) for m in plan.models):
+        return plan
+    if not all(keep.values()):
+        return None
+    models = tuple(replace(m, pipelines=keep[m.name], throughput_rps=sum(pl.throughput_rps for pl in keep[m.name]))
+                   for m in plan.models)
+    return replace(plan, models=models, objective=nominal_objective(models), bound=None, gap=None)

@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from planner.planners import Planner
 from planner.solvers.milp_solvers import SolverOptions
-from planner.sustained.capacity import predicted_rps
+from planner.sustained.capacity import predicted_rps, without_dead_pipelines
 from planner.sustained.evaluators import evaluator
 from planner.sustained.fill import SolveEach, fill_specs, idle_gpus, merged_fills
 from planner.sustained.measure_pool import WorkerPool, measure_all
@@ -146,6 +146,8 @@ def candidate_plans(spec: PlanningSpec, planners: Sequence[Planner], options: So
         if isinstance(plan, InputError):
             last_error = plan
             continue
+        if margin is None and (plan := without_dead_pipelines(plan, costs)) is None:
+            continue
         out.setdefault(_signature(plan), CandidatePlan(margin, plan, predicted_rps(plan, arrivals, costs)))
     if not out:
         raise InputError(f"no plan fits the SLOs once serving's per-stage costs ({costs.lead_us:.0f} + "
@@ -254,10 +256,12 @@ def robust_best(pool: Sequence[CandidatePlan]) -> CandidatePlan:
     return min(near, key=lambda c: (round(stage_calls(c.plan), 6), -(c.margin or 0.0), -score(c.plan, c.rates())))
 
 
-def fill_margins(margin: float) -> tuple[float, ...]:
+def fill_margins(margin: float | None) -> tuple[float, ...]:
     """The margins a candidate's idle GPUs are planned at: none (their pools are small, so this is the most
     they add) and the grid's margin halfway down to it (slack for those small pools), each merged plan being one
-    more simulation."""
+    more simulation. The spec's own plan (None) idles only the GPUs of pipelines with no slack: none."""
+    if margin is None:
+        return (0.0,)
     half = max((m for m in MARGIN_FRACTIONS if m <= margin / 2), default=0.0)
     return tuple(sorted({0.0, half})) if margin > 0 else ()
 
@@ -267,8 +271,7 @@ def filled(spec: PlanningSpec, cands: Sequence[CandidatePlan], planners: Sequenc
     """The best-predicted candidates that leave whole GPUs idle, those GPUs planned at smaller margins
     (:func:`fill_margins`, planner.sustained.fill); plans equal to a candidate's dropped."""
     seen = {_signature(c.plan) for c in cands}
-    idle = [(c, gpus) for c in cands if c.margin is not None
-            for gpus in [idle_gpus(c.plan, spec.cluster.gpus)] if gpus]
+    idle = [(c, gpus) for c in cands for gpus in [idle_gpus(c.plan, spec.cluster.gpus)] if gpus]
     bases = sorted(idle, key=lambda cg: -score(cg[0].plan, cg[0].predicted))[:FILLED_CANDIDATES]
     asked = [fill_specs(spec, gpus, fill_margins(base.margin), planners, lambda s, m: with_serving_costs(s, m, costs))
              for base, gpus in bases]
