@@ -48,12 +48,14 @@ def costs_text(ov) -> str:
 
 def calibrated(deployment: Path, work: Path, duration_s: float, seed: int, log: Callable[[str], None]):
     """The costs `poolpipe calibrate` fits on ``deployment`` (its servers started here, stopped after) at
-    CALIBRATION_SHARES of its plan's promise."""
-    from loadtest.calibrate import Calibration
+    CALIBRATION_SHARES of its plan's promise, written to ``work``/costs.json as `poolpipe calibrate --out` writes
+    them (to plan or simulate with again)."""
+    from loadtest.calibrate import Calibration, calibration_doc
     from runtime.launch import Deployment
 
     with Deployment(deployment, check_hardware=False, log_dir=work / "servers"):
-        costs, _ = Calibration(deployment, work, duration_s, seed, log).run(CALIBRATION_SHARES)
+        costs, steps = Calibration(deployment, work, duration_s, seed, log).run(CALIBRATION_SHARES)
+    (work / "costs.json").write_text(json.dumps(calibration_doc(costs, steps, deployment), indent=1) + "\n")
     return costs
 
 

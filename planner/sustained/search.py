@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from planner.planners import Planner
 from planner.solvers.milp_solvers import SolverOptions
-from planner.sustained.capacity import predicted_rps, without_dead_pipelines
+from planner.sustained.capacity import predicted_rps, slack_reserve_us, without_dead_pipelines
 from planner.sustained.evaluators import evaluator
 from planner.sustained.fill import SolveEach, fill_specs, idle_gpus, merged_fills
 from planner.sustained.measure_pool import WorkerPool, measure_all
@@ -89,9 +89,10 @@ def stage_calls(plan: Plan) -> float:
 
 
 def with_serving_costs(spec: PlanningSpec, margin: float, costs: Overheads) -> PlanningSpec:
-    """``spec`` with each model's margin = the driver's + the way outside the sidecar's clock + ``margin`` x SLO
-    (at least the spec's own) and the per-stage cost of serving added to every partition's latency (a call the size
-    of the model's input, at no load: the MILP screens; the closed form then counts each call's bytes and the rate).
+    """``spec`` with each model's margin = the driver's + the way outside the sidecar's clock + a stage call's costs
+    (capacity.slack_reserve_us) + ``margin`` x SLO (at least the spec's own) and the per-stage cost of serving added
+    to every partition's latency (a call the size of the model's input, at no load: the MILP screens; the closed form
+    then counts each call's bytes and the rate).
     Compute that runs ``costs.slowdown`` times the profile's: the budget and the stage cost divided by it, so that
     profiled latency + cost <= budget says slowed latency + cost <= the SLO less the margin (a T4 pool of fsaf at 3x,
     59.05 ms profiled against 60.0 left, was planned; its sidecar, measuring 60.0-60.2 ms with the 2.5 % slowdown and
@@ -101,8 +102,9 @@ def with_serving_costs(spec: PlanningSpec, margin: float, costs: Overheads) -> P
         return costs.lead_for(size) + costs.tail_for(size)
 
     def slowed_margin(m: ModelSpec) -> float:
-        kept = max(m.slo_margin_us, driver_margin_us(m.slo_us) + costs.front_us
-                   + costs.front_extra_us(m.profile.input_bytes or 0) + margin * m.slo_us)
+        size = m.profile.input_bytes or 0
+        kept = max(m.slo_margin_us, driver_margin_us(m.slo_us) + costs.front_us + costs.front_extra_us(size)
+                   + slack_reserve_us(costs, size) + margin * m.slo_us)
         return m.slo_us - (m.slo_us - kept) / costs.slowdown
 
     return replace(spec, models=tuple(
