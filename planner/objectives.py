@@ -33,9 +33,6 @@ COST_MARGIN = 0.1  # share of the SLO a cost plan keeps for queueing beyond the 
 # How far promises made with the default costs fell from what emulated servers of other hosts held live (issue 49's
 # measurements: 0.48-1.01 over unseen models, 0.60 on 1 V100 + 3 P4): said with every plan made without --overheads.
 UNCALIBRATED_RANGE = (0.48, 1.01)
-# A promise this many times the highest rate calibrated rests on extrapolated costs (calibrated_rps: the most a step
-# fitted served; calibrate's default steps reach the promise of the plan they calibrate, and the last may not hold).
-CALIBRATED_REACH = 1.25
 
 
 def costs_note(request: ObjectiveInputs) -> tuple[str, ...]:
@@ -51,14 +48,13 @@ def costs_note(request: ObjectiveInputs) -> tuple[str, ...]:
 
 
 def reach_note(plan: Plan, costs: Overheads | None) -> tuple[str, ...]:
-    """One line where the promise rests on costs calibrated elsewhere: at rates far below it (CALIBRATED_REACH), or
-    on a plan whose requests make other stage calls (its costs then scaled by Overheads.at_rate, not measured)."""
+    """One line where the promise rests on costs calibrated elsewhere (Overheads.extrapolated_to): at rates far below
+    it, or on a plan whose requests make other stage calls (its costs then scaled by Overheads.at_rate)."""
     if costs is None:
         return ()
     promise = sum(plan.capacity_rps().values())
     calls = plan.stage_calls_per_request()
-    far = costs.calibrated_rps > 0 and promise > CALIBRATED_REACH * costs.calibrated_rps
-    if not (far or costs.fitted_on_other_calls(calls)):
+    if not costs.extrapolated_to(promise, calls):
         return ()
     return (f"costs extrapolated: calibrated up to {costs.calibrated_rps:,.0f} req/s on a plan making "
             f"{costs.rate_calls_per_request:.2f} "

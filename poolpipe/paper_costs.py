@@ -11,9 +11,9 @@ from pathlib import Path
 # default): they span where a promise made from costs measured elsewhere was found to hold (0.62-1.0 of it on this
 # host), so the way outside the sidecar's clock is measured at the rates the re-plan promises, not extrapolated
 CALIBRATION_SHARES = (0.25, 0.5, 0.75, 1.0)
-# Calibrations of a run: the plan made with the costs one measured may cut the model differently, and its costs are
-# then extrapolated (Overheads.rate_calls_per_request); a user calibrates the plan they will serve, so that one is
-# calibrated again, once.
+# Calibrations of a run: the plan made with the costs one measured may cut the model differently or promise far more
+# than was calibrated, and its costs are then extrapolated (Overheads.extrapolated_to, the plan's note); a user
+# calibrates the plan they will serve, so that one is calibrated again, once.
 CALIBRATION_ROUNDS = 2
 
 
@@ -61,7 +61,8 @@ def calibrated(deployment: Path, work: Path, duration_s: float, seed: int, log: 
 
 def calibrate_and_replan(ex, work: Path, log: Callable[[str], None]) -> None:
     """Calibrate the sustained ppipe plan of ``ex`` (a PaperExperiment) on its own deployment and plan both again with
-    what it measured; again where that plan makes other stage calls per request (CALIBRATION_ROUNDS in all)."""
+    what it measured; again where that plan's costs are extrapolated (it makes other stage calls per request, or
+    promises far beyond the rates calibrated: the plan's `costs extrapolated` note), CALIBRATION_ROUNDS in all."""
     run = ex.run
     for n in range(CALIBRATION_ROUNDS):
         if not ex.ppipe.models[0].sustainable_rps:
@@ -69,9 +70,10 @@ def calibrate_and_replan(ex, work: Path, log: Callable[[str], None]) -> None:
         ex.deploy(ex.ppipe, "calibration")
         costs = calibrated(work / "calibration", work / f"calibration-steps-{n}", run.duration_s, run.seed, log)
         ex.plan_sustained(costs)
-        now = ex.ppipe.stage_calls_per_request()
-        if not costs.fitted_on_other_calls(now):
+        now, promise = ex.ppipe.stage_calls_per_request(), sum(ex.ppipe.capacity_rps().values())
+        if not costs.extrapolated_to(promise, now):
             return
         if n + 1 < CALIBRATION_ROUNDS:
-            log(f"  the plan calibrated makes {costs.rate_calls_per_request:.2f} stage calls per request, the plan "
-                f"made with its costs {now:.2f}: calibrating that one")
+            log(f"  the plan calibrated makes {costs.rate_calls_per_request:.2f} stage calls per request and served up "
+                f"to {costs.calibrated_rps:.1f} req/s, the plan made with its costs {now:.2f} and promises "
+                f"{promise:.1f}: calibrating that one")

@@ -39,6 +39,9 @@ FRONT_QUANTILES = 1001
 DRIVER_MIN_MARGIN_US = 1000.0
 # Plans whose stage calls per request are this share apart are of another kind for the costs fitted on one of them
 CALLS_TOLERANCE = 0.1
+# A promise this many times the highest rate calibrated rests on extrapolated costs (calibrated_rps: the most a step
+# fitted served; calibrate's default steps reach the promise of the plan they calibrate, and the last may not hold).
+CALIBRATED_REACH = 1.25
 DRIVER_MARGIN_FRACTION = 0.02
 
 
@@ -139,6 +142,12 @@ class Overheads:
         (more than CALLS_TOLERANCE apart): its costs are then scaled by at_rate, not measured."""
         fitted = self.rate_calls_per_request
         return fitted > 0 and abs(calls_per_request - fitted) > CALLS_TOLERANCE * fitted
+
+    def extrapolated_to(self, promise_rps: float, calls_per_request: float) -> bool:
+        """Whether a plan promising ``promise_rps`` with ``calls_per_request`` stage calls each rests on costs not
+        measured for it: more than CALIBRATED_REACH x calibrated_rps, or of another kind (fitted_on_other_calls)."""
+        far = self.calibrated_rps > 0 and promise_rps > CALIBRATED_REACH * self.calibrated_rps
+        return far or self.fitted_on_other_calls(calls_per_request)
 
     def _krps(self, rps: float, calls_per_request: float) -> float:
         """``rps`` of a plan making ``calls_per_request`` stage calls each, in 1,000 req/s of the plan fitted on."""
