@@ -6,9 +6,11 @@ arrivals. The live sidecar exports it too: tests/test_sidecar_planned.py."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -72,7 +74,7 @@ class _Clock:
     def tick(self, rate: float) -> None:
         self.stats.inferences += round(rate * CHECK_INTERVAL_S)
         self.t += CHECK_INTERVAL_S
-        self.check.check(self.t)
+        asyncio.run(self.check.check(self.t))
 
 
 def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -80,11 +82,12 @@ def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 def test_costs_above_the_plans_lower_the_implied_rate_and_warn_once_per_episode(
-        planned: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+        planned: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, request: pytest.FixtureRequest) -> None:
     p: Plan = load_plan(planned)
     promised = p.model(MODEL).sustainable_rps
     metrics, stats, meter = SidecarMetrics(), ModelStats(), OverheadMeter()
     check = PromiseCheck(p, meter, {MODEL: stats}, metrics, overheads_out=tmp_path / "costs.json")
+    request.addfinalizer(check.close)
     clock = _Clock(check, stats)
 
     def gauge(name: str) -> float | None:
@@ -125,6 +128,12 @@ def test_costs_above_the_plans_lower_the_implied_rate_and_warn_once_per_episode(
     clock.tick(implied)
     assert len(_warnings(caplog)) == 2
 
+    # the closed form ran in a child process (tens of ms on the sidecar's event loop made requests late), stopped
+    children = list(check._pool._processes.values())
+    assert children and all(c.pid != os.getpid() and c.is_alive() for c in children)
+    check.close()
+    assert not any(c.is_alive() for c in children)
+
 
 def test_a_plan_whose_costs_the_check_cannot_read_is_served_unchecked(planned: Path,
                                                                      caplog: pytest.LogCaptureFixture) -> None:
@@ -134,7 +143,7 @@ def test_a_plan_whose_costs_the_check_cannot_read_is_served_unchecked(planned: P
     check = PromiseCheck(plan_from_dict(doc), meter, {MODEL: ModelStats()}, metrics)
     assert "event=promise_check_off reason=plan.json: sustained.assumed_costs: lead_us must be >= 0" in caplog.text
     _serve(meter, RECENT_WINDOWS, 2000.0, 1500.0)
-    check.check(1.0)
+    asyncio.run(check.check(1.0))
     assert check.implied == {} and metrics.registry.get_sample_value("poolpipe_sidecar_sustainable_rps",
                                                                      {"model": MODEL}) is None
 

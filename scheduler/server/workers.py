@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
 import logging
 import signal
 import subprocess
@@ -31,6 +30,7 @@ from poolpipe_common.net import free_ports
 from runtime.supervise import RestartPolicy
 from scheduler.server import serve_front_cli
 from scheduler.server.app import SidecarConfig
+from scheduler.server.common.child_processes import die_with_parent
 from scheduler.server.common.metrics_merge import counter_samples, merge_expositions
 from scheduler.server.common.tls import warn_plaintext
 from scheduler.server.front.http_front import start_http
@@ -81,9 +81,9 @@ def worker_file(path: Path, index: int) -> Path:
     return path.with_name(f"{path.stem}.worker{index}{path.suffix}")
 
 
-def _die_with_parent() -> None:
-    """In the worker, before exec: SIGTERM when the parent dies (PR_SET_PDEATHSIG), so none is orphaned."""
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+def _sigterm_with_parent() -> None:
+    """In the worker, before exec: SIGTERM (a clean drain) when the parent dies, so none is orphaned."""
+    die_with_parent(signal.SIGTERM)
 
 
 @dataclass
@@ -112,7 +112,7 @@ class WorkerPool:
         self._session: aiohttp.ClientSession | None = None
 
     def spawn(self, slot: Slot) -> None:
-        slot.proc = subprocess.Popen(worker_command(self.args, slot.index, self.ports), preexec_fn=_die_with_parent)
+        slot.proc = subprocess.Popen(worker_command(self.args, slot.index, self.ports), preexec_fn=_sigterm_with_parent)
         slot.since = time.monotonic()
 
     async def metrics(self, _request: web.Request) -> web.Response:

@@ -36,10 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import multiprocessing
-import signal
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -50,6 +47,7 @@ from runtime.launch import Deployment
 from runtime.migration import begin_migration
 from runtime.supervise import remove_state, write_state
 from scheduler.core.replan_trigger import ReplanConfig, ReplanDecision, ReplanTrigger
+from scheduler.server.common.child_processes import child_pool
 from scheduler.server.common.metrics import SidecarMetrics
 from scheduler.server.control.reload import PlanSwitch
 from scheduler.server.planned.calls import now_us
@@ -181,8 +179,7 @@ class AutoReplanner:
                               default=0)
         # the servers serving now; the first plan's were started by someone else, so this deployment owns none
         self.deployment = Deployment(planned.serving, check_hardware=False)
-        self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
-                                         initializer=die_with_parent)
+        self._pool = child_pool()
         self._task: asyncio.Task | None = None
         planned.on_arrival = lambda model: self.trigger.arrived(model, now_us())
 
@@ -247,12 +244,3 @@ class AutoReplanner:
         await asyncio.to_thread(self.deployment.stop)  # the servers it started
         remove_state()
 
-
-def die_with_parent() -> None:
-    """The planning worker ends with the sidecar, even a SIGKILLed one (Linux: PR_SET_PDEATHSIG)."""
-    try:
-        import ctypes  # noqa: PLC0415
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
-    except (OSError, AttributeError):
-        pass  # not Linux: the worker ends when it next reads from its closed queue

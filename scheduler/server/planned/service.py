@@ -242,6 +242,7 @@ class PlannedService:
                 t.cancel()
                 await asyncio.gather(t, return_exceptions=True)
         await self.executor.close()
+        await asyncio.to_thread(self.promise.close)
         for held in list(self.driver.rows.values()):
             self.answers.fail(held.call, shutting_down())
         self.driver.rows.clear()
