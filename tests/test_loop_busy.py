@@ -1,14 +1,18 @@
-"""scheduler/server/common/loop_busy.py: the event loop's busy fraction, and the driver's saturated state it
-feeds (the ppipe policy holds fuller batches while the sidecar's loop is saturated)."""
+"""scheduler/server/common/loop_busy.py: the event loop's busy fraction, its stalls (counted and logged), and the
+driver's saturated state it feeds (the ppipe policy holds fuller batches while the sidecar's loop is saturated)."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter
 
 from scheduler.core import make_scheduler
 from scheduler.core.driver import Driver
-from scheduler.server.common.loop_busy import MAX_WINDOW_S, LoopBusy
+from scheduler.server.common.loop_busy import MAX_WINDOW_S, STALL_S, LoopBusy, StallLog
 from tests.test_sched_core import one_stage
 
 
@@ -47,6 +51,33 @@ def test_a_window_longer_than_a_second_is_not_a_reading():
 
     first, second = asyncio.run(main())
     assert first is None and second is not None and second > 0.9
+
+
+def test_a_pass_of_the_loop_that_holds_it_is_a_stall_counted_and_logged_once_a_minute(
+        caplog: pytest.LogCaptureFixture) -> None:
+    async def main() -> list[tuple[int, float]]:
+        busy = LoopBusy()
+        await asyncio.sleep(0)
+        time.sleep(3 * STALL_S)  # one callback holding the loop (as 50 ms of closed form did)
+        await asyncio.sleep(0)
+        first = busy.stalls()
+        time.sleep(2 * STALL_S)
+        await asyncio.sleep(0)
+        time.sleep(4 * STALL_S)
+        await asyncio.sleep(0)
+        return [first, busy.stalls(), busy.stalls()]
+
+    counter = Counter("stalls", "stalls", registry=(registry := CollectorRegistry()))
+    log = StallLog(counter)
+    caplog.set_level(logging.WARNING, "poolpipe.sidecar.loop")
+    reads = asyncio.run(main())
+    for n, longest in reads:
+        log.add(n, longest)
+    (n1, l1), (n2, l2), (n3, l3) = reads
+    assert n1 >= 1 and l1 >= 3 * STALL_S and n2 >= 2 and l2 >= 4 * STALL_S and (n3, l3) == (0, 0.0)
+    assert registry.get_sample_value("stalls_total") == n1 + n2
+    lines = [r.getMessage() for r in caplog.records if "event=loop_stall" in r.getMessage()]
+    assert len(lines) == 1 and f"stalls={n1} " in lines[0] and "py-spy dump" in lines[0]
 
 
 def test_the_driver_tells_the_policy_when_its_executor_saturates_and_recovers():

@@ -37,6 +37,9 @@ class SidecarMetrics:
         self.queue_length = Gauge(_P + "queue_length", "Requests waiting in the scheduler", ["model"], registry=r)
         self.loop_busy = Gauge(_P + "event_loop_busy", "Fraction of the last 0.1 s the sidecar's event loop was busy "
                                "(not waiting for I/O)", registry=r)
+        self.loop_stalls = Counter(_P + "event_loop_stalls", "Passes of the sidecar's event loop that ran 10 ms or "
+                                   "longer without waiting for I/O (requests that came in meanwhile waited)",
+                                   registry=r)
         self.executor_saturated = Gauge(_P + "executor_saturated", "1 while the sidecar's event loop is saturated "
                                         "(smoothed busy >= 0.9 until <= 0.5): the scheduler holds fuller batches",
                                         registry=r)

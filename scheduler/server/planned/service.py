@@ -21,7 +21,7 @@ from scheduler.core import make_scheduler
 from scheduler.core.driver import Driver, DriverConfig
 from scheduler.server.common.client_shm import ClientShmRegistry
 from scheduler.server.common.errors import ServeError
-from scheduler.server.common.loop_busy import LoopBusy
+from scheduler.server.common.loop_busy import LoopBusy, StallLog
 from scheduler.server.common.metrics import SidecarMetrics
 from scheduler.server.common.tracing import Tracer
 from scheduler.server.common.triton_metrics import triton_exposition
@@ -260,6 +260,7 @@ class PlannedService:
 
     async def _scheduler_loop(self) -> None:
         busy = LoopBusy()  # the event loop's load: a saturated sidecar gets fuller batches from the core
+        stalls = StallLog(self.metrics.loop_stalls)
         while not self._stopped:
             timeout = None if self._wake_us is None else max(0.0, (self._wake_us - now_us()) / 1e6)
             try:
@@ -279,6 +280,7 @@ class PlannedService:
             self.metrics.decision.observe(time.perf_counter() - t0)
             if busy.due() and (fraction := busy.sample()) is not None:
                 self._loop_load(fraction)
+                stalls.add(*busy.stalls())
             if self._step_waiters:
                 t = now_us()
                 for f in self._step_waiters:
