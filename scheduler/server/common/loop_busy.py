@@ -33,12 +33,12 @@ class _SelectTimer:
         self.idle_s = 0.0
         self.stalls = 0
         self.longest_stall_s = 0.0
-        self._returned = time.perf_counter()
+        self._returned: float | None = None  # the pass that installs the timer is start-up work, not a stall
         select = selector.select
 
         def timed(timeout: float | None = None) -> Any:
             t = time.perf_counter()
-            if t - self._returned >= STALL_S:
+            if self._returned is not None and t - self._returned >= STALL_S:
                 self.stalls += 1
                 self.longest_stall_s = max(self.longest_stall_s, t - self._returned)
             try:
