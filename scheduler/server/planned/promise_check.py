@@ -144,9 +144,14 @@ class PromiseCheck:
                      ",".join(f"{m}={r:.1f}" for m, r in self.promise.promised_rps.items()), c.lead_us, c.tail_us,
                      self.promise.source)
 
-    def start(self) -> asyncio.Task:
-        if self.promise.models:
-            self._child()  # started before the load comes: its imports cost a core for a second
+    async def start(self) -> asyncio.Task:
+        """Starts the child and has it judge the assumed costs once, before the sidecar listens (spawned at the first
+        check, its start-up took a core away from serving for half a second, under load), then the checks."""
+        try:
+            if self.promise.models:
+                await asyncio.get_running_loop().run_in_executor(self._child(), _implied_in_child, self.promise.costs)
+        except Exception:  # noqa: BLE001 - the check only observes: serving starts all the same
+            log.exception("event=promise_check_failed stage=start")
         return asyncio.ensure_future(self._run())
 
     def close(self) -> None:

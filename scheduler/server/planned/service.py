@@ -127,7 +127,7 @@ class PlannedService:
             metrics.vgpu_up.labels(srv.id).set(1 if srv.up else 0)
         await self._calibrate(None)
         self._loop_task = asyncio.ensure_future(self._scheduler_loop())
-        self._promise_task = self.promise.start()
+        self._promise_task = await self.promise.start()
         self.fleet.start_health()
         return self
 
