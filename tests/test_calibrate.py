@@ -59,6 +59,9 @@ def test_the_way_outside_the_sidecar_grows_with_the_rate_by_its_tail() -> None:
             rates.append(rate)
     f = fit_front(Overheads(), samples, rates)
     assert f.front_per_krps_us == pytest.approx(2000, rel=0.2) and f.rate_dependent
+    # the distribution is the one measured at the lowest rate: the higher rates' bodies, moved down by the tail's
+    # slope, would put its median near 0
+    assert f.front_at(0.5) == pytest.approx(1000 + 500 * np.log(2), rel=0.05)
     p99_at_700 = float(np.percentile([1000 + x + 1400 * (x > 1500) for x in rng.exponential(500, 20_000)], 99))
     assert f.at_rate(700).front_at(0.99) == pytest.approx(p99_at_700, rel=0.1)
     # below the lowest rate measured the tail is taken as measured there, not extrapolated down
