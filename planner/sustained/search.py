@@ -41,7 +41,7 @@ MARGIN_FRACTIONS = (0.0, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4)
 SCREEN_GAP = 0.01
 MEASURED_CANDIDATES = 3  # the best-predicted candidates the evaluator measures, and as many whole-model ones, with
 # the spec's own plan: what np planned the same way would measure, so the kept plan does not sustain less than it
-FILLED_CANDIDATES = 2  # the best-predicted candidates that leave whole GPUs idle get them filled
+FILLED_CANDIDATES = 2  # each planner's best-predicted candidates that leave whole GPUs idle get them filled
 # A candidate replaces the spec's own plan only if it sustains more than this share more: the simulator's rates for
 # one plan move by about 1 % between seeds at 100 GPUs, and a plan kept for a gain within that left apcnet 7 % below
 # the reference plan on the seed the planner had not seen (benchmarks/sim_paper_sustained.py, V100 + T4, group 0).
@@ -71,6 +71,7 @@ class CandidatePlan:
     measured: dict[str, float] | None = None
     fill_margin: float | None = None  # the plan's idle GPUs were planned at this margin (planner.sustained.fill)
     fell_short: bool = False  # screened out at one point: it does not sustain the best measured less MODEL_ERROR
+    origins: tuple[int, ...] = (0,)  # which of the request's planners made it (0: the request's own; then narrower)
 
     def rates(self) -> dict[str, float]:
         return self.measured if self.measured is not None else self.predicted
@@ -140,17 +141,21 @@ def candidate_plans(spec: PlanningSpec, planners: Sequence[Planner], options: So
     nominal plan, which on large pools often holds well), plans equal to an earlier one dropped; best predicted
     first (ties: the order made, so the same inputs rank the same). The MILPs run in ``pool`` (None: here)."""
     out: dict[str, CandidatePlan] = {}
-    asked = [(planner, margin) for planner in planners for margin in (None, *MARGIN_FRACTIONS)]
+    asked = [(i, planner, margin) for i, planner in enumerate(planners) for margin in (None, *MARGIN_FRACTIONS)]
     solved = solve_each(pool or WorkerPool(1), screening(options))(
-        [(planner, spec if margin is None else with_serving_costs(spec, margin, costs)) for planner, margin in asked])
+        [(planner, spec if margin is None else with_serving_costs(spec, margin, costs)) for _, planner, margin in
+         asked])
     last_error: Exception | None = None
-    for (_, margin), plan in zip(asked, solved, strict=True):
+    for (origin, _, margin), plan in zip(asked, solved, strict=True):
         if isinstance(plan, InputError):
             last_error = plan
             continue
         if margin is None and (plan := without_dead_pipelines(plan, costs)) is None:
             continue
-        out.setdefault(_signature(plan), CandidatePlan(margin, plan, predicted_rps(plan, arrivals, costs)))
+        if (same := out.get(_signature(plan))) is not None:
+            same.origins = tuple(sorted({*same.origins, origin}))
+            continue
+        out[_signature(plan)] = CandidatePlan(margin, plan, predicted_rps(plan, arrivals, costs), origins=(origin,))
     if not out:
         raise InputError(f"no plan fits the SLOs once serving's per-stage costs ({costs.lead_us:.0f} + "
                          f"{costs.tail_us:.0f} us per stage) and the driver's margin are counted: {last_error}; "
@@ -158,12 +163,23 @@ def candidate_plans(spec: PlanningSpec, planners: Sequence[Planner], options: So
     return sorted(out.values(), key=lambda c: -score(c.plan, c.predicted))
 
 
+def by_origin(cands: Sequence[CandidatePlan]) -> list[list[CandidatePlan]]:
+    """The candidates of each planner (CandidatePlan.origins), in their order."""
+    return [[c for c in cands if o in c.origins] for o in sorted({o for c in cands for o in c.origins})]
+
+
 def to_measure(cands: Sequence[CandidatePlan]) -> list[CandidatePlan]:
-    """The best-predicted MEASURED_CANDIDATES, as many best-predicted whole-model plans, and the spec's own plan."""
+    """The best-predicted MEASURED_CANDIDATES, as many best-predicted whole-model plans, and the spec's own plan; and
+    of each planner's candidates as many and its own plan, so that the kept plan sustains no less than the narrower
+    planner's search (np planned the same way) would keep. The closed form, taking every answer's way outside the
+    sidecar's clock at its 99th percentile, predicted 361 req/s for np's own plan of tf_efficientdet_d1 at 3x (12 T4s
+    whole); measured, it sustained 694 and the ppipe search, which had not measured it, kept a plan of 689."""
     whole = [c for c in cands if stage_calls(c.plan) == 1.0][:MEASURED_CANDIDATES]
+    mine = [c for group in by_origin(cands) for c in (*group[:MEASURED_CANDIDATES],
+                                                      *[c for c in group if c.margin is None][:1])]
     own = [c for c in cands if c.margin is None][:1]
     chosen: list[CandidatePlan] = []
-    for c in (*cands[:MEASURED_CANDIDATES], *whole, *own):
+    for c in (*cands[:MEASURED_CANDIDATES], *whole, *own, *mine):
         if c not in chosen:
             chosen.append(c)
     return chosen
@@ -270,11 +286,12 @@ def fill_margins(margin: float | None) -> tuple[float, ...]:
 
 def filled(spec: PlanningSpec, cands: Sequence[CandidatePlan], planners: Sequence[Planner], options: SolverOptions,
            arrivals: Arrivals, costs: Overheads, pool: WorkerPool | None = None) -> list[CandidatePlan]:
-    """The best-predicted candidates that leave whole GPUs idle, those GPUs planned at smaller margins
+    """Each planner's best-predicted candidates that leave whole GPUs idle, those GPUs planned at smaller margins
     (:func:`fill_margins`, planner.sustained.fill); plans equal to a candidate's dropped."""
     seen = {_signature(c.plan) for c in cands}
-    idle = [(c, gpus) for c in cands for gpus in [idle_gpus(c.plan, spec.cluster.gpus)] if gpus]
-    bases = sorted(idle, key=lambda cg: -score(cg[0].plan, cg[0].predicted))[:FILLED_CANDIDATES]
+    gpus = {id(c): idle_gpus(c.plan, spec.cluster.gpus) for c in cands}
+    best = sorted((c for c in cands if gpus[id(c)]), key=lambda c: -score(c.plan, c.predicted))
+    bases = [(c, gpus[id(c)]) for group in by_origin(best) for c in group[:FILLED_CANDIDATES]]
     asked = [fill_specs(spec, gpus, fill_margins(base.margin), planners, lambda s, m: with_serving_costs(s, m, costs))
              for base, gpus in bases]
     solved = iter(solve_each(pool or WorkerPool(1), screening(options))(
@@ -285,7 +302,8 @@ def filled(spec: PlanningSpec, cands: Sequence[CandidatePlan], planners: Sequenc
             if _signature(plan) in seen:
                 continue
             seen.add(_signature(plan))
-            out.append(CandidatePlan(base.margin, plan, predicted_rps(plan, arrivals, costs), None, fill_margin))
+            out.append(CandidatePlan(base.margin, plan, predicted_rps(plan, arrivals, costs), None, fill_margin,
+                                     origins=base.origins))
     return out
 
 
