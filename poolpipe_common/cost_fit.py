@@ -125,7 +125,7 @@ def fit_front(costs: Overheads, samples: Sequence[tuple[float, float]],
     krps = np.zeros(len(us)) if rates_rps is None else np.asarray(rates_rps, dtype=float) / 1e3
     per_krps, lowest = front_rate_slope(rest, krps)
     if per_krps:
-        rest = rest[np.round(krps, 4) == round(lowest, 4)]
+        rest = rest[_rate_keys(krps) == _rate_keys(lowest)]
     return replace(costs, front_per_mb_us=slope, front_per_krps_us=per_krps, front_rate_rps=lowest * 1e3 if per_krps
                    else 0.0, front_quantiles_us=front_quantiles(rest))
 
@@ -138,7 +138,7 @@ def front_rate_slope(us: np.ndarray, krps: np.ndarray) -> tuple[float, float]:
     decides which answers are late: on this project's 2-core host the median stayed near 1-2 ms from 35 to 560 req/s
     while the 99th percentile rose from 3.4 to 5-6 ms, and plans promised from costs measured at a low rate held
     0.62-0.84 of their promise (googlenet at 2.5x and 3x)."""
-    rates, inverse = np.unique(np.round(krps, 4), return_inverse=True)
+    rates, inverse = np.unique(_rate_keys(krps), return_inverse=True)
     counts = np.bincount(inverse, minlength=len(rates))
     kept = [i for i in range(len(rates)) if counts[i] >= TAIL_SAMPLES]
     if len(kept) < 2 or rates[kept[-1]] < MIN_RATE_SPAN * rates[kept[0]]:
@@ -146,3 +146,8 @@ def front_rate_slope(us: np.ndarray, krps: np.ndarray) -> tuple[float, float]:
     p99 = [float(np.percentile(us[inverse == i], 99)) for i in kept]
     slope = fit_line([(rates[i],) for i in kept], p99, [counts[i] for i in kept])[1]
     return slope, float(rates[kept[0]]) if slope else 0.0
+
+
+def _rate_keys(krps):
+    """Rates (1,000 req/s) rounded to tell one step's from another's: the answers of one step share a key."""
+    return np.round(krps, 4)

@@ -16,7 +16,7 @@ smaller margins (planner.sustained.fill), and the merged plans are ranked with t
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from tqdm import tqdm
@@ -168,21 +168,25 @@ def by_origin(cands: Sequence[CandidatePlan]) -> list[list[CandidatePlan]]:
     return [[c for c in cands if o in c.origins] for o in sorted({o for c in cands for o in c.origins})]
 
 
+def unique(cands: Iterable[CandidatePlan]) -> list[CandidatePlan]:
+    """``cands`` without repeats, in their order."""
+    out: list[CandidatePlan] = []
+    for c in cands:
+        if c not in out:
+            out.append(c)
+    return out
+
+
 def to_measure(cands: Sequence[CandidatePlan]) -> list[CandidatePlan]:
     """The best-predicted MEASURED_CANDIDATES, as many best-predicted whole-model plans, and the spec's own plan; and
     of each planner's candidates as many and its own plan, so that the kept plan sustains no less than the narrower
-    planner's search (np planned the same way) would keep. The closed form, taking every answer's way outside the
-    sidecar's clock at its 99th percentile, predicted 361 req/s for np's own plan of tf_efficientdet_d1 at 3x (12 T4s
-    whole); measured, it sustained 694 and the ppipe search, which had not measured it, kept a plan of 689."""
+    planner's search (np planned the same way) would keep. The best-predicted comes first: the screen measures it
+    first, and its rate is the others' floor."""
     whole = [c for c in cands if stage_calls(c.plan) == 1.0][:MEASURED_CANDIDATES]
     mine = [c for group in by_origin(cands) for c in (*group[:MEASURED_CANDIDATES],
                                                       *[c for c in group if c.margin is None][:1])]
     own = [c for c in cands if c.margin is None][:1]
-    chosen: list[CandidatePlan] = []
-    for c in (*cands[:MEASURED_CANDIDATES], *whole, *own, *mine):
-        if c not in chosen:
-            chosen.append(c)
-    return chosen
+    return unique((*cands[:MEASURED_CANDIDATES], *whole, *own, *mine))
 
 
 def with_sustainable(plan: Plan, rates: dict[str, float], arrivals: Arrivals, evaluated_by: str,
@@ -289,15 +293,15 @@ def filled(spec: PlanningSpec, cands: Sequence[CandidatePlan], planners: Sequenc
     """Each planner's best-predicted candidates that leave whole GPUs idle, those GPUs planned at smaller margins
     (:func:`fill_margins`, planner.sustained.fill); plans equal to a candidate's dropped."""
     seen = {_signature(c.plan) for c in cands}
-    gpus = {id(c): idle_gpus(c.plan, spec.cluster.gpus) for c in cands}
-    best = sorted((c for c in cands if gpus[id(c)]), key=lambda c: -score(c.plan, c.predicted))
-    bases = [(c, gpus[id(c)]) for group in by_origin(best) for c in group[:FILLED_CANDIDATES]]
-    asked = [fill_specs(spec, gpus, fill_margins(base.margin), planners, lambda s, m: with_serving_costs(s, m, costs))
-             for base, gpus in bases]
+    best = sorted((c for c in cands if idle_gpus(c.plan, spec.cluster.gpus)), key=lambda c: -score(c.plan, c.predicted))
+    # a plan more than one planner made is filled once
+    bases = unique(c for group in by_origin(best) for c in group[:FILLED_CANDIDATES])
+    asked = [fill_specs(spec, idle_gpus(base.plan, spec.cluster.gpus), fill_margins(base.margin), planners,
+                        lambda s, m: with_serving_costs(s, m, costs)) for base in bases]
     solved = iter(solve_each(pool or WorkerPool(1), screening(options))(
         [(planner, s) for asks in asked for _, planner, s in asks]))  # every base's MILPs side by side
     out = []
-    for (base, _), asks in zip(bases, asked, strict=True):
+    for base, asks in zip(bases, asked, strict=True):
         for fill_margin, plan in merged_fills(base.plan, [m for m, _, _ in asks], [next(solved) for _ in asks]):
             if _signature(plan) in seen:
                 continue
