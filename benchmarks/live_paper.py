@@ -10,7 +10,8 @@ factors in steps of 0.0125 of a0's nominal rate), the ratios a/a0, a/c, a/b, and
 (plan.json's sustainable_rps) compares with what (a) held live. All devices are emulated (real tritonservers that
 hold each batch for its profiled latency; the sidecar holds each hop between hosts for its profiled bytes over
 the cluster's 10 Gbps links) on 4 L4 + 12 T4, in real time by default (--time-scale 0: the old slow
-motion, where per-request CPU costs of this 2-core machine weigh less).
+motion, where per-request CPU costs of this 2-core machine weigh less). Clients reach each sidecar, in calibration
+too, through its native front end (`serve --native-grpc-port`, Triton's own gRPC front end) unless --front grpc.
 
     python -P benchmarks/live_paper.py                     # 3 families (centernet at 3x and 2.6x) x
                                                            #   (poisson, replay:azure-conv), ~40 min
@@ -67,6 +68,9 @@ def main() -> None:
     ap.add_argument("--default-overheads", action="store_true",
                     help="plan (a) and (b) with this project's default per-stage costs instead of those measured "
                          "serving (a0, then (a)'s own deployment, calibrated)")
+    ap.add_argument("--front", choices=("native", "grpc"), default="native",
+                    help="how clients reach each sidecar, in calibration too: 'native', Triton's gRPC front end "
+                         "(serve --native-grpc-port; default), or 'grpc', the sidecar's own grpc.aio port")
     ap.add_argument("--l4", type=int, default=4)
     ap.add_argument("--t4", type=int, default=12)
     ap.add_argument("--time-scale", type=float, default=1.0,
@@ -74,6 +78,7 @@ def main() -> None:
                          "0 = auto: >= 8 and the fixed-margin plan at <= 50 req/s")
     ap.add_argument("--work", type=Path, help="keep deployments and logs here (default: a temporary directory)")
     args = ap.parse_args()
+    native = args.front == "native" and _native_front_built()
     listed = all_models() if args.models == "all" else args.models.split(",")
     models = listed[:1] if args.quick else listed
     traces = ["poisson"] if args.quick else args.traces.split(",")
@@ -88,12 +93,23 @@ def main() -> None:
             for trace in traces:
                 run = PaperRun(model, factor, args.l4, args.t4, trace=trace, duration_s=duration,
                                time_scale=args.time_scale, slo_margin=args.slo_margin,
-                               measured_overheads=not args.default_overheads)
+                               measured_overheads=not args.default_overheads,
+                               native_front=native)
                 console.print(f"[bold]{model}[/bold] at {factor:g}x, {trace} (emulated {args.l4} L4 + {args.t4} T4)")
                 res = run_all(run, work / f"{model}-{factor:g}-{trace.replace(':', '_')}", console.print)
                 rows.append((f"{model} @{factor:g}x", trace, res))
     console.print(results_table(rows, args.time_scale))
     console.print(f"{TARGETS}; total {time.time() - t0:.0f} s")
+
+
+def _native_front_built() -> bool:
+    """Whether serve --native-grpc-port can run here (make venv builds it where a C compiler is); says so if not."""
+    from backends import native_front
+
+    if native_front.library() is None:
+        print("live_paper: the native front end is not built (no C compiler): clients use the sidecar's grpc.aio port")
+        return False
+    return True
 
 
 def _entry(ap: argparse.ArgumentParser, text: str) -> tuple[str, float]:

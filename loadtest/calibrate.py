@@ -74,8 +74,9 @@ class Calibration:
     """The steps over one deployment (its servers already running, or started by the caller)."""
 
     def __init__(self, deployment: Path, work: Path, duration_s: float, seed: int = 0,
-                 log: Callable[[str], None] = print) -> None:
+                 log: Callable[[str], None] = print, native_front: bool = False) -> None:
         self.deployment = deployment
+        self.native_front = native_front  # clients go through serve --native-grpc-port, as they will be served
         self.manifest = load_manifest(deployment)
         self.work = work
         self.duration_s = duration_s
@@ -90,14 +91,14 @@ class Calibration:
 
         out = self.work / f"step-{share:.3f}.json"
         sc = SidecarProcess(manifest=self.deployment, log_path=self.work / "sidecar.log",
-                            extra_args=("--overheads-out", str(out))).start()
+                            extra_args=("--overheads-out", str(out)), native_front=self.native_front).start()
         try:
             sc.wait_ready()
-            offer(sc.grpc_url, {m: (poisson_s(r * 0.2, 60.0, self.seed)[:WARMUP_REQUESTS], self.slo_ms[m])
+            offer(sc.infer_url, {m: (poisson_s(r * 0.2, 60.0, self.seed)[:WARMUP_REQUESTS], self.slo_ms[m])
                                 for m, r in self.promise.items()})
             loads = {m: (poisson_s(share * r, self.duration_s, self.seed), self.slo_ms[m])
                      for m, r in self.promise.items()}
-            results = offer(sc.grpc_url, loads)
+            results = offer(sc.infer_url, loads)
         finally:
             sc.stop()
         if not out.is_file():

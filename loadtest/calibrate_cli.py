@@ -30,6 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the cost model to write (default: %(default)s, where 'poolpipe plan' looks)")
     p.add_argument("--work", type=Path, help="keep each step's sidecar log and costs here (default: a temp dir)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--native-front", action="store_true",
+                   help="send the steps' requests through the sidecar's native front end (serve --native-grpc-port), "
+                        "for deployments served that way: the way outside the sidecar's clock is shorter there")
     p.set_defaults(func=_run)
 
 
@@ -57,7 +60,8 @@ def _run(args: argparse.Namespace) -> int:
         work.mkdir(parents=True, exist_ok=True)
         if args.launch:
             stack.enter_context(Deployment(args.deployment, check_hardware=False, log_dir=work / "servers"))
-        cal = Calibration(args.deployment.resolve(), work, args.duration_s, args.seed)
+        cal = Calibration(args.deployment.resolve(), work, args.duration_s, args.seed,
+                          native_front=args.native_front)
         costs, steps = cal.run(shares)
     args.out.write_text(json.dumps(calibration_doc(costs, steps, args.deployment.resolve()), indent=1) + "\n")
     print(f"cost model (emulated where the deployment is): lead {costs.lead_us:.0f} us + "

@@ -46,7 +46,8 @@ def costs_text(ov) -> str:
     return f", per-stage costs measured: lead {ov.lead_us:.0f} us, tail {ov.tail_us:.0f} us{front}"
 
 
-def calibrated(deployment: Path, work: Path, duration_s: float, seed: int, log: Callable[[str], None]):
+def calibrated(deployment: Path, work: Path, duration_s: float, seed: int, log: Callable[[str], None],
+               native_front: bool = False):
     """The costs `poolpipe calibrate` fits on ``deployment`` (its servers started here, stopped after) at
     CALIBRATION_SHARES of its plan's promise, written to ``work``/costs.json as `poolpipe calibrate --out` writes
     them (to plan or simulate with again)."""
@@ -54,7 +55,8 @@ def calibrated(deployment: Path, work: Path, duration_s: float, seed: int, log: 
     from runtime.launch import Deployment
 
     with Deployment(deployment, check_hardware=False, log_dir=work / "servers"):
-        costs, steps = Calibration(deployment, work, duration_s, seed, log).run(CALIBRATION_SHARES)
+        costs, steps = Calibration(deployment, work, duration_s, seed, log,
+                                    native_front).run(CALIBRATION_SHARES)
     (work / "costs.json").write_text(json.dumps(calibration_doc(costs, steps, deployment), indent=1) + "\n")
     return costs
 
@@ -68,7 +70,8 @@ def calibrate_and_replan(ex, work: Path, log: Callable[[str], None]) -> None:
         if not ex.ppipe.models[0].sustainable_rps:
             return
         ex.deploy(ex.ppipe, "calibration")
-        costs = calibrated(work / "calibration", work / f"calibration-steps-{n}", run.duration_s, run.seed, log)
+        costs = calibrated(work / "calibration", work / f"calibration-steps-{n}", run.duration_s, run.seed, log,
+                           run.native_front)
         ex.plan_sustained(costs)
         now, promise = ex.ppipe.stage_calls_per_request(), sum(ex.ppipe.capacity_rps().values())
         if not costs.extrapolated_to(promise, now):

@@ -39,10 +39,15 @@ class SidecarProcess:
     # the client side of serve --http-use-ssl (its roots, and a client certificate under mutual TLS): health over
     # HTTPS; None: plaintext HTTP
     http_ssl: ssl.SSLContext | None = None
+    # serve --native-grpc-port: clients reach the planned models through Triton's own gRPC front end (infer_url),
+    # which takes about a third off the sidecar's CPU per request (docs/serving.md, "The native front end")
+    native_front: bool = False
+    native_grpc_port: int = 0
     picked: tuple[str, ...] = field(default=(), init=False)
 
     def __post_init__(self) -> None:
-        self.picked = tuple(k for k in PORTS if not getattr(self, k))
+        ports = (*PORTS, "native_grpc_port") if self.native_front else PORTS
+        self.picked = tuple(k for k in ports if not getattr(self, k))
         self._pick_ports()
 
     def _pick_ports(self) -> None:
@@ -50,7 +55,8 @@ class SidecarProcess:
         of a free port can be the same port, since neither is bound yet), and from the ports the manifest gave its
         servers: those may not be bound yet either (a test that names the sidecar to ``launch`` before it starts
         the servers), and a sidecar picked onto one would have to move where ``launch`` does not look for it."""
-        taken = {getattr(self, k) for k in PORTS if k not in self.picked} | self._server_ports()
+        taken = {getattr(self, k) for k in (*PORTS, "native_grpc_port")
+                 if k not in self.picked and getattr(self, k)} | self._server_ports()
         for k, port in zip(self.picked, free_ports(len(self.picked), taken)):
             setattr(self, k, port)
 
@@ -67,6 +73,11 @@ class SidecarProcess:
         return f"127.0.0.1:{self.grpc_port}"
 
     @property
+    def infer_url(self) -> str:
+        """Where clients send inference: the native front end's gRPC port when there is one, else the sidecar's."""
+        return f"127.0.0.1:{self.native_grpc_port}" if self.native_front else self.grpc_url
+
+    @property
     def http_url(self) -> str:
         return f"127.0.0.1:{self.http_port}"
 
@@ -78,6 +89,8 @@ class SidecarProcess:
             cmd += ["--manifest", str(self.manifest)]
         if self.passthrough:
             cmd += ["--passthrough", self.passthrough]
+        if self.native_front:
+            cmd += ["--native-grpc-port", str(self.native_grpc_port)]
         return cmd + list(self.extra_args)
 
     def start(self, timeout_s: float = 60.0) -> "SidecarProcess":
