@@ -17,6 +17,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from loadtest.open_loop import RunResult, no_collector_pauses, run_open_loop
 from model_repository_gen.manifest import load_manifest
 from poolpipe_common.cost_fit import CostPoint, fit_front, fit_runs, not_overloaded
@@ -144,4 +146,11 @@ def calibration_doc(costs: Overheads, steps: Sequence[Step], deployment: Path) -
         "deployment": str(deployment), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "steps": [{"share": s.share, "offered_rps": s.offered_rps, "served_rps": s.served_rps,
                    "lead_us": s.costs.lead_us, "tail_us": s.costs.tail_us, "kinds_of_call": len(s.points),
-                   "attainment": {m: r.attainment for m, r in s.results.items()}} for s in steps]}}
+                   "attainment": {m: r.attainment for m, r in s.results.items()}, **_front_summary(s)}
+                  for s in steps]}}
+
+
+def _front_summary(step: Step) -> dict[str, float]:
+    """The way outside the sidecar's clock the step's client measured: its median and 99th percentile (µs)."""
+    us = [f for r in step.results.values() for f in r.front_us]
+    return {"front_p50_us": float(np.percentile(us, 50)), "front_p99_us": float(np.percentile(us, 99))} if us else {}

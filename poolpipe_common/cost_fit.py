@@ -26,6 +26,10 @@ HELD_ATTAINMENT = 0.95
 # short run moves by 1-2 ms on this host, and two runs at rates 1.5x apart gave a slope of 13 ms per 1,000 req/s
 # that promised 0.75x of what the plan held live (googlenet at 2.5x)
 MIN_RATE_SPAN = 2.0
+# The probabilities (evenly spaced, 0 % to 100 %) at which the way outside the sidecar's clock is given its own
+# slope in the rate; above the 99th percentile a short run's answers are too few, and the 99th's slope is used
+FRONT_SLOPE_LEVELS = 101
+TAIL_LEVEL = 0.99
 
 T = TypeVar("T")
 
@@ -109,7 +113,7 @@ def fit_front(costs: Overheads, samples: Sequence[tuple[float, float]],
               rates_rps: Sequence[float] | None = None) -> Overheads:
     """``costs`` with the way outside the sidecar's clock fitted to (input bytes, µs) samples a client measured:
     a slope per input megabyte where inputs of several sizes were sent, a slope per 1,000 req/s where ``rates_rps``
-    (per sample, the rate the sidecar served) holds several (:func:`front_rate_slope`), and the distribution of what
+    (per sample, the rate the sidecar served) holds several (:func:`front_rate_slopes`), and the distribution of what
     is left as measured at the lowest of those rates (at_rate shifts it by the slope). Moved there from the higher
     rates by the tail's slope, their bodies went below 0: tf_efficientdet_d1 at 3x, whose median grew 1.05 -> 1.47 ms
     from 257 to 758 req/s while its 99th percentile grew 2.9 -> 6.6 ms, was fitted a median of 0. ``front_us``
@@ -123,29 +127,35 @@ def fit_front(costs: Overheads, samples: Sequence[tuple[float, float]],
     slope = fit_line(mb.reshape(-1, 1), us, np.ones(len(us)))[1]
     rest = us - slope * mb
     krps = np.zeros(len(us)) if rates_rps is None else np.asarray(rates_rps, dtype=float) / 1e3
-    per_krps, lowest = front_rate_slope(rest, krps)
-    if per_krps:
+    slopes, lowest = front_rate_slopes(rest, krps)
+    if slopes:
         rest = rest[_rate_keys(krps) == _rate_keys(lowest)]
-    return replace(costs, front_per_mb_us=slope, front_per_krps_us=per_krps, front_rate_rps=lowest * 1e3 if per_krps
-                   else 0.0, front_quantiles_us=front_quantiles(rest))
+    per_krps = float(np.interp(TAIL_LEVEL, np.linspace(0.0, 1.0, len(slopes)), slopes)) if slopes else 0.0
+    return replace(costs, front_per_mb_us=slope, front_per_krps_us=per_krps, front_rate_rps=lowest * 1e3,
+                   front_quantiles_us=front_quantiles(rest), front_slopes_per_krps_us=slopes)
 
 
-def front_rate_slope(us: np.ndarray, krps: np.ndarray) -> tuple[float, float]:
-    """(µs per 1,000 req/s, the lowest rate it was fitted from, in 1,000 req/s): how fast the tail of the way outside
-    the sidecar's clock grows with the rate, a line through the 99th percentile at each rate measured with at least
-    TAIL_SAMPLES answers, weighted by answers ((0, 0) where fewer than two rates qualify or they span less than
-    MIN_RATE_SPAN). Its tail, not its median,
-    decides which answers are late: on this project's 2-core host the median stayed near 1-2 ms from 35 to 560 req/s
-    while the 99th percentile rose from 3.4 to 5-6 ms, and plans promised from costs measured at a low rate held
-    0.62-0.84 of their promise (googlenet at 2.5x and 3x)."""
+def front_rate_slopes(us: np.ndarray, krps: np.ndarray) -> tuple[tuple[float, ...], float]:
+    """(µs per 1,000 req/s at FRONT_SLOPE_LEVELS probabilities, the lowest rate they were fitted from, in 1,000
+    req/s): how fast each part of the way outside the sidecar's clock grows with the rate, a line through that
+    quantile at each rate measured with at least TAIL_SAMPLES answers, weighted by answers; above TAIL_LEVEL the
+    tail's; never falling from one level to the next (((), 0) where fewer than two rates qualify, they span less
+    than MIN_RATE_SPAN, or nothing grows). Body and tail apart: on this project's 2-core host the median stayed near
+    1-2 ms from 35 to 560 req/s while the 99th percentile rose from 3.4 to 5-6 ms; with the tail's slope alone, plans
+    promised from costs measured at a low rate held 0.62-0.84 of their promise (googlenet at 2.5x and 3x), and with
+    it applied to the whole, 1.13 (tf_efficientdet_d1 at 3x)."""
     rates, inverse = np.unique(_rate_keys(krps), return_inverse=True)
     counts = np.bincount(inverse, minlength=len(rates))
     kept = [i for i in range(len(rates)) if counts[i] >= TAIL_SAMPLES]
     if len(kept) < 2 or rates[kept[-1]] < MIN_RATE_SPAN * rates[kept[0]]:
-        return 0.0, 0.0
-    p99 = [float(np.percentile(us[inverse == i], 99)) for i in kept]
-    slope = fit_line([(rates[i],) for i in kept], p99, [counts[i] for i in kept])[1]
-    return slope, float(rates[kept[0]]) if slope else 0.0
+        return (), 0.0
+    levels = np.minimum(np.linspace(0.0, 1.0, FRONT_SLOPE_LEVELS), TAIL_LEVEL)
+    at = np.array([np.quantile(us[inverse == i], levels) for i in kept])  # rates x levels
+    xs, weights = [(rates[i],) for i in kept], [counts[i] for i in kept]
+    slopes = np.maximum.accumulate([fit_line(xs, at[:, j], weights)[1] for j in range(len(levels))])
+    if not slopes[-1]:
+        return (), 0.0
+    return tuple(float(s) for s in slopes), float(rates[kept[0]])
 
 
 def _rate_keys(krps):

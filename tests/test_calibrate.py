@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import yaml
 
+from backends import native_front
 from model_repository_gen.generate import generate
 from planner.objectives import reach_note
 from planner.sustained.capacity import predicted_rps
@@ -64,6 +65,9 @@ def test_the_way_outside_the_sidecar_grows_with_the_rate_by_its_tail() -> None:
     assert f.front_at(0.5) == pytest.approx(1000 + 500 * np.log(2), rel=0.05)
     p99_at_700 = float(np.percentile([1000 + x + 1400 * (x > 1500) for x in rng.exponential(500, 20_000)], 99))
     assert f.at_rate(700).front_at(0.99) == pytest.approx(p99_at_700, rel=0.1)
+    # and its body does not move: shifted whole by the tail's slope, the median at 700 req/s was 1.2 ms higher
+    assert f.at_rate(700).front_at(0.5) == pytest.approx(f.front_at(0.5), abs=50)
+    assert f.front_slopes_per_krps_us[50] < 50 and f.front_slopes_per_krps_us[-1] == f.front_per_krps_us
     # below the lowest rate measured the tail is taken as measured there, not extrapolated down
     assert f.front_rate_rps == 100 and f.at_rate(20).front_at(0.99) == pytest.approx(f.at_rate(100).front_at(0.99))
     assert Overheads.from_dict(f.to_dict()) == f
@@ -179,6 +183,22 @@ def test_calibrate_fits_costs_on_a_live_deployment_and_plan_finds_them(tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "costs: measured, from poolpipe-costs.json" in r.stdout and "uncalibrated" not in r.stdout
     assert json.loads((tmp_path / "p.json").read_text())["request"]["overheads"]["lead_us"] == costs.lead_us
+
+
+@pytest.mark.skipif(native_front.library() is None, reason="no C compiler here")
+def test_calibrate_through_the_native_front_end(tmp_path) -> None:
+    """--native-front: the steps' clients go through serve --native-grpc-port, and still measure the way outside the
+    sidecar's clock (the sidecar's time comes back through Triton's front end in each answer)."""
+    cluster = write_cluster(tmp_path / "cluster.json", emulated_hosts())
+    generate(ppipe_plan(), {}, cluster, tmp_path / "deploy", emulated_tensor_scale=SCALE)
+    out = tmp_path / "costs.json"
+    r = run_cli("calibrate", tmp_path / "deploy", "--launch", "--native-front", "--shares", "0.2", "--duration-s",
+                "3", "--out", out, "--work", tmp_path / "work", timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "event=native_front_listening" in (tmp_path / "work" / "sidecar.log").read_text()
+    step = json.loads(out.read_text())["calibration"]["steps"][0]
+    assert step["served_rps"] > 0 and 0 < step["front_p50_us"] <= step["front_p99_us"] < 1e6
+    assert len(read_overheads(out).front_quantiles_us) > 0
 
 
 def test_calibrate_refuses_a_plan_that_promises_nothing(tmp_path) -> None:
