@@ -64,9 +64,7 @@ class PaperRun:
     slo_margin: float = 0.3
     # Plan the sustained plans with the costs measured serving (run_all says how); False: the default costs.
     measured_overheads: bool = True
-    # Clients reach each sidecar (and calibrate it) through its native front end (serve --native-grpc-port); False:
-    # through the sidecar's own grpc.aio port
-    native_front: bool = False
+    native_front: bool = False  # clients (calibration's too) go through serve --native-grpc-port, not grpc.aio
 
 
 @dataclass
@@ -296,10 +294,9 @@ class PaperExperiment:
             def at(lf: float) -> float:
                 point = self.work / f"{name}-overheads" / f"{len(self.records):03d}-lf{lf:.4f}.json"
                 point.parent.mkdir(exist_ok=True)
-                sc = SidecarProcess(manifest=deploy, log_path=self.work / f"{name}-sidecar.log",
-                                    extra_args=("--overheads-out", str(point)), native_front=self.run.native_front)
+                sc = SidecarProcess(manifest=deploy, log_path=self.work / f"{name}-sidecar.log", extra_args=(
+                    "--overheads-out", str(point)), native_front=self.run.native_front).start()
                 try:
-                    sc.start()
                     _wait_ready(sc.infer_url, model)
                     open_loop([sc.infer_url], model, self.arrivals(0.2)[:50], self.slo_ms)  # warm-up
                     r = open_loop([sc.infer_url], model, self.arrivals(lf), self.slo_ms)
