@@ -85,8 +85,8 @@ class Overheads:
     front_rate_rps: float = 0.0
     # How each part of that distribution grows (µs per 1,000 req/s at evenly spaced probabilities, 0 % to 100 %;
     # front_per_krps_us is the 99th percentile's): its body grows far slower than its tail. Shifted whole by the
-    # tail's slope, tf_efficientdet_d1 at 3x was simulated a median 1.7 ms above the 1.0-1.1 ms measured at 600 req/s,
-    # and promised 0.88 of what it held live. Empty: every quantile moves by front_per_krps_us.
+    # tail's slope, tf_efficientdet_d1 at 3x was simulated a median 1.7 ms above the 1.1 ms measured at 600 req/s.
+    # Empty: every quantile moves by front_per_krps_us.
     front_slopes_per_krps_us: tuple[float, ...] = ()
     # The stage calls per request of the plan the rate slopes were fitted on (0: unknown, taken as any plan's). What
     # grows with the rate is the sidecar's event loop's work, which is per stage call: a plan with more cuts or

@@ -46,17 +46,18 @@ class SidecarProcess:
     picked: tuple[str, ...] = field(default=(), init=False)
 
     def __post_init__(self) -> None:
-        ports = (*PORTS, "native_grpc_port") if self.native_front else PORTS
-        self.picked = tuple(k for k in ports if not getattr(self, k))
+        self.picked = tuple(k for k in self._port_fields() if not getattr(self, k))
         self._pick_ports()
+
+    def _port_fields(self) -> tuple[str, ...]:
+        return (*PORTS, "native_grpc_port") if self.native_front else PORTS
 
     def _pick_ports(self) -> None:
         """Free ports for the ones not given, distinct from each other and from the given ones (two random picks
         of a free port can be the same port, since neither is bound yet), and from the ports the manifest gave its
         servers: those may not be bound yet either (a test that names the sidecar to ``launch`` before it starts
         the servers), and a sidecar picked onto one would have to move where ``launch`` does not look for it."""
-        taken = {getattr(self, k) for k in (*PORTS, "native_grpc_port")
-                 if k not in self.picked and getattr(self, k)} | self._server_ports()
+        taken = {getattr(self, k) for k in self._port_fields() if k not in self.picked} | self._server_ports()
         for k, port in zip(self.picked, free_ports(len(self.picked), taken)):
             setattr(self, k, port)
 

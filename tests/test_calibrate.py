@@ -67,7 +67,7 @@ def test_the_way_outside_the_sidecar_grows_with_the_rate_by_its_tail() -> None:
     assert f.at_rate(700).front_at(0.99) == pytest.approx(p99_at_700, rel=0.1)
     # and its body does not move: shifted whole by the tail's slope, the median at 700 req/s was 1.2 ms higher
     assert f.at_rate(700).front_at(0.5) == pytest.approx(f.front_at(0.5), abs=50)
-    assert f.front_slopes_per_krps_us[50] < 50 and f.front_slopes_per_krps_us[-1] == f.front_per_krps_us
+    assert f.front_slopes_per_krps_us[50] < 50
     # below the lowest rate measured the tail is taken as measured there, not extrapolated down
     assert f.front_rate_rps == 100 and f.at_rate(20).front_at(0.99) == pytest.approx(f.at_rate(100).front_at(0.99))
     assert Overheads.from_dict(f.to_dict()) == f

@@ -169,12 +169,8 @@ def by_origin(cands: Sequence[CandidatePlan]) -> list[list[CandidatePlan]]:
 
 
 def unique(cands: Iterable[CandidatePlan]) -> list[CandidatePlan]:
-    """``cands`` without repeats, in their order."""
-    out: list[CandidatePlan] = []
-    for c in cands:
-        if c not in out:
-            out.append(c)
-    return out
+    """``cands`` without repeats (the same object), in their order."""
+    return list({id(c): c for c in cands}.values())
 
 
 def to_measure(cands: Sequence[CandidatePlan]) -> list[CandidatePlan]:

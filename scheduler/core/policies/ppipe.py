@@ -146,7 +146,7 @@ class PPipePolicy(QueueingPolicy):
     def _probe_planned(self, pipes: list[CompiledPipeline], now: float) -> list[tuple[float, int, ProbeResult]]:
         """Every pipeline probed at its planned batch, as (wait, index, result), least wait first (to EPS_US), then
         the one that finishes first. Compared exactly, idle pipelines' waits of 0 differed by rounding, which then
-        picked the pool: a slow T4 over an idle L4 for 40 % of tf_efficientdet_d1's requests at 100 req/s."""
+        picked the pool: tf_efficientdet_d1 at 100 req/s kept its 12 T4s 5.3 % busy beside 4 idle-most L4s (10.5 %)."""
         out = []
         for i, cp in enumerate(pipes):
             r = self.state.probe(cp, cp.batch, now)
