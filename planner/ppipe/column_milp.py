@@ -231,7 +231,7 @@ def solve_columns(cands: list[PipelineColumns], gpu_counts: np.ndarray, objectiv
     if objective.max_min and second_pass and res.objective is not None and res.objective > 0:
         left = opts.remaining(res.seconds)
         res2 = solve_milp(_second_pass(milp, layout, objective, res.objective, second_pass), left.solver,
-                          left.time_limit_s, left.rel_gap, left.log, res.x)
+                          left.time_limit_s, left.rel_gap, left.log, res.x, max_nodes=left.max_nodes)
         if res2.x is not None:
             res = MilpResult(res.status, res2.x, res.objective, res.seconds + res2.seconds, res.gap, res.bound)
     return res, chosen_pipelines(cands, layout, res.x)

@@ -58,13 +58,13 @@ def _solve_tightened(milp: MilpArrays, tighten: Tightener | None, opts: SolverOp
     if known is not None and relative_gap(z, max(known, z)) <= opts.rel_gap:
         return MilpResult("optimal", start, z, time.perf_counter() - t0, relative_gap(z, max(known, z)), max(known, z))
     res = solve_milp(m, opts.solver, opts.remaining(time.perf_counter() - t0).time_limit_s, opts.rel_gap, opts.log,
-                     start, quick=quick)
+                     start, quick=quick, max_nodes=opts.max_nodes)
     res = replace(res, seconds=time.perf_counter() - t0)
     if m is milp:
         return res
     if res.status == "infeasible":
         return solve_milp(milp, opts.solver, opts.remaining(res.seconds).time_limit_s, opts.rel_gap, opts.log,
-                          start, quick=quick)
+                          start, quick=quick, max_nodes=opts.max_nodes)
     if res.x is None:
         res = MilpResult("time_limit", start, z, res.seconds, None, res.bound)
     bounds = [b for b in (res.bound, known) if b is not None]
@@ -92,17 +92,18 @@ def aspiration_search(milp: MilpArrays, tighten: Tightener, opts: SolverOptions,
         left = opts.remaining(time.perf_counter() - t0)
         aspiration = z + (upper - z) / 2
         reduced, _ = tighten(milp, aspiration)
-        res = solve_milp(_at_least(reduced, aspiration), opts.solver, left.time_limit_s, opts.rel_gap, opts.log)
+        res = solve_milp(_at_least(reduced, aspiration), opts.solver, left.time_limit_s, opts.rel_gap, opts.log,
+                         max_nodes=opts.max_nodes)
         if res.x is not None and res.objective > z:
             best, z = res.x[:milp.num_cols], float(res.objective)
         if res.status in ("optimal", "infeasible"):
             upper = min(upper, aspiration if res.bound is None else max(res.bound, aspiration))
-        else:  # out of time: what the solve proved still holds
+        else:  # out of time or nodes: what the solve proved still holds
             upper = upper if res.bound is None else min(upper, max(res.bound, aspiration))
-            status = "time_limit"
+            status = "node_limit" if res.status == "node_limit" else "time_limit"
             break
     gap = relative_gap(z, max(upper, z))
-    if status == "time_limit" and gap <= opts.rel_gap:
+    if status != "optimal" and gap <= opts.rel_gap:
         status = "optimal"
     return MilpResult(status, best, z, time.perf_counter() - t0, gap, max(upper, z))
 

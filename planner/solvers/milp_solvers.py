@@ -10,7 +10,7 @@ from __future__ import annotations
 import tempfile
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,9 @@ class SolverOptions:
     time_limit_s: float | None = None
     rel_gap: float = DEFAULT_REL_GAP
     log: bool = False
+    # A bound on work, not on time (HiGHS's branch-and-bound nodes per solve; None: none): a solve stopped by it
+    # ends at the same point on any machine. Other solvers ignore it.
+    max_nodes: int | None = None
 
     def remaining(self, spent_s: float) -> SolverOptions:
         """The options for the next step of a solve that has run ``spent_s``: the same limit while any is left (a
@@ -68,14 +71,16 @@ class SolverOptions:
         the limit's exact value, so a remainder made the same MILP give different plans on a busier machine."""
         if self.time_limit_s is None or spent_s < self.time_limit_s:
             return self
-        return SolverOptions(self.solver, 1e-3, self.rel_gap, self.log)
+        return replace(self, time_limit_s=1e-3)
 
 
 @dataclass(frozen=True)
 class MilpResult:
     """A solve's outcome: the incumbent (x, objective), the proven bound on the optimum, and their gap."""
 
-    status: str  # optimal (within the gap) | time_limit (feasible, not proven) | infeasible | no_solution
+    # optimal (within the gap) | time_limit, node_limit (feasible, not proven; stopped by the clock or by max_nodes)
+    # | infeasible | no_solution
+    status: str
     x: np.ndarray | None
     objective: float | None
     seconds: float
@@ -134,13 +139,15 @@ def _set_start(h, m: MilpArrays, start: np.ndarray) -> None:
 
 
 def _solve_highs(m: MilpArrays, time_limit_s: float | None, rel_gap: float, log: bool,
-                 start: np.ndarray | None = None, quick: bool = False) -> MilpResult:
+                 start: np.ndarray | None = None, quick: bool = False, max_nodes: int | None = None) -> MilpResult:
     """One HiGHS search (single-threaded, so the same model gives the same answer on any machine that finishes it
     within its time limit)."""
     h = _highs_model(m)
     if quick:  # see QUICK_PASS_NODES
         h.setOptionValue("mip_root_presolve_only", True)
         h.setOptionValue("mip_max_nodes", QUICK_PASS_NODES)
+    elif max_nodes is not None:
+        h.setOptionValue("mip_max_nodes", int(max_nodes))
     h.setOptionValue("output_flag", log)
     h.setOptionValue("mip_rel_gap", rel_gap)
     h.setOptionValue("threads", 1)
@@ -165,7 +172,7 @@ def _highs_result(h: Any, m: MilpArrays, secs: float) -> MilpResult:
     elif st == highspy.HighsModelStatus.kInfeasible:
         return MilpResult("infeasible", None, None, secs)
     elif has_sol:
-        status = "time_limit"
+        status = "node_limit" if st == highspy.HighsModelStatus.kSolutionLimit else "time_limit"
     else:
         return MilpResult("no_solution", None, None, secs, bound=_finite(info.mip_dual_bound))
     x = np.asarray(h.getSolution().col_value)
@@ -296,10 +303,10 @@ def _solve_gurobi(m: MilpArrays, time_limit_s: float | None, rel_gap: float, log
 
 def solve_milp(m: MilpArrays, solver: str = "highs", time_limit_s: float | None = None,
                rel_gap: float = DEFAULT_REL_GAP, log: bool = False, start: np.ndarray | None = None,
-               quick: bool = False) -> MilpResult:
+               quick: bool = False, max_nodes: int | None = None) -> MilpResult:
     """Solve ``m`` with the named solver, from the feasible point ``start`` if given (HiGHS only);
-    ``quick``: HiGHS's presolve at the root only (see QUICK_PASS_NODES). Bad solver names and unusable
-    solvers raise InputError."""
+    ``quick``: HiGHS's presolve at the root only (see QUICK_PASS_NODES); ``max_nodes``: SolverOptions.max_nodes.
+    Bad solver names and unusable solvers raise InputError."""
     if solver not in SOLVERS:
         raise InputError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}")
     if time_limit_s is not None and not time_limit_s > 0:
@@ -307,6 +314,6 @@ def solve_milp(m: MilpArrays, solver: str = "highs", time_limit_s: float | None 
     if not 0 <= rel_gap < 1:
         raise InputError(f"--gap must be a relative MIP gap in [0, 1), got {rel_gap}")
     if solver == "highs":
-        return _solve_highs(m, time_limit_s, rel_gap, log, start, quick)
+        return _solve_highs(m, time_limit_s, rel_gap, log, start, quick, max_nodes)
     fn = {"cbc": _solve_cbc, "gurobi": _solve_gurobi}[solver]
     return fn(m, time_limit_s, rel_gap, log, start)
