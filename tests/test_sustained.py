@@ -21,6 +21,7 @@ from planner.sustained.search import (
     CandidatePlan,
     kept,
     robust_best,
+    to_verify,
     with_serving_costs,
 )
 from plans.arrivals import parse_arrivals
@@ -248,3 +249,15 @@ def test_between_plans_within_the_models_error_the_one_with_fewer_stage_calls_is
     assert robust_best([cut, whole]) is whole and robust_best([cut, far]) is cut
     slack = _candidate(0.2, 99.5, stages=3)
     assert robust_best([cut, slack]) is slack
+
+
+def test_a_plan_passed_over_on_screened_rates_is_measured_again_before_the_choice():
+    """The screen's rates are a quarter-length run's to MODEL_ERROR: where kept() passes over the best-rated plan (for
+    a more robust one, or for the spec's own), both go to the full-length measurement, the kept one first."""
+    cut = _candidate(0.1, 100.0, stages=2)
+    whole = _candidate(0.3, 100.0 * (1 - MODEL_ERROR / 3), stages=1)
+    assert to_verify([cut, whole]) == [whole, cut]
+    own = _candidate(None, 100.0)
+    close = _candidate(0.2, 100.0 * (1 + OWN_PLAN_TOLERANCE / 2))
+    assert to_verify([close, own]) == [own, close]
+    assert to_verify([cut, _candidate(0.3, 90.0, stages=1)]) == [cut]  # kept is the best rated: it alone
