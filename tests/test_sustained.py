@@ -252,12 +252,16 @@ def test_between_plans_within_the_models_error_the_one_with_fewer_stage_calls_is
 
 
 def test_a_plan_passed_over_on_screened_rates_is_measured_again_before_the_choice():
-    """The screen's rates are a quarter-length run's to MODEL_ERROR: where kept() passes over the best-rated plan (for
-    a more robust one, or for the spec's own), both go to the full-length measurement, the kept one first."""
+    """The screen's rates are a quarter-length run's to MODEL_ERROR: the kept plan and the best-rated other within
+    MODEL_ERROR of the best (which kept() may have passed over for a more robust one) both go to the full-length
+    measurement, the kept one first; a plan rated further down does not, nor do rivals of the spec's own plan kept."""
     cut = _candidate(0.1, 100.0, stages=2)
     whole = _candidate(0.3, 100.0 * (1 - MODEL_ERROR / 3), stages=1)
     assert to_verify([cut, whole]) == [whole, cut]
+    assert to_verify([_candidate(0.2, 100.0 * (1 - MODEL_ERROR / 2), stages=2), whole, cut]) == [whole, cut]
     own = _candidate(None, 100.0)
     close = _candidate(0.2, 100.0 * (1 + OWN_PLAN_TOLERANCE / 2))
-    assert to_verify([close, own]) == [own, close]
-    assert to_verify([cut, _candidate(0.3, 90.0, stages=1)]) == [cut]  # kept is the best rated: it alone
+    assert to_verify([close, own]) == [own]  # the spec's own plan stays unless one is clearly better
+    clear = _candidate(0.1, 100.0 * (1 + 2 * OWN_PLAN_TOLERANCE))
+    assert to_verify([close, own, clear]) == [clear, own, close]
+    assert to_verify([cut, _candidate(0.3, 90.0, stages=1)]) == [cut]  # nothing within MODEL_ERROR: it alone

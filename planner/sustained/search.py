@@ -246,18 +246,28 @@ def kept(pool: Sequence[CandidatePlan]) -> CandidatePlan:
 def _measured(cands: Sequence[CandidatePlan], name: str, arrivals: Arrivals, costs: Overheads, jobs: WorkerPool
               ) -> tuple[list[CandidatePlan], CandidatePlan]:
     """(the screened candidates, the kept one measured to the promise's precision). A screen is too coarse to replace
-    the spec's own plan, or to pass over the plan it rated best for a more robust one within MODEL_ERROR: where it
-    would, those are measured to the promise's precision too and kept() weighs them again (dnl at 3x on 4 L4 + 12 T4,
-    with one calibration's costs: a two-stage plan screened at 201.9 req/s and a whole-model one at 201.8, so the
-    whole-model one was kept and promised 201.8; the two-stage plan sustains 212.7-215.1 at full length)."""
+    the spec's own plan, or to choose between plans within MODEL_ERROR: those are measured to the promise's precision
+    too (to_verify) and kept() weighs them again (dnl at 3x on 4 L4 + 12 T4, with one calibration's costs: a
+    two-stage plan screened at 201.9 req/s and a whole-model one at 201.8, so the whole-model one was kept and
+    promised 201.8; the two-stage plan sustains 212.7-215.1 at full length)."""
     # a bar on a terminal only (disable=None): the re-planner's and the tests' stderr stay clean
     with tqdm(total=0, desc=f"measuring candidate plans ({name})", unit="plan", file=sys.stderr, disable=None,
               leave=False) as bar:
         screened = to_measure(cands)
         pool = _screened(screened, name, arrivals, costs, jobs, bar)
         final = to_verify(pool)
-        _measure(final, [promise_precision(c) for c in final], name, arrivals, costs, jobs, bar)
-    return screened, kept(final)
+        rivals = {id(c): c.measured for c in final[1:] if c.margin is not None}  # their screened rates
+        bar_score = (1.0 + MODEL_ERROR) * score(final[0].plan, final[0].rates())
+        _measure(final, [rival_precision(c, bar_score) if id(c) in rivals else promise_precision(c) for c in final],
+                 name, arrivals, costs, jobs, bar)
+        held = [c for c in final if id(c) not in rivals or score(c.plan, c.rates()) > 0]
+        for c in final:
+            if c not in held:  # not clearly better than the kept one: its screened rates stay in the table
+                c.measured = rivals[id(c)]
+        choice = kept(held)
+        if choice is not final[0] and choice.margin is not None:  # a rival won: its rates to the promise's precision
+            _measure([choice], [promise_precision(choice)], name, arrivals, costs, jobs, bar)
+    return screened, choice
 
 
 def _screened(pool: Sequence[CandidatePlan], name: str, arrivals: Arrivals, costs: Overheads, jobs: WorkerPool,
@@ -274,11 +284,17 @@ def _screened(pool: Sequence[CandidatePlan], name: str, arrivals: Arrivals, cost
 
 
 def to_verify(pool: Sequence[CandidatePlan]) -> list[CandidatePlan]:
-    """What is measured to the promise's precision: the kept one first, and the spec's own plan and the one rated best
-    where kept() passed over them on screened rates (then kept() weighs them again on full-length ones)."""
+    """What is measured to the promise's precision: the kept one first; where it is not the spec's own plan (which
+    stays unless a candidate sustains clearly more), the own plan and the best-rated other plan within MODEL_ERROR of
+    the best, whose screened rate could not tell it from the kept one (then kept() weighs them again on full-length
+    rates)."""
     best, own = kept(pool), own_plan(pool)
-    top = max(pool, key=lambda c: score(c.plan, c.rates()))
-    return unique(c for c in (best, own, top) if c is not None)
+    if best is own:
+        return [best]
+    top = max(score(c.plan, c.rates()) for c in pool)
+    rivals = sorted((c for c in pool if c is not best and score(c.plan, c.rates()) >= (1.0 - MODEL_ERROR) * top),
+                    key=lambda c: -score(c.plan, c.rates()))
+    return unique(c for c in (best, own, *rivals[:1]) if c is not None)
 
 
 def robust_best(pool: Sequence[CandidatePlan]) -> CandidatePlan:
@@ -340,6 +356,14 @@ def screening_precision(c: CandidatePlan, floor: float = 0.0) -> Precision:
                          joint=True, floor=True)
     start = (("*", guess * (1 - GUESS_BAND), guess * (1 + GUESS_BAND)),) if guess > 0 else ()
     return Precision(MODEL_ERROR, SCREEN_FIDELITY, start, joint=True)
+
+
+def rival_precision(c: CandidatePlan, floor: float) -> Precision:
+    """A rival of the kept plan (to_verify) on full-length points, the mix as one, from the fraction of the mix that
+    scores ``floor`` (the kept one's screened score plus MODEL_ERROR: what it must sustain to be kept instead); one
+    that fails there is measured no further (its rates 0)."""
+    lo = floor / max(score(c.plan, mix_rates(c.plan)), 1e-12)
+    return Precision(PROMISE_RESOLUTION, start=(("*", lo, lo * (1 + GUESS_BAND)),), joint=True, floor=True)
 
 
 def promise_precision(c: CandidatePlan) -> Precision:
