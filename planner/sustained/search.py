@@ -260,11 +260,11 @@ def _measured(cands: Sequence[CandidatePlan], name: str, arrivals: Arrivals, cos
         bar_score = (1.0 + MODEL_ERROR) * score(final[0].plan, final[0].rates())
         _measure(final, [rival_precision(c, bar_score) if id(c) in rivals else promise_precision(c) for c in final],
                  name, arrivals, costs, jobs, bar)
-        held = [c for c in final if id(c) not in rivals or score(c.plan, c.rates()) > 0]
+        failed = {id(c) for c in final if id(c) in rivals and score(c.plan, c.rates()) <= 0}
         for c in final:
-            if c not in held:  # not clearly better than the kept one: its screened rates stay in the table
+            if id(c) in failed:  # not clearly better than the kept one: its screened rates stay in the table
                 c.measured = rivals[id(c)]
-        choice = kept(held)
+        choice = kept([c for c in final if id(c) not in failed])
         if choice is not final[0] and choice.margin is not None:  # a rival won: its rates to the promise's precision
             _measure([choice], [promise_precision(choice)], name, arrivals, costs, jobs, bar)
     return screened, choice
