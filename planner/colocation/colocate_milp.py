@@ -19,7 +19,7 @@ import numpy as np
 
 from planner.ppipe.column_milp import ChosenPipeline, ColumnLayout, chosen_pipelines
 from planner.ppipe.pipeline_columns import PipelineColumns
-from planner.solvers.milp_solvers import MilpArrays, MilpResult, SolverOptions, solve_milp
+from planner.solvers.milp_solvers import MilpArrays, MilpResult, SolverOptions, solve_with
 
 
 def build_colocated_milp(cands: list[PipelineColumns], gpu_counts: np.ndarray, weights: tuple[float, ...]
@@ -84,7 +84,7 @@ def solve_colocated(cands: list[PipelineColumns], gpu_counts: np.ndarray, weight
                     opts: SolverOptions) -> tuple[MilpResult, list[ChosenPipeline]]:
     """Solve the MILP above (with the fill pass for several models); the pipelines it chose."""
     milp, lay = build_colocated_milp(cands, gpu_counts, weights)
-    res = solve_milp(milp, opts.solver, opts.time_limit_s, opts.rel_gap, opts.log)
+    res = solve_with(milp, opts)
     if res.x is None:
         return res, []
     if lay.z_index is not None and res.objective and res.objective > 0:
@@ -95,7 +95,7 @@ def solve_colocated(cands: list[PipelineColumns], gpu_counts: np.ndarray, weight
         fill = MilpArrays(cost, lower, milp.upper, milp.integer, milp.a_row, milp.a_col, milp.a_val,
                           milp.row_lower, milp.row_upper, True)
         left = opts.remaining(res.seconds)
-        res2 = solve_milp(fill, left.solver, left.time_limit_s, left.rel_gap, left.log, res.x)
+        res2 = solve_with(fill, left, res.x)
         if res2.x is not None:
             res = MilpResult(res.status, res2.x, res.objective, res.seconds + res2.seconds, res.gap, res.bound)
     return res, chosen_pipelines(cands, lay, res.x)

@@ -27,7 +27,7 @@ from planner.ppipe import relaxed_dp
 from planner.ppipe.pipeline_columns import PipelineColumns
 from planner.ppipe.reduction import aggregated_lp, throughput_caps, throughput_duals
 from planner.solvers.milp_passes import Tightener, solve_two_pass
-from planner.solvers.milp_solvers import MilpArrays, MilpResult, SolverOptions, relative_gap, solve_milp
+from planner.solvers.milp_solvers import MilpArrays, MilpResult, SolverOptions, relative_gap, solve_milp, solve_with
 
 
 @dataclass(frozen=True)
@@ -230,8 +230,7 @@ def solve_columns(cands: list[PipelineColumns], gpu_counts: np.ndarray, objectiv
         res = _with_relaxation_bound(res, relaxation_bound(cands, gpu_counts, objective), milp.maximize)
     if objective.max_min and second_pass and res.objective is not None and res.objective > 0:
         left = opts.remaining(res.seconds)
-        res2 = solve_milp(_second_pass(milp, layout, objective, res.objective, second_pass), left.solver,
-                          left.time_limit_s, left.rel_gap, left.log, res.x, max_nodes=left.max_nodes)
+        res2 = solve_with(_second_pass(milp, layout, objective, res.objective, second_pass), left, res.x)
         if res2.x is not None:
             res = MilpResult(res.status, res2.x, res.objective, res.seconds + res2.seconds, res.gap, res.bound)
     return res, chosen_pipelines(cands, layout, res.x)

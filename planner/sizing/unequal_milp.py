@@ -23,7 +23,7 @@ import numpy as np
 from planner.ppipe.column_milp import ColumnLayout, Objective, build_column_milp, chosen_pipelines
 from planner.ppipe.pooled import InfeasibleError, ModelPipelines, chosen_to_models, gpu_counts, model_candidates
 from planner.sizing.size_profiles import expanded_cluster, sized_device, sized_profile, split_device
-from planner.solvers.milp_solvers import MilpArrays, MilpResult, SolverOptions, solve_milp
+from planner.solvers.milp_solvers import MilpArrays, MilpResult, SolverOptions, solve_with
 from plans.plan_json import PipelinePlan
 from plans.spec.planning_spec import ClusterSpec, PlanningSpec
 from poolpipe_common.errors import InputError
@@ -106,7 +106,7 @@ def solve_unequal(spec: PlanningSpec, opts: SolverOptions
     start = equal_level_start(spec, cands, layout, types, objective, gpu_counts(ext), milp.num_cols,
                               opts.remaining(time.perf_counter() - t0))
     left = opts.remaining(time.perf_counter() - t0)
-    res = solve_milp(milp, left.solver, left.time_limit_s, left.rel_gap, left.log, start)
+    res = solve_with(milp, left, start)
     if res.x is None:
         raise InfeasibleError(f"the MILP with unequal vGPU sizes is {res.status}; raise --time-limit or check the "
                               "spec")

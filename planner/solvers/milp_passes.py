@@ -23,7 +23,7 @@ from planner.solvers.milp_solvers import (
     SolverOptions,
     is_feasible,
     relative_gap,
-    solve_milp,
+    solve_with,
 )
 
 # (MILP, incumbent) -> (the MILP without what cannot beat the incumbent, a bound on what can)
@@ -57,14 +57,12 @@ def _solve_tightened(milp: MilpArrays, tighten: Tightener | None, opts: SolverOp
     m, z, known = _tightened(milp, tighten, start)
     if known is not None and relative_gap(z, max(known, z)) <= opts.rel_gap:
         return MilpResult("optimal", start, z, time.perf_counter() - t0, relative_gap(z, max(known, z)), max(known, z))
-    res = solve_milp(m, opts.solver, opts.remaining(time.perf_counter() - t0).time_limit_s, opts.rel_gap, opts.log,
-                     start, quick=quick, max_nodes=opts.max_nodes)
+    res = solve_with(m, opts.remaining(time.perf_counter() - t0), start, quick)
     res = replace(res, seconds=time.perf_counter() - t0)
     if m is milp:
         return res
     if res.status == "infeasible":
-        return solve_milp(milp, opts.solver, opts.remaining(res.seconds).time_limit_s, opts.rel_gap, opts.log,
-                          start, quick=quick, max_nodes=opts.max_nodes)
+        return solve_with(milp, opts.remaining(res.seconds), start, quick)
     if res.x is None:
         res = MilpResult("time_limit", start, z, res.seconds, None, res.bound)
     bounds = [b for b in (res.bound, known) if b is not None]
@@ -92,8 +90,7 @@ def aspiration_search(milp: MilpArrays, tighten: Tightener, opts: SolverOptions,
         left = opts.remaining(time.perf_counter() - t0)
         aspiration = z + (upper - z) / 2
         reduced, _ = tighten(milp, aspiration)
-        res = solve_milp(_at_least(reduced, aspiration), opts.solver, left.time_limit_s, opts.rel_gap, opts.log,
-                         max_nodes=opts.max_nodes)
+        res = solve_with(_at_least(reduced, aspiration), left)
         if res.x is not None and res.objective > z:
             best, z = res.x[:milp.num_cols], float(res.objective)
         if res.status in ("optimal", "infeasible"):

@@ -301,6 +301,12 @@ def _solve_gurobi(m: MilpArrays, time_limit_s: float | None, rel_gap: float, log
     return MilpResult(status, x, float(m.cost @ x), secs, float(model.MIPGap), bound)
 
 
+def solve_with(m: MilpArrays, opts: SolverOptions, start: np.ndarray | None = None, quick: bool = False
+               ) -> MilpResult:
+    """:func:`solve_milp` under ``opts`` (its solver, time limit, gap, log and node limit)."""
+    return solve_milp(m, opts.solver, opts.time_limit_s, opts.rel_gap, opts.log, start, quick, opts.max_nodes)
+
+
 def solve_milp(m: MilpArrays, solver: str = "highs", time_limit_s: float | None = None,
                rel_gap: float = DEFAULT_REL_GAP, log: bool = False, start: np.ndarray | None = None,
                quick: bool = False, max_nodes: int | None = None) -> MilpResult:

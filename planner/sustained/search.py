@@ -246,26 +246,24 @@ def kept(pool: Sequence[CandidatePlan]) -> CandidatePlan:
 def _measured(cands: Sequence[CandidatePlan], name: str, arrivals: Arrivals, costs: Overheads, jobs: WorkerPool
               ) -> tuple[list[CandidatePlan], CandidatePlan]:
     """(the screened candidates, the kept one measured to the promise's precision). A screen is too coarse to replace
-    the spec's own plan, or to choose between plans within MODEL_ERROR: those are measured to the promise's precision
-    too (to_verify) and kept() weighs them again (dnl at 3x on 4 L4 + 12 T4, with one calibration's costs: a
-    two-stage plan screened at 201.9 req/s and a whole-model one at 201.8, so the whole-model one was kept and
-    promised 201.8; the two-stage plan sustains 212.7-215.1 at full length)."""
+    the spec's own plan, or to choose between plans within MODEL_ERROR: those are measured at full length too
+    (to_verify) and kept() weighs them again (dnl at 3x: a two-stage plan screened at 201.9 req/s beside a whole-model
+    one at 201.8, which was kept; the two-stage plan sustains 212.7-215.1 at full length)."""
     # a bar on a terminal only (disable=None): the re-planner's and the tests' stderr stay clean
     with tqdm(total=0, desc=f"measuring candidate plans ({name})", unit="plan", file=sys.stderr, disable=None,
               leave=False) as bar:
         screened = to_measure(cands)
         pool = _screened(screened, name, arrivals, costs, jobs, bar)
-        final = to_verify(pool)
-        rivals = {id(c): c.measured for c in final[1:] if c.margin is not None}  # their screened rates
-        bar_score = (1.0 + MODEL_ERROR) * score(final[0].plan, final[0].rates())
-        _measure(final, [rival_precision(c, bar_score) if id(c) in rivals else promise_precision(c) for c in final],
+        final, other = to_verify(pool), rival(pool)
+        screened_rates = other.measured if other is not None else None
+        floor = (1.0 + MODEL_ERROR) * score(final[0].plan, final[0].rates())
+        _measure(final, [rival_precision(c, floor) if c is other else promise_precision(c) for c in final],
                  name, arrivals, costs, jobs, bar)
-        failed = {id(c) for c in final if id(c) in rivals and score(c.plan, c.rates()) <= 0}
-        for c in final:
-            if id(c) in failed:  # not clearly better than the kept one: its screened rates stay in the table
-                c.measured = rivals[id(c)]
-        choice = kept([c for c in final if id(c) not in failed])
-        if choice is not final[0] and choice.margin is not None:  # a rival won: its rates to the promise's precision
+        if other is not None and score(other.plan, other.rates()) <= 0:  # not clearly better: screened rates stay
+            other.measured = screened_rates
+            final = [c for c in final if c is not other]
+        choice = kept(final)
+        if choice is other:  # it won: its rates to the promise's precision
             _measure([choice], [promise_precision(choice)], name, arrivals, costs, jobs, bar)
     return screened, choice
 
@@ -284,17 +282,20 @@ def _screened(pool: Sequence[CandidatePlan], name: str, arrivals: Arrivals, cost
 
 
 def to_verify(pool: Sequence[CandidatePlan]) -> list[CandidatePlan]:
-    """What is measured to the promise's precision: the kept one first; where it is not the spec's own plan (which
-    stays unless a candidate sustains clearly more), the own plan and the best-rated other plan within MODEL_ERROR of
-    the best, whose screened rate could not tell it from the kept one (then kept() weighs them again on full-length
-    rates)."""
+    """What is measured at full length: the kept one first, the spec's own plan where kept() passed over it, and the
+    kept one's rival (then kept() weighs them again on full-length rates)."""
+    return unique(c for c in (kept(pool), own_plan(pool), rival(pool)) if c is not None)
+
+
+def rival(pool: Sequence[CandidatePlan]) -> CandidatePlan | None:
+    """The best-rated other plan within MODEL_ERROR of the best, whose screened rate could not tell it from the kept
+    one; none where the kept one is the spec's own (it stays unless a candidate sustains clearly more), nor where the
+    rival is (its own precision measures it)."""
     best, own = kept(pool), own_plan(pool)
-    if best is own:
-        return [best]
     top = max(score(c.plan, c.rates()) for c in pool)
-    rivals = sorted((c for c in pool if c is not best and score(c.plan, c.rates()) >= (1.0 - MODEL_ERROR) * top),
-                    key=lambda c: -score(c.plan, c.rates()))
-    return unique(c for c in (best, own, *rivals[:1]) if c is not None)
+    near = [c for c in pool if c is not best and score(c.plan, c.rates()) >= (1.0 - MODEL_ERROR) * top]
+    other = max(near, key=lambda c: score(c.plan, c.rates()), default=None)
+    return None if best is own or other is own else other
 
 
 def robust_best(pool: Sequence[CandidatePlan]) -> CandidatePlan:
