@@ -23,7 +23,7 @@ from loadtest.open_loop import RunResult, no_collector_pauses, run_open_loop
 from model_repository_gen.manifest import load_manifest
 from poolpipe_common.cost_fit import CostPoint, fit_front, fit_runs, not_overloaded
 from poolpipe_common.errors import InputError
-from poolpipe_common.overheads import Overheads, read_overheads
+from poolpipe_common.overheads import TARGET_ATTAINMENT, MeasuredLimit, Overheads, read_overheads
 from scheduler.server.common.event_loop import new_loop
 
 DEFAULT_SHARES = (0.25, 0.5, 0.75, 1.0)  # of the plan's promise
@@ -38,6 +38,11 @@ class Step:
     costs: Overheads  # what the sidecar wrote for this step (lead and tail means over all its stage calls)
     points: tuple[CostPoint, ...]
     results: dict[str, RunResult]
+
+
+def attainment(step: Step) -> float:
+    """The step's SLO attainment: its worst model's (a plan holds as a whole)."""
+    return min((r.attainment for r in step.results.values()), default=1.0)
 
 
 def poisson_s(rate: float, duration_s: float, seed: int) -> list[float]:
@@ -115,29 +120,59 @@ class Calibration:
             raise InputError(f"{self.deployment}: its plan promises 0 req/s (no plan of it fits the SLOs with the "
                              "costs it was made with), so there is no load to calibrate at: plan it again with "
                              "costs measured on a plan that serves (poolpipe serve --overheads-out) or a larger SLO")
-        steps = []
+        steps: list[Step] = []
         for share in shares:
-            t0 = time.monotonic()
-            s = self.step(share)
+            s = self.logged(share, f"step {len(steps) + 1}/{len(shares)}")
+            if attainment(s) < TARGET_ATTAINMENT:  # a miss bounds the plan's promise (limits): measured twice, the
+                s = max(s, self.logged(share, "  measured again"), key=attainment)  # better counts (a host stall)
             steps.append(s)
-            att = min((r.attainment for r in s.results.values()), default=1.0)
-            self.log(f"step {len(steps)}/{len(shares)}: {100 * share:.0f} % of the promise, offered "
-                     f"{s.offered_rps:.1f} req/s, served {s.served_rps:.1f}: lead {s.costs.lead_us:.0f} us, tail "
-                     f"{s.costs.tail_us:.0f} us, attainment {100 * att:.1f} % ({time.monotonic() - t0:.0f} s)")
         return self.fit(steps), steps
+
+    def logged(self, share: float, what: str) -> Step:
+        t0 = time.monotonic()
+        s = self.step(share)
+        self.log(f"{what}: {100 * share:.0f} % of the promise, offered {s.offered_rps:.1f} req/s, served "
+                 f"{s.served_rps:.1f}: lead {s.costs.lead_us:.0f} us, tail {s.costs.tail_us:.0f} us, attainment "
+                 f"{100 * attainment(s):.1f} % ({time.monotonic() - t0:.0f} s)")
+        return s
 
     def fit(self, steps: Sequence[Step]) -> Overheads:
         """The cost model of the steps that were not overloaded (all where none was): an overloaded step's costs
         are its queues' (a step served at 89 % of its offered rate measured twice the others' lead and tail)."""
-        held = not_overloaded(steps, lambda s: min((r.attainment for r in s.results.values()), default=1.0))
+        held = not_overloaded(steps, attainment)
         costs = fit_runs([s.costs for s in held], [p for s in held for p in s.points])
         runs = [(s, m, r) for s in held for m, r in s.results.items()]
         fronts = [(self.input_bytes.get(m, 0), f) for _, m, r in runs for f in r.front_us]
         rates = [s.served_rps for s, _, r in runs for _ in r.front_us]
         # no client measurement: the front as the sidecar was told (--front-us); the rates are this plan's, whose
         # requests make so many stage calls each (Overheads.at_rate scales them for another plan)
-        return replace(fit_front(costs, fronts, rates), calibrated_rps=max(s.served_rps for s in held),
-                       rate_calls_per_request=self.manifest.plan.stage_calls_per_request())
+        top = max(held, key=lambda s: s.served_rps)  # the spread of a call's costs at the rate nearest the promise
+        return replace(fit_front(costs, fronts, rates), calibrated_rps=top.served_rps,
+                       lead_shape=top.costs.lead_shape, tail_shape=top.costs.tail_shape,
+                       rate_calls_per_request=self.manifest.plan.stage_calls_per_request(),
+                       measured_limits=self.limits(steps))
+
+    def limits(self, steps: Sequence[Step]) -> tuple[MeasuredLimit, ...]:
+        """What the steps measured this plan to hold (limit_share of its promise, per model); none where it held."""
+        share = limit_share([(s.share, attainment(s)) for s in steps])
+        if share is None:
+            return ()
+        key = self.manifest.plan.layout_key()
+        return tuple(MeasuredLimit(key, m, share * r) for m, r in sorted(self.promise.items()))
+
+
+def limit_share(steps: Sequence[tuple[float, float]], target: float = TARGET_ATTAINMENT) -> float | None:
+    """The share of the promise where attainment falls below ``target``, from (share, attainment) steps: linear
+    between the highest step that held (no load: full attainment) and the first above it that did not; None where
+    none above it failed (a miss below a step that held is the noise of a short step, not a limit)."""
+    ordered = sorted(steps)
+    held = [i for i, (_, a) in enumerate(ordered) if a >= target]
+    start = held[-1] + 1 if held else 0
+    (s0, a0), missed = (ordered[held[-1]] if held else (0.0, 1.0)), ordered[start:]
+    if not missed:
+        return None
+    s1, a1 = missed[0]
+    return s0 + (s1 - s0) * (a0 - target) / max(a0 - a1, 1e-12)
 
 
 def calibration_doc(costs: Overheads, steps: Sequence[Step], deployment: Path) -> dict[str, Any]:

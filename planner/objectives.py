@@ -62,6 +62,24 @@ def reach_note(plan: Plan, costs: Overheads | None) -> tuple[str, ...]:
             "deployment ('poolpipe calibrate DEPLOYMENT') and re-plan",)
 
 
+def limit_note(plan: Plan, costs: Overheads | None) -> tuple[str, ...]:
+    """One line where a model's promise was held to what a calibration measured this plan's layout to hold
+    (Overheads.measured_limits), above which the costs alone would have promised more."""
+    key = plan.layout_key()
+    held = [(x, r) for x in (costs.measured_limits if costs is not None else ()) if x.layout == key
+            for m, r in plan.capacity_rps().items() if m == x.model and r >= x.rps * (1 - 1e-9)]
+    if not held:
+        return ()
+    return ("promise held to measurement: a calibration of this very plan saw SLO attainment fall below 99 % above "
+            + ", ".join(f"{x.model} {x.rps:,.1f} req/s" for x, _ in held)
+            + ", and the costs it fitted alone put the plan no lower: the promise is held there. "
+            "Calibrate again ('poolpipe calibrate DEPLOYMENT') after the servers change",)
+
+
+def measured_notes(plan: Plan, costs: Overheads | None) -> tuple[str, ...]:
+    return (*reach_note(plan, costs), *limit_note(plan, costs))
+
+
 class ObjectiveInputs(Protocol):
     """What an objective reads of a planner.request.PlanRequest (which checks its names against OBJECTIVES)."""
 
@@ -104,7 +122,7 @@ def sustained(spec: PlanningSpec, request: ObjectiveInputs) -> Plan:
     name = "analytic" if request.evaluator == NO_EVALUATOR else request.evaluator
     plan, lines = plan_sustained(spec, sustained_planners(spec, request), request.solver_options(),
                                  parse_arrivals(request.arrivals), request.costs(), name, request.jobs)
-    return replace(plan, notes=(*lines, *costs_note(request), *reach_note(plan, request.overheads)), sustained={
+    return replace(plan, notes=(*lines, *costs_note(request), *measured_notes(plan, request.overheads)), sustained={
         **(plan.sustained or {}), "costs": "default" if request.overheads is None else "measured"})
 
 
@@ -123,7 +141,7 @@ def cost(spec: PlanningSpec, request: ObjectiveInputs) -> Plan:
     line = (f"cost objective: sustains {', '.join(f'{m} {r:,.1f} req/s' for m, r in held.items())} at >= 99 % "
             f"under {arrivals} ({name}; {rounds} round(s))")
     out = with_sustainable(plan, held, arrivals, name)
-    return replace(out, notes=(line, *costs_note(request), *reach_note(out, request.overheads)))
+    return replace(out, notes=(line, *costs_note(request), *measured_notes(out, request.overheads)))
 
 
 OBJECTIVES: dict[str, Callable[[PlanningSpec, ObjectiveInputs], Plan]] = {

@@ -19,6 +19,7 @@ need only the plan.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -154,6 +155,14 @@ class Plan:
         """The stage calls a request makes (the rate at which a sidecar's costs grow: Overheads.at_rate)."""
         return stage_calls_per_request((pl.throughput_rps, len(pl.partitions), pl.batch)
                                        for m in self.models for pl in m.pipelines)
+
+    def layout_key(self) -> str:
+        """What serving a plan depends on, as a short digest: each model's SLO and pipelines (each partition's
+        blocks, GPU, vGPU size, batch, count and placement); its figures left out (a calibration's MeasuredLimit
+        holds for any plan of the same layout, whatever costs it was planned with)."""
+        layout = [(m.name, m.slo_us, [[(p.blocks, p.gpu, p.vgpu_fraction, p.batch, p.num_vgpus, p.placement)
+                                       for p in pl.partitions] for pl in m.pipelines]) for m in self.models]
+        return hashlib.sha256(repr(layout).encode()).hexdigest()[:16]
 
     def physical_gpus_used(self) -> dict[str, float]:
         used = {t: 0.0 for t in self.cluster.gpus}

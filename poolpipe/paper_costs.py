@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
+
+from poolpipe_common.overheads import MeasuredLimit
 
 # The loads the sustained plan's own deployment is calibrated at, as shares of its promise (`poolpipe calibrate`'s
 # default): they span where a promise made from costs measured elsewhere was found to hold (0.62-1.0 of it on this
@@ -66,12 +69,16 @@ def calibrate_and_replan(ex, work: Path, log: Callable[[str], None]) -> None:
     what it measured; again where that plan's costs are extrapolated (it makes other stage calls per request, or
     promises far beyond the rates calibrated: the plan's `costs extrapolated` note), CALIBRATION_ROUNDS in all."""
     run = ex.run
+    limits: tuple[MeasuredLimit, ...] = ()
     for n in range(CALIBRATION_ROUNDS):
         if not ex.ppipe.models[0].sustainable_rps:
             return
         ex.deploy(ex.ppipe, "calibration")
         costs = calibrated(work / "calibration", work / f"calibration-steps-{n}", run.duration_s, run.seed, log,
                            run.native_front)
+        # what an earlier round measured its plan to hold still holds (the re-plan may come back to it)
+        limits = (*limits, *costs.measured_limits)
+        costs = replace(costs, measured_limits=limits)
         ex.plan_sustained(costs)
         now, promise = ex.ppipe.stage_calls_per_request(), sum(ex.ppipe.capacity_rps().values())
         if not costs.extrapolated_to(promise, now):

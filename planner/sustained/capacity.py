@@ -65,6 +65,11 @@ def model_rps(model: ModelPlan, arrivals: Arrivals, costs: Overheads) -> float:
 
 
 def predicted_rps(plan: Plan, arrivals: Arrivals, costs: Overheads) -> dict[str, float]:
+    """closed_form_rps, each no higher than a calibration measured a plan of the same layout to hold."""
+    return costs.held_to_limits(plan.layout_key(), closed_form_rps(plan, arrivals, costs))
+
+
+def closed_form_rps(plan: Plan, arrivals: Arrivals, costs: Overheads) -> dict[str, float]:
     """Per model, the closed form's sustainable rate at >= 99 % SLO attainment under ``arrivals``: the SLO less
     the margin the sidecar's driver keeps and the way outside its clock, and less the per-stage costs. Where the
     costs grow with the rate the sidecar serves, the rates are the fixed point: the total they sum to is the rate

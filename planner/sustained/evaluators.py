@@ -38,8 +38,17 @@ def known_evaluators() -> tuple[str, ...]:
 
 
 def evaluator(name: str | None = None) -> tuple[str, Evaluator]:
-    """The named evaluator (default: the simulator)."""
+    """The named evaluator (default: the simulator), its rates held to what calibrations measured (held_to_limits)."""
     name = DEFAULT_EVALUATOR if name is None else name
     if name not in EVALUATORS:
         raise InputError(f"unknown evaluator {name!r}; registered: {', '.join(EVALUATORS)}")
-    return name, EVALUATORS[name]
+    return name, held_to_limits(EVALUATORS[name])
+
+
+def held_to_limits(evaluate: Evaluator) -> Evaluator:
+    """``evaluate`` with each rate no higher than a calibration measured a plan of the same layout to hold
+    (Overheads.measured_limits): a measurement of the very plan outranks a model of its costs."""
+    def measured(plan: Plan, arrivals: Arrivals, costs: Overheads, precision: Precision | None = None,
+                 points: PointRunner = judge_here) -> dict[str, float]:
+        return costs.held_to_limits(plan.layout_key(), evaluate(plan, arrivals, costs, precision, points=points))
+    return measured

@@ -13,13 +13,13 @@ import numpy as np
 
 from plans.plan_json import Plan
 from poolpipe_common.errors import InputError
+from poolpipe_common.overheads import TARGET_ATTAINMENT as TARGET_ATTAINMENT  # its callers read it here
 from poolpipe_common.overheads import Overheads
 from scheduler.core.driver import DriverConfig
 from scheduler.core.topology import slowed_as_measured, with_stage_overhead
 from scheduler.sim.priorities import SimControls, by_priority
 from workloads.arrivals import TraceSpec, mixed_arrivals
 
-TARGET_ATTAINMENT = 0.99
 DRIVERS = ("ideal", "live")
 # A point's warm-up (warmup_s): at least this many requests of each model and this many SLOs, at most half the
 # counted run.

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from poolpipe_common.overheads import Overheads
+from poolpipe_common.overheads import Overheads, spread
 from scheduler.core.api import Dispatch, RequestRow, Scheduler
 from scheduler.core.driver import EARLY_SEND_US, Action, Driver, DriverConfig, Report, StageOutcome
 from scheduler.core.topology import Pipeline, Topology
@@ -58,7 +58,7 @@ class Batch:
 class _Flight:
     """A dispatched batch moving through its stages."""
 
-    __slots__ = ("d", "stages", "pipeline", "rows", "report", "starts", "pending", "send_at", "abandoned")
+    __slots__ = ("d", "stages", "pipeline", "rows", "report", "starts", "ends", "pending", "send_at", "abandoned")
 
     def __init__(self, d: Dispatch, pipeline: Pipeline, rows: list[RequestRow], report: Report) -> None:
         self.d = d
@@ -67,6 +67,7 @@ class _Flight:
         self.rows = rows
         self.report = report
         self.starts: list[float] = [0.0] * len(d.stages)
+        self.ends: list[float] = [0.0] * len(d.stages)  # each stage's compute end
         self.pending = -1  # the stage waiting to be sent (its transfer, its reserved start less the lead)
         self.send_at = math.inf  # when that stage is sent: up to then the flight can still be abandoned
         self.abandoned = False  # every caller went away before that stage started
@@ -96,6 +97,7 @@ class VirtualExecutor:
         self.rng = np.random.default_rng(seed + 7919)
         self.sigma = math.sqrt(math.log(1.0 + noise_cv * noise_cv)) if noise_cv > 0 else 0.0
         self.ov = overheads or Overheads()
+        self.cost_rng = np.random.default_rng(seed + 104729)  # each call's lead and tail (Overheads.lead_shape)
         self.server = {v: vg.server for v, vg in topology.vgpus.items()}
         self.pipeline_of = {p.id: p for ps in topology.pipelines.values() for p in ps}
         self.busy = {v: 0.0 for v in topology.vgpus}
@@ -226,7 +228,11 @@ class VirtualExecutor:
         lead = self.ov.lead_for(fl.pipeline.stages[a.stage].call_bytes[0] * len(fl.d.requests))
         send = a.start_us - lead if fl.d.reserved and a.start_us - lead >= t + EARLY_SEND_US else t
         fl.send_at = send
-        self.push(send + lead, READY, fl, k)
+        self.push(send + lead * self._spread(self.ov.lead_shape), READY, fl, k)
+
+    def _spread(self, shape: tuple[float, ...]) -> float:
+        """A call's cost over its mean, drawn (1 where the costs have no shape: no draw, so the rest is as it was)."""
+        return spread(shape, float(self.cost_rng.random())) if shape else 1.0
 
     def _transfer(self, fl: _Flight, k: int, t: float) -> None:
         if fl.abandoned:
@@ -276,16 +282,14 @@ class VirtualExecutor:
         e = s0 + lat
         self.vfree[v] = e
         self.busy[v] += max(0.0, min(e, self.duration_us) - min(s0, self.duration_us))
-        fl.starts[k] = s0
+        fl.starts[k], fl.ends[k] = s0, e
         if self.record_timeline:
             self.timeline.append(Batch(v, s0, e, d.id, d.model, a.stage, b))
-        self.push(e + self.ov.tail_for(st.call_bytes[1] * b), END, fl, k)
+        self.push(e + self.ov.tail_for(st.call_bytes[1] * b) * self._spread(self.ov.tail_shape), END, fl, k)
 
     def _stage_end(self, fl: _Flight, k: int, t: float) -> None:
         """Stage k's response is back: report it; the driver says whether the next stage runs or the batch is done."""
-        d = fl.d
-        tail = self.ov.tail_for(fl.pipeline.stages[fl.stages[k].stage].call_bytes[1] * len(d.requests))
-        step = fl.report(StageOutcome(d, k, t, (fl.starts[k], t - tail), wanted=fl.rows))
+        step = fl.report(StageOutcome(fl.d, k, t, (fl.starts[k], fl.ends[k]), wanted=fl.rows))
         if step.action is Action.NEXT_STAGE:
             if step.next is not None:
                 fl.stages[k + 1] = step.next

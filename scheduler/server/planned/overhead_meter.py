@@ -10,15 +10,22 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import dataclass, field
+from collections import defaultdict, deque
+from collections.abc import Hashable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from poolpipe_common.overheads import Overheads
+import numpy as np
+
+from poolpipe_common.overheads import Overheads, front_quantiles
 
 WINDOW = 256  # samples per window of a windowed cost (about a second of stage calls at a few hundred req/s)
 # Stage calls measured before a re-plan takes the sidecar's own costs over the serving plan's: one full window
 # (before it a cost is a running mean, which one host stall moves; a re-plan comes minutes into serving anyway)
 MIN_STAGES_FOR_COSTS = WINDOW
+# The calls whose lead and tail give their spread about the mean (Overheads.lead_shape): the latest this many, so
+# that a long run's file describes the rate it served last and holds the meter's memory bounded
+SHAPE_CALLS = 50_000
 
 
 @dataclass
@@ -73,6 +80,8 @@ class OverheadMeter:
     extra_lead: _WindowedMean = field(default_factory=_WindowedMean)
     extra_lead_us: float = 0.0  # the learned lead now, sampled once per stage into extra_lead
     front_us: float = 0.0  # not measured here: serve --front-us, written so the simulator and planner use it too
+    # the latest calls' (kind, lead, tail): a kind is a (pipeline, stage, batch), whose calls have one mean
+    calls: deque = field(default_factory=lambda: deque(maxlen=SHAPE_CALLS))
 
     def calibrated(self, lead_us: float) -> None:
         self.lead.add(lead_us)
@@ -82,6 +91,26 @@ class OverheadMeter:
         self.extra_lead.add(self.extra_lead_us)
         if planned_us > 0:
             self.slowdown.add((end_us - start_us) / planned_us)
+
+    def call(self, kind: Hashable, lead_us: float, tail_us: float) -> None:
+        """One stage call's lead (sent, or its vGPU free if later, to its compute start) and tail."""
+        self.calls.append((kind, max(0.0, lead_us), max(0.0, tail_us)))
+
+    def shapes(self) -> dict[str, tuple[float, ...]]:
+        """Overheads.lead_shape and tail_shape: each call's lead and tail over its kind's mean (none before a
+        window of calls); computed when asked, not per call."""
+        if len(self.calls) < WINDOW:
+            return {}
+        by_kind: dict[Hashable, list[tuple[float, float]]] = defaultdict(list)
+        for kind, lead, tail in self.calls:
+            by_kind[kind].append((lead, tail))
+        out = {}
+        for i, name in enumerate(("lead_shape", "tail_shape")):
+            ratios = [x[i] / m for xs in by_kind.values() if (m := float(np.mean([x[i] for x in xs]))) > 0
+                      for x in xs]
+            if ratios:
+                out[name] = front_quantiles(ratios)
+        return out
 
     def woke(self, late_us: float) -> None:
         self.wake_late.add(max(0.0, late_us))
@@ -119,7 +148,7 @@ class OverheadMeter:
 
     def write(self, path: Path, calibration: dict | None = None) -> None:
         """The costs as an overheads file (``calibration``: the calls by size, scheduler.server.planned.call_costs)."""
-        doc = self.overheads().to_dict()
+        doc = replace(self.overheads(), **self.shapes()).to_dict()
         doc["source"] = {"stages": self.stages, "wake_ups": self.wake_late.n}
         if calibration is not None:
             doc["calibration"] = calibration

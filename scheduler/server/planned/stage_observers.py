@@ -84,10 +84,16 @@ class MeterObserver:
     def __init__(self, meter: OverheadMeter, pipelines: dict[str, PipelineInfo]) -> None:
         self.meter = meter
         self.pipelines = pipelines
+        self.free_us: dict[str, float] = {}  # each vGPU's last compute end: a call sent before it waited for it
 
     def stage_done(self, r: StageRecord) -> None:
+        t = r.timing
         planned = self.pipelines[r.dispatch.pipeline_id].stages[r.stage].latency_us.get(r.batch, 0.0)
-        self.meter.stage(planned, r.timing.start_us, r.timing.end_us, r.timing.recv_us)
+        self.meter.stage(planned, t.start_us, t.end_us, t.recv_us)
+        # its lead as the simulator counts it: from when it was sent, or its vGPU came free, to its compute start
+        lead = t.start_us - max(t.send_us, self.free_us.get(r.vgpu, t.send_us))
+        self.free_us[r.vgpu] = max(t.end_us, self.free_us.get(r.vgpu, 0.0))
+        self.meter.call((r.dispatch.pipeline_id, r.stage, r.batch), lead, t.recv_us - t.end_us)
 
 
 class StatisticsMarks:
