@@ -101,7 +101,7 @@ def test_each_call_s_spread_about_its_kind_s_mean_is_written_and_simulated(tmp_p
     plan whose slack the spread's tail eats holds less than with every call at the mean (convnext_large at 3x:
     promised 398 req/s with the means, held 340 live)."""
     meter = OverheadMeter()
-    for i in range(20):
+    for _ in range(20):
         meter.call(("q/0", 0, 1), 100.0, 100.0)
     assert meter.shapes() == {}  # not a window of calls yet
     for i in range(2 * WINDOW):
