@@ -150,7 +150,8 @@ class Calibration:
         return replace(fit_front(costs, fronts, rates), calibrated_rps=top.served_rps,
                        lead_shape=top.costs.lead_shape, tail_shape=top.costs.tail_shape,
                        rate_calls_per_request=self.manifest.plan.stage_calls_per_request(),
-                       measured_limits=self.limits(steps))
+                       measured_limits=self.limits(steps),
+                       calibrated_layouts=(self.manifest.plan.layout_key(),))
 
     def limits(self, steps: Sequence[Step]) -> tuple[MeasuredLimit, ...]:
         """What the steps measured this plan to hold (limit_share of its promise, per model); none where it held."""

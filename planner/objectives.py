@@ -49,17 +49,17 @@ def costs_note(request: ObjectiveInputs) -> tuple[str, ...]:
 
 def reach_note(plan: Plan, costs: Overheads | None) -> tuple[str, ...]:
     """One line where the promise rests on costs calibrated elsewhere (Overheads.extrapolated_to): at rates far below
-    it, or on a plan whose requests make other stage calls (its costs then scaled by Overheads.at_rate)."""
+    it, on a plan whose requests make other stage calls (its costs then scaled by Overheads.at_rate), or on another
+    plan."""
     if costs is None:
         return ()
-    promise = sum(plan.capacity_rps().values())
-    calls = plan.stage_calls_per_request()
-    if not costs.extrapolated_to(promise, calls):
+    promise, calls, layout = sum(plan.capacity_rps().values()), plan.stage_calls_per_request(), plan.layout_key()
+    if not costs.extrapolated_to(promise, calls, layout):
         return ()
+    other = " (not this one: it is cut, sized or batched otherwise)" if costs.calibrated_on_another(layout) else ""
     return (f"costs extrapolated: calibrated up to {costs.calibrated_rps:,.0f} req/s on a plan making "
-            f"{costs.rate_calls_per_request:.2f} "
-            f"stage calls per request; this plan promises {promise:,.1f} req/s making {calls:.2f}. Calibrate its "
-            "deployment ('poolpipe calibrate DEPLOYMENT') and re-plan",)
+            f"{costs.rate_calls_per_request:.2f} stage calls per request{other}; this plan promises {promise:,.1f} "
+            f"req/s making {calls:.2f}. Calibrate its deployment ('poolpipe calibrate DEPLOYMENT') and re-plan",)
 
 
 def limit_note(plan: Plan, costs: Overheads | None) -> tuple[str, ...]:

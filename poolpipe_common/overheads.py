@@ -23,7 +23,7 @@ NUMBER_FIELDS = ("lead_us", "tail_us", "wake_late_us", "slowdown", "front_us", *
                  "rate_calls_per_request", "calibrated_rps")
 SHAPE_FIELDS = ("lead_shape", "tail_shape")
 OVERHEADS_FIELDS = ("format", "source", *NUMBER_FIELDS, "front_quantiles_us", "front_slopes_per_krps_us",
-                    *SHAPE_FIELDS, "measured_limits", "calibration")
+                    *SHAPE_FIELDS, "measured_limits", "calibrated_layouts", "calibration")
 # The response parameter (int64, µs) in which the sidecar reports a planned request's time on its own clock, from
 # its handler to its answer: a client's latency less it is the way outside the sidecar's clock (front_quantiles_us).
 SIDECAR_LATENCY_PARAMETER = "poolpipe_sidecar_latency_us"
@@ -126,6 +126,10 @@ class Overheads:
     # What calibrations measured plans to hold: the costs are means, and convnext_large at 3x, re-planned with the
     # costs of a calibration whose last step missed (98.9 % at 412.1 req/s), was promised 421.6 and held 365 live.
     measured_limits: tuple[MeasuredLimit, ...] = ()
+    # The plans calibrations measured (Plan.layout_key); a plan of another layout rests on costs measured elsewhere
+    # (extrapolated_to): tf_efficientdet_d1 at 3x, re-planned with its calibration's costs, was cut another way,
+    # promised 786.6 req/s and held 529 live.
+    calibrated_layouts: tuple[str, ...] = ()
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], where: str = "overheads") -> "Overheads":
@@ -144,14 +148,17 @@ class Overheads:
                 if not (vals[k] > 0 if k == "slowdown" else vals[k] >= 0) or math.isinf(vals[k]):
                     raise ValueError(f"{where}: {k} must be {'> 0' if k == 'slowdown' else '>= 0'}, got {raw[k]!r}")
         # "calibration" (what poolpipe calibrate fitted the slopes to) is kept in the file for people, not read
-        limits = raw.get("measured_limits", [])
+        limits, layouts = raw.get("measured_limits", []), raw.get("calibrated_layouts", [])
         if not isinstance(limits, list):
             raise ValueError(f"{where}: measured_limits must be a list, got {limits!r}")
+        if not isinstance(layouts, list) or not all(isinstance(x, str) for x in layouts):
+            raise ValueError(f"{where}: calibrated_layouts must be a list of layout keys, got {layouts!r}")
         return cls(**vals, front_quantiles_us=_quantiles(raw.get("front_quantiles_us", ()), where),
                    front_slopes_per_krps_us=_quantiles(raw.get("front_slopes_per_krps_us", ()), where,
                                                        "front_slopes_per_krps_us"),
                    **{k: _quantiles(raw.get(k, ()), where, k) for k in SHAPE_FIELDS},
-                   measured_limits=tuple(MeasuredLimit.from_dict(x, where) for x in limits))
+                   measured_limits=tuple(MeasuredLimit.from_dict(x, where) for x in limits),
+                   calibrated_layouts=tuple(layouts))
 
     def to_dict(self) -> dict[str, Any]:
         doc = {"format": OVERHEADS_FORMAT, "lead_us": self.lead_us, "tail_us": self.tail_us,
@@ -165,6 +172,8 @@ class Overheads:
         doc.update({k: list(getattr(self, k)) for k in SHAPE_FIELDS if getattr(self, k)})
         if self.measured_limits:
             doc["measured_limits"] = [asdict(x) for x in self.measured_limits]
+        if self.calibrated_layouts:
+            doc["calibrated_layouts"] = list(self.calibrated_layouts)
         return doc
 
     def held_to_limits(self, layout: str, rates: dict[str, float]) -> dict[str, float]:
@@ -207,11 +216,16 @@ class Overheads:
         fitted = self.rate_calls_per_request
         return fitted > 0 and abs(calls_per_request - fitted) > CALLS_TOLERANCE * fitted
 
-    def extrapolated_to(self, promise_rps: float, calls_per_request: float) -> bool:
+    def extrapolated_to(self, promise_rps: float, calls_per_request: float, layout: str | None = None) -> bool:
         """Whether a plan promising ``promise_rps`` with ``calls_per_request`` stage calls each rests on costs not
-        measured for it: more than CALIBRATED_REACH x calibrated_rps, or of another kind (fitted_on_other_calls)."""
+        measured for it: more than CALIBRATED_REACH x calibrated_rps, of another kind (fitted_on_other_calls), or,
+        given its ``layout``, not a plan calibrated (calibrated_on_another)."""
         far = self.calibrated_rps > 0 and promise_rps > CALIBRATED_REACH * self.calibrated_rps
-        return far or self.fitted_on_other_calls(calls_per_request)
+        return far or self.fitted_on_other_calls(calls_per_request) or self.calibrated_on_another(layout)
+
+    def calibrated_on_another(self, layout: str | None) -> bool:
+        """Whether calibrations measured plans, none of them of ``layout`` (None: not asked)."""
+        return layout is not None and bool(self.calibrated_layouts) and layout not in self.calibrated_layouts
 
     def _krps(self, rps: float, calls_per_request: float) -> float:
         """``rps`` of a plan making ``calls_per_request`` stage calls each, in 1,000 req/s of the plan fitted on."""

@@ -128,6 +128,11 @@ def test_a_plan_says_where_its_costs_were_calibrated_on_another_plan_or_far_belo
     assert len(low) == 1 and "costs extrapolated" in low[0] and "poolpipe calibrate" in low[0]
     assert reach_note(plan, Overheads(calibrated_rps=promise, rate_calls_per_request=calls / 2))
     assert Overheads.from_dict(Overheads(calibrated_rps=12.5).to_dict()).calibrated_rps == 12.5
+    # calibrated on this very plan, or on another one cut, sized or batched otherwise
+    mine = Overheads(calibrated_rps=promise, rate_calls_per_request=calls, calibrated_layouts=(plan.layout_key(),))
+    assert reach_note(plan, mine) == () and Overheads.from_dict(mine.to_dict()) == mine
+    elsewhere = reach_note(plan, replace(mine, calibrated_layouts=("0" * 16,)))
+    assert len(elsewhere) == 1 and "not this one" in elsewhere[0]
 
 
 def test_a_calibration_that_saw_its_plan_miss_holds_a_plan_of_that_layout_to_it() -> None:
@@ -217,6 +222,7 @@ def test_calibrate_fits_costs_on_a_live_deployment_and_plan_finds_them(tmp_path)
     assert 0 < at.lead_us < 50_000 and 0 < at.tail_us < 50_000
     assert len(costs.front_quantiles_us) > 0  # the client measured the way outside the sidecar's clock
     assert costs.lead_shape and costs.tail_shape  # how each call's costs spread about their means
+    assert costs.calibrated_layouts == (ppipe_plan().layout_key(),)  # and which plan it measured
     assert costs.rate_calls_per_request == pytest.approx(ppipe_plan().stage_calls_per_request())  # whose rates
     assert any(costs.calibrated_rps == pytest.approx(s["served_rps"]) for s in steps)  # how far they reach
     # `poolpipe plan` run where the file is takes it without --overheads, says so and records it
