@@ -38,11 +38,19 @@ class Step:
     costs: Overheads  # what the sidecar wrote for this step (lead and tail means over all its stage calls)
     points: tuple[CostPoint, ...]
     results: dict[str, RunResult]
+    tries: tuple[float, ...] = ()  # a step measured twice: both tries' attainments (limits weigh them alike)
 
 
 def attainment(step: Step) -> float:
     """The step's SLO attainment: its worst model's (a plan holds as a whole)."""
     return min((r.attainment for r in step.results.values()), default=1.0)
+
+
+def held_share(step: Step) -> float:
+    """The attainment a limit takes of a step: the mean of its tries. The better one alone (what the costs are fitted
+    to: a host stall's costs are not the plan's) put tf_efficientdet_d1 at 3x at 99.5 % at 505 req/s after 98.2 %,
+    and its plan, promised 527, held 468 live."""
+    return float(np.mean(step.tries)) if step.tries else attainment(step)
 
 
 def poisson_s(rate: float, duration_s: float, seed: int) -> list[float]:
@@ -123,8 +131,9 @@ class Calibration:
         steps: list[Step] = []
         for share in shares:
             s = self.logged(share, f"step {len(steps) + 1}/{len(shares)}")
-            if attainment(s) < TARGET_ATTAINMENT:  # a miss bounds the plan's promise (limits): measured twice, the
-                s = max(s, self.logged(share, "  measured again"), key=attainment)  # better counts (a host stall)
+            if attainment(s) < TARGET_ATTAINMENT:  # a miss bounds the plan's promise (limits): measured twice
+                again = self.logged(share, "  measured again")
+                s = replace(max(s, again, key=attainment), tries=(attainment(s), attainment(again)))
             steps.append(s)
         return self.fit(steps), steps
 
@@ -155,7 +164,7 @@ class Calibration:
 
     def limits(self, steps: Sequence[Step]) -> tuple[MeasuredLimit, ...]:
         """What the steps measured this plan to hold (limit_share of its promise, per model); none where it held."""
-        share = limit_share([(s.share, attainment(s)) for s in steps])
+        share = limit_share([(s.share, held_share(s)) for s in steps])
         if share is None:
             return ()
         key = self.manifest.plan.layout_key()

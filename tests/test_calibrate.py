@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from backends import native_front
-from loadtest.calibrate import limit_share
+from loadtest.calibrate import Step, held_share, limit_share
+from loadtest.open_loop import RunResult
 from model_repository_gen.generate import generate
 from planner import PlanRequest
 from planner import plan as plan_for
@@ -142,6 +143,9 @@ def test_a_calibration_that_saw_its_plan_miss_holds_a_plan_of_that_layout_to_it(
     assert limit_share([(0.25, 1.0), (0.5, 0.985), (1.0, 0.999)]) is None  # a short step's noise below one that held
     assert limit_share([(0.5, 0.98)]) == pytest.approx(0.25)  # from full attainment at no load
     assert limit_share([(0.25, 1.0), (0.5, 0.99)]) is None
+    one_try = Step(1.0, 100.0, 95.0, Overheads(), (), {"m": RunResult(100, 99, 1, 0, (), None, 0.0)})
+    assert held_share(one_try) == pytest.approx(0.99)
+    assert held_share(replace(one_try, tries=(0.995, 0.982))) == pytest.approx(0.9885)  # both tries weigh alike
     plan, arrivals = ppipe_plan(batch=2, slo_us=60_000.0), parse_arrivals("poisson")
     name = plan.models[0].name
     free = predicted_rps(plan, arrivals, Overheads())[name]
