@@ -27,7 +27,7 @@ from planner.sustained.search import plan_sustained, with_serving_costs, with_su
 from plans.arrivals import parse_arrivals
 from plans.plan_json import Plan
 from plans.spec.planning_spec import PlanningSpec
-from poolpipe_common.overheads import Overheads
+from poolpipe_common.overheads import CALIBRATED_REACH, Overheads
 
 COST_MARGIN = 0.1  # share of the SLO a cost plan keeps for queueing beyond the driver's margin (then measured)
 # How far promises made with the default costs fell from what emulated servers of other hosts held live (issue 49's
@@ -57,9 +57,12 @@ def reach_note(plan: Plan, costs: Overheads | None) -> tuple[str, ...]:
     if not costs.extrapolated_to(promise, calls, layout):
         return ()
     other = " (not this one: it is cut, sized or batched otherwise)" if costs.calibrated_on_another(layout) else ""
+    reach = CALIBRATED_REACH * costs.calibrated_rps
+    at_reach = costs.calibrated_rps > 0 and promise >= reach * (1 - 1e-6)
+    held = f" (held to {CALIBRATED_REACH:g}x that: {reach:,.1f})" if at_reach else ""
     return (f"costs extrapolated: calibrated up to {costs.calibrated_rps:,.0f} req/s on a plan making "
             f"{costs.rate_calls_per_request:.2f} stage calls per request{other}; this plan promises {promise:,.1f} "
-            f"req/s making {calls:.2f}. Calibrate its deployment ('poolpipe calibrate DEPLOYMENT') and re-plan",)
+            f"req/s{held} making {calls:.2f}. Calibrate its deployment ('poolpipe calibrate DEPLOYMENT') and re-plan",)
 
 
 def limit_note(plan: Plan, costs: Overheads | None) -> tuple[str, ...]:

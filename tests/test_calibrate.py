@@ -152,6 +152,11 @@ def test_a_calibration_that_saw_its_plan_miss_holds_a_plan_of_that_layout_to_it(
     held = Overheads(measured_limits=(MeasuredLimit(plan.layout_key(), name, free / 2),))
     assert predicted_rps(plan, arrivals, held)[name] == pytest.approx(free / 2)
     assert evaluator("analytic")[1](plan, arrivals, held)[name] == pytest.approx(free / 2)
+    reach = Overheads(calibrated_rps=free / 4)  # no promise beyond 1.25x the rates its costs were measured at
+    assert predicted_rps(plan, arrivals, reach)[name] == pytest.approx(1.25 * free / 4)
+    capped_note = reach_note(replace(plan, models=tuple(replace(m, sustainable_rps=1.25 * free / 4)
+                                                          for m in plan.models)), reach)
+    assert "held to 1.25x" in capped_note[0]
     other = ppipe_plan(batch=1, slo_us=60_000.0)  # another layout: its own costs decide
     assert other.layout_key() != plan.layout_key()
     assert predicted_rps(other, arrivals, held) == predicted_rps(other, arrivals, Overheads())
