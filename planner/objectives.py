@@ -58,8 +58,7 @@ def reach_note(plan: Plan, costs: Overheads | None) -> tuple[str, ...]:
         return ()
     other = " (not this one: it is cut, sized or batched otherwise)" if costs.calibrated_on_another(layout) else ""
     reach = CALIBRATED_REACH * costs.calibrated_rps
-    at_reach = costs.calibrated_rps > 0 and promise >= reach * (1 - 1e-6)
-    held = f" (held to {CALIBRATED_REACH:g}x that: {reach:,.1f})" if at_reach else ""
+    held = f" (held to {CALIBRATED_REACH:g}x that: {reach:,.1f})" if costs.at_reach(promise) else ""
     return (f"costs extrapolated: calibrated up to {costs.calibrated_rps:,.0f} req/s on a plan making "
             f"{costs.rate_calls_per_request:.2f} stage calls per request{other}; this plan promises {promise:,.1f} "
             f"req/s{held} making {calls:.2f}. Calibrate its deployment ('poolpipe calibrate DEPLOYMENT') and re-plan",)
@@ -68,13 +67,13 @@ def reach_note(plan: Plan, costs: Overheads | None) -> tuple[str, ...]:
 def limit_note(plan: Plan, costs: Overheads | None) -> tuple[str, ...]:
     """One line where a model's promise was held to what a calibration measured this plan's layout to hold
     (Overheads.measured_limits), above which the costs alone would have promised more."""
-    key = plan.layout_key()
-    held = [(x, r) for x in (costs.measured_limits if costs is not None else ()) if x.layout == key
-            for m, r in plan.capacity_rps().items() if m == x.model and r >= x.rps * (1 - 1e-9)]
+    key, rates = plan.layout_key(), plan.capacity_rps()
+    held = [x for x in (costs.measured_limits if costs is not None else ())
+            if x.layout == key and rates.get(x.model, 0.0) >= x.rps * (1 - 1e-9)]
     if not held:
         return ()
     return ("promise held to measurement: a calibration of this very plan saw SLO attainment fall below 99 % above "
-            + ", ".join(f"{x.model} {x.rps:,.1f} req/s" for x, _ in held)
+            + ", ".join(f"{x.model} {x.rps:,.1f} req/s" for x in held)
             + ", and the costs it fitted alone put the plan no lower: the promise is held there. "
             "Calibrate again ('poolpipe calibrate DEPLOYMENT') after the servers change",)
 

@@ -225,8 +225,12 @@ class Overheads:
         """Whether a plan promising ``promise_rps`` with ``calls_per_request`` stage calls each rests on costs not
         measured for it: CALIBRATED_REACH x calibrated_rps (the most it is promised) or more, of another kind
         (fitted_on_other_calls), or, given its ``layout``, not a plan calibrated (calibrated_on_another)."""
-        far = self.calibrated_rps > 0 and promise_rps >= CALIBRATED_REACH * self.calibrated_rps * (1 - 1e-9)
-        return far or self.fitted_on_other_calls(calls_per_request) or self.calibrated_on_another(layout)
+        return (self.at_reach(promise_rps) or self.fitted_on_other_calls(calls_per_request)
+                or self.calibrated_on_another(layout))
+
+    def at_reach(self, promise_rps: float) -> bool:
+        """Whether ``promise_rps`` is CALIBRATED_REACH x calibrated_rps (where held_to_limits holds it) or more."""
+        return self.calibrated_rps > 0 and promise_rps >= CALIBRATED_REACH * self.calibrated_rps * (1 - 1e-6)
 
     def calibrated_on_another(self, layout: str | None) -> bool:
         """Whether calibrations measured plans, none of them of ``layout`` (None: not asked)."""
