@@ -97,3 +97,29 @@ def test_a_worker_takes_calls_only_once_it_is_ready():
     with WorkerPool(2, preload=("planner.sustained.search",)) as pool:
         assert set(pool.map(os.getpid, [()] * 200)) == {os.getpid()}
         assert pool.submit(os.getpid).result() != os.getpid()  # a submitted call waits for a ready worker
+
+
+def test_prestarted_workers_serve_the_next_pool_and_those_left_stop_at_exit():
+    """`poolpipe plan` starts its workers before its own imports (worker_process.prestart): the pool that asks next
+    takes those very processes; ones no pool took are stopped when the process that started them exits."""
+    from planner.cli.plan_cli import SEARCH_MODULE
+    from planner.sustained import search
+    from planner.sustained.measure_pool import WorkerPool
+    from planner.sustained.worker_process import prestart
+
+    assert SEARCH_MODULE == search.__name__  # what the CLI starts is what plan_sustained's pool asks for
+    preload = (SEARCH_MODULE,)
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    prestart(2, preload)
+    started = {p.pid for p in psutil.Process().children(recursive=True)} - before
+    assert len(started) == 2
+    with WorkerPool(2, preload=preload) as pool:
+        assert {p.pid for p in psutil.Process().children(recursive=True)} - before == started  # none started anew
+        assert {pool.submit(os.getpid).result() for _ in range(8)} <= started
+    assert {p.pid for p in psutil.Process().children(recursive=True)} == before
+
+    code = ("from planner.sustained.worker_process import prestart, take_prestarted; prestart(1, ()); "
+            "print(take_prestarted(0, ()) == [] and __import__('psutil').Process().children()[0].pid)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60, cwd=ROOT)
+    pid = int(out.stdout)
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE

@@ -1,62 +1,45 @@
-"""The planner's worker processes: candidate plans solved and measured side by side, so planning uses the host's
-cores. A plan's search for its sustainable rate runs in a thread of the planning process; the points it judges (and
-the MILPs of the candidate plans) run in the workers, the next point of a search beside the pending one where a
-worker is idle (scheduler.sim.sustain), so even one plan's search uses two cores.
-
-The workers are fresh interpreters running this module (``python -m planner.sustained.measure_pool``), not
-multiprocessing's children: those re-import the caller's ``__main__``, and a script that plans without an
-``if __name__ == "__main__"`` guard would plan again in each. A worker reads pickled calls (a module-level function
-and its arguments) on its stdin and writes each result (or the exception it raised) on a private copy of its
-stdout; whatever a library prints goes to stderr. Every call is deterministic for its inputs, so the results equal
-those of running them in turn.
+"""The planner's pool of worker processes: candidate plans solved and measured side by side, so planning uses the
+host's cores. A plan's search for its sustainable rate runs in a thread of the planning process; the points it judges
+(and the MILPs of the candidate plans) run in the workers (planner.sustained.worker_process), the next point of a
+search beside the pending one where a worker is idle (scheduler.sim.sustain), so even one plan's search uses two
+cores. Every call is deterministic for its inputs, so the results equal those of running them in turn.
 """
 
 from __future__ import annotations
 
-import importlib
-import os
-import pickle
 import queue
-import subprocess
-import sys
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import Any, BinaryIO
+from typing import Any
 
 from planner.sustained.evaluators import evaluator
+from planner.sustained.worker_process import WorkerProcess, default_jobs, take_prestarted
 from plans.arrivals import Arrivals
 from plans.plan_json import Plan
 from poolpipe_common.overheads import Overheads
 from scheduler.sim.sustain import Point, Precision, judge
 
 Rates = dict[str, float]
-READY = "ready"  # a worker's first message: its imports are done
-STOP_WAIT_S = 5.0  # a worker whose stdin closed exits at once; one that does not is killed after this
-
-
-def default_jobs() -> int:
-    """The cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 class WorkerPool:
     """Up to ``jobs`` worker processes (None: one per core) running module-level functions; with one job, calls run
-    in the calling thread and nothing is started. The workers start at once, so their imports (``preload``: the
-    modules of the functions they will run) overlap the caller's work, and a worker takes calls only once it is
-    ready; use as a context manager (the workers stop on exit, also on error)."""
+    in the calling thread and nothing is started. The workers start at once (or were: worker_process.prestart), so
+    their imports (``preload``: the modules of the functions they will run) overlap the caller's work, and a worker
+    takes calls only once it is ready; use as a context manager (the workers stop on exit, also on error)."""
 
     def __init__(self, jobs: int | None = None, preload: Sequence[str] = ()) -> None:
         self.size = jobs or default_jobs()
         self._todo: queue.Queue[tuple[Future, Callable, tuple] | None] = queue.Queue()
         self._lock = threading.Lock()
         self._idle = 0
-        self._workers: list[_Worker] = []
+        self._workers: list[WorkerProcess] = []
         self._threads: list[threading.Thread] = []
         self._closing = threading.Event()
         if self.size > 1:
-            for _ in range(self.size):
-                w = _Worker(preload)
+            ready = take_prestarted(self.size, preload)
+            for w in ready + [WorkerProcess(preload) for _ in range(self.size - len(ready))]:
                 self._workers.append(w)
                 self._threads.append(threading.Thread(target=self._feed, args=(w,), daemon=True))
             for t in self._threads:
@@ -110,7 +93,7 @@ class WorkerPool:
         """A search's point runner (scheduler.sim.sustain.PointRunner)."""
         return self.submit(judge, point, speculative=speculative)
 
-    def _feed(self, worker: _Worker) -> None:
+    def _feed(self, worker: WorkerProcess) -> None:
         """Hand queued calls to ``worker`` once it is ready until the pool closes or the worker dies (then to no one:
         the other workers go on; the last to die fails what is left). Until then the caller's map does them."""
         if not worker.ready():
@@ -141,7 +124,7 @@ class WorkerPool:
                 self._idle += 1
             fut.set_result(result)
 
-    def _died(self, worker: _Worker) -> None:
+    def _died(self, worker: WorkerProcess) -> None:
         with self._lock:
             self._workers = [w for w in self._workers if w is not worker]
             last = not self._workers and not self._closing.is_set()
@@ -176,6 +159,8 @@ class WorkerPool:
             self._todo.put(None)
         for t in self._threads:
             t.join()
+        for w in workers:  # every worker told first, then waited for: they exit side by side
+            w.close_stdin()
         for w in workers:
             w.stop()
         self._workers, self._threads = [], []
@@ -225,94 +210,3 @@ def measure_all(name: str, plans: Sequence[Plan], arrivals: Arrivals, costs: Ove
         if isinstance(r, BaseException):
             raise r
     return results  # type: ignore[return-value]
-
-
-class _Worker:
-    """One worker process."""
-
-    def __init__(self, preload: Sequence[str] = ()) -> None:
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))  # the modules this process has
-        self.proc = subprocess.Popen([sys.executable, "-m", __name__, *preload], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, env=env)
-        self.pid = self.proc.pid
-        self.busy = False  # running a call now (or starting: a pool that closes meanwhile kills it)
-
-    def ready(self) -> bool:
-        """Wait for the worker's imports; False if it died first."""
-        self.busy = True
-        try:
-            return pickle.load(self.proc.stdout) == READY  # type: ignore[arg-type]
-        except (OSError, EOFError, pickle.UnpicklingError):
-            return False
-        finally:
-            self.busy = False
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def call(self, fn: Callable, args: tuple, closing: threading.Event) -> Any:
-        """``fn(*args)`` in the worker; what it raised is raised here. ``closing``: the pool is closing, so a
-        worker killed meanwhile was killed on purpose."""
-        self.busy = True
-        try:
-            pickle.dump((fn, args), self.proc.stdin)  # type: ignore[arg-type]
-            self.proc.stdin.flush()  # type: ignore[union-attr]
-            ok, result = pickle.load(self.proc.stdout)  # type: ignore[arg-type]
-        except (OSError, EOFError, pickle.UnpicklingError) as e:
-            self.proc.poll()
-            if closing.is_set():
-                raise RuntimeError("the plan-measuring pool closed before this call finished") from None
-            raise RuntimeError(f"a plan-measuring worker (pid {self.pid}) died: {e!r}; its stderr above says "
-                               "why") from None
-        finally:
-            self.busy = False
-        if not ok:
-            raise result
-        return result
-
-    def stop(self) -> None:
-        """Close its stdin (it exits at EOF); kill it if it does not."""
-        try:
-            self.proc.stdin.close()  # type: ignore[union-attr]
-        except OSError:
-            pass
-        try:
-            self.proc.wait(STOP_WAIT_S)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.proc.stdout.close()  # type: ignore[union-attr]
-
-
-def serve(calls: BinaryIO, answers: BinaryIO) -> None:
-    """The worker's loop: (function, arguments) in, (True, the result) or (False, the exception raised) out."""
-    while True:
-        try:
-            fn, args = pickle.load(calls)
-        except EOFError:
-            return
-        try:
-            answer = (True, fn(*args))
-        except Exception as e:  # noqa: BLE001 - handed to the planning process, which raises it
-            answer = (False, e)
-        try:
-            data = pickle.dumps(answer)
-        except Exception:  # noqa: BLE001 - an exception that does not pickle still reaches the caller, as text
-            data = pickle.dumps((False, RuntimeError(repr(answer[1]))))
-        answers.write(data)
-        answers.flush()
-
-
-def main() -> None:
-    answers = os.fdopen(os.dup(1), "wb")  # the results' own channel; stray prints go to stderr
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    for module in sys.argv[1:]:  # what the calls will need, imported before the pool hands this worker any
-        importlib.import_module(module)
-    pickle.dump(READY, answers)
-    answers.flush()
-    serve(sys.stdin.buffer, answers)
-
-
-if __name__ == "__main__":
-    main()

@@ -40,9 +40,8 @@ MARGIN_FRACTIONS = (0.0, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4)
 # more than 1 %), which takes HiGHS from tens of seconds to under one on 100 GPUs and three models.
 SCREEN_GAP = 0.01
 # ... and within this many branch-and-bound nodes (a bound on work, so the same on any machine): every screen of the
-# issue's timing specs needed 23 or fewer, but a fill of 51 idle T4s for three models at once found its best plan at
-# the root and took 55,791 nodes (24 s) proving it within SCREEN_GAP.
-SCREEN_NODES = 2000
+# timing specs needed 23 or fewer; fills of their idle T4s found their best plan at the root and ran to the bound.
+SCREEN_NODES = 500
 MEASURED_CANDIDATES = 3  # the best-predicted candidates the evaluator measures, and as many whole-model ones, with
 # the spec's own plan: what np planned the same way would measure, so the kept plan does not sustain less than it
 FILLED_CANDIDATES = 2  # each planner's best-predicted candidates that leave whole GPUs idle get them filled
@@ -205,7 +204,7 @@ def plan_sustained(spec: PlanningSpec, planners: Sequence[Planner], options: Sol
     """The candidate plan that sustains the most (max-min over models), with its sustainable rates recorded; the
     candidates are measured in up to ``jobs`` processes (planner.sustained.measure_pool)."""
     name, _ = evaluator(evaluator_name)
-    with WorkerPool(jobs, preload=(__name__,)) as workers:  # started now: their imports overlap the first MILPs
+    with WorkerPool(jobs, preload=(__name__,)) as workers:  # started now or by the CLI: imports overlap MILPs
         cands = candidate_plans(spec, planners, options, arrivals, costs, workers)
         cands = sorted(cands + filled(spec, cands, planners, options, arrivals, costs, workers),
                        key=lambda c: -score(c.plan, c.predicted))
