@@ -1,6 +1,7 @@
 """How finely the simulator measures a plan (scheduler.sim.sustain.Precision): a search that starts from a guessed
-bracket finds what bisection from zero finds, wherever the guess is wrong; the mix as one is held by every model; and
-a point stops as soon as its misses settle the verdict, with the verdict it would have reached."""
+bracket finds what bisection from zero finds, wherever the guess is wrong; the mix as one is held by every model;
+models whose brackets part are searched side by side; and a point stops as soon as its misses settle the verdict,
+with the verdict it would have reached."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from planner import PlanRequest, plan
 from plans.arrivals import parse_arrivals
 from poolpipe_common.overheads import DEFAULT_OVERHEADS
-from scheduler.sim.sustain import Precision, mix_rates, simulated_rps
+from scheduler.sim.sustain import Precision, _Search, mix_rates, simulated_rps
 from scheduler.sim.sweep import TARGET_ATTAINMENT, PointJob, run_point
 from tests.test_sustained import MODEL, small_spec
 from workloads.arrivals import parse_trace
@@ -40,6 +41,19 @@ def test_the_mix_as_one_is_held_by_every_model(small_plan) -> None:
     mix = mix_rates(two)
     assert joint[MODEL] / mix[MODEL] == pytest.approx(joint["twin"] / mix["twin"])  # one fraction of the mix
     assert all(joint[m] <= each[m] + 0.011 * mix[m] for m in mix)
+
+
+def test_models_whose_brackets_part_get_their_points_side_by_side() -> None:
+    """Once one model fails where another holds, each bracket's next point is judged in the same round (two workers
+    judge them at once); a joint search asks one point at a time."""
+    mix = {"a": 100.0, "b": 100.0}
+    search = _Search(Precision(resolution=0.03, start=(("a", 0.9, 0.95), ("b", 0.9, 0.95))), mix, joint=False)
+    assert search.next_points() == [(0.9, ("a", "b"))]  # the shared low end tells both
+    search.update(0.9, ("a", "b"), {"a": 0.95, "b": 1.0})  # a fails at its guessed bottom, b holds
+    (lo, for_a), (hi, for_b) = search.next_points()
+    assert for_a == ("a",) and for_b == ("b",) and lo < 0.9 < hi
+    joint = _Search(Precision(resolution=0.03, start=(("*", 0.5, 0.9),), joint=True), mix, joint=True)
+    assert joint.next_points() == [(0.5, ("a", "b"))]
 
 
 def test_a_point_stops_once_its_misses_settle_it(small_plan) -> None:

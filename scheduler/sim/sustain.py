@@ -198,16 +198,16 @@ def simulated_rps(plan: Plan, arrivals: Arrivals, costs: Overheads, precision: P
 
     pending: dict[tuple[float, tuple[str, ...]], Future[dict[str, float]]] = {}
     try:
-        for _ in range(MAX_POINTS):
-            asked = search.next_point()
-            if asked is None:
-                break
-            now = pending.pop(asked, None) or points(point(*asked), False)
-            after = search.expected().next_point()
-            if after is not None and after not in pending and (ahead := points(point(*after), True)) is not None:
-                pending[after] = ahead
-            if not search.update(*asked, now.result()):  # type: ignore[union-attr]
-                return {m: 0.0 for m in rates}
+        judged = 0
+        while judged < MAX_POINTS and (asked := search.next_points()):
+            now = [pending.pop(a, None) or points(point(*a), False) for a in asked]
+            for after in search.expected().next_points():
+                if after not in pending and (ahead := points(point(*after), True)) is not None:
+                    pending[after] = ahead
+            for a, f in zip(asked, now, strict=True):
+                if not search.update(*a, f.result()):  # type: ignore[union-attr]
+                    return {m: 0.0 for m in rates}
+            judged += len(asked)
         return search.rates()
     finally:
         for unused in pending.values():  # a guess that did not come true: not started, it never runs
@@ -228,15 +228,32 @@ class _Search:
             names = ("*",) if self.joint else tuple(self.mix)
             self.brackets = {m: _start(self.precision, m) for m in names}
 
-    def next_point(self) -> tuple[float, tuple[str, ...]] | None:
-        """The next load factor to judge and the models it tells something, or None when the search is done."""
-        widest = max(self.brackets, key=lambda m: self.brackets[m].width())
+    def next_points(self) -> list[tuple[float, tuple[str, ...]]]:
+        """The load factors to judge next, side by side, each with the models it tells something (none: the search
+        is done): the widest bracket's next point, then the widest of the brackets it leaves out, and so on (a
+        model's bracket moves only on its own points, so they are judged at once where workers are idle; with one
+        process in turn, the same points)."""
+        out: list[tuple[float, tuple[str, ...]]] = []
+        taken: set[str] = set()
+        while (p := self._next_point(taken)) is not None:
+            out.append(p)
+            taken.update(p[1])
+            if self.joint:
+                break
+        return out
+
+    def _next_point(self, taken: set[str]) -> tuple[float, tuple[str, ...]] | None:
+        """The next load factor of the widest bracket not ``taken`` and the models not taken it tells something."""
+        free = [m for m in self.brackets if m not in taken]
+        if not free:
+            return None
+        widest = max(free, key=lambda m: self.brackets[m].width())
         if self.brackets[widest].width() <= self.precision.resolution + 1e-9:  # ends are kept to 4 places
             return None
         lf = round(self.brackets[widest].next_lf(), 4)  # bracket ends are kept to 4 places, so an end is a point
         if self.joint:
             return lf, tuple(sorted(self.mix))
-        open_ = tuple(sorted(m for m in self.mix if self.brackets[m].tells(lf)))  # a point outside a bracket tells
+        open_ = tuple(sorted(m for m in free if self.brackets[m].tells(lf)))  # a point outside a bracket tells
         return (lf, open_) if open_ else None  # that model nothing
 
     def update(self, lf: float, open_: tuple[str, ...], least: dict[str, float]) -> bool:
@@ -252,12 +269,10 @@ class _Search:
         return True
 
     def expected(self) -> _Search:
-        """A copy of the search as it will be if the next point goes as expected: an unverified low end holds, an
+        """A copy of the search as it will be if its next points go as expected: an unverified low end holds, an
         unverified high end fails, a midpoint holds."""
         guess = _Search(self.precision, self.mix, self.joint, {m: replace(b) for m, b in self.brackets.items()})
-        asked = self.next_point()
-        if asked is not None:
-            lf, open_ = asked
+        for lf, open_ in self.next_points():
             fails = any(b.hi == lf and not b.hi_ok for b in self.brackets.values())
             guess.update(lf, open_, {m: 0.0 if fails else 1.0 for m in self.mix})
         return guess
