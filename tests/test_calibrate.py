@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from backends import native_front
-from loadtest.calibrate import Step, held_share, limit_share
+from loadtest.calibrate import Step, between_share, held_share, limit_share
 from loadtest.open_loop import RunResult
 from model_repository_gen.generate import generate
 from planner import PlanRequest
@@ -143,6 +143,12 @@ def test_a_calibration_that_saw_its_plan_miss_holds_a_plan_of_that_layout_to_it(
     assert limit_share([(0.25, 1.0), (0.5, 0.985), (1.0, 0.999)]) is None  # a short step's noise below one that held
     assert limit_share([(0.5, 0.98)]) == pytest.approx(0.25)  # from full attainment at no load
     assert limit_share([(0.25, 1.0), (0.5, 0.99)]) is None
+    # a miss far above the last step that held gets a step between them, and the limit then comes from the nearer two
+    steps = [(0.25, 1.0), (0.5, 1.0), (0.75, 0.9935), (1.0, 0.986)]
+    assert between_share(steps) == pytest.approx(0.875) and limit_share(steps) == pytest.approx(0.8667, abs=1e-3)
+    assert limit_share([*steps, (0.875, 0.996)]) == pytest.approx(0.95)
+    assert between_share([*steps, (0.875, 0.996)]) is None  # 0.125 apart: close enough
+    assert between_share([(0.25, 1.0), (0.5, 1.0)]) is None and between_share([(0.1, 0.5)]) is None
     one_try = Step(1.0, 100.0, 95.0, Overheads(), (), {"m": RunResult(100, 99, 1, 0, (), None, 0.0)})
     assert held_share(one_try) == pytest.approx(0.99)
     assert held_share(replace(one_try, tries=(0.995, 0.982))) == pytest.approx(0.9885)  # both tries weigh alike
