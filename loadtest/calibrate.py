@@ -206,9 +206,10 @@ def between_share(steps: Sequence[tuple[float, float]], target: float = TARGET_A
     apart puts the limit low: colorization-v2 at 3x held 98.7 % and 100 % at 0.75 of its promise and 98.4 % and
     98.8 % at 1.0, the line crossed 99 % at 0.87, and its plan held 0.98 of the promise live."""
     knee = _knee(steps, target)
-    if knee is None or knee[1][0] - knee[0][0] <= BETWEEN_GAP + 1e-9:
+    if knee is None:
         return None
-    return round((knee[0][0] + knee[1][0]) / 2, 4)
+    (held, _), (missed, _) = knee
+    return round((held + missed) / 2, 4) if missed - held > BETWEEN_GAP + 1e-9 else None
 
 
 def calibration_doc(costs: Overheads, steps: Sequence[Step], deployment: Path) -> dict[str, Any]:

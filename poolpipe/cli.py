@@ -28,7 +28,6 @@ SUBCOMMANDS = {
     "loadtest": "loadtest.loadtest_cli",
     "demo": "poolpipe.demo",
 }
-SUBCOMMAND_MODULES = tuple(SUBCOMMANDS.values())
 
 
 def invoked(argv: list[str]) -> str | None:
@@ -47,7 +46,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version="poolpipe " + __import__("poolpipe").__version__)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in (SUBCOMMANDS[only],) if only else SUBCOMMAND_MODULES:
+    for name in (SUBCOMMANDS[only],) if only else SUBCOMMANDS.values():
         importlib.import_module(name).register(sub)
     return parser
 

@@ -123,20 +123,20 @@ def _prestart_workers(args: argparse.Namespace) -> None:
     from planner.sustained.worker_process import default_jobs, prestart
 
     jobs = args.jobs or default_jobs()
-    if args.objective == "sustained" and jobs > 1 and args.out is not None:
+    if args.objective == "sustained" and jobs > 1:
         prestart(jobs, (SEARCH_MODULE,))
 
 
 def _plan(args: argparse.Namespace) -> int:
-    _prestart_workers(args)
-    from planner.cli.report import print_plan
-    from planner.entry import plan
     from poolpipe_common.errors import InputError
 
     if args.out is None:
         raise InputError("--out FILE is needed: the plan.json to write")
     if args.out.is_dir():
         raise InputError(f"--out {args.out} is a directory; give a file name such as plan.json")
+    _prestart_workers(args)
+    from planner.cli.report import print_plan
+    from planner.entry import plan
     spec = load_cli_spec(args)
     started = time.perf_counter()
     outcome = plan(spec, plan_request(args))

@@ -201,7 +201,7 @@ def simulated_rps(plan: Plan, arrivals: Arrivals, costs: Overheads, precision: P
         judged = 0
         while judged < MAX_POINTS and (asked := search.next_points()):
             now = [pending.pop(a, None) or points(point(*a), False) for a in asked]
-            for after in search.expected().next_points():
+            for after in search.expected(asked).next_points():
                 if after not in pending and (ahead := points(point(*after), True)) is not None:
                     pending[after] = ahead
             for a, f in zip(asked, now, strict=True):
@@ -237,9 +237,7 @@ class _Search:
         taken: set[str] = set()
         while (p := self._next_point(taken)) is not None:
             out.append(p)
-            taken.update(p[1])
-            if self.joint:
-                break
+            taken.update(("*",) if self.joint else p[1])  # the brackets the point moves
         return out
 
     def _next_point(self, taken: set[str]) -> tuple[float, tuple[str, ...]] | None:
@@ -268,11 +266,11 @@ class _Search:
             self.brackets[m].update(lf, _holds(least[m]))
         return True
 
-    def expected(self) -> _Search:
-        """A copy of the search as it will be if its next points go as expected: an unverified low end holds, an
-        unverified high end fails, a midpoint holds."""
+    def expected(self, asked: list[tuple[float, tuple[str, ...]]]) -> _Search:
+        """A copy of the search as it will be if the points ``asked`` (its next_points) go as expected: an
+        unverified low end holds, an unverified high end fails, a midpoint holds."""
         guess = _Search(self.precision, self.mix, self.joint, {m: replace(b) for m, b in self.brackets.items()})
-        for lf, open_ in self.next_points():
+        for lf, open_ in asked:
             fails = any(b.hi == lf and not b.hi_ok for b in self.brackets.values())
             guess.update(lf, open_, {m: 0.0 if fails else 1.0 for m in self.mix})
         return guess
