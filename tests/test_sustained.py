@@ -13,17 +13,17 @@ from hypothesis import strategies as st
 
 from planner import PlanRequest, plan
 from planner.ppipe.reference_plans import load_reference_plans, spec_from_reference
-from planner.sustained.capacity import predicted_rps
-from planner.sustained.queueing import PipelineTerms, PoolTerms, erlang_c, shed_fraction, sustainable_rps
-from planner.sustained.search import (
+from planner.sustained.capacity import COST_RISE, cost_resilience, predicted_rps, risen
+from planner.sustained.choice import (
     MODEL_ERROR,
     OWN_PLAN_TOLERANCE,
     CandidatePlan,
     kept,
     robust_best,
     to_verify,
-    with_serving_costs,
 )
+from planner.sustained.queueing import PipelineTerms, PoolTerms, erlang_c, shed_fraction, sustainable_rps
+from planner.sustained.search import with_serving_costs
 from plans.arrivals import parse_arrivals
 from plans.spec.planning_spec import ClusterSpec, check_spec
 from poolpipe_common.errors import InputError
@@ -265,3 +265,31 @@ def test_a_plan_passed_over_on_screened_rates_is_measured_again_before_the_choic
     clear = _candidate(0.1, 100.0 * (1 + 2 * OWN_PLAN_TOLERANCE))
     assert to_verify([close, own, clear]) == [clear, own, close]
     assert to_verify([cut, _candidate(0.3, 90.0, stages=1)]) == [cut]  # nothing within MODEL_ERROR: it alone
+
+
+def test_a_plan_that_holds_clearly_more_once_costs_rise_is_kept_instead():
+    """The kept plan gives way to one that would sustain more than MODEL_ERROR more with serving's costs risen
+    (its rates scaled by its resilience); within that, the plan that sustains the most stays."""
+    cut, whole = _candidate(0.025, 100.0, stages=2), _candidate(0.15, 92.0, stages=1)
+    cut.resilience, whole.resilience = {"m": 0.65}, {"m": 0.91}
+    assert kept([cut, whole]) is whole
+    whole.resilience = {"m": 0.72}  # 66.2 against 65: not clearly more
+    assert kept([cut, whole]) is cut
+    own = _candidate(None, 100.0, stages=2)
+    own.resilience = {"m": 0.5}
+    assert kept([own, whole]) is whole  # the spec's own plan gives way too
+
+
+def test_a_plan_with_less_slack_keeps_less_of_its_rate_when_costs_rise():
+    """cost_resilience: the closed form's rate with serving's costs COST_RISE higher over its rate; a plan made with
+    no margin under its SLO falls further than one made with a wide margin, and none rises."""
+    spec = small_spec(2, 3, slo_factor=2.5, margin=0.0)
+    arrivals = parse_arrivals("poisson")
+    ask = PlanRequest(objective="throughput", evaluator="none", time_limit_s=30)
+    m = spec.models[0]
+    tight, wide = (plan(dataclasses.replace(spec, models=(dataclasses.replace(m, slo_margin_us=f * m.slo_us),)),
+                        ask).plan for f in (0.1, 0.4))
+    kept_tight = cost_resilience(tight, arrivals, DEFAULT_OVERHEADS)[MODEL]
+    kept_wide = cost_resilience(wide, arrivals, DEFAULT_OVERHEADS)[MODEL]
+    assert 0.0 <= kept_tight < kept_wide <= 1.0
+    assert risen(DEFAULT_OVERHEADS).lead_us == pytest.approx((1 + COST_RISE) * DEFAULT_OVERHEADS.lead_us)

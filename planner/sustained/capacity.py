@@ -11,9 +11,13 @@ from dataclasses import replace
 from planner.sustained.queueing import TARGET, PipelineTerms, PoolTerms, sustainable_rps
 from plans.arrivals import Arrivals
 from plans.plan_json import ModelPlan, PartitionPlan, PipelinePlan, Plan, nominal_objective
-from poolpipe_common.overheads import Overheads, driver_margin_us, sidecar_slo_us
+from poolpipe_common.overheads import SLOPE_FIELDS, Overheads, driver_margin_us, sidecar_slo_us
 
 RATE_STEPS = 12  # bisection steps for the rate that rate-dependent costs are taken at (1/4096 of the unloaded total)
+# How much serving's costs may rise over those a plan was made with, for its resilience (cost_resilience): between
+# the calibration steps of one plan on this host a stage call's lead and tail moved by up to a third about their
+# median, and the way outside the sidecar's clock that a client measured at p99 by 40 % between live points.
+COST_RISE = 0.25
 
 
 def _compute_us(model: ModelPlan, pipeline: PipelinePlan, part: PartitionPlan, batch: int) -> float:
@@ -88,6 +92,22 @@ def closed_form_rps(plan: Plan, arrivals: Arrivals, costs: Overheads) -> dict[st
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if sum(at(mid).values()) >= mid else (lo, mid)
     return at(lo)
+
+
+def risen(costs: Overheads, rise: float = COST_RISE) -> Overheads:
+    """``costs`` with every stage call's lead and tail, their slopes and the way outside the sidecar's clock
+    ``rise`` higher."""
+    k = 1.0 + rise
+    return replace(costs, **{f: getattr(costs, f) * k for f in ("lead_us", "tail_us", "front_us", *SLOPE_FIELDS)},
+                   front_quantiles_us=tuple(q * k for q in costs.front_quantiles_us),
+                   front_slopes_per_krps_us=tuple(q * k for q in costs.front_slopes_per_krps_us))
+
+
+def cost_resilience(plan: Plan, arrivals: Arrivals, costs: Overheads) -> dict[str, float]:
+    """Per model, the share of its closed-form rate ``plan`` keeps with the costs :func:`risen` (1 where it has
+    none to keep): a plan with little slack left falls furthest."""
+    now, then = closed_form_rps(plan, arrivals, costs), closed_form_rps(plan, arrivals, risen(costs))
+    return {m: then[m] / r if r > 0 else 1.0 for m, r in now.items()}
 
 
 def slack_reserve_us(costs: Overheads, input_bytes: float) -> float:

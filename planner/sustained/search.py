@@ -1,8 +1,8 @@
 """Plan for the rate a cluster sustains: candidate plans over SLO margins, each made by the request's planners with
 serving's costs counted, ranked by the closed form; the best few measured by the evaluator (the simulator), and the
-one that sustains the most kept (where several sustain within MODEL_ERROR of the best, the one with the fewest stage
-calls and the most slack, whose rate falls least when costs rise; the spec's own plan where none sustains clearly
-more).
+one that sustains the most kept (planner.sustained.choice: the robust one among those within MODEL_ERROR of the
+best, the spec's own plan where none sustains clearly more, the resilient one where another holds clearly more once
+costs rise).
 
 Why margins: a pooled pipeline needs slack under its SLO for batches to wait in its pools, and how much depends
 on the pools' sizes and batches, which the MILP picks. A plan made with no margin fills the SLO with compute
@@ -16,14 +16,31 @@ smaller margins (planner.sustained.fill), and the merged plans are ranked with t
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import replace
 
 from tqdm import tqdm
 
 from planner.planners import Planner
 from planner.solvers.milp_solvers import SolverOptions
-from planner.sustained.capacity import predicted_rps, slack_reserve_us, without_dead_pipelines
+from planner.sustained.capacity import (
+    COST_RISE,
+    cost_resilience,
+    predicted_rps,
+    slack_reserve_us,
+    without_dead_pipelines,
+)
+from planner.sustained.choice import (
+    MODEL_ERROR,
+    CandidatePlan,
+    kept,
+    risen_score,
+    rival,
+    score,
+    stage_calls,
+    to_verify,
+    unique,
+)
 from planner.sustained.evaluators import evaluator
 from planner.sustained.fill import SolveEach, fill_specs, idle_gpus, merged_fills
 from planner.sustained.measure_pool import WorkerPool, measure_all
@@ -31,7 +48,7 @@ from plans.arrivals import Arrivals
 from plans.plan_json import Plan
 from plans.spec.planning_spec import ModelSpec, PlanningSpec
 from poolpipe_common.errors import InputError
-from poolpipe_common.overheads import Overheads, driver_margin_us, stage_calls_per_request
+from poolpipe_common.overheads import Overheads, driver_margin_us
 from scheduler.sim.sustain import Precision, mix_rates
 
 # Shares of each model's SLO kept free for queueing, beyond the driver's own margin.
@@ -45,13 +62,6 @@ SCREEN_NODES = 500
 MEASURED_CANDIDATES = 3  # the best-predicted candidates the evaluator measures, and as many whole-model ones, with
 # the spec's own plan: what np planned the same way would measure, so the kept plan does not sustain less than it
 FILLED_CANDIDATES = 2  # each planner's best-predicted candidates that leave whole GPUs idle get them filled
-# A candidate replaces the spec's own plan only if it sustains more than this share more: the simulator's rates for
-# one plan move by about 1 % between seeds at 100 GPUs, and a plan kept for a gain within that left apcnet 7 % below
-# the reference plan on the seed the planner had not seen (benchmarks/sim_paper_sustained.py, V100 + T4, group 0).
-OWN_PLAN_TOLERANCE = 0.02
-# Between plans that sustain within this share of the best, the robust one is kept: fewer stage calls per request
-# (each costs a lead and a tail that grow with the rate) and more slack.
-MODEL_ERROR = 0.03
 # The candidates are screened on quarter-length points to MODEL_ERROR, the search starting from the closed form's rate
 # (within GUESS_BAND of the simulator's on most plans); the kept one is then measured to the promise's precision
 # (scheduler.sim.sustain.Precision's defaults) from its screened rate.
@@ -62,34 +72,6 @@ GUESS_BAND = 0.1
 # took two more full-length points (half of the planning time at 16 GPUs), and the promise it found was 1-5 % above
 # what a 3x longer run on another seed held (benchmarks/promise_grid.py): the finer figure was not the truer one.
 PROMISE_RESOLUTION = MODEL_ERROR
-
-
-@dataclass
-class CandidatePlan:
-    """A whole plan weighed by the sustained search (not a pipeline column: planner.ppipe.pipeline_columns)."""
-
-    margin: float | None  # share of the SLO kept beyond the driver's; None: the spec's own margin, no serving costs
-    plan: Plan
-    predicted: dict[str, float]
-    measured: dict[str, float] | None = None
-    fill_margin: float | None = None  # the plan's idle GPUs were planned at this margin (planner.sustained.fill)
-    fell_short: bool = False  # screened out at one point: it does not sustain the best measured less MODEL_ERROR
-    origins: tuple[int, ...] = (0,)  # which of the request's planners made it (0: the request's own; then narrower)
-
-    def rates(self) -> dict[str, float]:
-        return self.measured if self.measured is not None else self.predicted
-
-
-def score(plan: Plan, rates: dict[str, float]) -> float:
-    """PPipe's max-min objective on sustained rates: the smallest rate / weight over the plan's models."""
-    return min((rates.get(m.name, 0.0) / (m.weight or 1.0) for m in plan.models), default=0.0)
-
-
-def stage_calls(plan: Plan) -> float:
-    """The stages a request passes through (each a lead and a tail it waits for), weighted by each pipeline's share
-    of its model's throughput: Plan.stage_calls_per_request as if every batch were of one."""
-    return stage_calls_per_request((pl.throughput_rps, len(pl.partitions), 1)
-                                   for m in plan.models for pl in m.pipelines)
 
 
 def with_serving_costs(spec: PlanningSpec, margin: float, costs: Overheads) -> PlanningSpec:
@@ -139,6 +121,13 @@ def solve_each(pool: WorkerPool, options: SolverOptions) -> SolveEach:
     return lambda asked: pool.map(solve_one, [(planner, spec, options) for planner, spec in asked])
 
 
+def candidate(margin: float | None, plan: Plan, arrivals: Arrivals, costs: Overheads, fill_margin: float | None = None,
+              origins: tuple[int, ...] = (0,)) -> CandidatePlan:
+    """A candidate as the closed form rates it: its predicted rates and how much of them it keeps as costs rise."""
+    return CandidatePlan(margin, plan, predicted_rps(plan, arrivals, costs), None, fill_margin,
+                         origins=origins, resilience=cost_resilience(plan, arrivals, costs))
+
+
 def candidate_plans(spec: PlanningSpec, planners: Sequence[Planner], options: SolverOptions, arrivals: Arrivals,
                     costs: Overheads, pool: WorkerPool | None = None) -> list[CandidatePlan]:
     """One plan per margin and planner, and the plan of the spec as it is (its own margin, no serving costs: PPipe's
@@ -159,7 +148,7 @@ def candidate_plans(spec: PlanningSpec, planners: Sequence[Planner], options: So
         if (same := out.get(_signature(plan))) is not None:
             same.origins = tuple(sorted({*same.origins, origin}))
             continue
-        out[_signature(plan)] = CandidatePlan(margin, plan, predicted_rps(plan, arrivals, costs), origins=(origin,))
+        out[_signature(plan)] = candidate(margin, plan, arrivals, costs, origins=(origin,))
     if not out:
         raise InputError(f"no plan fits the SLOs once serving's per-stage costs ({costs.lead_us:.0f} + "
                          f"{costs.tail_us:.0f} us per stage) and the driver's margin are counted: {last_error}; "
@@ -170,11 +159,6 @@ def candidate_plans(spec: PlanningSpec, planners: Sequence[Planner], options: So
 def by_origin(cands: Sequence[CandidatePlan]) -> list[list[CandidatePlan]]:
     """The candidates of each planner (CandidatePlan.origins), in their order."""
     return [[c for c in cands if o in c.origins] for o in sorted({o for c in cands for o in c.origins})]
-
-
-def unique(cands: Iterable[CandidatePlan]) -> list[CandidatePlan]:
-    """``cands`` without repeats (the same object), in their order."""
-    return list({id(c): c for c in cands}.values())
 
 
 def to_measure(cands: Sequence[CandidatePlan]) -> list[CandidatePlan]:
@@ -211,35 +195,21 @@ def plan_sustained(spec: PlanningSpec, planners: Sequence[Planner], options: Sol
         pool, best = (cands, kept(cands)) if name == "analytic" else _measured(cands, name, arrivals, costs, workers)
     table = [{"margin_fraction": c.margin, "fill_margin_fraction": c.fill_margin,
               "nominal_rps": {m.name: m.throughput_rps for m in c.plan.models}, "stage_calls": stage_calls(c.plan),
-              "predicted_rps": c.predicted, "measured_rps": c.measured, "chosen": c is best,
+              "predicted_rps": c.predicted, "measured_rps": c.measured, "resilience": c.resilience,
+              "chosen": c is best,
               **({"fell_short": True} if c.fell_short else {})} for c in cands]
     how = ("the spec's own margin" if best.margin is None
            else f"margin {best.margin:g} x SLO (+ the driver's) and serving's costs")
     if best.fill_margin is not None:
         how += f", its idle GPUs planned at margin {best.fill_margin:g}"
     short = sum(c.fell_short for c in cands)
+    keeps = risen_score(best) / max(score(best.plan, best.rates()), 1e-12)
     lines = [f"sustained objective: {len(cands)} candidate plan(s) over SLO margins, {len(pool)} screened"
              + (f" ({short} fell short of the best at their first point)" if short else "") + "; kept the "
              f"one planned with {how}; {name} sustains "
-             + ", ".join(f"{m} {r:,.1f} req/s" for m, r in best.rates().items()) + f" under {arrivals}"]
+             + ", ".join(f"{m} {r:,.1f} req/s" for m, r in best.rates().items()) + f" under {arrivals}"
+             + f"; {keeps:.0%} of it with serving's costs {COST_RISE:.0%} higher (the closed form's fall)"]
     return with_sustainable(best.plan, best.rates(), arrivals, name, table), (*best.plan.notes, *lines)
-
-
-def own_plan(pool: Sequence[CandidatePlan]) -> CandidatePlan | None:
-    """The measured plan of the spec as it is (its own margin) that sustains the most, if any."""
-    own = [c for c in pool if c.margin is None and c.measured is not None]
-    return max(own, key=lambda c: score(c.plan, c.rates()), default=None)
-
-
-def kept(pool: Sequence[CandidatePlan]) -> CandidatePlan:
-    """The spec's own plan unless a candidate sustains more than OWN_PLAN_TOLERANCE more than it; then the robust best
-    (:func:`robust_best`) of the candidates that do."""
-    mine = own_plan(pool)
-    if mine is None:
-        return robust_best(pool)
-    bar = (1.0 + OWN_PLAN_TOLERANCE) * score(mine.plan, mine.rates())
-    better = [c for c in pool if score(c.plan, c.rates()) > bar]
-    return robust_best(better) if better else mine
 
 
 def _measured(cands: Sequence[CandidatePlan], name: str, arrivals: Arrivals, costs: Overheads, jobs: WorkerPool
@@ -280,31 +250,6 @@ def _screened(pool: Sequence[CandidatePlan], name: str, arrivals: Arrivals, cost
     return [c for c in pool if c.measured is not None]
 
 
-def to_verify(pool: Sequence[CandidatePlan]) -> list[CandidatePlan]:
-    """What is measured at full length: the kept one first, the spec's own plan where kept() passed over it, and the
-    kept one's rival (then kept() weighs them again on full-length rates)."""
-    return unique(c for c in (kept(pool), own_plan(pool), rival(pool)) if c is not None)
-
-
-def rival(pool: Sequence[CandidatePlan]) -> CandidatePlan | None:
-    """The best-rated other plan within MODEL_ERROR of the best, whose screened rate could not tell it from the kept
-    one; none where the kept one is the spec's own (it stays unless a candidate sustains clearly more), nor where the
-    rival is (its own precision measures it)."""
-    best, own = kept(pool), own_plan(pool)
-    top = max(score(c.plan, c.rates()) for c in pool)
-    near = [c for c in pool if c is not best and score(c.plan, c.rates()) >= (1.0 - MODEL_ERROR) * top]
-    other = max(near, key=lambda c: score(c.plan, c.rates()), default=None)
-    return None if best is own or other is own else other
-
-
-def robust_best(pool: Sequence[CandidatePlan]) -> CandidatePlan:
-    """Among the candidates that sustain within MODEL_ERROR of the most, the one with the fewest stage calls per
-    request, then the most slack, then the most sustained."""
-    top = max(score(c.plan, c.rates()) for c in pool)
-    near = [c for c in pool if score(c.plan, c.rates()) >= (1.0 - MODEL_ERROR) * top]
-    return min(near, key=lambda c: (round(stage_calls(c.plan), 6), -(c.margin or 0.0), -score(c.plan, c.rates())))
-
-
 def fill_margins(margin: float | None) -> tuple[float, ...]:
     """The margins a candidate's idle GPUs are planned at: none (their pools are small, so this is the most
     they add) and the grid's margin halfway down to it (slack for those small pools), each merged plan being one
@@ -333,8 +278,7 @@ def filled(spec: PlanningSpec, cands: Sequence[CandidatePlan], planners: Sequenc
             if _signature(plan) in seen:
                 continue
             seen.add(_signature(plan))
-            out.append(CandidatePlan(base.margin, plan, predicted_rps(plan, arrivals, costs), None, fill_margin,
-                                     origins=base.origins))
+            out.append(candidate(base.margin, plan, arrivals, costs, fill_margin, base.origins))
     return out
 
 
