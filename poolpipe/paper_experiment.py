@@ -40,8 +40,10 @@ MAX_LIVE_RPS = 50.0
 MIN_TIME_SCALE = 8.0
 # A live point that falls short of TARGET by less than this is measured once more and judged by the better run: a
 # stall of this shared 2-core host (tens of ms, in no system's control) fails a 4-6 s point at random, and two equal
-# plans measured in one run differed by 0.05 of the load factor on it; a point short by more is overload.
-RECHECK_SHORTFALL = 0.04
+# plans measured in one run differed by 0.05 of the load factor on it; a point short by more is overload. A stall
+# of seconds reaches further: tf_efficientdet_d1 at 2.5x, served whole by two plans of the same layout in one run,
+# held 99.39 % at 272.4 req/s in one and 93.28 % in the other (p99 outside the sidecar's clock 8.3 ms against 3.9).
+RECHECK_SHORTFALL = 0.10
 
 
 @dataclass(frozen=True)
