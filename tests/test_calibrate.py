@@ -152,6 +152,7 @@ def test_a_calibration_that_saw_its_plan_miss_holds_a_plan_of_that_layout_to_it(
     one_try = Step(1.0, 100.0, 95.0, Overheads(), (), {"m": RunResult(100, 99, 1, 0, (), None, 0.0)})
     assert held_share(one_try) == pytest.approx(0.99)
     assert held_share(replace(one_try, tries=(0.995, 0.982))) == pytest.approx(0.9885)  # both tries weigh alike
+    assert held_share(replace(one_try, tries=(0.988, 0.784, 0.991))) == pytest.approx(0.988)  # a stalled try: outvoted
     plan, arrivals = ppipe_plan(batch=2, slo_us=60_000.0), parse_arrivals("poisson")
     name = plan.models[0].name
     free = predicted_rps(plan, arrivals, Overheads())[name]
