@@ -38,11 +38,9 @@ STEP = 0.0125  # of the fixed-margin plan's nominal rate: 2.6 % of convnext_larg
 # ~50 req/s keeps per-stage lead and tail near their idle values; at ~80 req/s lateness grows).
 MAX_LIVE_RPS = 50.0
 MIN_TIME_SCALE = 8.0
-# A live point that falls short of TARGET by less than this is measured once more and judged by the better run: a
-# stall of this shared 2-core host (tens of ms, in no system's control) fails a 4-6 s point at random, and two equal
-# plans measured in one run differed by 0.05 of the load factor on it; a point short by more is overload. A stall
-# of seconds reaches further: tf_efficientdet_d1 at 2.5x, served whole by two plans of the same layout in one run,
-# held 99.39 % at 272.4 req/s in one and 93.28 % in the other (p99 outside the sidecar's clock 8.3 ms against 3.9).
+# A live point short of TARGET by less than this is measured once more and judged by the better run: a stall of this
+# shared 2-core host fails a 4-6 s point at random (tf_efficientdet_d1 at 2.5x, whole in two plans of one layout,
+# held 99.39 % and 93.28 % at 272.4 req/s: p99 outside the sidecar's clock 3.9 and 8.3 ms); short by more: overload.
 RECHECK_SHORTFALL = 0.10
 
 
