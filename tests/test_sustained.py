@@ -282,7 +282,7 @@ def test_a_plan_that_holds_clearly_more_once_costs_rise_is_kept_instead():
 
 def test_a_plan_with_less_slack_keeps_less_of_its_rate_when_costs_rise():
     """cost_resilience: the closed form's rate with serving's costs COST_RISE higher over its rate; a plan made with
-    no margin under its SLO falls further than one made with a wide margin, and none rises."""
+    a narrow margin under its SLO (0.1) falls further than one made with a wide one (0.4), and none rises."""
     spec = small_spec(2, 3, slo_factor=2.5, margin=0.0)
     arrivals = parse_arrivals("poisson")
     ask = PlanRequest(objective="throughput", evaluator="none", time_limit_s=30)

@@ -15,7 +15,8 @@ from poolpipe_common.overheads import stage_calls_per_request
 # the reference plan on the seed the planner had not seen (benchmarks/sim_paper_sustained.py, V100 + T4, group 0).
 OWN_PLAN_TOLERANCE = 0.02
 # Between plans that sustain within this share of the best, the robust one is kept: fewer stage calls per request
-# (each costs a lead and a tail that grow with the rate) and more slack.
+# (each costs a lead and a tail that grow with the rate) and more slack; and a plan gives way to one that would
+# sustain more than this share more once serving's costs rise (resilient).
 MODEL_ERROR = 0.03
 
 
@@ -64,9 +65,7 @@ def kept(pool: Sequence[CandidatePlan]) -> CandidatePlan:
     """The spec's own plan unless a candidate sustains more than OWN_PLAN_TOLERANCE more than it; then the robust best
     (:func:`robust_best`) of the candidates that do; either way :func:`resilient` has the last word."""
     mine = own_plan(pool)
-    if mine is None:
-        return resilient(pool, robust_best(pool))
-    bar = (1.0 + OWN_PLAN_TOLERANCE) * score(mine.plan, mine.rates())
+    bar = (1.0 + OWN_PLAN_TOLERANCE) * score(mine.plan, mine.rates()) if mine is not None else -1.0
     better = [c for c in pool if score(c.plan, c.rates()) > bar]
     return resilient(pool, robust_best(better) if better else mine)
 
