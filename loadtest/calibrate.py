@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from loadtest.open_loop import RunResult, no_collector_pauses, run_open_loop
+from loadtest.tries import judged, tries_of
 from model_repository_gen.manifest import load_manifest
 from poolpipe_common.cost_fit import CostPoint, fit_front, fit_runs, not_overloaded
 from poolpipe_common.errors import InputError
@@ -29,10 +30,6 @@ from scheduler.server.common.event_loop import new_loop
 DEFAULT_SHARES = (0.25, 0.5, 0.75, 1.0)  # of the plan's promise
 WARMUP_REQUESTS = 30
 BETWEEN_GAP = 0.15  # a miss more than this share of the promise above the last step that held gets a step between
-# Two tries of a step that disagree by more than this are joined by a third, and the median counts: a stall of the host
-# (seconds) failed one try of tf_efficientdet_d1 at 2.5x at 78.4 % where the other held 98.8 %, and their mean put the
-# promise at 268 req/s; np's plan of the same layout held 321. Tries on a quiet host differ by up to 1.2 points.
-TRIES_DISAGREE = 0.02
 
 
 @dataclass(frozen=True)
@@ -52,10 +49,10 @@ def attainment(step: Step) -> float:
 
 
 def held_share(step: Step) -> float:
-    """The attainment a limit takes of a step: the median of its tries (of two, their mean). The better one alone
+    """The attainment a limit takes of a step: the median of its tries (loadtest.tries.judged). The better one alone
     (what the costs are fitted to: a host stall's costs are not the plan's) put tf_efficientdet_d1 at 3x at 99.5 % at
     505 req/s after 98.2 %, and its plan, promised 527, held 468 live."""
-    return float(np.median(step.tries)) if step.tries else attainment(step)
+    return judged(step.tries) if step.tries else attainment(step)
 
 
 def poisson_s(rate: float, duration_s: float, seed: int) -> list[float]:
@@ -141,13 +138,10 @@ class Calibration:
         return self.fit(steps), steps
 
     def measured(self, share: float, what: str) -> Step:
-        """A step at ``share``; one that misses is measured twice (a miss bounds the plan's promise: limits), and a
-        third time where the two disagree by more than TRIES_DISAGREE."""
-        tries = [self.logged(share, what)]
-        if attainment(tries[0]) < TARGET_ATTAINMENT:
-            tries.append(self.logged(share, "  measured again"))
-            if abs(attainment(tries[0]) - attainment(tries[1])) > TRIES_DISAGREE:
-                tries.append(self.logged(share, "  measured a third time (the two tries disagree)"))
+        """A step at ``share``; one that misses is measured again (a miss bounds the plan's promise: limits), as
+        loadtest.tries.tries_of says."""
+        labels = (what, "  measured again", "  measured a third time (the two tries disagree)")
+        tries = tries_of(lambda k: self.logged(share, labels[k]), attainment, TARGET_ATTAINMENT)
         best = max(tries, key=attainment)
         return replace(best, tries=tuple(attainment(t) for t in tries)) if len(tries) > 1 else best
 

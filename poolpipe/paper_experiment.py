@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from loadtest.tries import judged, tries_of
 from poolpipe.paper_costs import calibrate_and_replan, costs_text, held_costs
 
 TARGET = 0.99
@@ -38,9 +39,9 @@ STEP = 0.0125  # of the fixed-margin plan's nominal rate: 2.6 % of convnext_larg
 # ~50 req/s keeps per-stage lead and tail near their idle values; at ~80 req/s lateness grows).
 MAX_LIVE_RPS = 50.0
 MIN_TIME_SCALE = 8.0
-# A live point short of TARGET by less than this is measured once more and judged by the better run: a stall of this
-# shared 2-core host fails a 4-6 s point at random (tf_efficientdet_d1 at 2.5x, whole in two plans of one layout,
-# held 99.39 % and 93.28 % at 272.4 req/s: p99 outside the sidecar's clock 3.9 and 8.3 ms); short by more: overload.
+# A live point short of TARGET by less than this is measured again and judged as calibration judges its steps
+# (loadtest.tries): a stall of this 2-core host fails a 4-6 s point at random (tf_efficientdet_d1 at 2.5x, whole in
+# two plans of one layout, held 99.39 % and 93.28 % at 272.4 req/s); short by more: overload.
 RECHECK_SHORTFALL = 0.10
 
 
@@ -129,13 +130,10 @@ def measure_grid(attainment_at: Callable[[float], float], grid: tuple[float, ...
 
 
 def rechecked(attainment_at: Callable[[float], float], target: float = TARGET) -> Callable[[float], float]:
-    """``attainment_at`` whose points short of ``target`` by less than RECHECK_SHORTFALL are measured twice (the
-    better run counts); every system of a comparison is measured this way."""
+    """``attainment_at`` whose points short of ``target`` by less than RECHECK_SHORTFALL are measured again and count
+    for the median of their tries (loadtest.tries); every system of a comparison is measured this way."""
     def at(lf: float) -> float:
-        first = attainment_at(lf)
-        if target - RECHECK_SHORTFALL <= first < target:
-            return max(first, attainment_at(lf))
-        return first
+        return judged(tries_of(lambda _k: attainment_at(lf), float, target, RECHECK_SHORTFALL))
     return at
 
 

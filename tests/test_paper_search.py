@@ -1,10 +1,12 @@
 """The live comparison's search for the largest load factor held at >= 99 %: bisection on the step grid, and the
-second run a point gets when it falls just short (a stall of the host), never when it is overloaded."""
+tries a point gets when it falls just short (a stall of the host; the median counts), never when it is overloaded."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+import pytest
 
 from poolpipe.paper_costs import held_costs
 from poolpipe.paper_experiment import (
@@ -29,7 +31,7 @@ def test_bisection_finds_the_knee_on_the_grid():
     assert len(points) <= 8  # bisection, not a sweep of 64 points
 
 
-def test_a_stalled_point_is_measured_again_and_the_better_run_counts():
+def test_a_stalled_point_is_measured_again_and_outvoted():
     calls: list[float] = []
     stalls = {0.75}  # the first run at 0.75 meets a stall of the host
 
@@ -42,10 +44,19 @@ def test_a_stalled_point_is_measured_again_and_the_better_run_counts():
 
     best, _ = search_max_lf(rechecked(at), hi=1.6, start=0.75)
     assert best == 0.8
-    assert calls.count(0.75) == 2
-    # without the second run the stall decides the search
+    assert calls.count(0.75) == 3  # the two tries disagree by 5 points: a third decides
+    # without the tries the stall decides the search
     stalls.add(0.75)
     assert search_max_lf(at, hi=1.6, start=0.75)[0] < 0.75
+
+
+def test_a_point_counts_for_the_median_of_its_tries_as_in_calibration():
+    """Not the better try: a point that held once of two, by less than the tries' spread, has not held (googlenet-v3 at
+    2.5x held 1.46 of its promise on such a point)."""
+    tries = iter([0.984, 0.994])
+    assert rechecked(lambda _lf: next(tries))(0.5) == pytest.approx(0.989)
+    tries = iter([0.96, 0.995, 0.992])
+    assert rechecked(lambda _lf: next(tries))(0.5) == pytest.approx(0.992)
 
 
 def test_an_overloaded_point_is_measured_once():
