@@ -22,9 +22,11 @@ TAIL_SAMPLES = 500
 # A run whose attainment fell below this is overloaded: the costs it measured (the way outside the sidecar's clock
 # among them) are the overload's queues, not what a plan at that rate would see, so no fit takes them (not_overloaded)
 HELD_ATTAINMENT = 0.95
-# The rate's slope is fitted only where the rates measured span at least this factor: the 99th percentile of one
-# short run moves by 1-2 ms on this host, and two runs at rates 1.5x apart gave a slope of 13 ms per 1,000 req/s
-# that promised 0.75x of what the plan held live (googlenet at 2.5x)
+# The rate's slope (of the way outside the sidecar's clock, and of a stage call's lead and tail) is fitted only where
+# the rates measured span at least this factor: the 99th percentile of one short run moves by 1-2 ms on this host, and
+# two runs at rates 1.5x apart gave a slope of 13 ms per 1,000 req/s that promised 0.75x of what the plan held live
+# (googlenet at 2.5x); two live points at 212 and 216 req/s gave lead and tail 25 and 41 ms per 1,000 req/s, and the
+# simulator then put their plan (gcnet at 3x, held 216 live) at 71
 MIN_RATE_SPAN = 2.0
 # The probabilities (evenly spaced, 0 % to 100 %) at which the way outside the sidecar's clock is given its own
 # slope in the rate; above the 99th percentile a short run's answers are too few, and the 99th's slope is used
@@ -95,16 +97,25 @@ def leveled(fitted: Overheads, points: Sequence[CostPoint], base: Overheads, rat
     sent = sum(p.sent_bytes * p.calls for p in points) / calls / 1e6
     back = sum(p.back_bytes * p.calls for p in points) / calls / 1e6
     k = rate_rps / 1e3
-    return replace(fitted, lead_us=max(0.0, base.lead_us - fitted.lead_per_mb_us * sent - fitted.lead_per_krps_us * k),
-                   tail_us=max(0.0, base.tail_us - fitted.tail_per_mb_us * back - fitted.tail_per_krps_us * k))
+    lead, lead_k = _through(base.lead_us - fitted.lead_per_mb_us * sent, fitted.lead_per_krps_us, k)
+    tail, tail_k = _through(base.tail_us - fitted.tail_per_mb_us * back, fitted.tail_per_krps_us, k)
+    return replace(fitted, lead_us=lead, lead_per_krps_us=lead_k, tail_us=tail, tail_per_krps_us=tail_k)
+
+
+def _through(at_k: float, slope: float, k: float) -> tuple[float, float]:
+    """(intercept, slope per 1,000 req/s) of a line through ``at_k`` at ``k``, its slope lowered where it would cross
+    0 above no load (an intercept held at 0 would put the cost at ``k`` above what was measured there)."""
+    at_k = max(0.0, at_k)
+    slope = min(slope, at_k / k) if k > 0 else slope
+    return max(0.0, at_k - slope * k), slope
 
 
 def fit_runs(runs: Sequence[Overheads], points: Sequence[CostPoint]) -> Overheads:
     """Several serving runs' costs as one: the median of each (median_overheads), growing as ``points`` say with the
-    bytes and the rate (levelled at their median rate) where they were served at different rates."""
+    bytes and the rate (levelled at their median rate) where they were served at rates MIN_RATE_SPAN apart."""
     base = median_overheads(runs)
     rates = sorted(p.rate_rps for p in points)
-    if len({round(r, 1) for r in rates}) < 2:
+    if len({round(r, 1) for r in rates}) < 2 or 0 < rates[0] and rates[-1] < MIN_RATE_SPAN * rates[0]:
         return base
     return leveled(fit_stage_costs(points, base), points, base, rates[len(rates) // 2])
 

@@ -21,7 +21,7 @@ from planner.objectives import limit_note, reach_note
 from planner.sustained.capacity import predicted_rps
 from planner.sustained.evaluators import evaluator
 from plans.arrivals import parse_arrivals
-from poolpipe_common.cost_fit import CostPoint, fit_front, fit_line, fit_stage_costs, leveled
+from poolpipe_common.cost_fit import CostPoint, fit_front, fit_line, fit_runs, fit_stage_costs, leveled
 from poolpipe_common.overheads import MeasuredLimit, Overheads, read_overheads, stage_calls_per_request
 from scheduler.core.topology import with_slowdown, with_stage_overhead
 from scheduler.sim.placement import topology_from_plan
@@ -52,6 +52,22 @@ def test_the_fit_recovers_a_known_cost_model_and_never_a_falling_one() -> None:
     f = fit_front(Overheads(front_us=2000), samples)
     assert f.front_per_mb_us == pytest.approx(500, rel=0.15) and 1150 < f.front_at(0.5) < 1350
     assert f.front_us == 2000  # the deadlines' offset stays what the sidecar served with (serve --front-us)
+
+
+def test_rates_close_together_give_no_slope_and_a_fitted_line_keeps_what_was_measured() -> None:
+    """Two live points at 212 and 216 req/s (gcnet at 3x) were fitted lead and tail slopes of 25 and 41 ms per 1,000
+    req/s with the intercepts held at 0, which put 5-9 ms on every stage call at the rate they were measured at."""
+    runs = [Overheads(lead_us=380, tail_us=330), Overheads(lead_us=420, tail_us=370)]
+    close = [CostPoint(212.0, 1e5, 1e5, 300, 250, 100), CostPoint(216.0, 1e5, 1e5, 420, 420, 100)]
+    fitted = fit_runs(runs, close)
+    assert (fitted.lead_us, fitted.tail_us) == (400, 350)
+    assert fitted.lead_per_krps_us == fitted.tail_per_krps_us == 0
+    # rates far apart whose slope would cross 0 above no load: the line still goes through what was measured
+    apart = [CostPoint(50.0, 1e5, 1e5, 10, 10, 100), CostPoint(150.0, 1e5, 1e5, 400, 350, 100),
+             CostPoint(300.0, 1e5, 1e5, 900, 800, 100)]
+    steep = fit_runs([Overheads(lead_us=400, tail_us=350)], apart)
+    assert steep.at_rate(150).lead_for(1e5) == pytest.approx(400) and steep.lead_us >= 0
+    assert steep.at_rate(150).tail_for(1e5) == pytest.approx(350) and steep.tail_per_krps_us > 0
 
 
 def test_the_way_outside_the_sidecar_grows_with_the_rate_by_its_tail() -> None:
