@@ -115,7 +115,7 @@ def fit_runs(runs: Sequence[Overheads], points: Sequence[CostPoint]) -> Overhead
     bytes and the rate (levelled at their median rate) where they were served at rates MIN_RATE_SPAN apart."""
     base = median_overheads(runs)
     rates = sorted(p.rate_rps for p in points)
-    if len({round(r, 1) for r in rates}) < 2 or 0 < rates[0] and rates[-1] < MIN_RATE_SPAN * rates[0]:
+    if len({round(r, 1) for r in rates}) < 2 or (rates[0] > 0 and rates[-1] < MIN_RATE_SPAN * rates[0]):
         return base
     return leveled(fit_stage_costs(points, base), points, base, rates[len(rates) // 2])
 

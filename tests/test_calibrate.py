@@ -66,7 +66,8 @@ def test_rates_close_together_give_no_slope_and_a_fitted_line_keeps_what_was_mea
     apart = [CostPoint(50.0, 1e5, 1e5, 10, 10, 100), CostPoint(150.0, 1e5, 1e5, 400, 350, 100),
              CostPoint(300.0, 1e5, 1e5, 900, 800, 100)]
     steep = fit_runs([Overheads(lead_us=400, tail_us=350)], apart)
-    assert steep.at_rate(150).lead_for(1e5) == pytest.approx(400) and steep.lead_us >= 0
+    assert steep.at_rate(150).lead_for(1e5) == pytest.approx(400)
+    assert steep.lead_per_krps_us == pytest.approx(400 / 0.15)  # lowered: through 0 at no load
     assert steep.at_rate(150).tail_for(1e5) == pytest.approx(350) and steep.tail_per_krps_us > 0
 
 
