@@ -8,7 +8,7 @@ import asyncio
 import logging
 import math
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import grpc
@@ -48,6 +48,14 @@ def is_local_address(address: str) -> bool:
         return True
     except OSError:
         return False
+
+
+def kept_registrations(ours: set[str], mine: Mapping[str, Region], listed: Mapping) -> set[str]:
+    """Regions this fleet registered that the server still lists as they are: kept through a bring-up, since a
+    server marked down by a slow health check may still be serving stage calls that name them."""
+    return {name for name in ours
+            if name in mine and name in listed
+            and listed[name].key == mine[name].key and listed[name].byte_size == mine[name].byte_size}
 
 
 def machines(manifest: Manifest) -> dict[str, str]:
@@ -165,8 +173,8 @@ class Fleet:
             srv.registered.discard(name)
 
     async def bring_up(self, srv: VGpuServer) -> bool:
-        """Ready check; then drop stale registrations (ours from earlier lives, or a dead sidecar's) and
-        register this machine's pool."""
+        """Ready check; then drop stale registrations (ours from earlier lives, or a dead sidecar's), keep those
+        this fleet made that the server still holds, and register the rest of this machine's pool."""
         try:
             ready = await srv.stub.ServerReady(service_pb2.ServerReadyRequest(), timeout=1)
             if not ready.ready:
@@ -177,14 +185,15 @@ class Fleet:
                     return False
             status = await srv.stub.SystemSharedMemoryStatus(service_pb2.SystemSharedMemoryStatusRequest(), timeout=2)
             pool = self.pools.get(srv.host)
-            mine = {r.name for r in pool.regions} if pool else set()
+            mine = {r.name: r for r in pool.regions} if pool else {}
+            kept = kept_registrations(srv.registered, mine, status.regions)
             for name in status.regions:
-                if stale(name) or name in mine:
+                if name not in kept and (stale(name) or name in mine):
                     await srv.stub.SystemSharedMemoryUnregister(
                         service_pb2.SystemSharedMemoryUnregisterRequest(name=name), timeout=2)
                     if name not in mine:
                         self.reclaimed.append(f"{srv.id}:{name}")
-            srv.registered.clear()
+            srv.registered = kept
             # take_region registers a region it creates with the servers up only: one created while this server
             # was being brought up must be registered here, or its stage calls would find no such region.
             while pool and (missing := [r for r in pool.regions if r.name not in srv.registered]):
