@@ -89,3 +89,28 @@ def test_plans_are_made_with_the_median_costs_of_the_points_that_held(tmp_path):
     assert held_costs([(0.0, point(6, 0.0, 0.0, stages=0))], TARGET) is None
     ov, used = held_costs([(0.0, point(7, 0.0, 0.0, stages=0)), (0.9, point(8, 600.0, 500.0))], TARGET)
     assert ov.lead_us == 600.0 and len(used) == 1
+
+
+def test_after_the_rounds_the_calibrated_plan_measured_to_hold_most_is_served():
+    """Three plans calibrated, each held to what its calibration measured: the one that holds most is served, at that
+    rate, whatever each promised before."""
+    from dataclasses import replace
+
+    from poolpipe.paper_costs import best_calibrated
+    from poolpipe_common.overheads import MeasuredLimit, Overheads
+    from tests.test_emulated import ppipe_plan
+
+    def promising(batch: int, rps: float):
+        p = ppipe_plan(batch=batch, slo_us=60_000.0)
+        return replace(p, models=tuple(replace(m, sustainable_rps=rps) for m in p.models))
+
+    tried = [promising(1, 800.0), promising(2, 667.0), promising(3, 700.0)]
+    name = tried[0].models[0].name
+    measured = {0: 360.0, 1: 611.0, 2: 590.0}  # what each plan's calibration saw it hold
+    costs = Overheads(measured_limits=tuple(MeasuredLimit(p.layout_key(), name, measured[i])
+                                            for i, p in enumerate(tried)))
+    served = best_calibrated(tried, costs)
+    assert served.layout_key() == tried[1].layout_key()
+    assert served.models[0].sustainable_rps == pytest.approx(611.0)
+    held = Overheads(measured_limits=costs.measured_limits[:2])  # the third held all it promised
+    assert best_calibrated(tried, held).layout_key() == tried[2].layout_key()
