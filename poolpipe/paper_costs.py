@@ -91,24 +91,27 @@ def calibrate_and_replan(ex, work: Path, log: Callable[[str], None]) -> None:
         now, promise = ex.ppipe.stage_calls_per_request(), sum(ex.ppipe.capacity_rps().values())
         if not costs.extrapolated_to(promise, now, ex.ppipe.layout_key()):
             return
-        if n + 1 < CALIBRATION_ROUNDS:
-            other = ", another plan" if costs.calibrated_on_another(ex.ppipe.layout_key()) else ""
-            log(f"  the plan calibrated makes {costs.rate_calls_per_request:.2f} stage calls per request and served up "
-                f"to {costs.calibrated_rps:.1f} req/s, the plan made with its costs {now:.2f}{other}, and promises "
-                f"{promise:.1f}: calibrating that one")
-        else:
-            ex.ppipe = best_calibrated(tried, costs)
-            log(f"  after {CALIBRATION_ROUNDS} calibrations the plan made with their costs promises {promise:.1f} "
-                f"req/s on costs extrapolated to it: serving instead the plan calibrated that was measured to hold "
-                f"most, {sum(ex.ppipe.capacity_rps().values()):.1f} req/s (round "
-                f"{next(i for i, p in enumerate(tried, 1) if p.layout_key() == ex.ppipe.layout_key())})")
+        k, best = best_calibrated(tried, costs)
+        held = sum(best.capacity_rps().values())
+        if held >= promise or n + 1 == CALIBRATION_ROUNDS:
+            ex.ppipe = best
+            made = (f"promises {promise:.1f} req/s, no more than" if held >= promise else
+                    f"after {CALIBRATION_ROUNDS} calibrations promises {promise:.1f} req/s on costs extrapolated; ")
+            log(f"  the plan made with the costs calibrated {made} the plan calibrated in round {k + 1} was measured "
+                f"to hold, {held:.1f} req/s: serving that one")
+            return
+        other = ", another plan" if costs.calibrated_on_another(ex.ppipe.layout_key()) else ""
+        log(f"  the plan calibrated makes {costs.rate_calls_per_request:.2f} stage calls per request and served up "
+            f"to {costs.calibrated_rps:.1f} req/s, the plan made with its costs {now:.2f}{other}, and promises "
+            f"{promise:.1f}: calibrating that one")
 
 
-def best_calibrated(tried: list, costs):
-    """Of the plans calibrated, the one whose promise held to what the calibrations measured (held_to_limits) is
-    highest, promising that: a plan no calibration served rests on costs measured on others (on
-    tf_efficientdet_d1 at 3x five re-plans each went to such a plan; the last promised 635.5 req/s and held 468)."""
-    held = [(sum(costs.held_to_limits(p.layout_key(), p.capacity_rps()).values()), i) for i, p in enumerate(tried)]
-    best = tried[max(held)[1]]
-    rates = costs.held_to_limits(best.layout_key(), best.capacity_rps())
-    return replace(best, models=tuple(replace(m, sustainable_rps=rates[m.name]) for m in best.models))
+def best_calibrated(tried: list, costs) -> tuple[int, object]:
+    """(its index, the plan) of the plans calibrated, the one whose promise held to what the calibrations measured
+    (within_limits: each measured its own plan) is highest, promising that: a plan no calibration served rests on
+    costs measured on others (on tf_efficientdet_d1 at 3x five re-plans each went to such a plan; the last promised
+    635.5 req/s and held 468)."""
+    held = [(sum(costs.within_limits(p.layout_key(), p.capacity_rps()).values()), i) for i, p in enumerate(tried)]
+    k = max(held)[1]
+    rates = costs.within_limits(tried[k].layout_key(), tried[k].capacity_rps())
+    return k, replace(tried[k], models=tuple(replace(m, sustainable_rps=rates[m.name]) for m in tried[k].models))

@@ -181,10 +181,14 @@ class Overheads:
     def held_to_limits(self, layout: str, rates: dict[str, float]) -> dict[str, float]:
         """``rates`` of a plan of ``layout``, each no higher than a calibration measured that layout to hold, and
         together no more than CALIBRATED_REACH x calibrated_rps (costs measured that far; scaled alike)."""
-        caps = {x.model: x.rps for x in self.measured_limits if x.layout == layout}
-        out = {m: min(r, caps.get(m, r)) for m, r in rates.items()}
+        out = self.within_limits(layout, rates)
         total, reach = sum(out.values()), CALIBRATED_REACH * self.calibrated_rps
         return {m: r * reach / total for m, r in out.items()} if 0 < reach < total else out
+
+    def within_limits(self, layout: str, rates: dict[str, float]) -> dict[str, float]:
+        """``rates`` of a plan of ``layout``, each no higher than a calibration measured that layout to hold."""
+        caps = {x.model: x.rps for x in self.measured_limits if x.layout == layout}
+        return {m: min(r, caps.get(m, r)) for m, r in rates.items()}
 
     @property
     def rate_dependent(self) -> bool:

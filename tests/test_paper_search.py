@@ -109,8 +109,10 @@ def test_after_the_rounds_the_calibrated_plan_measured_to_hold_most_is_served():
     measured = {0: 360.0, 1: 611.0, 2: 590.0}  # what each plan's calibration saw it hold
     costs = Overheads(measured_limits=tuple(MeasuredLimit(p.layout_key(), name, measured[i])
                                             for i, p in enumerate(tried)))
-    served = best_calibrated(tried, costs)
-    assert served.layout_key() == tried[1].layout_key()
+    k, served = best_calibrated(tried, costs)
+    assert k == 1 and served.layout_key() == tried[1].layout_key()
     assert served.models[0].sustainable_rps == pytest.approx(611.0)
     held = Overheads(measured_limits=costs.measured_limits[:2])  # the third held all it promised
-    assert best_calibrated(tried, held).layout_key() == tried[2].layout_key()
+    assert best_calibrated(tried, held)[0] == 2
+    # the last calibration's reach (1.25x the rates it served) bounds re-plans, not what others measured
+    assert best_calibrated(tried, replace(costs, calibrated_rps=100.0))[1].models[0].sustainable_rps == 611.0
