@@ -96,7 +96,7 @@ def calibrate_and_replan(ex, work: Path, log: Callable[[str], None]) -> None:
         if held >= promise or n + 1 == CALIBRATION_ROUNDS:
             ex.ppipe = best
             made = (f"promises {promise:.1f} req/s, no more than" if held >= promise else
-                    f"after {CALIBRATION_ROUNDS} calibrations promises {promise:.1f} req/s on costs extrapolated; ")
+                    f"after {CALIBRATION_ROUNDS} calibrations promises {promise:.1f} req/s on costs extrapolated;")
             log(f"  the plan made with the costs calibrated {made} the plan calibrated in round {k + 1} was measured "
                 f"to hold, {held:.1f} req/s: serving that one")
             return
