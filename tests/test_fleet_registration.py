@@ -69,9 +69,11 @@ async def _bring_back_after_a_slow_health_check(deploy: Path) -> tuple[set[str],
             return call(request, **kw)
 
         srv.stub.SystemSharedMemoryUnregister = recorded
-        fleet.set_up(srv, False, "test: health check timed out")
-        assert await fleet.bring_up(srv)
-        srv.stub.SystemSharedMemoryUnregister = call
+        try:
+            fleet.set_up(srv, False, "test: health check timed out")
+            assert await fleet.bring_up(srv)
+        finally:
+            srv.stub.SystemSharedMemoryUnregister = call
         return {r.name for r in pool.regions}, await _listed(srv), unregistered
     finally:
         await fleet.close()
