@@ -7,8 +7,13 @@ import json
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from poolpipe_common.overheads import MeasuredLimit
+
+if TYPE_CHECKING:
+    from plans.plan_json import Plan
+    from poolpipe_common.overheads import Overheads
 
 # The loads the sustained plan's own deployment is calibrated at, as shares of its promise (`poolpipe calibrate`'s
 # default): they span where a promise made from costs measured elsewhere was found to hold (0.62-1.0 of it on this
@@ -76,7 +81,7 @@ def calibrate_and_replan(ex, work: Path, log: Callable[[str], None]) -> None:
     run = ex.run
     limits: tuple[MeasuredLimit, ...] = ()
     layouts: tuple[str, ...] = ()
-    tried: list = []  # the plans calibrated, in order
+    tried: list[Plan] = []  # the plans calibrated, in order
     for n in range(CALIBRATION_ROUNDS):
         if not ex.ppipe.models[0].sustainable_rps:
             return
@@ -106,12 +111,11 @@ def calibrate_and_replan(ex, work: Path, log: Callable[[str], None]) -> None:
             f"{promise:.1f}: calibrating that one")
 
 
-def best_calibrated(tried: list, costs) -> tuple[int, object]:
+def best_calibrated(tried: list[Plan], costs: Overheads) -> tuple[int, Plan]:
     """(its index, the plan) of the plans calibrated, the one whose promise held to what the calibrations measured
     (within_limits: each measured its own plan) is highest, promising that: a plan no calibration served rests on
     costs measured on others (on tf_efficientdet_d1 at 3x five re-plans each went to such a plan; the last promised
     635.5 req/s and held 468)."""
-    held = [(sum(costs.within_limits(p.layout_key(), p.capacity_rps()).values()), i) for i, p in enumerate(tried)]
-    k = max(held)[1]
-    rates = costs.within_limits(tried[k].layout_key(), tried[k].capacity_rps())
-    return k, replace(tried[k], models=tuple(replace(m, sustainable_rps=rates[m.name]) for m in tried[k].models))
+    held = [costs.within_limits(p.layout_key(), p.capacity_rps()) for p in tried]
+    k = max(range(len(tried)), key=lambda i: (sum(held[i].values()), i))
+    return k, replace(tried[k], models=tuple(replace(m, sustainable_rps=held[k][m.name]) for m in tried[k].models))

@@ -1,14 +1,16 @@
 """The live comparison's search for the largest load factor held at >= 99 %: bisection on the step grid, and the
-tries a point gets when it falls just short (a stall of the host; the median counts), never when it is overloaded."""
+tries a point gets when it falls just short (a stall of the host; the median counts), never when it is overloaded;
+and which calibrated plan is served after the calibration rounds."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from poolpipe.paper_costs import held_costs
+from poolpipe.paper_costs import best_calibrated, held_costs
 from poolpipe.paper_experiment import (
     RECHECK_SHORTFALL,
     STEP,
@@ -17,6 +19,8 @@ from poolpipe.paper_experiment import (
     rechecked,
     search_max_lf,
 )
+from poolpipe_common.overheads import MeasuredLimit, Overheads
+from tests.test_emulated import ppipe_plan
 
 
 def curve(knee: float):
@@ -94,12 +98,6 @@ def test_plans_are_made_with_the_median_costs_of_the_points_that_held(tmp_path):
 def test_after_the_rounds_the_calibrated_plan_measured_to_hold_most_is_served():
     """Three plans calibrated, each held to what its calibration measured: the one that holds most is served, at that
     rate, whatever each promised before."""
-    from dataclasses import replace
-
-    from poolpipe.paper_costs import best_calibrated
-    from poolpipe_common.overheads import MeasuredLimit, Overheads
-    from tests.test_emulated import ppipe_plan
-
     def promising(batch: int, rps: float):
         p = ppipe_plan(batch=batch, slo_us=60_000.0)
         return replace(p, models=tuple(replace(m, sustainable_rps=rps) for m in p.models))
