@@ -3,7 +3,8 @@
 Per model and arrival trace, each through the sidecar unless said: (a0) the fixed-margin plan (PPipe's nominal
 objective keeping 30 % of the SLO free: the old default), (a) the plan for the rate it sustains (the default
 objective, planned as a user would: with the costs measured serving a0, then calibrated on its own deployment
-as `poolpipe calibrate` does and planned again with those), (b) np planned with the same costs,
+as `poolpipe calibrate` does and planned again with those), (b) np planned with the same costs
+(measured once with (a) where it chose (a)'s plan: marked '(= a)'),
 (c) Triton-native (np's whole-model servers behind Triton's dynamic batcher, round-robin), and the simulator's
 prediction of (a) with those costs. Printed: each system's absolute req/s held at >= 99 % SLO attainment (load
 factors in steps of 0.0125 of a0's nominal rate; a point short of it by less than 10 points is measured again, a third
@@ -128,7 +129,8 @@ def _entry(ap: argparse.ArgumentParser, text: str) -> tuple[str, float]:
 
 def results_table(rows: list, time_scale: float) -> Table:
     when = "real time" if time_scale == 1 else f"time x{time_scale:g}: rates / {time_scale:g}"
-    table = Table(title=f"req/s held at >= 99 % SLO attainment, live, {when} (emulated devices)")
+    table = Table(title=f"req/s held at >= 99 % SLO attainment, live, {when} (emulated devices)",
+                  caption="(b) '(= a)': np planned the same way chose (a)'s plan, so it was measured once")
     for col in ("model", "trace", "(a) sustained", "promise", "(a0) margin 0.3", "(b) np", "(c) triton",
                 "sim (a)", "a/a0", "a/c", "a/b", "live/promise"):
         table.add_column(col, justify="left" if col in ("model", "trace") else "right")
@@ -136,7 +138,8 @@ def results_table(rows: list, time_scale: float) -> Table:
         rate = r["rate"]
         a, a0, b, c = (r[k].max_lf * rate for k in ("ppipe", "fixed", "np", "triton-native"))
         promise = r["promise"]
-        table.add_row(model, trace, f"{a:.0f}", f"{promise:.0f}", f"{a0:.0f}", f"{b:.0f}", f"{c:.0f}",
+        same = " (= a)" if r["np"].same_as == "ppipe" else ""  # np chose (a)'s plan: measured once
+        table.add_row(model, trace, f"{a:.0f}", f"{promise:.0f}", f"{a0:.0f}", f"{b:.0f}{same}", f"{c:.0f}",
                       f"{r['sim-ppipe'].max_lf * rate:.0f}", _ratio(a, a0), _ratio(a, c), _ratio(a, b),
                       _ratio(a, promise))
     return table

@@ -12,7 +12,7 @@ LABELS = {"ppipe": "poolpipe (ppipe plan, sidecar)", "np": "NP (np plan, sidecar
 
 def max_load_at(runs: list[dict[str, Any]], system: str) -> float:
     """Largest tested load factor with >= 99 % attainment before the first one below it."""
-    from poolpipe.paper_experiment import max_passing
+    from poolpipe.load_search import max_passing
 
     return max_passing({r["load_factor"]: r["attainment"] for r in runs if r["system"] == system})
 
@@ -46,7 +46,7 @@ def print_summary(result: Any, console: Any) -> None:
                   + ", ".join(f"{LABELS[s]} {v:g}" for s, v in best.items()))
     held = by.get(("ppipe", p.get("promise_lf")))
     if held is not None:
-        from poolpipe.paper_experiment import TARGET
+        from poolpipe.load_search import TARGET
 
         verdict = "held" if held["attainment"] >= TARGET else "NOT held"
         console.print(f"the ppipe plan's promise, {p['promise_rps']:.1f} req/s at >= 99 % (load {p['promise_lf']:g}): "

@@ -1,19 +1,19 @@
 """The paper's comparison, live, on an emulated L4 + T4 cluster built from PPipe's measured profiles.
 
-One model per run: plans of a small L4:T4 = 1:3 cluster, served on emulated devices (real tritonservers that
-hold each batch for its profiled latency, costing no CPU; hops between hosts are reserved for their profiled
-bytes over the planned links, as the planner counts them), measured with open-loop arrivals: (a0) the fixed-margin
-plan (PPipe's nominal objective with 30 % of the SLO kept free: the old default), (a) the ppipe plan for the
-rate it sustains (the default objective), planned as a user would: with the costs a0's serving measured (the
-sidecar's per-stage costs where a0 held, the way outside its clock as the client measured it; where a0 answers
-nothing, the same measured on the np plan made with the default costs), then calibrated on its own deployment
-(poolpipe.paper_costs.calibrate_and_replan, as `poolpipe calibrate`) and planned again with what that measured,
-once more where that plan cuts the model otherwise; (b) the np
-plan planned with those costs, each through the sidecar; (c) Triton-native: the np plan's whole-model servers
-behind Triton's dynamic batcher, requests spread round-robin; and (d) the simulator's prediction of (a) and (b),
-given the overheads the sidecar measured and the way outside its clock the client measured. Per system: the largest
-load factor (steps of STEP; 1.0 = the fixed-margin plan's nominal rate, so rows compare absolute rates) with >= 99 %
-SLO attainment.
+One model per run: plans of a small L4:T4 = 1:3 cluster, served on emulated devices (real tritonservers that hold
+each batch for its profiled latency, costing no CPU; hops between hosts are reserved for their profiled bytes over
+the planned links, as the planner counts them), measured with open-loop arrivals: (a0) the fixed-margin plan
+(PPipe's nominal objective with 30 % of the SLO kept free: the old default), (a) the ppipe plan for the rate it
+sustains (the default objective), planned as a user would: with the costs a0's serving measured (the sidecar's
+per-stage costs where a0 held, the way outside its clock as the client measured it; where a0 answers nothing, the
+same measured on the np plan made with the default costs), then calibrated on its own deployment
+(poolpipe.paper_costs.calibrate_and_replan, as `poolpipe calibrate`) and planned again with what that measured, once
+more where that plan cuts the model otherwise; (b) the np plan planned with those costs, each through the sidecar
+(np measured once with (a) where it chose (a)'s plan); (c) Triton-native: the np plan's whole-model servers behind
+Triton's dynamic batcher, requests spread round-robin; and (d) the simulator's prediction of (a) and (b), given the
+overheads the sidecar measured and the way outside its clock the client measured. Per system: the largest load
+factor (steps of poolpipe.load_search.STEP; 1.0 = the fixed-margin plan's nominal rate, so rows compare absolute
+rates) with >= 99 % SLO attainment.
 Used by benchmarks/live_paper.py and `poolpipe demo`.
 """
 
@@ -30,19 +30,13 @@ from pathlib import Path
 
 import numpy as np
 
-from loadtest.tries import judged, tries_of
+from poolpipe.load_search import TARGET, measure_grid, rechecked, search_max_lf
 from poolpipe.paper_costs import calibrate_and_replan, costs_text, held_costs
 
-TARGET = 0.99
-STEP = 0.0125  # of the fixed-margin plan's nominal rate: 2.6 % of convnext_large's knee (0.025 was 5.2 %)
 # What a 2-core machine drives through one sidecar and its emulated servers with little jitter (measured:
 # ~50 req/s keeps per-stage lead and tail near their idle values; at ~80 req/s lateness grows).
 MAX_LIVE_RPS = 50.0
 MIN_TIME_SCALE = 8.0
-# A live point short of TARGET by less than this is measured again and judged as calibration judges its steps
-# (loadtest.tries): a stall of this 2-core host fails a 4-6 s point at random (tf_efficientdet_d1 at 2.5x, whole in
-# two plans of one layout, held 99.39 % and 93.28 % at 272.4 req/s); short by more: overload.
-RECHECK_SHORTFALL = 0.10
 
 
 @dataclass(frozen=True)
@@ -74,6 +68,7 @@ class SystemResult:
     max_lf: float
     points: dict[float, float] = field(default_factory=dict)  # load factor -> attainment
     notes: dict[str, float] = field(default_factory=dict)
+    same_as: str = ""  # measured once as this system, their plans being the same (PaperExperiment.measured_once)
 
 
 def paper_spec(run: PaperRun, slo_margin: float | None = None):
@@ -110,49 +105,6 @@ def cluster_doc(run: PaperRun, bandwidth_gbps: float) -> dict:
          "device": "emulated", "base_port": 0},
         {"name": "t4", "address": "127.0.0.2", "gpu_type": "T4", "gpus": run.t4, "bandwidth_gbps": bandwidth_gbps,
          "device": "emulated", "base_port": 0}]}
-
-
-def max_passing(points: dict[float, float], target: float = TARGET) -> float:
-    """The largest load factor with attainment >= ``target`` below the first one that fell short (0 if none)."""
-    best = 0.0
-    for lf in sorted(points):
-        if points[lf] < target:
-            break
-        best = lf
-    return best
-
-
-def measure_grid(attainment_at: Callable[[float], float], grid: tuple[float, ...]
-                 ) -> tuple[float, dict[float, float]]:
-    """Attainment at every load factor of ``grid``, and :func:`max_passing` of it."""
-    points = {lf: attainment_at(lf) for lf in sorted(grid)}
-    return max_passing(points), points
-
-
-def rechecked(attainment_at: Callable[[float], float], target: float = TARGET) -> Callable[[float], float]:
-    """``attainment_at`` whose points short of ``target`` by less than RECHECK_SHORTFALL are measured again and count
-    for the median of their tries (loadtest.tries); every system of a comparison is measured this way."""
-    def at(lf: float) -> float:
-        return judged(tries_of(lambda _k: attainment_at(lf), float, target, RECHECK_SHORTFALL))
-    return at
-
-
-def search_max_lf(attainment_at: Callable[[float], float], hi: float, step: float = STEP,
-                  start: float = 0.7) -> tuple[float, dict[float, float]]:
-    """Largest load factor on the step grid in (0, hi] with attainment >= TARGET, by bisection (attainment is
-    taken as falling with load); returns it and every point measured."""
-    grid = [round(step * i, 4) for i in range(1, int(round(hi / step)) + 1)]
-    points: dict[float, float] = {}
-    lo_i, hi_i = -1, len(grid)  # grid[lo_i] passes, grid[hi_i] fails (virtual ends)
-    i = min(range(len(grid)), key=lambda k: abs(grid[k] - start))
-    while hi_i - lo_i > 1:
-        points[grid[i]] = attainment_at(grid[i])
-        if points[grid[i]] >= TARGET:
-            lo_i = i
-        else:
-            hi_i = i
-        i = (lo_i + hi_i) // 2
-    return (grid[lo_i] if lo_i >= 0 else 0.0), points
 
 
 class PaperExperiment:
@@ -310,6 +262,17 @@ class PaperExperiment:
         self.manifests[name] = manifest
         return SystemResult(name, best, points)
 
+    def same_plan(self) -> bool:
+        """Whether np planned the same way chose the ppipe plan's layout: the same deployment (Plan.layout_key)."""
+        return self.np_plan.layout_key() == self.ppipe.layout_key()
+
+    def measured_once(self, name: str, first: SystemResult) -> SystemResult:
+        """``name``'s result as ``first``'s, its plan being the same: measuring one deployment twice measures the
+        host's noise (repvgg-b3 at 2.5x: one whole-model plan held 282.0 req/s as (a) and 299.6 as (b))."""
+        self.log(f"  {name} plan: the layout of the {first.name} plan ({self.np_plan.layout_key()}): measured once")
+        self.manifests[name] = self.manifests[first.name]
+        return dataclasses.replace(first, name=name, same_as=first.name)
+
     def measure_triton_native(self) -> SystemResult:
         """The np plan's whole-model servers with Triton's dynamic batcher, clients round-robin over them."""
         from ensembles.dynamic_batching import enable_dynamic_batching, whole_model_endpoints
@@ -391,8 +354,10 @@ def run_all(run: PaperRun, work: Path, log: Callable[[str], None] = print) -> di
         ex.plan_sustained(ex.measured_costs("np-default-costs"))
     if run.measured_overheads:  # as a user would: calibrate the plan, plan again
         calibrate_and_replan(ex, work, log)
-    out.update({"ppipe": ex.measure_sidecar("ppipe", ex.ppipe), "np": ex.measure_sidecar("np", ex.np_plan),
-                "triton-native": ex.measure_triton_native()})
+    out["ppipe"] = ex.measure_sidecar("ppipe", ex.ppipe)
+    out["np"] = ex.measured_once("np", out["ppipe"]) if ex.same_plan() else ex.measure_sidecar("np", ex.np_plan)
+    out["triton-native"] = ex.measure_triton_native()
     out["sim-ppipe"] = ex.predict("ppipe")
-    out["sim-np"] = ex.predict("np")
+    out["sim-np"] = (dataclasses.replace(out["sim-ppipe"], name="simulated np", same_as="simulated ppipe")
+                     if out["np"].same_as else ex.predict("np"))
     return {**out, "rate": ex.rate, "promise": ex.ppipe.models[0].sustainable_rps}

@@ -1,6 +1,6 @@
 """The live comparison's search for the largest load factor held at >= 99 %: bisection on the step grid, and the
 tries a point gets when it falls just short (a stall of the host; the median counts), never when it is overloaded;
-and which calibrated plan is served after the calibration rounds."""
+and which calibrated plan is served after the calibration rounds; np is measured once where it chose (a)'s plan."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from poolpipe.paper_costs import best_calibrated, held_costs
-from poolpipe.paper_experiment import (
+from poolpipe.load_search import (
     RECHECK_SHORTFALL,
     STEP,
     TARGET,
@@ -19,6 +18,8 @@ from poolpipe.paper_experiment import (
     rechecked,
     search_max_lf,
 )
+from poolpipe.paper_costs import best_calibrated, held_costs
+from poolpipe.paper_experiment import PaperExperiment, PaperRun, SystemResult
 from poolpipe_common.overheads import MeasuredLimit, Overheads
 from tests.test_emulated import ppipe_plan
 
@@ -114,3 +115,21 @@ def test_after_the_rounds_the_calibrated_plan_measured_to_hold_most_is_served():
     assert best_calibrated(tried, held)[0] == 2
     # the last calibration's reach (1.25x the rates it served) bounds re-plans, not what others measured
     assert best_calibrated(tried, replace(costs, calibrated_rps=100.0))[1].models[0].sustainable_rps == 611.0
+
+
+def test_np_of_the_same_plan_is_measured_once(tmp_path) -> None:
+    """Where np planned the same way chose the ppipe plan's layout, its result is (a)'s, marked so (one deployment
+    measured twice differs only by the host's noise); another layout is a plan of its own."""
+    ex = PaperExperiment(PaperRun("m"), tmp_path, log=lambda _line: None)
+    ex.ppipe = ex.np_plan = ppipe_plan()
+    ex.manifests["ppipe"] = "the ppipe deployment's manifest"
+    assert ex.same_plan()
+    first = SystemResult("ppipe", 0.6, {0.6: 0.993, 0.6125: 0.989})
+    np_result = ex.measured_once("np", first)
+    assert (np_result.name, np_result.max_lf, np_result.points, np_result.same_as) == ("np", 0.6, first.points,
+                                                                                       "ppipe")
+    assert ex.manifests["np"] == ex.manifests["ppipe"] and first.same_as == ""
+    ex.np_plan = ppipe_plan(batch=1)
+    assert not ex.same_plan()
+    ex.np_plan = ppipe_plan(slo_us=300_000.0)
+    assert not ex.same_plan()
