@@ -10,7 +10,7 @@ same measured on the np plan made with the default costs), then calibrated on it
 (poolpipe.paper_costs.calibrate_and_replan, as `poolpipe calibrate`) and planned again with what that measured, once
 more where that plan cuts the model otherwise; (b) the np plan planned with those costs, each through the sidecar
 (np measured once with (a) where it chose (a)'s plan); (c) Triton-native: the np plan's whole-model servers behind
-Triton's dynamic batcher, requests spread round-robin; and (d) the simulator's prediction of (a) and (b), given the
+Triton's dynamic batcher, requests spread round-robin; and (d) the simulator's prediction of (a), given the
 overheads the sidecar measured and the way outside its clock the client measured. Per system: the largest load
 factor (steps of poolpipe.load_search.STEP; 1.0 = the fixed-margin plan's nominal rate, so rows compare absolute
 rates) with >= 99 % SLO attainment.
@@ -358,6 +358,4 @@ def run_all(run: PaperRun, work: Path, log: Callable[[str], None] = print) -> di
     out["np"] = ex.measured_once("np", out["ppipe"]) if ex.same_plan() else ex.measure_sidecar("np", ex.np_plan)
     out["triton-native"] = ex.measure_triton_native()
     out["sim-ppipe"] = ex.predict("ppipe")
-    out["sim-np"] = (dataclasses.replace(out["sim-ppipe"], name="simulated np", same_as="simulated ppipe")
-                     if out["np"].same_as else ex.predict("np"))
     return {**out, "rate": ex.rate, "promise": ex.ppipe.models[0].sustainable_rps}
