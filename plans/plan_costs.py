@@ -42,14 +42,3 @@ def _costs(raw: Any, where: str) -> Overheads:
         return Overheads.from_dict(raw, where)
     except ValueError as e:
         raise InputError(str(e)) from None
-
-
-def sidecar_front_us(plan: Plan, given: float | None = None) -> tuple[float, float]:
-    """serve --front-us ``given`` (None: not given) for a sidecar serving ``plan``: (how far before the SLO its
-    deadlines come, the way outside its clock it writes to --overheads-out). Not given: those of the costs the plan's
-    promise assumed (Overheads.deadline_front_us, front_us), so that the sidecar sheds as the simulator that made the
-    promise did."""
-    if given is not None:
-        return given, given
-    costs, _ = assumed_costs(plan)
-    return costs.deadline_front_us, costs.front_us

@@ -93,8 +93,7 @@ class Overheads:
     # The same way as a client measured it, request by request: evenly spaced quantiles (the first at 0 %, the last
     # at 100 %) of its latency less the sidecar's own (the sidecar reports it in each answer). When given, every
     # simulated answer draws its way outside the sidecar's clock from them, so the simulator and the planner see
-    # the answers a client counts late that the sidecar cannot (its deadlines use their median:
-    # deadline_front_us). Empty: front_us.
+    # the answers a client counts late that the sidecar cannot (its deadlines still use front_us). Empty: front_us.
     front_quantiles_us: tuple[float, ...] = ()
     # The slopes (SLOPE_FIELDS): lead_us, tail_us and front_us (and the quantiles) are the costs at no bytes and no
     # load; the cost of a call is the base plus its slopes times its megabytes and the sidecar's rate.
@@ -272,13 +271,6 @@ class Overheads:
     def with_front_samples(self, samples_us: Sequence[float]) -> "Overheads":
         """These overheads with the front path's quantiles taken from a client's measured samples (none: as is)."""
         return replace(self, front_quantiles_us=front_quantiles(samples_us)) if len(samples_us) else self
-
-    @property
-    def deadline_front_us(self) -> float:
-        """How far before the SLO the sidecar's deadlines come (live and simulated): the median of the measured way
-        outside its clock, else front_us. A request shed is a certain miss, one served near its deadline mostly not:
-        at the 99th percentile (2 ms on loopback) the sidecar shed requests most of which would have been in time."""
-        return float(self.front_at(0.5)) if self.front_quantiles_us else self.front_us
 
     def front_at(self, u: float | np.ndarray) -> float | np.ndarray:
         """The way outside the sidecar's clock at probability (or probabilities) ``u`` in [0, 1] of the measured

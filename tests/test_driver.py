@@ -136,7 +136,7 @@ def test_the_way_outside_the_sidecars_clock_counts_in_every_deadline_and_answer(
 
 def test_a_measured_front_path_makes_the_answers_late_that_its_tail_delays():
     """Overheads with the front path's measured quantiles: every simulated answer draws its way outside the
-    sidecar's clock from them (deadlines use their median), so a tail longer than the slack the driver leaves
+    sidecar's clock from them (deadlines still use front_us), so a tail longer than the slack the driver leaves
     turns answers late that a constant front_us counts in time; a distribution at front_us changes nothing."""
     const = Overheads(front_us=3000.0)
     same = replace(const, front_quantiles_us=(3000.0,) * 5)
@@ -151,17 +151,6 @@ def test_a_measured_front_path_makes_the_answers_late_that_its_tail_delays():
     t = totals(runs["tail"])
     assert t["met"] + t["late"] + t["dropped"] == t["offered"]
     assert (lat <= SLO_US).sum() == t["met"]
-
-
-def test_deadlines_keep_the_median_of_a_measured_front_path_not_front_us():
-    """With the front path measured, the deadlines come its median before the SLO, as the sidecar's do
-    (plans.plan_costs.sidecar_front_us): a way measured at 1 ms is served as a constant 1 ms is, whatever front_us
-    (the flat way a plan keeps free) says; kept a quarter of the SLO before it, the driver would shed more."""
-    measured = Overheads(front_us=12_000.0, front_quantiles_us=(1000.0,) * 5)
-    flat = Overheads(front_us=1000.0)
-    runs = [run(0.8, driver=DriverConfig.live(), overheads=ov) for ov in (measured, flat, Overheads(front_us=12_000.0))]
-    assert totals(runs[0]) == totals(runs[1])
-    assert totals(runs[2])["dropped"] > totals(runs[0])["dropped"]
 
 
 def test_reactive_runs_through_the_driver_stage_by_stage():

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from planner import PlanRequest, plan
-from plans.plan_costs import ASSUMED_COSTS, assumed_costs, sidecar_front_us, with_assumed_costs
+from plans.plan_costs import ASSUMED_COSTS, assumed_costs
 from plans.plan_json import Plan, load_plan, plan_from_dict
 from poolpipe_common.errors import InputError
 from poolpipe_common.overheads import DEFAULT_OVERHEADS, Overheads
@@ -56,18 +56,6 @@ def test_plan_json_records_the_costs_its_promise_assumed_and_older_plans_still_l
     doc["sustained"][ASSUMED_COSTS] = {"lead_us": -1}
     with pytest.raises(InputError, match="sustained.assumed_costs: lead_us must be >= 0"):
         assumed_costs(plan_from_dict(doc))
-
-
-def test_the_sidecars_deadlines_come_as_far_before_the_slo_as_the_promise_assumed(planned: Path) -> None:
-    """serve --front-us not given: the sidecar's deadlines keep the median of the way outside its clock that the
-    plan's costs measured (what the simulator that made the promise kept), and it records their front_us; the
-    default costs measured none (2 ms, both); a flag given is both."""
-    p = load_plan(planned)
-    assert sidecar_front_us(p) == (DEFAULT_OVERHEADS.front_us, DEFAULT_OVERHEADS.front_us) == (2000.0, 2000.0)
-    measured = DEFAULT_OVERHEADS.with_front_samples([600.0] * 60 + [900.0] * 35 + [5000.0] * 5)
-    served = replace(p, sustained=with_assumed_costs(p.sustained or {}, measured))
-    assert sidecar_front_us(served) == (600.0, 2000.0)
-    assert sidecar_front_us(served, 1500.0) == (1500.0, 1500.0)
 
 
 def _serve(meter: OverheadMeter, windows: int, lead_us: float, tail_us: float) -> None:

@@ -45,7 +45,7 @@ class SidecarConfig:
     drain_timeout_s: float = 30.0
     batch_log: Path | None = None
     overheads_out: Path | None = None
-    front_us: float | None = 0.0  # serve --front-us: deadlines come this much before the SLO (None: as planned)
+    front_us: float = 0.0  # serve --front-us: deadlines come this much before the SLO (the way outside our clock)
     shard: tuple[int, int] = (0, 1)  # (I, N): serve shard I of N (scheduler/core/shards.py)
     replan: Path | None = None  # serve --replan FILE: automatic re-planning settings
     grpc_restricted: tuple[str, ...] = ()  # --grpc-restricted-protocol SPECs (scheduler/server/common/restricted.py)

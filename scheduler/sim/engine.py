@@ -179,10 +179,10 @@ def simulate(topology: Topology, scheduler: Scheduler, arrivals: Sequence[tuple[
     (``SimResult.stopped_early``; with ``stop_on_any``, once one has): a load search knows the point fails.
     ``warmup_us``: requests arriving before it are served as any other but counted nowhere (the stats, the miss
     budget, the drop reasons; ``outcomes`` and ``finish_us`` keep them), so a run is judged warm."""
-    front = overheads.deadline_front_us if overheads is not None else 0.0  # as the sidecar's, whatever the rate
     if overheads is not None:  # the costs at the rate offered (a sidecar's stage calls cost more as it gets busier)
         overheads = overheads.at_rate(len(arrivals) / max(duration_us / 1e6, 1e-9),
                                       topology.stage_calls_per_request())
+    front = overheads.front_us if overheads is not None else 0.0
     out = _Outcomes(list(topology.pipelines), arrivals, topology.slo_us, overheads, seed, miss_budget, stop_on_any,
                     input_bytes(topology), warmup_us)
     driver = replace(driver or DriverConfig.ideal(), front_us=front)  # its caps count what the deadlines leave out

@@ -16,7 +16,6 @@ from tritonclient.grpc import service_pb2
 
 from model_repository_gen.app_manifest import padded_models
 from model_repository_gen.manifest import Manifest, load_manifest
-from plans.plan_costs import sidecar_front_us
 from poolpipe_common.errors import InputError
 from scheduler.core import make_scheduler
 from scheduler.core.driver import Driver, DriverConfig
@@ -71,10 +70,10 @@ class PlannedService:
 
     def __init__(self, manifest: Manifest, policy: str, metrics: SidecarMetrics, client_shm: ClientShmRegistry,
                  batch_log: Path | None = None, overheads_out: Path | None = None, generation: int = 0,
-                 tracer: Tracer | None = None, front_us: float | None = 0.0, stage_protocol: str = "http") -> None:
+                 tracer: Tracer | None = None, front_us: float = 0.0, stage_protocol: str = "http") -> None:
         self.manifest = manifest
-        # serve --front-us (None: from the plan's costs): each deadline comes self.front_us before the SLO
-        self.front_us, outside_us = sidecar_front_us(manifest.plan, front_us)
+        # serve --front-us: a request's way outside the sidecar's clock; its deadline comes that much before the SLO
+        self.front_us = front_us
         self.policy = DEFAULT_POLICY if policy == "auto" else policy
         if self.policy not in LIVE_POLICIES:
             raise InputError(f"--policy {policy}: choose one of {', '.join(('auto',) + LIVE_POLICIES)}")
@@ -87,10 +86,10 @@ class PlannedService:
         self.tracer = tracer or Tracer()
         self.answers = Answers(metrics, list(self.models) + apps, client_shm, tracer=self.tracer)
         self.callers = PlannedCallers(self.answers, metrics)  # whom the driver answers
-        self.apps = Applications(manifest.applications, self.answers, self.run_module, self.front_us)
+        self.apps = Applications(manifest.applications, self.answers, self.run_module, front_us)
         self._kick = asyncio.Event()
         self.fleet = Fleet(manifest, self._vgpu_changed, generation, stage_protocol)
-        self.meter = OverheadMeter(front_us=outside_us)
+        self.meter = OverheadMeter(front_us=front_us)
         self.leads = Leads(self._lead_learned)
         self.batch_log = BatchLog(batch_log) if batch_log else None
         self.call_costs = CallCosts(call_bytes_of(manifest))  # by size, for poolpipe calibrate
@@ -117,7 +116,7 @@ class PlannedService:
     async def create(cls, manifest_path: Path, policy: str, metrics: SidecarMetrics, client_shm: ClientShmRegistry,
                      batch_log: Path | None = None, overheads_out: Path | None = None,
                      shard: tuple[int, int] = (0, 1), generation: int = 0,
-                     tracer: Tracer | None = None, front_us: float | None = 0.0, stage_protocol: str = "http"
+                     tracer: Tracer | None = None, front_us: float = 0.0, stage_protocol: str = "http"
                      ) -> "PlannedService":
         self = cls(manifest_shard(load_manifest(manifest_path), *shard), policy, metrics, client_shm, batch_log,
                    overheads_out, generation, tracer, front_us, stage_protocol)
