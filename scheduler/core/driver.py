@@ -46,8 +46,9 @@ class DriverConfig:
     against the core's prediction) once ``lateness_warmup`` batches have finished, capped at
     ``max_margin_fraction`` of the slack an idle pipeline leaves (a larger margin would shed everything,
     and with nothing served the lateness could never come down again). The core's clock lead (calibrated, plus
-    what the executor learns under load) is capped the same way, for the same reason: a lead a CPU stall taught
-    that leaves no slack would shed every request, and with nothing sent no calmer lead could be measured.
+    what the executor learns under load) is capped at the same share of what that slack leaves past the margin, for
+    the same reason: a lead a CPU stall taught that leaves no slack would shed every request, and with nothing sent
+    no calmer lead could be measured.
     """
 
     min_margin_us: float = DRIVER_MIN_MARGIN_US
@@ -61,6 +62,9 @@ class DriverConfig:
     lateness_percentile: float = 95.0
     lateness_warmup: int = 8
     max_margin_fraction: float = 0.5
+    # The lead's cap is also this share of the slack past the margin: below 1, an idle pipeline is always in time
+    # and requests keep going; near 1, where slack is short a lead the host really takes is kept
+    max_lead_fraction: float = 0.9
     max_attempts: int = 3
     # The core's clock runs this far ahead of the executor's (nothing dispatched now computes before it).
     clock_lead_us: float = 0.0
@@ -176,11 +180,10 @@ class Driver:
         self.retries = 0
         self.extra_lead_us = 0.0  # the lead the executor learned under load (the sidecar's planned service sets it)
         self.executor_load = ExecutorLoad()
-        # each model's fastest pipeline at its smallest batch on idle vGPUs (the slack the caps are shares of)
-        self.fastest_us = {m: min(sum(st.latency(min(st.latency_us)) for st in p.stages) for p in pipes)
-                           for m, pipes in topology.pipelines.items() if pipes}
-        self.lead_cap_us = min((c.max_margin_fraction * max(0.0, topology.slo_us[m] - c.front_us - f)
-                                for m, f in self.fastest_us.items()), default=0.0)
+        # each model's fastest pipeline on idle vGPUs, transfers included (the slack the caps are shares of)
+        self.fastest_us = {m: min(topology.idle_us(p) for p in pipes) for m, pipes in topology.pipelines.items()
+                           if pipes}
+        self.lead_cap_us = self._lead_cap()
         self.learned = 0
         self._next_id = 1
         self._in_flight: dict[int, list[RequestRow]] = {}
@@ -188,9 +191,20 @@ class Driver:
 
     @property
     def lead_us(self) -> float:
-        """How far the core's clock runs ahead: the configured lead plus what the executor learned since, at most
-        ``max_margin_fraction`` of the least slack an idle pipeline leaves (see DriverConfig)."""
+        """How far the core's clock runs ahead: the configured lead plus what the executor learned since, capped so
+        that an idle pipeline stays in time past its margin (see DriverConfig and _lead_cap)."""
         return min(self.config.clock_lead_us + self.extra_lead_us, self.lead_cap_us)
+
+    def _lead_cap(self) -> float:
+        """The lead's cap: a share of the slack an idle pipeline leaves, and less than what that leaves past the
+        model's margin. Capped by the slack alone, lead and margin together could leave none: tf_efficientdet_d1 at
+        a 16.4 ms SLO, its pipeline crossing servers, shed every request after a busy start taught a lead."""
+        c = self.config
+
+        def cap(slack: float, margin: float) -> float:
+            return max(0.0, min(c.max_margin_fraction * slack, c.max_lead_fraction * (slack - margin)))
+        return min((cap(self.topology.slo_us[m] - c.front_us - f, self.margin_us[m])
+                    for m, f in self.fastest_us.items()), default=0.0)
 
     # -- requests in --------------------------------------------------------------------------------------
     def submit(self, call: Any, model: str, arrival_us: float, deadline_us: float, priority: int = 0,
@@ -376,6 +390,7 @@ class Driver:
                 log.debug("event=margin model=%s margin_us=%.0f p%.0f_lateness_us=%.0f", model, new,
                          c.lateness_percentile, learned)
             self.margin_us[model] = new
+            self.lead_cap_us = self._lead_cap()
 
     def margin_cap_us(self, model: str) -> float:
         """At most a fraction of the slack an idle pipeline leaves under the SLO (see DriverConfig)."""

@@ -95,6 +95,18 @@ class Topology:
         """Transfer time of one byte through a server NIC, in µs."""
         return 8.0 / (self.bandwidth_gbps * 1e3)
 
+    def idle_us(self, pipeline: Pipeline) -> float:
+        """One request's way through ``pipeline`` on idle vGPUs: every stage at its smallest batch, plus the input's
+        transfer into each stage whose pool shares no server with the stage before (the probe's fastest path)."""
+        total, before = 0.0, None
+        for st in pipeline.stages:
+            servers = {self.vgpus[v].server for v in st.pool}
+            total += st.latency(min(st.latency_us))
+            if before is not None and not servers & before:
+                total += st.in_bytes_per_request * self.us_per_byte
+            before = servers
+        return total
+
 
 def with_stage_overhead(topology: Topology, extra_us: float, per_byte_us: float = 0.0) -> Topology:
     """The same topology with ``extra_us`` (plus ``per_byte_us`` per byte the call gets back) added to every stage
