@@ -169,7 +169,15 @@ def test_overload_gets_explicit_shed_errors(testbed: dict) -> None:
     # unmeetable deadline's above.
     explicit = {"StatusCode.UNAVAILABLE": "shed to protect the SLO",
                 "StatusCode.DEADLINE_EXCEEDED": "ran past the request's deadline"}
-    unexplained = {(r.status(), r.message()[:70]) for r in failed if explicit.get(r.status(), "\0") not in r.message()}
+    # The wheel's Python backend can abort its whole tritonserver under such a burst (boost::interprocess::
+    # lock_exception: triton-inference-server/server#8882, upstream, open; twice in one CI run): the requests on a
+    # server that died are answered UNAVAILABLE naming it. Only a server that really exited explains that.
+    died = tuple(f"Triton server of vGPU {v} failed" for v in testbed["dep"].failed())
+
+    def explained(r: InferenceServerException) -> bool:
+        return explicit.get(r.status(), "\0") in r.message() or (
+            r.status() == "StatusCode.UNAVAILABLE" and any(d in r.message() for d in died))
+    unexplained = {(r.status(), r.message()[:70]) for r in failed if not explained(r)}
     assert not unexplained, unexplained
     shed = [r for r in failed if r.status() == "StatusCode.UNAVAILABLE"]
     ref = reference(testbed, inputs(1, 5))
