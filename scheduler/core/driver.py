@@ -46,9 +46,9 @@ class DriverConfig:
     against the core's prediction) once ``lateness_warmup`` batches have finished, capped at
     ``max_margin_fraction`` of the slack an idle pipeline leaves (a larger margin would shed everything,
     and with nothing served the lateness could never come down again). The core's clock lead (calibrated, plus
-    what the executor learns under load) is capped at the same share of what that slack leaves past the margin, for
-    the same reason: a lead a CPU stall taught that leaves no slack would shed every request, and with nothing sent
-    no calmer lead could be measured.
+    what the executor learns under load) is capped at that share of the slack too, and below what the slack leaves
+    past the margin (``max_lead_fraction``), for the same reason: a lead a CPU stall taught that leaves no slack
+    would shed every request, and with nothing sent no calmer lead could be measured.
     """
 
     min_margin_us: float = DRIVER_MIN_MARGIN_US
@@ -62,8 +62,7 @@ class DriverConfig:
     lateness_percentile: float = 95.0
     lateness_warmup: int = 8
     max_margin_fraction: float = 0.5
-    # The lead's cap is also this share of the slack past the margin: below 1, an idle pipeline is always in time
-    # and requests keep going; near 1, where slack is short a lead the host really takes is kept
+    # below 1: an idle pipeline is always in time; near 1: where slack is short, a lead the host takes is kept
     max_lead_fraction: float = 0.9
     max_attempts: int = 3
     # The core's clock runs this far ahead of the executor's (nothing dispatched now computes before it).
@@ -196,15 +195,17 @@ class Driver:
         return min(self.config.clock_lead_us + self.extra_lead_us, self.lead_cap_us)
 
     def _lead_cap(self) -> float:
-        """The lead's cap: a share of the slack an idle pipeline leaves, and less than what that leaves past the
-        model's margin. Capped by the slack alone, lead and margin together could leave none: tf_efficientdet_d1 at
-        a 16.4 ms SLO, its pipeline crossing servers, shed every request after a busy start taught a lead."""
+        """A share of the slack an idle pipeline leaves, and less than what that leaves past the model's margin:
+        capped by the slack alone, lead and margin together left none (tf_efficientdet_d1 at a 16.4 ms SLO, its
+        pipeline crossing servers, shed every request after a busy start taught a lead)."""
         c = self.config
+        slack = {m: self.idle_slack_us(m) for m in self.fastest_us}
+        return max(0.0, min((min(c.max_margin_fraction * s, c.max_lead_fraction * (s - self.margin_us[m]))
+                             for m, s in slack.items()), default=0.0))
 
-        def cap(slack: float, margin: float) -> float:
-            return max(0.0, min(c.max_margin_fraction * slack, c.max_lead_fraction * (slack - margin)))
-        return min((cap(self.topology.slo_us[m] - c.front_us - f, self.margin_us[m])
-                    for m, f in self.fastest_us.items()), default=0.0)
+    def idle_slack_us(self, model: str) -> float:
+        """What the SLO leaves of ``model``'s deadlines past its fastest pipeline on idle vGPUs."""
+        return self.topology.slo_us[model] - self.config.front_us - self.fastest_us[model]
 
     # -- requests in --------------------------------------------------------------------------------------
     def submit(self, call: Any, model: str, arrival_us: float, deadline_us: float, priority: int = 0,
@@ -394,7 +395,6 @@ class Driver:
 
     def margin_cap_us(self, model: str) -> float:
         """At most a fraction of the slack an idle pipeline leaves under the SLO (see DriverConfig)."""
-        slo = self.topology.slo_us[model]
-        slack = min(slo, slo - self.config.front_us - self.fastest_us[model] - self.lead_us)
+        slack = min(self.topology.slo_us[model], self.idle_slack_us(model) - self.lead_us)
         return max(self.base_margin_us[model], self.config.max_margin_fraction * slack)
 
