@@ -409,6 +409,7 @@ def test_lead_and_margin_together_leave_an_idle_pipeline_in_time():
     slo = 13_000.0
     topo = replace(base, pipelines={"m": (replace(pipe, stages=(pipe.stages[0], crossing)),)}, slo_us={"m": slo})
     assert topo.idle_us(topo.pipelines["m"][0]) == pytest.approx(5500.0 + 4000.0 + 2000.0)
+    assert topo.transfers_us(topo.pipelines["m"][0]) == pytest.approx(2000.0)  # what the no-slack line counts too
     ex = _Recorder()
     drv = Driver(make_scheduler("ppipe", topo), topo, ex, DriverConfig.live(clock_lead_us=300.0), callers=ex)
     drv.extra_lead_us = 10 * slo  # what a stall taught

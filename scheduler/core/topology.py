@@ -98,10 +98,14 @@ class Topology:
     def idle_us(self, pipeline: Pipeline) -> float:
         """One request's way through ``pipeline`` on idle vGPUs: every stage at its smallest batch, plus the input's
         transfer into each stage whose pool shares no server with the stage before (the probe's fastest path)."""
+        return sum(st.latency(min(st.latency_us)) for st in pipeline.stages) + self.transfers_us(pipeline)
+
+    def transfers_us(self, pipeline: Pipeline) -> float:
+        """One request's input transfers along ``pipeline``: into each stage whose pool shares no server with the
+        stage before (on a shared server a stage's input stays there)."""
         total, before = 0.0, None
         for st in pipeline.stages:
             servers = {self.vgpus[v].server for v in st.pool}
-            total += st.latency(min(st.latency_us))
             if before is not None and not servers & before:
                 total += st.in_bytes_per_request * self.us_per_byte
             before = servers

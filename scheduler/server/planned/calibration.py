@@ -110,22 +110,25 @@ async def recalibrate_vgpu(ex: LiveExecutor, p: PipelineInfo, vgpu: str, previou
     return StageOverheads(lead, tail)
 
 
-def no_slack_warning(p: PipelineInfo, slo_us: float, o: StageOverheads, front_us: float = 0.0) -> str | None:
-    """One line when the calibrated pipeline, at its smallest batch, leaves no slack under its SLO (less the
-    driver's margin and the way outside the sidecar's clock, ``front_us``): then every request to it is shed as
-    'deadline cannot be met', and the plan should be made again with the costs measured here."""
+def no_slack_warning(p: PipelineInfo, slo_us: float, o: StageOverheads, front_us: float = 0.0,
+                     transfer_us: float = 0.0) -> str | None:
+    """One line when the calibrated pipeline, at its smallest batch with its transfers between servers
+    (``transfer_us``), leaves no slack under its SLO (less the driver's margin and the way outside the sidecar's
+    clock, ``front_us``): then every request to it is shed as 'deadline cannot be met', and the plan should be made
+    again with the costs measured here."""
     batches = set.intersection(*(set(s.latency_us) for s in p.stages))
     if not batches:
         return None
     b = min(batches)
-    total = sum(s.latency_us[b] + lead.get(b, 0.0) + tail.get(b, 0.0)
-                for s, lead, tail in zip(p.stages, o.lead_us, o.tail_us))
+    total = transfer_us + sum(s.latency_us[b] + lead.get(b, 0.0) + tail.get(b, 0.0)
+                              for s, lead, tail in zip(p.stages, o.lead_us, o.tail_us))
     budget = slo_us - driver_margin_us(slo_us) - front_us
     if total <= budget:
         return None
     front = f" and {front_us / 1e3:.1f} ms outside the sidecar's clock (serve --front-us)" if front_us else ""
+    moved = f", {transfer_us / 1e3:.1f} ms of it transfers between servers" if transfer_us else ""
     return (f"pipeline {p.id}: calibrated latency {total / 1e3:.1f} ms at batch {b} (compute + per-stage lead and "
-            f"tail) leaves no slack under its SLO {slo_us / 1e3:.1f} ms less the driver's margin "
+            f"tail{moved}) leaves no slack under its SLO {slo_us / 1e3:.1f} ms less the driver's margin "
             f"{driver_margin_us(slo_us) / 1e3:.1f} ms{front}, so its requests will be shed; re-plan with the costs "
             f"measured here (poolpipe serve --overheads-out FILE, then poolpipe plan --overheads FILE) or raise the "
             f"SLO")

@@ -163,7 +163,8 @@ class PlannedService:
                 continue
             log.info("event=calibrated pipeline=%s rejoined=%s", p.id, rejoined or "-")
             slo_us = self.models[p.id.rsplit("/", 1)[0]].slo_us
-            if p.id not in self.overheads and (warning := no_slack_warning(p, slo_us, o, self.front_us)):
+            moved = self.driver.topology.transfers_us(self.driver.topology.pipeline(p.id))
+            if p.id not in self.overheads and (warning := no_slack_warning(p, slo_us, o, self.front_us, moved)):
                 log.warning("event=no_slack %s", warning)
             new = new or p.id not in self.overheads
             self.overheads[p.id] = o
