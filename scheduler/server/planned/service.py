@@ -162,9 +162,9 @@ class PlannedService:
                 log.warning("event=calibration_skipped pipeline=%s reason=%s", p.id, e)
                 continue
             log.info("event=calibrated pipeline=%s rejoined=%s", p.id, rejoined or "-")
-            slo_us = self.models[p.id.rsplit("/", 1)[0]].slo_us
-            moved = self.driver.topology.transfers_us(self.driver.topology.pipeline(p.id))
-            if p.id not in self.overheads and (warning := no_slack_warning(p, slo_us, o, self.front_us, moved)):
+            topo, pipe = self.driver.topology, self.driver.topology.pipeline(p.id)
+            if p.id not in self.overheads and (warning := no_slack_warning(
+                    p, topo.slo_us[pipe.model], o, self.front_us, topo.transfers_us(pipe))):
                 log.warning("event=no_slack %s", warning)
             new = new or p.id not in self.overheads
             self.overheads[p.id] = o
