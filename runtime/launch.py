@@ -134,6 +134,11 @@ class Deployment:
 
     def preflight(self) -> None:
         """Hardware and port checks, before anything starts."""
+        self.check_devices()
+        self.check_ports()
+
+    def check_devices(self) -> None:
+        """The GPUs, MPS, engines and MIG instances the launch files name are here (one-line InputError if not)."""
         gpu_hosts = [h for h in self.launches if h.device == "gpu"]
         if gpu_hosts and self.check_hardware:
             self.gpus, mps = discover_gpus(), mps_running()
@@ -141,6 +146,9 @@ class Deployment:
                 check_host_hardware(h, self.gpus, mps)
                 self.check_engines(h)
         self.resolve_mig()
+
+    def check_ports(self) -> None:
+        """No two vGPUs share a port and none is in use (one-line InputError if not)."""
         owner: dict[tuple[str, int], str] = {}
         for s in self.server_launches:
             for port in (s.http_port, s.grpc_port, s.metrics_port):

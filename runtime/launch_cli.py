@@ -152,11 +152,12 @@ def _run(args: argparse.Namespace) -> int:
     # flags it cannot use (certificates, the key): one line, before anything starts
     watch = sidecar_watch(args.sidecar, args.sidecar_use_ssl, args.sidecar_root_cert, args.sidecar_client_cert,
                           args.sidecar_client_key, args.sidecar_restricted_key)
-    reclaimed = reclaim_predecessors()  # first: a dead launch's servers hold their ports
-    if reclaimed.launches or reclaimed.shm_regions:
-        print(reclaimed.line(), file=sys.stderr, flush=True)
     dep = Deployment(args.dir, args.host, check_hardware=not args.no_hardware_check, timeout_s=args.timeout,
                      triton_args=args.triton_arg)
+    dep.check_devices()  # a launch refused for its hardware leaves what dead launches left to one that runs
+    reclaimed = reclaim_predecessors()  # before the port check: a dead launch's servers hold their ports
+    if reclaimed.launches or reclaimed.shm_regions:
+        print(reclaimed.line(), file=sys.stderr, flush=True)
 
     def terminate(signum: int, _frame: object) -> None:
         raise KeyboardInterrupt(signal.Signals(signum).name)
@@ -166,7 +167,7 @@ def _run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, terminate)
     signal.signal(signal.SIGHUP, lambda signum, _frame: hups.append(signum))
     total = len(dep.server_launches)
-    dep.preflight()  # hardware and port problems: one-line errors before anything starts
+    dep.check_ports()  # port problems: one-line errors before anything starts
     for g in dep.gpus:
         err.print(f"GPU {g.index}: {g.name}, {g.memory_bytes / 2**30:.1f} GiB")
     try:

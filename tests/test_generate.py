@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -117,10 +118,17 @@ def test_gpu_hosts_get_kind_gpu_visible_devices_and_mps_percentage(resnet, tmp_p
         check_host_hardware(launch, [GpuInfo(0, "Tesla T4", 1), *l4], mps=True)
     assert gpu_matches("V100", "Tesla V100-SXM2-16GB") and not gpu_matches("T4", "NVIDIA RTX A4000")
 
-    # launching the GPU host where its GPUs are not (no pynvml, no driver, or other GPUs): refused, one line
-    r = run_cli("launch", tmp_path / "d", "--host", "g")
+    # launching the GPU host where its GPUs are not (no pynvml, no driver, or other GPUs): refused, one line, and
+    # what a dead launch left stays for a launch that runs (the refused one reclaims nothing)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    state = tmp_path / "cache" / "launch" / f"{dead.pid}.json"
+    state.parent.mkdir(parents=True)
+    state.write_text(json.dumps({"pid": dead.pid, "kind": "launch", "directory": str(tmp_path), "servers": {}}))
+    r = run_cli("launch", tmp_path / "d", "--host", "g", env={"POOLPIPE_CACHE": str(tmp_path / "cache")})
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert any(s in r.stderr for s in ("pynvml is not installed", "no NVIDIA driver", "host g:")), r.stderr
+    assert state.exists()
 
 
 def g_model(manifest, vgpu_id: str) -> str:
