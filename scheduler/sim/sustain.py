@@ -44,21 +44,41 @@ class Precision:
     floor: bool = False
 
 
+def _on_grid(x: float, grid: float, up: bool) -> float:
+    """``x`` rounded down (or up) to a multiple of ``grid`` (none: as it is), kept to 4 places and within
+    [0, HIGHEST]."""
+    if grid > 0:
+        x = (math.ceil(x / grid - 1e-9) if up else math.floor(x / grid + 1e-9)) * grid
+    return round(min(HIGHEST, max(0.0, x)), 4)
+
+
 @dataclass
 class _Bracket:
-    """One model's search: it holds at ``lo`` (once ``lo_ok``) and fails at ``hi`` (once ``hi_ok``)."""
+    """One model's search: it holds at ``lo`` (once ``lo_ok``) and fails at ``hi`` (once ``hi_ok``). Its points are
+    multiples of ``grid`` (the resolution), so the rate it ends on is the largest multiple that holds wherever the
+    search started: a plan's promise does not depend on the guess it was searched from."""
 
     lo: float = 0.0
     hi: float = HIGHEST
     lo_ok: bool = True
     hi_ok: bool = True
     step: float = HIGHEST
+    grid: float = 0.0
 
     def width(self) -> float:
         return math.inf if not (self.lo_ok and self.hi_ok) else self.hi - self.lo
 
     def next_lf(self) -> float:
-        return self.lo if not self.lo_ok else self.hi if not self.hi_ok else 0.5 * (self.lo + self.hi)
+        if not self.lo_ok:
+            return self.lo
+        if not self.hi_ok:
+            return self.hi
+        mid = 0.5 * (self.lo + self.hi)
+        if self.grid <= 0:
+            return mid
+        k = min(max(round(mid / self.grid), math.floor(self.lo / self.grid + 1e-9) + 1),
+                math.ceil(self.hi / self.grid - 1e-9) - 1)
+        return round(k * self.grid, 4) if self.lo < k * self.grid < self.hi else mid
 
     def tells(self, lf: float) -> bool:
         """Whether a point at ``lf`` says anything new."""
@@ -68,13 +88,13 @@ class _Bracket:
         if holds:
             self.lo, self.lo_ok = lf, True
             if lf >= self.hi:  # the guessed top held: look a step higher, each step twice the last
-                self.hi = round(min(HIGHEST, lf + self.step), 4)
+                self.hi = _on_grid(lf + self.step, self.grid, up=True)
                 self.hi_ok = self.hi >= HIGHEST
                 self.step *= 2
         else:
             self.hi, self.hi_ok = lf, True
             if lf <= self.lo:  # the guessed bottom failed: look a step lower, each step twice the last
-                self.lo = round(max(0.0, lf - self.step), 4)
+                self.lo = _on_grid(lf - self.step, self.grid, up=False)
                 self.lo_ok = self.lo <= 0.0
                 self.step *= 2
 
@@ -286,7 +306,9 @@ def _start(precision: Precision, model: str) -> _Bracket:
     """The bracket ``precision.start`` gives ``model`` (the lowest lo and highest hi where it names the model more
     than once), or the whole range."""
     given = [(lo, hi) for m, lo, hi in precision.start if m == model and 0.0 <= lo < hi]
+    grid = precision.resolution
     if not given:
-        return _Bracket()
-    lo, hi = round(min(x for x, _ in given), 4), round(min(HIGHEST, max(x for _, x in given)), 4)
-    return _Bracket(lo, hi, lo <= 0.0, hi >= HIGHEST, max(hi - lo, 2 * precision.resolution))
+        return _Bracket(grid=grid)
+    lo = _on_grid(min(x for x, _ in given), grid, up=False)
+    hi = _on_grid(max(x for _, x in given), grid, up=True)
+    return _Bracket(lo, hi, lo <= 0.0, hi >= HIGHEST, max(hi - lo, 2 * grid), grid)
