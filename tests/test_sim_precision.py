@@ -29,7 +29,7 @@ def small_plan():
 def test_a_wrong_guess_finds_what_bisection_from_zero_finds(small_plan, lo: float, hi: float) -> None:
     """The same rate, not one near it: the search's points are multiples of its resolution, so a plan's promise
     does not depend on where its search started (googlenet-v3 at 3x, one plan, was promised 592.2 req/s in the
-    ppipe search and 601.3 in np's)."""
+    ppipe search and 601 in np's)."""
     exact = simulated_rps(small_plan, POISSON, DEFAULT_OVERHEADS)[MODEL]
     guessed = simulated_rps(small_plan, POISSON, DEFAULT_OVERHEADS, Precision(start=((MODEL, lo, hi),)))[MODEL]
     coarse = simulated_rps(small_plan, POISSON, DEFAULT_OVERHEADS, Precision(0.03, start=((MODEL, lo, hi),)))[MODEL]

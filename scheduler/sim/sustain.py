@@ -45,10 +45,8 @@ class Precision:
 
 
 def _on_grid(x: float, grid: float, up: bool) -> float:
-    """``x`` rounded down (or up) to a multiple of ``grid`` (none: as it is), kept to 4 places and within
-    [0, HIGHEST]."""
-    if grid > 0:
-        x = (math.ceil(x / grid - 1e-9) if up else math.floor(x / grid + 1e-9)) * grid
+    """``x`` rounded down (or up) to a multiple of ``grid``, kept to 4 places and within [0, HIGHEST]."""
+    x = (math.ceil(x / grid - 1e-9) if up else math.floor(x / grid + 1e-9)) * grid
     return round(min(HIGHEST, max(0.0, x)), 4)
 
 
@@ -63,7 +61,7 @@ class _Bracket:
     lo_ok: bool = True
     hi_ok: bool = True
     step: float = HIGHEST
-    grid: float = 0.0
+    grid: float = RESOLUTION
 
     def width(self) -> float:
         return math.inf if not (self.lo_ok and self.hi_ok) else self.hi - self.lo
@@ -73,12 +71,10 @@ class _Bracket:
             return self.lo
         if not self.hi_ok:
             return self.hi
-        mid = 0.5 * (self.lo + self.hi)
-        if self.grid <= 0:
-            return mid
-        k = min(max(round(mid / self.grid), math.floor(self.lo / self.grid + 1e-9) + 1),
-                math.ceil(self.hi / self.grid - 1e-9) - 1)
-        return round(k * self.grid, 4) if self.lo < k * self.grid < self.hi else mid
+        # the multiple of grid nearest the middle, strictly inside (lo is one; hi is one or HIGHEST)
+        k = round(0.5 * (self.lo + self.hi) / self.grid)
+        k = min(max(k, round(self.lo / self.grid) + 1), math.ceil(self.hi / self.grid - 1e-9) - 1)
+        return round(k * self.grid, 4)
 
     def tells(self, lf: float) -> bool:
         """Whether a point at ``lf`` says anything new."""
