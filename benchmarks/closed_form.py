@@ -17,12 +17,12 @@ import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
 
-from benchmarks.promise_grid import case_spec, grid_arguments, grid_cases
 from planner.objectives import sustained_planners
 from planner.request import PlanRequest
 from planner.sustained.measure_pool import measure_all
 from planner.sustained.search import candidate_plans, filled
 from plans.arrivals import parse_arrivals
+from poolpipe.experiment_cases import case_spec, grid_arguments, grid_cases
 from poolpipe_common.overheads import DEFAULT_OVERHEADS
 from scheduler.sim.sustain import Precision
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from poolpipe.experiment_cases import all_models
 from poolpipe.paper_experiment import PaperRun, run_all
 
 # Three families at 3x their batch-1 latency on an L4 (MODEL@FACTOR): a one-stage detector, a classification CNN and
@@ -43,16 +44,6 @@ from poolpipe.paper_experiment import PaperRun, run_all
 MODELS = ("centernet-update_r50-caffe_fpn_ms-1x_coco@3", "centernet-update_r50-caffe_fpn_ms-1x_coco@2.6",
           "convnext_large@3", "apcnet_r101-d8_4xb2-40k_cityscapes-512x1024@3")
 TARGETS = "targets: a/a0 >= 1.15, a/c >= 1.6, a/b >= 1.4, live/promise within 5 %"
-ALL_FACTORS = (2.5, 3.0)  # --models all: every model at each of these SLO factors
-
-
-def all_models() -> list[str]:
-    """Every model of data/ppipe with an L4+T4 reference entry, at each of ALL_FACTORS."""
-    from planner.ppipe.reference_plans import load_reference_plans
-
-    names = sorted({e["models"][0]["model"] for e in load_reference_plans()
-                    if e["suite"] == "ablation" and tuple(e["cluster"]["gpu_name_arr"]) == ("L4", "T4")})
-    return [f"{m}@{f:g}" for m in names for f in ALL_FACTORS]
 
 
 def main() -> None:

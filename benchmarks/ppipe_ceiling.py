@@ -19,10 +19,10 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.live_paper import all_models
 from planner.entry import plan
 from planner.request import PlanRequest
 from plans.spec.planning_spec import PlanningSpec
+from poolpipe.experiment_cases import all_models
 from poolpipe.paper_experiment import PaperRun, paper_spec
 
 GOAL = 1.4  # issue 49: the default plan >= 1.4x np where np idles the T4s

@@ -15,8 +15,6 @@ the promise, the long simulation's rate, their ratio and the planning time; then
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import os
 import time
 from concurrent.futures import ProcessPoolExecutor
 
@@ -24,33 +22,15 @@ from rich.console import Console
 from rich.table import Table
 
 from planner.entry import plan as plan_spec
-from planner.ppipe.reference_plans import load_reference_plans, spec_from_reference
 from planner.request import PlanRequest
 from plans.arrivals import parse_arrivals
-from plans.spec.planning_spec import ClusterSpec, PlanningSpec, check_spec
+from poolpipe.experiment_cases import Case, case_spec, grid_arguments, grid_cases
 from poolpipe_common.overheads import DEFAULT_OVERHEADS
 from scheduler.sim.sustain import Precision, mix_rates, simulated_rps
 
-PAIRS = (("L4", "T4"), ("L4", "P4"), ("V100", "T4"), ("V100", "P4"))
-FACTORS = (2.0, 3.0, 4.0)
-SIZES = ((4, 12), (8, 24))
 UNSEEN_SEED = 101  # the planner measures on seed 0
 LONG = 3.0  # the long simulation's points are this many times the planner's
 POISSON = parse_arrivals("poisson")
-
-
-def case_spec(model: str, pair: tuple[str, str], size: tuple[int, int], factor: float) -> PlanningSpec:
-    """One model alone on ``size`` GPUs of ``pair``, with the NICs, vGPU levels and batch terms of the reference
-    entry that plans it on that pair, and SLO = ``factor`` x its batch-1 latency on the high-class GPU."""
-    entry = next(e for e in load_reference_plans() if tuple(e["cluster"]["gpu_name_arr"]) == pair
-                 and any(m["model"] == model for m in e["models"]))
-    spec = spec_from_reference(entry)
-    ms = next(m for m in spec.models if m.profile.model == model)
-    slo = factor * ms.profile.latency_us(pair[0], 1, 1, 0, len(ms.profile.blocks))
-    c = spec.cluster
-    cluster = ClusterSpec(dict(zip(pair, size)), c.gpus_per_server, c.bandwidth_gbps, c.vgpu_levels)
-    return check_spec(dataclasses.replace(spec, cluster=cluster, models=(
-        dataclasses.replace(ms, slo_us=slo, slo_margin_us=0.0, weight=1.0),)))
 
 
 def long_rate(plan, promise_lf: float) -> float:
@@ -61,7 +41,7 @@ def long_rate(plan, promise_lf: float) -> float:
     return held[model] / mix_rates(plan)[model]
 
 
-def one(case: tuple[str, tuple[str, str], tuple[int, int], float]) -> dict:
+def one(case: Case) -> dict:
     model, pair, size, factor = case
     t0 = time.perf_counter()
     try:
@@ -75,27 +55,6 @@ def one(case: tuple[str, tuple[str, str], tuple[int, int], float]) -> dict:
     held = long_rate(plan, promise / mix) * mix if promise > 0 else 0.0
     return {"case": case, "promise": promise, "held": held, "planned_s": planned_s,
             "ratio": held / promise if promise > 0 else None}
-
-
-def grid_arguments(ap: argparse.ArgumentParser) -> None:
-    """The flags that choose the grid's cases (:func:`grid_cases`), and --jobs."""
-    ap.add_argument("--quick", action="store_true", help="L4+T4, 4+12 GPUs, SLO 3x, every model")
-    ap.add_argument("--models", help="comma list of data/ppipe models (default: all twelve)")
-    ap.add_argument("--pairs", help="comma list of HIGH+LOW cluster pairs, e.g. L4+T4,V100+P4 (default: all four)")
-    ap.add_argument("--factors", help="comma list of SLO factors (default: 2,3,4)")
-    ap.add_argument("--sizes", help="comma list of HIGH+LOW GPU counts, e.g. 4+12 (default: 4+12,8+24)")
-    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
-
-
-def grid_cases(args: argparse.Namespace) -> list[tuple[str, tuple[str, str], tuple[int, int], float]]:
-    """(model, pair, size, factor) for every case the flags of :func:`grid_arguments` choose."""
-    models = args.models.split(",") if args.models else sorted({
-        m["model"] for e in load_reference_plans() for m in e["models"]})
-    pairs, factors, sizes = (PAIRS[:1], (3.0,), SIZES[:1]) if args.quick else (PAIRS, FACTORS, SIZES)
-    pairs = tuple(tuple(p.split("+")) for p in args.pairs.split(",")) if args.pairs else pairs
-    factors = tuple(float(x) for x in args.factors.split(",")) if args.factors else factors
-    sizes = tuple(tuple(int(n) for n in s.split("+")) for s in args.sizes.split(",")) if args.sizes else sizes
-    return [(m, p, s, f) for m in models for p in pairs for s in sizes for f in factors]
 
 
 def main() -> None:
