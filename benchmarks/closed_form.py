@@ -20,7 +20,7 @@ from concurrent.futures import ProcessPoolExecutor
 from planner.objectives import sustained_planners
 from planner.request import PlanRequest
 from planner.sustained.measure_pool import measure_all
-from planner.sustained.search import candidate_plans, filled
+from planner.sustained.search import all_candidates
 from plans.arrivals import parse_arrivals
 from poolpipe.experiment_cases import case_spec, grid_arguments, grid_cases
 from poolpipe_common.overheads import DEFAULT_OVERHEADS
@@ -38,10 +38,9 @@ def one(case: tuple[str, tuple[str, str], tuple[int, int], float, str]) -> dict:
     arrivals, options = parse_arrivals(arrivals_text), request.solver_options()
     planners = sustained_planners(spec, request)
     try:
-        cands = candidate_plans(spec, planners, options, arrivals, DEFAULT_OVERHEADS)
+        cands = all_candidates(spec, planners, options, arrivals, DEFAULT_OVERHEADS)
     except Exception as e:  # noqa: BLE001 - a case no plan fits is reported, not fatal
         return {"case": case, "error": str(e).splitlines()[0][:80]}
-    cands += filled(spec, cands, planners, options, arrivals, DEFAULT_OVERHEADS)
     sims = measure_all("simulated", [c.plan for c in cands], arrivals, DEFAULT_OVERHEADS, 1, None,
                        [SIMULATED] * len(cands))
     return {"case": case, "rates": [(sum(c.predicted.values()), sum(s.values())) for c, s in zip(cands, sims)]}

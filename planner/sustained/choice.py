@@ -29,6 +29,7 @@ class CandidatePlan:
     predicted: dict[str, float]
     measured: dict[str, float] | None = None
     fill_margin: float | None = None  # the plan's idle GPUs were planned at this margin (planner.sustained.fill)
+    fewer_cuts: bool = False  # planned again with one partition fewer than a candidate (planner.sustained.fewer_cuts)
     fell_short: bool = False  # screened out at one point: it does not sustain the best measured less MODEL_ERROR
     origins: tuple[int, ...] = (0,)  # which of the request's planners made it (0: the request's own; then narrower)
     # per model, the share of its rate the plan keeps with serving's costs risen (capacity.cost_resilience)
