@@ -2,20 +2,19 @@
 
 Per model and arrival trace, each through the sidecar unless said: (a0) the fixed-margin plan (PPipe's nominal
 objective keeping 30 % of the SLO free: the old default), (a) the plan for the rate it sustains (the default
-objective, planned as a user would: with the costs measured serving a0, then calibrated on its own deployment as
-`poolpipe calibrate` does and planned again with those), (b) np planned with the same costs (measured once with (a)
-where it chose (a)'s plan: marked '(= a)'), (c) Triton-native (np's whole-model servers behind Triton's dynamic
-batcher, round-robin), and the simulator's prediction of (a) with those costs. Printed: each system's absolute req/s
-held at >= 99 % SLO attainment (load factors in steps of 0.0125 of a0's nominal rate, searched from each system's
-promise (Triton's batcher: np's) by 1, 2, 4, ... steps until one point holds and one fails, then bisected between
-them; a point short of it by less than 10 points is measured again, a third time where the two tries disagree by
-more than 2, and counts for their median, as `poolpipe calibrate` judges its steps), the ratios a/a0, a/c, a/b, and
-how the plan's promise (plan.json's sustainable_rps) compares with what (a) held live. All devices are emulated
-(real tritonservers that hold each batch for its profiled latency; the sidecar holds each hop between hosts for its
-profiled bytes over the cluster's 10 Gbps links) on 4 L4 + 12 T4, in real time by default (--time-scale 0: the old
-slow motion, where per-request CPU costs of this 2-core machine weigh less). Clients reach each sidecar, in
-calibration too, through its native front end (`serve --native-grpc-port`, Triton's own gRPC front end) unless
---front grpc.
+objective, planned as a user would: with the costs measured serving a0, then calibrated on its own deployment
+as `poolpipe calibrate` does and planned again with those), (b) np planned with the same costs
+(measured once with (a) where it chose (a)'s plan: marked '(= a)'),
+(c) Triton-native (np's whole-model servers behind Triton's dynamic batcher, round-robin), and the simulator's
+prediction of (a) with those costs. Printed: each system's absolute req/s held at >= 99 % SLO attainment (load
+factors in steps of 0.0125 of a0's nominal rate; a point short of it by less than 10 points is measured again, a third
+time where the two tries disagree by more than 2, and counts for their median, as `poolpipe calibrate` judges its
+steps), the ratios a/a0, a/c, a/b, and how the plan's promise (plan.json's sustainable_rps) compares with what (a)
+held live. All devices are emulated (real tritonservers that
+hold each batch for its profiled latency; the sidecar holds each hop between hosts for its profiled bytes over
+the cluster's 10 Gbps links) on 4 L4 + 12 T4, in real time by default (--time-scale 0: the old slow
+motion, where per-request CPU costs of this 2-core machine weigh less). Clients reach each sidecar, in calibration
+too, through its native front end (`serve --native-grpc-port`, Triton's own gRPC front end) unless --front grpc.
 
     python -P benchmarks/live_paper.py                     # 3 families (centernet at 3x and 2.6x) x
                                                            #   (poisson, replay:azure-conv), ~40 min

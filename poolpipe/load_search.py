@@ -43,25 +43,17 @@ def rechecked(attainment_at: Callable[[float], float], target: float = TARGET) -
 
 def search_max_lf(attainment_at: Callable[[float], float], hi: float, step: float = STEP,
                   start: float = 0.7) -> tuple[float, dict[float, float]]:
-    """Largest load factor on the step grid in (0, hi] with attainment >= TARGET (attainment taken as falling with
-    load): from ``start``, steps of 1, 2, 4, ... grid points the way its first point says until one point holds and
-    one fails, then bisection between them; returns it and every point measured. A search that starts at a
-    promise within a few steps of the knee measures a handful of points near it, where bisection of (0, hi] first
-    measured points far above, each overloaded for a whole point (a Triton batcher's queue for seconds)."""
+    """Largest load factor on the step grid in (0, hi] with attainment >= TARGET, by bisection (attainment is
+    taken as falling with load); returns it and every point measured."""
     grid = [round(step * i, 4) for i in range(1, int(round(hi / step)) + 1)]
     points: dict[float, float] = {}
     lo_i, hi_i = -1, len(grid)  # grid[lo_i] passes, grid[hi_i] fails (virtual ends)
     i = min(range(len(grid)), key=lambda k: abs(grid[k] - start))
-    stride = 1
     while hi_i - lo_i > 1:
         points[grid[i]] = attainment_at(grid[i])
         if points[grid[i]] >= TARGET:
             lo_i = i
         else:
             hi_i = i
-        if lo_i >= 0 and hi_i < len(grid):  # bracketed
-            i = (lo_i + hi_i) // 2
-        else:  # still galloping away from the start
-            i = min(lo_i + stride, len(grid) - 1) if lo_i >= 0 else max(hi_i - stride, 0)
-            stride *= 2
+        i = (lo_i + hi_i) // 2
     return (grid[lo_i] if lo_i >= 0 else 0.0), points

@@ -290,7 +290,7 @@ class PaperExperiment:
             def at(lf: float) -> float:
                 r = open_loop(urls, triton_model, self.arrivals(lf), self.slo_ms)
                 return self._record("triton-native", lf, r)
-            best, points = self.search(at, self.promise_lf(self.np_plan))  # its servers: np's layout
+            best, points = self.search(at, 0.5 * self.promise_lf(self.np_plan))
         return SystemResult("triton-native", best, points)
 
     def predict(self, name: str) -> SystemResult:

@@ -36,16 +36,6 @@ def test_bisection_finds_the_knee_on_the_grid():
     assert len(points) <= 8  # bisection, not a sweep of 64 points
 
 
-def test_a_search_from_a_promise_near_the_knee_measures_only_points_near_it():
-    """Galloping from the start: a knee one step above the promise takes four points, none more than three steps
-    from it (bisection of (0, 1.6] measured 1.075, 0.8125, 0.675, ... first: convnext_large at 3x, live)."""
-    best, points = search_max_lf(curve(0.5625), hi=1.6, start=0.55)
-    assert best == 0.5625 and len(points) == 4
-    assert all(abs(lf - 0.5625) <= 3 * STEP + 1e-9 for lf in points)
-    best, points = search_max_lf(curve(0.525), hi=1.6, start=0.55)  # and two steps below it
-    assert best == 0.525 and len(points) <= 4 and min(points) >= 0.5
-
-
 def test_a_stalled_point_is_measured_again_and_outvoted():
     calls: list[float] = []
     stalls = {0.75}  # the first run at 0.75 meets a stall of the host
