@@ -31,7 +31,6 @@ def test_a_bursts_lateness_is_forgotten_after_the_horizon():
     for i in range(40):  # a burst: every batch 15 ms late
         batch(i * 1000.0, 15_000.0)
     assert drv.margin_us["m"] > base + 5_000.0
-    assert drv.margin_us["m"] > base + 5_000.0
     for i in range(40):  # on time again, before the horizon: the burst still counts
         batch(1.0e6 + i * 1000.0, 0.0)
     assert drv.margin_us["m"] > base + 5_000.0

@@ -28,7 +28,7 @@ def test_the_best_candidates_with_three_partitions_are_planned_again_with_two():
     spec, request = fast_link_spec(), PlanRequest(arrivals="poisson")
     planners, arrivals = sustained_planners(spec, request), parse_arrivals("poisson")
     cands = candidate_plans(spec, planners, request.solver_options(), arrivals, DEFAULT_OVERHEADS)
-    bases = [cands[i] for i in worth_fewer_cuts([(c.margin, c.plan) for c in cands])]
+    bases = worth_fewer_cuts(cands)
     assert len(bases) == 2 and all(b.margin in MARGIN_FRACTIONS and most_partitions(b.plan) == 3 for b in bases)
     fewer = fewer_cut(spec, cands, planners, request.solver_options(), arrivals, DEFAULT_OVERHEADS)
     assert fewer and all(most_partitions(c.plan) == 2 for c in fewer)
@@ -64,9 +64,6 @@ def test_plans_with_a_cut_fewer_are_screened_beside_the_others_not_in_their_plac
     fewer = [score(c.plan, c.predicted) for c in new if c.fewer_cuts]
     assert fewer and max(fewer) > score(old[2].plan, old[2].predicted)  # one ranks among the three best
     screened = to_measure(new)
-    assert {layout(c) for c in to_measure(old)} <= {layout(c) for c in screened}
+    assert {c.plan.layout_key() for c in to_measure(old)} <= {c.plan.layout_key() for c in screened}
     assert sum(c.fewer_cuts for c in screened) == 1
 
-
-def layout(c) -> str:
-    return repr([[p.to_dict() for p in m.pipelines] for m in c.plan.models])

@@ -10,11 +10,10 @@ benchmarks/ppipe_ceiling.py --sustained).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import replace
+from collections.abc import Sequence
 
+from planner.sustained.choice import CandidatePlan
 from plans.plan_json import Plan
-from plans.spec.planning_spec import PlanningSpec
 
 # Each planner's best-predicted candidates with three or more partitions that are planned again with one fewer.
 FEWER_CUT_CANDIDATES = 2
@@ -25,16 +24,8 @@ def most_partitions(plan: Plan) -> int:
     return max((len(pl.partitions) for m in plan.models for pl in m.pipelines), default=0)
 
 
-def fewer_cuts_spec(spec: PlanningSpec, plan: Plan, margin: float,
-                    with_costs: Callable[[PlanningSpec, float], PlanningSpec]) -> PlanningSpec:
-    """``spec`` at ``margin`` (serving's costs counted by ``with_costs``) allowing one partition fewer than ``plan``'s
-    longest pipeline has."""
-    return replace(with_costs(spec, margin), max_partitions=most_partitions(plan) - 1)
-
-
-def worth_fewer_cuts(plans: Sequence[tuple[float | None, Plan]]) -> list[int]:
-    """Indexes of the first FEWER_CUT_CANDIDATES of ``plans`` (margin, plan; best predicted first, of one planner)
-    planned at a margin of the grid with a pipeline of three or more partitions (two would leave np's whole-model
-    pools, which np's own candidates cover)."""
-    return [i for i, (margin, plan) in enumerate(plans)
-            if margin is not None and most_partitions(plan) >= 3][:FEWER_CUT_CANDIDATES]
+def worth_fewer_cuts(cands: Sequence[CandidatePlan]) -> list[CandidatePlan]:
+    """The first FEWER_CUT_CANDIDATES of ``cands`` (one planner's, best predicted first) planned at a margin of the grid
+    with a pipeline of three or more partitions (two would leave np's whole-model pools, which np's own candidates
+    cover)."""
+    return [c for c in cands if c.margin is not None and most_partitions(c.plan) >= 3][:FEWER_CUT_CANDIDATES]

@@ -42,7 +42,7 @@ from planner.sustained.choice import (
     unique,
 )
 from planner.sustained.evaluators import evaluator
-from planner.sustained.fewer_cuts import fewer_cuts_spec, most_partitions, worth_fewer_cuts
+from planner.sustained.fewer_cuts import most_partitions, worth_fewer_cuts
 from planner.sustained.fill import SolveEach, fill_specs, idle_gpus, merged_fills
 from planner.sustained.measure_pool import WorkerPool, measure_all
 from plans.arrivals import Arrivals
@@ -174,11 +174,9 @@ def fewer_cut(spec: PlanningSpec, cands: Sequence[CandidatePlan], planners: Sequ
     """Each planner's best-predicted candidates with three or more partitions, planned again by it at their margin
     with one partition fewer (planner.sustained.fewer_cuts); plans equal to a candidate's dropped."""
     seen = {_signature(c.plan) for c in cands}
-    bases = unique(c for group in by_origin(cands)
-                   for c in [group[i] for i in worth_fewer_cuts([(x.margin, x.plan) for x in group])])
-    asked = [(planners[base.origins[0]],
-              fewer_cuts_spec(spec, base.plan, base.margin, lambda s, m: with_serving_costs(s, m, costs)))
-             for base in bases]
+    bases = unique(c for group in by_origin(cands) for c in worth_fewer_cuts(group))
+    asked = [(planners[base.origins[0]], replace(with_serving_costs(spec, base.margin, costs),
+                                                 max_partitions=most_partitions(base.plan) - 1)) for base in bases]
     out = []
     for base, plan in zip(bases, solve_each(pool or WorkerPool(1), screening(options))(asked), strict=True):
         if isinstance(plan, InputError) or _signature(plan) in seen:
