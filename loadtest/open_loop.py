@@ -7,16 +7,18 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import tritonclient.grpc.aio as grpcaio
 from tritonclient.grpc import InferInput
 from tritonclient.utils import InferenceServerException, triton_to_np_dtype
 
+from loadtest.host_cpu import busy_cores, cpu_jiffies
 from poolpipe_common.overheads import SIDECAR_LATENCY_PARAMETER
 from scheduler.server.common.event_loop import new_loop
 
@@ -33,6 +35,7 @@ class RunResult:
     # per answer that reported the sidecar's own time (poolpipe_common.overheads.SIDECAR_LATENCY_PARAMETER): the
     # client's latency less it, the way outside the sidecar's clock (Overheads.with_front_samples takes them)
     front_us: tuple[float, ...] = ()
+    host_busy_cores: float | None = None  # the host's CPUs kept busy over the run (loadtest.host_cpu), all processes
 
     @property
     def attainment(self) -> float:
@@ -126,4 +129,6 @@ def open_loop(urls: Sequence[str], model: str, arrivals_s: Sequence[float], slo_
     sidecar's loop whose timers end on time: on asyncio's own, each send left up to 2 ms after its arrival time,
     which bunched arrivals less than that apart (docs/serving.md, "Timers that end on time")."""
     with no_collector_pauses(), asyncio.Runner(loop_factory=new_loop) as runner:
-        return runner.run(run_open_loop(urls, model, arrivals_s, slo_ms, timeout_s))
+        before = cpu_jiffies()
+        r = runner.run(run_open_loop(urls, model, arrivals_s, slo_ms, timeout_s))
+        return replace(r, host_busy_cores=busy_cores(before, cpu_jiffies(), os.cpu_count() or 1))

@@ -186,12 +186,14 @@ class PaperExperiment:
         """Keep and log one measured point (an open_loop RunResult); returns its attainment."""
         self.records.append({"system": system, "load_factor": lf, "offered_rps": lf * self.rate,
                              "attainment": r.attainment, "offered": r.offered, "late": r.late, "errors": r.errors,
-                             "p50_ms": r.latency_ms(50), "p99_ms": r.latency_ms(99), "first_error": r.first_error})
+                             "p50_ms": r.latency_ms(50), "p99_ms": r.latency_ms(99), "first_error": r.first_error,
+                             "host_busy_cores": r.host_busy_cores})
         front = (f"  outside the sidecar p50/p99 {np.percentile(r.front_us, 50) / 1e3:.1f}/"
                  f"{np.percentile(r.front_us, 99) / 1e3:.1f} ms" if r.front_us else "")
+        host = f"  host busy {r.host_busy_cores:.2f} cores" if r.host_busy_cores is not None else ""
         self.log(f"  {system:13s} lf {lf:<6.4g} ({lf * self.rate:5.1f} req/s): attainment {100 * r.attainment:6.2f} % "
                  f"p50 {r.latency_ms(50) or 0:6.1f} ms  p99 {r.latency_ms(99) or 0:6.1f} ms  shed {r.errors}  "
-                 f"late {r.late}{front}")
+                 f"late {r.late}{front}{host}")
         if r.front_us:
             self.fronts.append((system, lf, r.attainment, list(r.front_us)))
         return r.attainment
