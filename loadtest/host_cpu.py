@@ -1,6 +1,6 @@
 """How busy the host's CPUs were over a measurement, from Linux's /proc/stat: beside each live point, so a reader
 can tell a point measured on a slow host from one the system under test lost. On this project's 2-core VM the same
-deployment, rate and arrivals took 0.93-1.35 cores from one 6 s point to the next, and attainment fell as it rose
+deployment, rate and arrivals kept 0.96-1.19 cores busy from one 6 s point to the next, and attainment fell as it rose
 (benchmarks/live_point_noise.py): the same work costs the host more CPU at some times than at others."""
 
 from __future__ import annotations
