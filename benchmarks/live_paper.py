@@ -33,7 +33,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from poolpipe.experiment_cases import all_models
+from poolpipe.experiment_cases import all_models, model_entry, native_front_built
 from poolpipe.paper_experiment import PaperRun, run_all
 
 # Three families at 3x their batch-1 latency on an L4 (MODEL@FACTOR): a one-stage detector, a classification CNN and
@@ -72,7 +72,7 @@ def main() -> None:
                          "0 = auto: >= 8 and the fixed-margin plan at <= 50 req/s")
     ap.add_argument("--work", type=Path, help="keep deployments and logs here (default: a temporary directory)")
     args = ap.parse_args()
-    native = args.front == "native" and _native_front_built()
+    native = args.front == "native" and native_front_built("live_paper")
     listed = all_models() if args.models == "all" else args.models.split(",")
     models = listed[:1] if args.quick else listed
     traces = ["poisson"] if args.quick else args.traces.split(",")
@@ -82,7 +82,7 @@ def main() -> None:
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="live_paper_") as tmp:
         work = args.work or Path(tmp)
-        for model, at in (_entry(ap, e) for e in models):
+        for model, at in (model_entry(ap, e, "--models") for e in models):
             factor = args.slo_factor or at
             for trace in traces:
                 run = PaperRun(model, factor, args.l4, args.t4, trace=trace, duration_s=duration,
@@ -94,28 +94,6 @@ def main() -> None:
                 rows.append((f"{model} @{factor:g}x", trace, res))
     console.print(results_table(rows, args.time_scale))
     console.print(f"{TARGETS}; total {time.time() - t0:.0f} s")
-
-
-def _native_front_built() -> bool:
-    """Whether serve --native-grpc-port can run here (make venv builds it where a C compiler is); says so if not."""
-    from backends import native_front
-
-    if native_front.library() is None:
-        print("live_paper: the native front end is not built (no C compiler): clients use the sidecar's grpc.aio port")
-        return False
-    return True
-
-
-def _entry(ap: argparse.ArgumentParser, text: str) -> tuple[str, float]:
-    """MODEL or MODEL@SLO_FACTOR -> (model, factor); a bad factor is a usage error."""
-    model, _, at = text.partition("@")
-    try:
-        factor = float(at) if at else 3.0
-    except ValueError:
-        factor = -1.0
-    if not factor > 0:
-        ap.error(f"--models: {text!r}: expected MODEL or MODEL@SLO_FACTOR with a factor > 0")
-    return model, factor
 
 
 def results_table(rows: list, time_scale: float) -> Table:

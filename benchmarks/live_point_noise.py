@@ -22,9 +22,10 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from poolpipe.experiment_cases import model_entry, native_front_built
 from poolpipe.paper_experiment import PaperExperiment, PaperRun
 
-EASY, OVER = 0.5, 1.2  # of the promise: the points measured before each repeat of the point
+BEFORE = {"easy": 0.5, "overloaded": 1.2}  # of the promise: the points measured before each repeat of the point
 
 
 class RepeatedPoint(PaperExperiment):
@@ -33,7 +34,10 @@ class RepeatedPoint(PaperExperiment):
     sequence: tuple[float, ...] = ()
 
     def search(self, attainment_at, start: float = 0.7, live: bool = True):
-        return 0.0, {lf: attainment_at(lf) for lf in self.sequence}
+        """Each load factor of ``sequence`` measured once, repeats included (their results are in ``records``)."""
+        for lf in self.sequence:
+            attainment_at(lf)
+        return 0.0, {}
 
 
 def main() -> None:
@@ -43,42 +47,42 @@ def main() -> None:
     ap.add_argument("--at", type=float, default=0.85, help="the point, as a share of the plan's promise")
     ap.add_argument("--duration-s", type=float, default=6.0, help="seconds of load per point (live_paper's)")
     args = ap.parse_args()
-    if args.pairs < 2 or not EASY < args.at < OVER:
-        ap.error(f"--pairs must be >= 2 and --at between {EASY:g} and {OVER:g} (the easy and overloaded points)")
-    model, _, factor = args.model.partition("@")
+    lo, hi = BEFORE["easy"], BEFORE["overloaded"]
+    if args.pairs < 2 or not lo < args.at < hi:
+        ap.error(f"--pairs must be >= 2 and --at between {lo:g} and {hi:g} (the easy and overloaded points)")
+    model, factor = model_entry(ap, args.model, "--model")
     console = Console(width=160)
     with tempfile.TemporaryDirectory(prefix="live_point_noise_") as tmp:
-        exp = RepeatedPoint(PaperRun(model, float(factor or 3.0), 4, 12, duration_s=args.duration_s,
-                                     native_front=True), Path(tmp), console.print)
+        exp = RepeatedPoint(PaperRun(model, factor, 4, 12, duration_s=args.duration_s,
+                                     native_front=native_front_built("live_point_noise")), Path(tmp), console.print)
         exp.plan_fixed()
         exp.plan_sustained()
         promise = exp.promise_lf(exp.ppipe)
         point = round(args.at * promise, 4)
-        before = [round((EASY if i % 2 == 0 else OVER) * promise, 4) for i in range(args.pairs)]
-        exp.sequence = tuple(x for lf in before for x in (lf, point))
+        after = ["easy" if i % 2 == 0 else "overloaded" for i in range(args.pairs)]  # what comes before each repeat
+        exp.sequence = tuple(x for kind in after for x in (round(BEFORE[kind] * promise, 4), point))
         exp.measure_sidecar("ppipe", exp.ppipe)
     records = exp.records  # in the order measured: (before, point) pairs
-    console.print(_table(records, exp.rate, before))
-    for line in _summary(records[1::2], before, promise, exp.rate):
+    console.print(_table(records, after))
+    for line in _summary(records[1::2], after, promise * exp.rate):
         console.print(line)
 
 
-def _table(records: list[dict], rate: float, before: list[float]) -> Table:
+def _table(records: list[dict], after: list[str]) -> Table:
     t = Table(title="one load point, again and again, live (emulated 4 L4 + 12 T4)")
     for col in ("#", "after", "req/s", "attainment", "host busy (cores)", "p99 ms"):
         t.add_column(col, justify="right")
     for i, r in enumerate(records):
-        after = "" if i % 2 == 0 else ("easy" if before[i // 2] < r["load_factor"] else "overloaded")
-        t.add_row(str(i), after, f"{r['offered_rps']:.1f}", f"{100 * r['attainment']:.2f} %",
+        t.add_row(str(i), after[i // 2] if i % 2 else "", f"{r['offered_rps']:.1f}", f"{100 * r['attainment']:.2f} %",
                   _cores(r["host_busy_cores"]), f"{r['p99_ms'] or 0:.1f}")
     return t
 
 
-def _summary(points: list[dict], before: list[float], promise: float, rate: float) -> list[str]:
+def _summary(points: list[dict], after: list[str], promise_rps: float) -> list[str]:
     att = np.array([p["attainment"] for p in points])
-    after_easy = att[[b < promise for b in before]]
-    after_over = att[[b > promise for b in before]]
-    lines = [f"at {points[0]['offered_rps']:.1f} req/s (promise {promise * rate:.1f}), {len(att)} points: attainment "
+    after_easy = att[[k == "easy" for k in after]]
+    after_over = att[[k == "overloaded" for k in after]]
+    lines = [f"at {points[0]['offered_rps']:.1f} req/s (promise {promise_rps:.1f}), {len(att)} points: attainment "
              f"{100 * att.min():.2f}-{100 * att.max():.2f} %; mean {100 * after_easy.mean():.2f} % after an easy "
              f"point, {100 * after_over.mean():.2f} % after an overloaded one"]
     busy = [p["host_busy_cores"] for p in points]

@@ -1,6 +1,7 @@
 """The cases the benchmarks share, importable wherever they run from: `live_paper --models all`'s rows (every
 data/ppipe model with an L4+T4 reference entry at each of ALL_FACTORS) and promise_grid's simulated grid (one model
-alone on HIGH+LOW GPUs at an SLO factor), with the flags that choose the grid's cases."""
+alone on HIGH+LOW GPUs at an SLO factor), with the flags that choose the grid's cases; how the live benchmarks read
+a MODEL@SLO_FACTOR and whether their clients can use the native front end."""
 
 from __future__ import annotations
 
@@ -24,6 +25,28 @@ def all_models() -> list[str]:
     names = sorted({e["models"][0]["model"] for e in load_reference_plans()
                     if e["suite"] == "ablation" and tuple(e["cluster"]["gpu_name_arr"]) == ("L4", "T4")})
     return [f"{m}@{f:g}" for m in names for f in ALL_FACTORS]
+
+
+def model_entry(ap: argparse.ArgumentParser, text: str, flag: str) -> tuple[str, float]:
+    """MODEL or MODEL@SLO_FACTOR -> (model, factor; 3 when not given); a bad factor is a usage error of ``flag``."""
+    model, _, at = text.partition("@")
+    try:
+        factor = float(at) if at else 3.0
+    except ValueError:
+        factor = -1.0
+    if not factor > 0:
+        ap.error(f"{flag}: {text!r}: expected MODEL or MODEL@SLO_FACTOR with a factor > 0")
+    return model, factor
+
+
+def native_front_built(who: str) -> bool:
+    """Whether serve --native-grpc-port can run here (make venv builds it where a C compiler is); says so if not."""
+    from backends import native_front
+
+    if native_front.library() is None:
+        print(f"{who}: the native front end is not built (no C compiler): clients use the sidecar's grpc.aio port")
+        return False
+    return True
 
 
 def case_spec(model: str, pair: tuple[str, str], size: tuple[int, int], factor: float) -> PlanningSpec:
