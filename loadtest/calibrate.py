@@ -22,6 +22,7 @@ import numpy as np
 from loadtest.open_loop import RunResult, no_collector_pauses, run_open_loop
 from loadtest.tries import judged, tries_of
 from model_repository_gen.manifest import load_manifest
+from planner.sustained.front_reserve import ReserveChoice, best_reserve
 from poolpipe_common.cost_fit import CostPoint, fit_front, fit_runs, not_overloaded
 from poolpipe_common.errors import InputError
 from poolpipe_common.overheads import TARGET_ATTAINMENT, MeasuredLimit, Overheads, read_overheads
@@ -102,6 +103,7 @@ class Calibration:
         self.promise = self.manifest.plan.capacity_rps()
         self.slo_ms = {m.name: m.slo_us / 1e3 for m in self.manifest.models}
         self.input_bytes = {m.name: m.profile.input_bytes or 0 for m in self.manifest.plan.models}
+        self.reserve: ReserveChoice | None = None  # the deadline's reserve the fit chose (with_reserve)
 
     def step(self, share: float) -> Step:
         from runtime.sidecar_process import SidecarProcess  # noqa: PLC0415
@@ -164,11 +166,23 @@ class Calibration:
         # no client measurement: the front as the sidecar was told (--front-us); the rates are this plan's, whose
         # requests make so many stage calls each (Overheads.at_rate scales them for another plan)
         top = max(held, key=lambda s: s.served_rps)  # the spread of a call's costs at the rate nearest the promise
-        return replace(fit_front(costs, fronts, rates), calibrated_rps=top.served_rps,
-                       lead_shape=top.costs.lead_shape, tail_shape=top.costs.tail_shape,
-                       rate_calls_per_request=self.manifest.plan.stage_calls_per_request(),
-                       measured_limits=self.limits(steps),
-                       calibrated_layouts=(self.manifest.plan.layout_key(),))
+        fitted = replace(fit_front(costs, fronts, rates), calibrated_rps=top.served_rps,
+                         lead_shape=top.costs.lead_shape, tail_shape=top.costs.tail_shape,
+                         rate_calls_per_request=self.manifest.plan.stage_calls_per_request(),
+                         measured_limits=self.limits(steps),
+                         calibrated_layouts=(self.manifest.plan.layout_key(),))
+        return self.with_reserve(fitted)
+
+    def with_reserve(self, costs: Overheads) -> Overheads:
+        """``costs`` keeping the deadline's reserve under which the simulator sustains most of this plan with the way
+        outside the sidecar's clock the steps' clients measured (planner.sustained.front_reserve)."""
+        self.reserve = best_reserve(self.manifest.plan, costs)
+        if self.reserve is None:
+            return costs
+        tried = ", ".join(f"{r:g} us {v:.1f}" for r, v in sorted(self.reserve.sustained_rps.items()))
+        self.log(f"deadline reserve for the way outside the sidecar's clock: {self.reserve.reserve_us:g} us "
+                 f"(simulated req/s with each: {tried})")
+        return replace(costs, front_us=self.reserve.reserve_us)
 
     def limits(self, steps: Sequence[Step]) -> tuple[MeasuredLimit, ...]:
         """What the steps measured this plan to hold (limit_share of its promise, per model); none where it held."""
@@ -213,14 +227,15 @@ def between_share(steps: Sequence[tuple[float, float]], target: float = TARGET_A
     return round((held + missed) / 2, 4) if missed - held > BETWEEN_GAP + 1e-9 else None
 
 
-def calibration_doc(costs: Overheads, steps: Sequence[Step], deployment: Path) -> dict[str, Any]:
+def calibration_doc(costs: Overheads, steps: Sequence[Step], deployment: Path,
+                    reserve: ReserveChoice | None = None) -> dict[str, Any]:
     """The file ``poolpipe calibrate`` writes: the fitted costs, and what they were fitted to (read by people)."""
     return {**costs.to_dict(), "source": "poolpipe calibrate", "calibration": {
         "deployment": str(deployment), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "steps": [{"share": s.share, "offered_rps": s.offered_rps, "served_rps": s.served_rps,
                    "lead_us": s.costs.lead_us, "tail_us": s.costs.tail_us, "kinds_of_call": len(s.points),
                    "attainment": {m: r.attainment for m, r in s.results.items()}, **_front_summary(s)}
-                  for s in steps]}}
+                  for s in steps], **({"front_reserve": reserve.to_dict()} if reserve is not None else {})}}
 
 
 def _front_summary(step: Step) -> dict[str, float]:

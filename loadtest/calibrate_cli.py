@@ -63,7 +63,8 @@ def _run(args: argparse.Namespace) -> int:
         cal = Calibration(args.deployment.resolve(), work, args.duration_s, args.seed,
                           native_front=args.native_front)
         costs, steps = cal.run(shares)
-    args.out.write_text(json.dumps(calibration_doc(costs, steps, args.deployment.resolve()), indent=1) + "\n")
+    args.out.write_text(json.dumps(calibration_doc(costs, steps, args.deployment.resolve(), cal.reserve), indent=1)
+                        + "\n")
     print(f"cost model (emulated where the deployment is): lead {costs.lead_us:.0f} us + "
           f"{costs.lead_per_mb_us:.0f} us/MB + {costs.lead_per_krps_us:.0f} us per 1000 req/s; tail "
           f"{costs.tail_us:.0f} us + {costs.tail_per_mb_us:.0f} us/MB + {costs.tail_per_krps_us:.0f} us per 1000 "

@@ -35,6 +35,12 @@ def assumed_costs(plan: Plan) -> tuple[Overheads, str]:
     return DEFAULT_OVERHEADS, "default"
 
 
+def front_reserve_us(plan: Plan) -> float:
+    """The time before the SLO at which ``plan``'s promise assumed each deadline falls (its costs' ``front_us``): what
+    ``serve`` keeps for the way outside its clock unless told otherwise, so that serving and the promise agree."""
+    return assumed_costs(plan)[0].front_us
+
+
 def _costs(raw: Any, where: str) -> Overheads:
     if not isinstance(raw, dict):
         raise InputError(f"{where}: expected an overheads object, got {raw!r:.80}")

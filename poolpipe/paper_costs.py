@@ -67,9 +67,10 @@ def calibrated(deployment: Path, work: Path, duration_s: float, seed: int, log: 
     from runtime.launch import Deployment
 
     with Deployment(deployment, check_hardware=False, log_dir=work / "servers"):
-        costs, steps = Calibration(deployment, work, duration_s, seed, log,
-                                    native_front=native_front).run(CALIBRATION_SHARES)
-    (work / "costs.json").write_text(json.dumps(calibration_doc(costs, steps, deployment), indent=1) + "\n")
+        cal = Calibration(deployment, work, duration_s, seed, log, native_front=native_front)
+        costs, steps = cal.run(CALIBRATION_SHARES)
+    (work / "costs.json").write_text(json.dumps(calibration_doc(costs, steps, deployment, cal.reserve), indent=1)
+                                     + "\n")
     return costs
 
 

@@ -258,6 +258,10 @@ def test_calibrate_fits_costs_on_a_live_deployment_and_plan_finds_them(tmp_path)
     assert costs.calibrated_layouts == (ppipe_plan().layout_key(),)  # and which plan it measured
     assert costs.rate_calls_per_request == pytest.approx(ppipe_plan().stage_calls_per_request())  # whose rates
     assert any(costs.calibrated_rps == pytest.approx(s["served_rps"]) for s in steps)  # how far they reach
+    reserve = doc["calibration"]["front_reserve"]  # the deadline's reserve the simulator sustained most with
+    assert costs.front_us == reserve["chosen_us"] == float(max(reserve["simulated_rps"], key=lambda r: (
+        reserve["simulated_rps"][r], float(r))))
+    assert "deadline reserve for the way outside the sidecar's clock" in r.stdout
     # `poolpipe plan` run where the file is takes it without --overheads, says so and records it
     (tmp_path / "tiny.json").write_text(json.dumps(tiny_profile()))
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump({

@@ -153,10 +153,10 @@ class Sidecar:
             metrics_app = web.Application()
             metrics_app.router.add_get("/metrics", self._metrics)
             self._runners.append(await start_http(metrics_app, c.bind, c.metrics_port))
-        log.info("event=listening grpc=%s:%d http=%s:%d metrics=%s:%d planned=%s passthrough=%s tls=%s", c.bind,
-                 c.grpc_port, c.bind, c.http_port, c.bind, c.metrics_port,
+        log.info("event=listening grpc=%s:%d http=%s:%d metrics=%s:%d planned=%s passthrough=%s tls=%s "
+                 "front_us=%g", c.bind, c.grpc_port, c.bind, c.http_port, c.bind, c.metrics_port,
                  ",".join(self.plans.current.names()) if self.plans else "-", c.passthrough or "-",
-                 tls_summary(c.tls))
+                 tls_summary(c.tls), c.front_us)
         if c.group is None:  # a worker of serve --workers N says nothing: the parent says it once for all
             warn_plaintext(c.bind, c.tls)
 

@@ -62,11 +62,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--overheads-out", type=Path, metavar="FILE",
                    help="on shutdown, write what serving added beyond the profiled compute (lead, tail, wake "
                         "lateness, slowdown) for 'poolpipe simulate --overheads FILE' to predict this sidecar")
-    p.add_argument("--front-us", type=non_negative(float), default=DEFAULT_FRONT_US, metavar="US",
-                   help="microseconds a request spends outside the sidecar's clock (the client's send and gRPC up "
-                        "to the handler, the answer's way back); each deadline comes this much before the SLO so "
-                        "that the client's own latency meets it (default: %(default)g, chosen from loopback runs "
-                        "with a Python tritonclient at ~400 req/s; raise it for clients across a network)")
+    p.add_argument("--front-us", type=non_negative(float), default=None, metavar="US",
+                   help="microseconds each deadline comes before the SLO, kept for a request's way outside the "
+                        "sidecar's clock (the client's send and gRPC up to the handler, the answer's way back). "
+                        "Default: the reserve the manifest's plan was made with (its assumed costs' front_us: "
+                        "'poolpipe calibrate' chooses it from the way your clients measured), else "
+                        f"{DEFAULT_FRONT_US:g}; raise it for clients across a network")
     p.add_argument("--stage-protocol", choices=("http", "grpc"), default="http",
                    help="how the sidecar calls the planned models' Triton servers: http (KServe v2 REST with binary "
                         "tensors on kept-open connections; about half the sidecar's CPU per call of grpc) or grpc "
@@ -179,6 +180,10 @@ def config_from_args(args: argparse.Namespace):  # -> SidecarConfig
         from scheduler.server.planned.manifest_shard import manifest_shard, parse_shard  # noqa: PLC0415
         loaded = load_manifest(args.manifest)
         manifest = args.manifest
+        if args.front_us is None:  # the workers' commands pass it on
+            from plans.plan_costs import front_reserve_us  # noqa: PLC0415
+
+            args.front_us = front_reserve_us(loaded.plan)
         if args.shard:
             shard = parse_shard(args.shard)
             manifest_shard(loaded, *shard)  # a shard without a complete pipeline fails now, in one line
@@ -190,7 +195,8 @@ def config_from_args(args: argparse.Namespace):  # -> SidecarConfig
     return SidecarConfig(manifest=manifest, passthrough=args.passthrough, grpc_port=args.grpc_port,
                          http_port=args.http_port, metrics_port=args.metrics_port, bind=args.bind,
                          policy=args.policy, drain_timeout_s=args.drain_timeout,
-                         batch_log=args.batch_log, overheads_out=args.overheads_out, front_us=args.front_us,
+                         batch_log=args.batch_log, overheads_out=args.overheads_out,
+                         front_us=DEFAULT_FRONT_US if args.front_us is None else args.front_us,
                          shard=shard, replan=args.replan,
                          grpc_restricted=tuple(args.grpc_restricted_protocol),
                          http_restricted=tuple(args.http_restricted_api),
