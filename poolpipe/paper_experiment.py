@@ -247,7 +247,7 @@ class PaperExperiment:
                 point = self.work / f"{name}-overheads" / f"{len(self.records):03d}-lf{lf:.4f}.json"
                 point.parent.mkdir(exist_ok=True)
                 sc = SidecarProcess(manifest=deploy, log_path=self.work / f"{name}-sidecar.log", extra_args=(
-                    "--overheads-out", str(point)), native_front=self.run.native_front).start()
+                    "--overheads-out", str(point), *self.sidecar_args()), native_front=self.run.native_front).start()
                 try:
                     _wait_ready(sc.infer_url, model)
                     open_loop([sc.infer_url], model, self.arrivals(0.2)[:50], self.slo_ms)  # warm-up
@@ -263,6 +263,10 @@ class PaperExperiment:
                 "median_of": [p.name for p in held[1]]}}, indent=1))
         self.manifests[name] = manifest
         return SystemResult(name, best, points)
+
+    def sidecar_args(self) -> tuple[str, ...]:
+        """More `poolpipe serve` flags for the next point's sidecar (none: as a user serves the plan)."""
+        return ()
 
     def same_plan(self) -> bool:
         """Whether np planned the same way chose the ppipe plan's layout: the same deployment (Plan.layout_key)."""

@@ -20,6 +20,7 @@ from planner import plan as plan_for
 from planner.objectives import limit_note, reach_note
 from planner.sustained.capacity import predicted_rps
 from planner.sustained.evaluators import evaluator
+from planner.sustained.front_reserve import kept_reserve
 from plans.arrivals import parse_arrivals
 from poolpipe_common.cost_fit import CostPoint, fit_front, fit_line, fit_runs, fit_stage_costs, leveled
 from poolpipe_common.overheads import MeasuredLimit, Overheads, read_overheads, stage_calls_per_request
@@ -259,8 +260,8 @@ def test_calibrate_fits_costs_on_a_live_deployment_and_plan_finds_them(tmp_path)
     assert costs.rate_calls_per_request == pytest.approx(ppipe_plan().stage_calls_per_request())  # whose rates
     assert any(costs.calibrated_rps == pytest.approx(s["served_rps"]) for s in steps)  # how far they reach
     reserve = doc["calibration"]["front_reserve"]  # the deadline's reserve the simulator sustained most with
-    assert costs.front_us == reserve["chosen_us"] == float(max(reserve["simulated_rps"], key=lambda r: (
-        reserve["simulated_rps"][r], float(r))))
+    assert costs.front_us == reserve["chosen_us"] == kept_reserve(
+        {float(r): v for r, v in reserve["simulated_rps"].items()})
     assert "deadline reserve for the way outside the sidecar's clock" in r.stdout
     # `poolpipe plan` run where the file is takes it without --overheads, says so and records it
     (tmp_path / "tiny.json").write_text(json.dumps(tiny_profile()))
