@@ -6,7 +6,7 @@ point by point, so that the host's speed, which moves over minutes, weighs on bo
 Printed: each point's SLO attainment, sheds (explicit errors), late answers and how many of the host's CPUs were busy;
 per reserve the mean and range of attainment; and in how many pairs the first reserve held more than the second.
 
-    python -P benchmarks/live_reserve.py                     # googlenet-v3 at 2.5x, 1000 vs 2000 us, ~3 min
+    python -P benchmarks/live_reserve.py                     # googlenet-v3 at 2.5x, 1000 vs 2000 us, ~2 min
     python -P benchmarks/live_reserve.py --model convnext_large@3 --at 0.95 --pairs 4
 """
 
