@@ -174,8 +174,8 @@ class Calibration:
         return self.with_reserve(fitted)
 
     def with_reserve(self, costs: Overheads) -> Overheads:
-        """``costs`` keeping the deadline's reserve under which the simulator sustains most of this plan with the way
-        outside the sidecar's clock the steps' clients measured (planner.sustained.front_reserve)."""
+        """``costs`` keeping the deadline's reserve the simulator chose for this plan with the way outside the sidecar's
+        clock the steps' clients measured (planner.sustained.front_reserve: the largest within 3 % of the best)."""
         self.reserve = best_reserve(self.manifest.plan, costs)
         if self.reserve is None:
             return costs
