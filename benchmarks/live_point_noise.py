@@ -23,21 +23,9 @@ from rich.console import Console
 from rich.table import Table
 
 from poolpipe.experiment_cases import model_entry, native_front_built
-from poolpipe.paper_experiment import PaperExperiment, PaperRun
+from poolpipe.paper_experiment import FixedPoints, PaperRun
 
 BEFORE = {"easy": 0.5, "overloaded": 1.2}  # of the promise: the points measured before each repeat of the point
-
-
-class RepeatedPoint(PaperExperiment):
-    """A PaperExperiment whose load search measures a fixed sequence of load factors instead."""
-
-    sequence: tuple[float, ...] = ()
-
-    def search(self, attainment_at, start: float = 0.7, live: bool = True):
-        """Each load factor of ``sequence`` measured once, repeats included (their results are in ``records``)."""
-        for lf in self.sequence:
-            attainment_at(lf)
-        return 0.0, {}
 
 
 def main() -> None:
@@ -53,8 +41,8 @@ def main() -> None:
     model, factor = model_entry(ap, args.model, "--model")
     console = Console(width=160)
     with tempfile.TemporaryDirectory(prefix="live_point_noise_") as tmp:
-        exp = RepeatedPoint(PaperRun(model, factor, 4, 12, duration_s=args.duration_s,
-                                     native_front=native_front_built("live_point_noise")), Path(tmp), console.print)
+        exp = FixedPoints(PaperRun(model, factor, 4, 12, duration_s=args.duration_s,
+                                   native_front=native_front_built("live_point_noise")), Path(tmp), console.print)
         exp.plan_fixed()
         exp.plan_sustained()
         promise = exp.promise_lf(exp.ppipe)

@@ -21,27 +21,19 @@ from rich.console import Console
 from rich.table import Table
 
 from poolpipe.experiment_cases import model_entry, native_front_built
-from poolpipe.paper_experiment import PaperExperiment, PaperRun
+from poolpipe.paper_experiment import FixedPoints, PaperRun
 
 
-class AlternatingReserve(PaperExperiment):
-    """A PaperExperiment measuring one load factor ``repeats`` times, its sidecars keeping ``reserves`` in turn."""
+class AlternatingReserve(FixedPoints):
+    """FixedPoints whose sidecars keep ``reserves`` in turn, point by point."""
 
     reserves: tuple[float, ...] = (1000.0, 2000.0)
-    point: float = 0.0
-    repeats: int = 0
 
     def reserve_of(self, k: int) -> float:
         return self.reserves[k % len(self.reserves)]
 
     def sidecar_args(self) -> tuple[str, ...]:
         return ("--front-us", f"{self.reserve_of(len(self.records)):g}")
-
-    def search(self, attainment_at, start: float = 0.7, live: bool = True):
-        """The point measured ``repeats`` times (its results are in ``records``), no search."""
-        for _ in range(self.repeats):
-            attainment_at(self.point)
-        return 0.0, {}
 
 
 def main() -> None:
@@ -63,10 +55,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="live_reserve_") as tmp:
         exp = AlternatingReserve(PaperRun(model, factor, 4, 12, duration_s=args.duration_s,
                                           native_front=native_front_built("live_reserve")), Path(tmp), console.print)
-        exp.reserves, exp.repeats = reserves, 2 * args.pairs
+        exp.reserves = reserves
         exp.plan_fixed()
         exp.plan_sustained()
-        exp.point = round(args.at * exp.promise_lf(exp.ppipe), 4)
+        exp.sequence = (round(args.at * exp.promise_lf(exp.ppipe), 4),) * (2 * args.pairs)
         exp.measure_sidecar("ppipe", exp.ppipe)
     console.print(_table(exp))
     console.print(_summary(exp))
@@ -85,12 +77,11 @@ def _table(exp: AlternatingReserve) -> Table:
 
 def _summary(exp: AlternatingReserve) -> str:
     att = np.array([r["attainment"] for r in exp.records])
-    first, second = att[0::2], att[1::2]
-    n = min(len(first), len(second))
+    first, second = att[0::2], att[1::2]  # as many of each: the point is measured twice per pair
     per = "; ".join(f"reserve {exp.reserve_of(k):g} us: mean {100 * a.mean():.2f} % ({100 * a.min():.2f}-"
                     f"{100 * a.max():.2f})" for k, a in ((0, first), (1, second)))
-    return (f"at {exp.records[0]['offered_rps']:.1f} req/s, {n} pairs: {per}; {exp.reserve_of(0):g} us held more in "
-            f"{int((first[:n] > second[:n]).sum())} of {n} pairs")
+    return (f"at {exp.records[0]['offered_rps']:.1f} req/s, {len(first)} pairs: {per}; {exp.reserve_of(0):g} us held "
+            f"more in {int((first > second).sum())} of {len(first)} pairs")
 
 
 if __name__ == "__main__":

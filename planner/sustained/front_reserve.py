@@ -1,8 +1,8 @@
 """How long before the SLO each deadline falls: the reserve a sidecar keeps for a request's way outside its clock
 (the costs' ``front_us``; ``serve --front-us`` defaults to the plan's). Chosen by simulating a plan with the way its
 clients measured (``front_quantiles_us``): too small a reserve turns answers late at the client, too large sheds
-requests that would have made it. On googlenet-v3 at 2.5x (13 ms SLO, the way outside 1.5 ms median) the simulator
-sustained 437.9 req/s with 2 ms kept and 484.0 with 1 ms."""
+requests that would have made it. On googlenet-v3 at 2.5x (13 ms SLO) calibrate printed `700 us 491.6, 900 us 491.6,
+..., 2000 us 430.2` (simulated req/s with each reserve; docs/benchmarks.md, the deadline's reserve)."""
 
 from __future__ import annotations
 
@@ -57,8 +57,8 @@ def best_reserve(plan: Plan, costs: Overheads) -> ReserveChoice | None:
 
 def kept_reserve(rates: dict[float, float]) -> float:
     """The largest reserve (µs) of ``rates`` (reserve -> rate sustained) within MODEL_ERROR of the highest rate: the
-    simulator cannot tell those apart, and the largest turns fewest answers late when the way outside grows (on
-    googlenet-v3 at 3x, 1.4 ms chosen on a 1.4 % simulated gain over 2 ms, the live way outside's median rose from
-    the calibrated 1.4 ms to 1.6-1.9 ms, and late answers outnumbered sheds)."""
+    simulator cannot tell those apart, and the largest turns fewest answers late when the way outside grows
+    (googlenet-v3 at 3x, 1.4 ms chosen on a 1.4 % simulated gain over 2 ms: benchmarks/live_reserve.py printed
+    `1400 us held more in 1 of 5 pairs`, its points 5-308 answers late against 11-53)."""
     top = max(rates.values())
     return max(r for r, v in rates.items() if v >= (1.0 - MODEL_ERROR) * top)

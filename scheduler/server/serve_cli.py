@@ -180,10 +180,6 @@ def config_from_args(args: argparse.Namespace):  # -> SidecarConfig
         from scheduler.server.planned.manifest_shard import manifest_shard, parse_shard  # noqa: PLC0415
         loaded = load_manifest(args.manifest)
         manifest = args.manifest
-        if args.front_us is None:  # the workers' commands pass it on
-            from plans.plan_costs import front_reserve_us  # noqa: PLC0415
-
-            args.front_us = front_reserve_us(loaded.plan)
         if args.shard:
             shard = parse_shard(args.shard)
             manifest_shard(loaded, *shard)  # a shard without a complete pipeline fails now, in one line
@@ -192,11 +188,14 @@ def config_from_args(args: argparse.Namespace):  # -> SidecarConfig
             check_split(loaded, args.workers)
     elif args.shard:
         raise InputError("--shard needs --manifest: it splits the manifest's vGPUs")
+    if args.front_us is None:  # the plan's reserve (pass-through only: the default); the workers' commands pass it on
+        from plans.plan_costs import front_reserve_us  # noqa: PLC0415
+
+        args.front_us = DEFAULT_FRONT_US if manifest is None else front_reserve_us(loaded.plan)
     return SidecarConfig(manifest=manifest, passthrough=args.passthrough, grpc_port=args.grpc_port,
                          http_port=args.http_port, metrics_port=args.metrics_port, bind=args.bind,
                          policy=args.policy, drain_timeout_s=args.drain_timeout,
-                         batch_log=args.batch_log, overheads_out=args.overheads_out,
-                         front_us=DEFAULT_FRONT_US if args.front_us is None else args.front_us,
+                         batch_log=args.batch_log, overheads_out=args.overheads_out, front_us=args.front_us,
                          shard=shard, replan=args.replan,
                          grpc_restricted=tuple(args.grpc_restricted_protocol),
                          http_restricted=tuple(args.http_restricted_api),
