@@ -10,6 +10,7 @@ from dataclasses import replace
 import numpy as np
 
 from model_repository_gen.generate import generate
+from model_repository_gen.manifest import load_manifest
 from planner import PlanRequest
 from planner import plan as plan_for
 from planner.sustained.front_reserve import best_reserve, kept_reserve, reserve_candidates
@@ -18,6 +19,7 @@ from poolpipe.paper_experiment import PaperRun, paper_spec
 from poolpipe_common.net import free_ports
 from poolpipe_common.overheads import DEFAULT_FRONT_US, DEFAULT_OVERHEADS, FRONT_QUANTILES, front_quantiles
 from scheduler.server import serve_cli
+from scheduler.server.workers import worker_command
 from tests.deploy_helpers import write_cluster
 from tests.test_emulated import SCALE, emulated_hosts, ppipe_plan
 
@@ -77,9 +79,12 @@ def test_serve_keeps_the_reserve_its_plan_assumed_unless_told(tmp_path) -> None:
     cluster = write_cluster(tmp_path / "cluster.json", emulated_hosts())
     generate(plan, {}, cluster, tmp_path / "deploy", emulated_tensor_scale=SCALE)
     args = _serve_args("--manifest", str(tmp_path / "deploy"))
-    assert serve_cli.config_from_args(args).front_us == 1234.0
-    assert args.front_us == 1234.0  # what serve --workers passes on to each worker
+    assert serve_cli.config_from_args(args).front_us is None  # each plan's own: this one's, then a reload's
+    assert "--front-us" not in worker_command(args, 0, (1, 2)), "each worker takes its plan's, as serve does"
+    assert front_reserve_us(load_manifest(tmp_path / "deploy").plan) == 1234.0  # what PlannedService.create keeps
     told = _serve_args("--manifest", str(tmp_path / "deploy"), "--front-us", "500")
     assert serve_cli.config_from_args(told).front_us == 500.0
+    cmd = worker_command(told, 0, (1, 2))
+    assert cmd[cmd.index("--front-us") + 1] == "500.0"
     bare = _serve_args("--passthrough", "127.0.0.1:1")  # pass-through only: no plan to take it from
     assert serve_cli.config_from_args(bare).front_us == DEFAULT_FRONT_US

@@ -3,7 +3,8 @@ B: one machine, the hop through the sidecar's shared-memory pool) swaps A -> B o
 was started with now points at B) and B -> A on POST /v2/poolpipe/reload, while client threads keep sending.
 Every request is answered or gets an explicit error (none hangs), both plans serve, the pause is measured and
 printed, B's shared-memory regions are gone after the swap back, a reload onto the same servers flushes their
-batches first, and B's servers can stop with nothing lost."""
+batches first, and B's servers can stop with nothing lost. Each plan serves with the deadlines' reserve it was made
+with (B's plan records its own)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +23,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from plans.plan_costs import with_assumed_costs
+from poolpipe_common.overheads import DEFAULT_FRONT_US, DEFAULT_OVERHEADS
 from runtime.launch import Deployment
 from runtime.sidecar_process import SidecarProcess
 from runtime.testbed import EMULATED_MODEL, build_emulated_deployment
@@ -29,6 +33,7 @@ from scheduler.server.planned.shm_pool import PREFIX, SHM_DIR
 pytestmark = pytest.mark.triton
 CLIENT_TIMEOUT_S = 20.0  # far beyond the 1 s SLO: a request still unanswered then counts as hung
 THREADS = 3
+B_RESERVE_US = 1234.0  # plan B's costs' front_us (A's plan records none: the default's)
 
 
 class Load:
@@ -104,6 +109,15 @@ def _wait_log(path: Path, needle: str, timeout_s: float = 90.0) -> str:
     raise AssertionError(f"no {needle!r} in the sidecar log:\n{path.read_text()[-3000:]}")
 
 
+def _with_reserve(deploy: Path, front_us: float) -> None:
+    """The deployment's plan, as if calibrated: its assumed costs keep ``front_us`` before each deadline."""
+    path = deploy / "manifest.json"
+    doc = json.loads(path.read_text())
+    costs = replace(DEFAULT_OVERHEADS, front_us=front_us)
+    doc["plan"]["sustained"] = with_assumed_costs(doc["plan"].get("sustained") or {}, costs)
+    path.write_text(json.dumps(doc))
+
+
 def test_plan_swaps_under_load_by_sighup_and_endpoint_lose_nothing(tmp_path: Path) -> None:
     dir_a = build_emulated_deployment(tmp_path / "a")
     current = tmp_path / "current"
@@ -111,6 +125,7 @@ def test_plan_swaps_under_load_by_sighup_and_endpoint_lose_nothing(tmp_path: Pat
     with Deployment(dir_a, check_hardware=False, log_dir=tmp_path / "logs-a"):
         # generated while A runs, so its free ports are not A's; one machine: the hop uses shared memory
         dir_b = build_emulated_deployment(tmp_path / "b", addresses=("127.0.0.1", "127.0.0.1"))
+        _with_reserve(dir_b, B_RESERVE_US)
         dep_b = Deployment(dir_b, check_hardware=False, log_dir=tmp_path / "logs-b").start()
         log = tmp_path / "sidecar.log"
         sc = SidecarProcess(manifest=current, log_path=log).start()
@@ -132,7 +147,7 @@ def test_plan_swaps_under_load_by_sighup_and_endpoint_lose_nothing(tmp_path: Pat
                 sc.proc.send_signal(signal.SIGHUP)
                 line = _wait_log(log, "event=reloaded")
                 print("SIGHUP reload (emulated):", line.split("poolpipe.sidecar.reload: ")[-1])
-                assert "generation=1" in line
+                assert "generation=1" in line and f"front_us={B_RESERVE_US:g}" in line, "B's own reserve"
                 load.wait_ok_since(t_hup)
                 pool_b = _regions(pid, "_g1_")
                 assert pool_b, "plan B's hop goes through a shared-memory pool of its own"
@@ -147,6 +162,7 @@ def test_plan_swaps_under_load_by_sighup_and_endpoint_lose_nothing(tmp_path: Pat
                 assert status == 200, report
                 print("endpoint reload (emulated):", json.dumps(report))
                 assert report["generation"] == 2 and report["pause_ms"] >= 0
+                assert report["front_us"] == DEFAULT_FRONT_US, "back to A's reserve"
                 b_urls = {f"{s.address}:{s.grpc_port}" for s in dep_b.server_launches}
                 assert set(report["servers_removed"]) == b_urls
                 assert report["shm_regions_removed"] == len(pool_b)

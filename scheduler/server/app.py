@@ -45,7 +45,8 @@ class SidecarConfig:
     drain_timeout_s: float = 30.0
     batch_log: Path | None = None
     overheads_out: Path | None = None
-    front_us: float = 0.0  # serve --front-us: deadlines come this much before the SLO (the way outside our clock)
+    # serve --front-us: deadlines come this much before the SLO (the way outside our clock); None: each plan's own
+    front_us: float | None = None
     shard: tuple[int, int] = (0, 1)  # (I, N): serve shard I of N (scheduler/core/shards.py)
     replan: Path | None = None  # serve --replan FILE: automatic re-planning settings
     grpc_restricted: tuple[str, ...] = ()  # --grpc-restricted-protocol SPECs (scheduler/server/common/restricted.py)
@@ -156,7 +157,7 @@ class Sidecar:
         log.info("event=listening grpc=%s:%d http=%s:%d metrics=%s:%d planned=%s passthrough=%s tls=%s "
                  "front_us=%g", c.bind, c.grpc_port, c.bind, c.http_port, c.bind, c.metrics_port,
                  ",".join(self.plans.current.names()) if self.plans else "-", c.passthrough or "-",
-                 tls_summary(c.tls), c.front_us)
+                 tls_summary(c.tls), self.plans.current.front_us if self.plans else c.front_us or 0.0)
         if c.group is None:  # a worker of serve --workers N says nothing: the parent says it once for all
             warn_plaintext(c.bind, c.tls)
 

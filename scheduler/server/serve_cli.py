@@ -66,8 +66,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="microseconds each deadline comes before the SLO, kept for a request's way outside the "
                         "sidecar's clock (the client's send and gRPC up to the handler, the answer's way back). "
                         "Default: the reserve the manifest's plan was made with (its assumed costs' front_us: "
-                        "'poolpipe calibrate' chooses it from the way your clients measured), else "
-                        f"{DEFAULT_FRONT_US:g}; raise it for clients across a network")
+                        "'poolpipe calibrate' chooses it from the way your clients measured), and after a reload "
+                        f"the new plan's; else {DEFAULT_FRONT_US:g}. Raise it for clients across a network")
     p.add_argument("--stage-protocol", choices=("http", "grpc"), default="http",
                    help="how the sidecar calls the planned models' Triton servers: http (KServe v2 REST with binary "
                         "tensors on kept-open connections; about half the sidecar's CPU per call of grpc) or grpc "
@@ -188,10 +188,8 @@ def config_from_args(args: argparse.Namespace):  # -> SidecarConfig
             check_split(loaded, args.workers)
     elif args.shard:
         raise InputError("--shard needs --manifest: it splits the manifest's vGPUs")
-    if args.front_us is None:  # the plan's reserve (pass-through only: the default); the workers' commands pass it on
-        from plans.plan_costs import front_reserve_us  # noqa: PLC0415
-
-        args.front_us = DEFAULT_FRONT_US if manifest is None else front_reserve_us(loaded.plan)
+    if args.front_us is None and manifest is None:  # with a manifest, None: each plan's reserve, reloads too
+        args.front_us = DEFAULT_FRONT_US
     return SidecarConfig(manifest=manifest, passthrough=args.passthrough, grpc_port=args.grpc_port,
                          http_port=args.http_port, metrics_port=args.metrics_port, bind=args.bind,
                          policy=args.policy, drain_timeout_s=args.drain_timeout,

@@ -52,7 +52,9 @@ def worker_command(args: argparse.Namespace, index: int, ports: tuple[int, ...])
            "--worker-of", f"{index}:{','.join(map(str, ports))}"]
     if args.passthrough:
         cmd += ["--passthrough", args.passthrough]
-    cmd += ["--front-us", repr(args.front_us), "--stage-protocol", args.stage_protocol]
+    if args.front_us is not None:  # else each worker keeps its plan's reserve, as serve does
+        cmd += ["--front-us", repr(args.front_us)]
+    cmd += ["--stage-protocol", args.stage_protocol]
     if args.native_grpc_port is not None:  # each worker's own front end, on the ports its siblings' share
         cmd += ["--native-grpc-port", str(args.native_grpc_port), "--native-http-port", str(args.native_http_port)]
     if args.passthrough_http:

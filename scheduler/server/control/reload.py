@@ -54,6 +54,7 @@ class ReloadReport:
     servers_added: list[str] = field(default_factory=list)
     servers_removed: list[str] = field(default_factory=list)
     shm_regions_removed: int = 0
+    front_us: float = 0.0  # the deadlines' reserve the new plan serves with (serve --front-us, else its own)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -168,11 +169,11 @@ class PlanSwitch:
         more, failed_late = self._hand_over(old, new)  # retries of old batches that failed meanwhile
         removed = await old.close()
         report = ReloadReport(str(path), self.generation, pause_ms, flush_ms, handed + more, failed + failed_late,
-                              sorted(new_urls - old_urls), sorted(old_urls - new_urls), removed)
+                              sorted(new_urls - old_urls), sorted(old_urls - new_urls), removed, new.front_us)
         log.info("event=reloaded manifest=%s generation=%d pause_ms=%.1f flush_ms=%.1f handed_over=%d failed=%d "
-                 "servers_added=%s servers_removed=%s shm_regions_removed=%d", path, self.generation, pause_ms,
-                 flush_ms, report.handed_over, len(report.failed), ",".join(report.servers_added) or "-",
-                 ",".join(report.servers_removed) or "-", removed)
+                 "servers_added=%s servers_removed=%s shm_regions_removed=%d front_us=%g", path, self.generation,
+                 pause_ms, flush_ms, report.handed_over, len(report.failed), ",".join(report.servers_added) or "-",
+                 ",".join(report.servers_removed) or "-", removed, new.front_us)
         return report
 
     @staticmethod

@@ -16,6 +16,7 @@ from tritonclient.grpc import service_pb2
 
 from model_repository_gen.app_manifest import padded_models
 from model_repository_gen.manifest import Manifest, load_manifest
+from plans.plan_costs import front_reserve_us
 from poolpipe_common.errors import InputError
 from scheduler.core import make_scheduler
 from scheduler.core.driver import Driver, DriverConfig
@@ -72,8 +73,7 @@ class PlannedService:
                  batch_log: Path | None = None, overheads_out: Path | None = None, generation: int = 0,
                  tracer: Tracer | None = None, front_us: float = 0.0, stage_protocol: str = "http") -> None:
         self.manifest = manifest
-        # serve --front-us: a request's way outside the sidecar's clock; its deadline comes that much before the SLO
-        self.front_us = front_us
+        self.front_us = front_us  # the way outside the sidecar's clock: deadlines come that much before the SLO
         self.policy = DEFAULT_POLICY if policy == "auto" else policy
         if self.policy not in LIVE_POLICIES:
             raise InputError(f"--policy {policy}: choose one of {', '.join(('auto',) + LIVE_POLICIES)}")
@@ -114,12 +114,13 @@ class PlannedService:
     # --- life cycle ----------------------------------------------------------------------------------------
     @classmethod
     async def create(cls, manifest_path: Path, policy: str, metrics: SidecarMetrics, client_shm: ClientShmRegistry,
-                     batch_log: Path | None = None, overheads_out: Path | None = None,
-                     shard: tuple[int, int] = (0, 1), generation: int = 0,
-                     tracer: Tracer | None = None, front_us: float = 0.0, stage_protocol: str = "http"
-                     ) -> "PlannedService":
-        self = cls(manifest_shard(load_manifest(manifest_path), *shard), policy, metrics, client_shm, batch_log,
-                   overheads_out, generation, tracer, front_us, stage_protocol)
+                     batch_log: Path | None = None, overheads_out: Path | None = None, shard: tuple[int, int] = (0, 1),
+                     generation: int = 0, tracer: Tracer | None = None, front_us: float | None = None,
+                     stage_protocol: str = "http") -> "PlannedService":
+        """``front_us`` None: the reserve this plan was made with (so a reload brings the new plan's)."""
+        manifest = load_manifest(manifest_path)
+        self = cls(manifest_shard(manifest, *shard), policy, metrics, client_shm, batch_log, overheads_out, generation,
+                   tracer, front_reserve_us(manifest.plan) if front_us is None else front_us, stage_protocol)
         removed = remove_stale_regions()
         await self.fleet.connect()
         log_reclaimed(removed, self.fleet.reclaimed)
@@ -135,9 +136,8 @@ class PlannedService:
         """A driver over the topology with the calibrated tails; the core's clock leads by the least
         first-stage lead once every pipeline is calibrated (one clock for every model)."""
         topology = topology_from_manifest(self.manifest, {p: o.tail_us for p, o in self.overheads.items()})
-        lead = 0.0
-        if self.overheads and len(self.overheads) == len(self.pipelines):
-            lead = min(min(o.lead_us[0].values(), default=0.0) for o in self.overheads.values())
+        calibrated = self.overheads and len(self.overheads) == len(self.pipelines)
+        lead = min(min(o.lead_us[0].values(), default=0.0) for o in self.overheads.values()) if calibrated else 0.0
         drv = Driver(make_scheduler(self.policy, topology), topology, self.executor,
                      DriverConfig.live(clock_lead_us=lead, front_us=self.front_us), callers=self.callers)
         for srv in self.fleet.servers.values():
