@@ -325,7 +325,6 @@ class PaperExperiment:
                             {"lead_us": ov.lead_us, "tail_us": ov.tail_us, "slowdown": measured.slowdown})
 
 
-
 class FixedPoints(PaperExperiment):
     """A PaperExperiment whose load search measures ``sequence``'s load factors in order instead, repeats included
     (each point's result is in ``records``): live_point_noise and live_reserve repeat one point to see what moves it."""
@@ -337,6 +336,7 @@ class FixedPoints(PaperExperiment):
         for lf in self.sequence:
             attainment_at(lf)
         return 0.0, {}
+
 
 def _arrivals_of(trace: str) -> str:
     """The planner's --arrivals for a --trace (bursty's gamma CV and replays carry over; other traces: poisson)."""

@@ -81,7 +81,7 @@ def test_serve_keeps_the_reserve_its_plan_assumed_unless_told(tmp_path) -> None:
     args = _serve_args("--manifest", str(tmp_path / "deploy"))
     assert serve_cli.config_from_args(args).front_us is None  # each plan's own: this one's, then a reload's
     assert "--front-us" not in worker_command(args, 0, (1, 2)), "each worker takes its plan's, as serve does"
-    assert front_reserve_us(load_manifest(tmp_path / "deploy").plan) == 1234.0  # what PlannedService.create keeps
+    assert front_reserve_us(load_manifest(tmp_path / "deploy").plan) == 1234.0  # PlannedService.create reads it
     told = _serve_args("--manifest", str(tmp_path / "deploy"), "--front-us", "500")
     assert serve_cli.config_from_args(told).front_us == 500.0
     cmd = worker_command(told, 0, (1, 2))

@@ -188,12 +188,12 @@ def config_from_args(args: argparse.Namespace):  # -> SidecarConfig
             check_split(loaded, args.workers)
     elif args.shard:
         raise InputError("--shard needs --manifest: it splits the manifest's vGPUs")
-    if args.front_us is None and manifest is None:  # with a manifest, None: each plan's reserve, reloads too
-        args.front_us = DEFAULT_FRONT_US
     return SidecarConfig(manifest=manifest, passthrough=args.passthrough, grpc_port=args.grpc_port,
                          http_port=args.http_port, metrics_port=args.metrics_port, bind=args.bind,
                          policy=args.policy, drain_timeout_s=args.drain_timeout,
-                         batch_log=args.batch_log, overheads_out=args.overheads_out, front_us=args.front_us,
+                         batch_log=args.batch_log, overheads_out=args.overheads_out,
+                         # None with a manifest: each plan's own reserve, a reload's too (PlannedService.create)
+                         front_us=DEFAULT_FRONT_US if args.front_us is None and manifest is None else args.front_us,
                          shard=shard, replan=args.replan,
                          grpc_restricted=tuple(args.grpc_restricted_protocol),
                          http_restricted=tuple(args.http_restricted_api),
