@@ -1,7 +1,9 @@
 """The sidecar's fleet against real tritonservers, when a server comes back after being marked down: a region the
 pool grows meanwhile is registered with it too (a stage call through it once found no such region), and the
 regions it still holds are kept, not unregistered and registered again (a stage call in flight on a server a slow
-health check had marked down found no such region: CI, test_overload_gets_explicit_shed_errors)."""
+health check had marked down found no such region: CI, test_overload_gets_explicit_shed_errors); and a server is
+brought up only once the port its stage calls use takes connections (Triton opens HTTP after gRPC: a rejoined
+server's calibration once found it refused, CI, test_killed_server_loses_no_request_and_rejoins)."""
 
 from __future__ import annotations
 
@@ -11,9 +13,11 @@ from pathlib import Path
 from tritonclient.grpc import service_pb2
 
 from model_repository_gen.manifest import load_manifest
+from poolpipe_common.net import free_ports
 from runtime.launch import Deployment
 from runtime.testbed import build_deployment
 from scheduler.server.planned.fleet import Fleet, VGpuServer
+from scheduler.server.planned.stage_client import HttpStage
 
 
 async def _listed(srv: VGpuServer) -> set[str]:
@@ -79,11 +83,29 @@ async def _bring_back_after_a_slow_health_check(deploy: Path) -> tuple[set[str],
         await fleet.close()
 
 
+async def _up_with_the_stage_port_closed(deploy: Path) -> tuple[bool, bool]:
+    """(brought up, brought up once the port answers) of a server ready over gRPC whose stage port refuses."""
+    fleet = Fleet(load_manifest(deploy), on_change=lambda *_: None)
+    await fleet.connect()
+    try:
+        srv = next(iter(fleet.servers.values()))
+        stage, srv.stage = srv.stage, HttpStage(f"127.0.0.1:{free_ports(1)[0]}")  # nothing listens there
+        fleet.set_up(srv, False, "test: server restarted")
+        closed = await fleet.bring_up(srv)
+        srv.stage.close()
+        srv.stage = stage
+        return closed, await fleet.bring_up(srv)
+    finally:
+        await fleet.close()
+
+
 def test_a_region_grown_during_bring_up_is_registered_with_that_server(tmp_path: Path) -> None:
     deploy, _, _ = build_deployment(tmp_path, slo_us=500_000.0)
     with Deployment(deploy, check_hardware=False, log_dir=tmp_path / "logs"):
         regions, counted, listed = asyncio.run(_grow_while_bringing_up(deploy))
         held, listed_again, unregistered = asyncio.run(_bring_back_after_a_slow_health_check(deploy))
+        up_closed, up_open = asyncio.run(_up_with_the_stage_port_closed(deploy))
+    assert (up_closed, up_open) == (False, True)
     assert len(regions) > 1
     assert regions <= counted, f"not registered: {sorted(regions - counted)}"
     assert regions <= listed, f"the server does not know: {sorted(regions - listed)}"

@@ -76,14 +76,16 @@ def test_killed_server_loses_no_request_and_rejoins(testbed: dict) -> None:
     # The server comes back (same ports) and rejoins once healthy.
     victim.proc = None
     victim.start()
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60  # a restarted tritonserver loads its models first: slow on a loaded host
     while metric(metrics_text(sc), "poolpipe_sidecar_vgpu_up", f'vgpu="{victim_id}"') != 1:
         assert time.monotonic() < deadline, "the restarted server did not rejoin"
         time.sleep(0.2)
     # ... and is calibrated when it rejoins (its pipeline measured through it)
     calibrated = f"event=calibrated pipeline=resnet/0 rejoined={victim_id}"
-    while calibrated not in (testbed["work"] / "sidecar.log").read_text():
-        assert time.monotonic() < deadline, "the rejoined server was not calibrated"
+    deadline = time.monotonic() + 60  # the rejoin's calibration runs stages on a restarted server: slow hosts
+    while calibrated not in (log := (testbed["work"] / "sidecar.log").read_text()):
+        assert time.monotonic() < deadline, ["the rejoined server was not calibrated", *(
+            line for line in log.splitlines() if "calibrat" in line or victim_id in line)][-12:]
         time.sleep(0.2)
 
 

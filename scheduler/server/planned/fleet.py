@@ -183,6 +183,8 @@ class Fleet:
                 r = await srv.stub.ModelReady(service_pb2.ModelReadyRequest(name=m), timeout=1)
                 if not r.ready:
                     return False
+            if not await srv.stage.reachable(1.0):  # Triton's HTTP port opens after its gRPC port
+                return False
             status = await srv.stub.SystemSharedMemoryStatus(service_pb2.SystemSharedMemoryStatusRequest(), timeout=2)
             pool = self.pools.get(srv.host)
             mine = {r.name: r for r in pool.regions} if pool else {}

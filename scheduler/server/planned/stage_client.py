@@ -31,6 +31,10 @@ class StageClient(Protocol):
                    request_id: str, timeout_s: float, traceparent: str | None = None,
                    parameters: Mapping[str, Value] | None = None) -> StageAnswer: ...
 
+    async def reachable(self, timeout_s: float) -> bool:
+        """Whether stage calls can reach the server now (the fleet asks before it brings a server up)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -45,6 +49,9 @@ class HttpStage:
                    parameters: Mapping[str, Value] | None = None) -> StageAnswer:
         head, binary, offsets = encode_call(stage, inputs, out_region, batch, request_id, parameters)
         return await self.client.infer(stage.triton_model, head, binary, timeout_s, traceparent), offsets
+
+    async def reachable(self, timeout_s: float) -> bool:
+        return await self.client.reachable(timeout_s)
 
     def close(self) -> None:
         self.client.close()
@@ -66,6 +73,9 @@ class GrpcStage:
         except grpc.aio.AioRpcError as e:
             raise StageCallError(e.code(), e.details() or "") from None
         return raw_outputs(resp, set(offsets)), offsets
+
+    async def reachable(self, timeout_s: float) -> bool:  # the channel the fleet's ready checks just answered on
+        return True
 
     def close(self) -> None:  # the channel is the fleet's: it closes it
         pass

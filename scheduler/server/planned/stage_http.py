@@ -165,6 +165,19 @@ class HttpStageClient:
                                  ) from None
         return conn, False
 
+    async def reachable(self, timeout_s: float) -> bool:
+        """Whether the endpoint takes a connection now (kept for the next call): Triton opens its HTTP port after
+        its gRPC port, so a server that answers gRPC health may still refuse stage calls for a moment."""
+        try:
+            conn, _ = await self._connection(timeout_s)
+        except StageCallError:
+            return False
+        if len(self.idle) < self.max_idle and not self.closed:
+            self.idle.append(conn)
+        else:
+            conn.transport.close()
+        return True
+
     async def infer(self, model: str, head: bytes, binary: list[bytes], timeout_s: float,
                     traceparent: str | None = None) -> dict[str, tuple[list[int], bytes]]:
         """POST one inference (with a W3C ``traceparent`` header where given); its outputs by name, or a
