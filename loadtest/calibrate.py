@@ -23,6 +23,7 @@ from loadtest.open_loop import RunResult, no_collector_pauses, run_open_loop
 from loadtest.tries import judged, tries_of
 from model_repository_gen.manifest import load_manifest
 from planner.sustained.front_reserve import ReserveChoice, best_reserve
+from plans.plan_costs import front_reserve_us
 from poolpipe_common.cost_fit import CostPoint, fit_front, fit_runs, not_overloaded
 from poolpipe_common.errors import InputError
 from poolpipe_common.overheads import TARGET_ATTAINMENT, MeasuredLimit, Overheads, read_overheads
@@ -170,7 +171,8 @@ class Calibration:
                          lead_shape=top.costs.lead_shape, tail_shape=top.costs.tail_shape,
                          rate_calls_per_request=self.manifest.plan.stage_calls_per_request(),
                          measured_limits=self.limits(steps),
-                         calibrated_layouts=(self.manifest.plan.layout_key(),))
+                         calibrated_layouts=(self.manifest.plan.layout_key(),),
+                         calibrated_front_us=front_reserve_us(self.manifest.plan))  # what each step's serve kept
         return self.with_reserve(fitted)
 
     def with_reserve(self, costs: Overheads) -> Overheads:

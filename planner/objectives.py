@@ -49,8 +49,8 @@ def costs_note(request: ObjectiveInputs) -> tuple[str, ...]:
 
 def reach_note(plan: Plan, costs: Overheads | None) -> tuple[str, ...]:
     """One line where the promise rests on costs calibrated elsewhere (Overheads.extrapolated_to): at rates far below
-    it, on a plan whose requests make other stage calls (its costs then scaled by Overheads.at_rate), or on another
-    plan."""
+    it, on a plan whose requests make other stage calls (its costs then scaled by Overheads.at_rate), on another
+    plan, or with a larger deadline reserve than the plan keeps."""
     if costs is None:
         return ()
     promise, calls, layout = sum(plan.capacity_rps().values()), plan.stage_calls_per_request(), plan.layout_key()
@@ -59,9 +59,12 @@ def reach_note(plan: Plan, costs: Overheads | None) -> tuple[str, ...]:
     other = " (not this one: it is cut, sized or batched otherwise)" if costs.calibrated_on_another(layout) else ""
     reach = CALIBRATED_REACH * costs.calibrated_rps
     held = f" (held to {CALIBRATED_REACH:g}x that: {reach:,.1f})" if costs.at_reach(promise) else ""
+    served, kept = ((f" served with a {costs.calibrated_front_us / 1e3:.1f} ms deadline reserve",
+                     f" and keeps {costs.front_us / 1e3:.1f} ms") if costs.reserve_unserved() else ("", ""))
     return (f"costs extrapolated: calibrated up to {costs.calibrated_rps:,.0f} req/s on a plan making "
-            f"{costs.rate_calls_per_request:.2f} stage calls per request{other}; this plan promises {promise:,.1f} "
-            f"req/s{held} making {calls:.2f}. Calibrate its deployment ('poolpipe calibrate DEPLOYMENT') and re-plan",)
+            f"{costs.rate_calls_per_request:.2f} stage calls per request{other}{served}; this plan promises "
+            f"{promise:,.1f} req/s{held} making {calls:.2f}{kept}. Calibrate its deployment ('poolpipe calibrate "
+            "DEPLOYMENT') and re-plan",)
 
 
 def limit_note(plan: Plan, costs: Overheads | None) -> tuple[str, ...]:

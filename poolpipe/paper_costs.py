@@ -19,13 +19,13 @@ if TYPE_CHECKING:
 # default): they span where a promise made from costs measured elsewhere was found to hold (0.62-1.0 of it on this
 # host), so the way outside the sidecar's clock is measured at the rates the re-plan promises, not extrapolated
 CALIBRATION_SHARES = (0.25, 0.5, 0.75, 1.0)
-# Calibrations of a run: the plan made with the costs one measured may cut the model differently or promise far more
-# than was calibrated, and its costs are then extrapolated (Overheads.extrapolated_to, the plan's note); a user
-# calibrates the plan they will serve, so that one is calibrated too. tf_efficientdet_d1 at 3x went from a plan whose
-# calibration missed at its promise to another plan promising 786.6 req/s that held 529 live; with three rounds, the
-# third's limit sent the re-plan to a plan none had calibrated, promised 594.9 req/s, that held 326. Each round bounds
-# the layout it measured, so the rounds end on a plan calibrated; after this many, on the calibrated plan measured to
-# hold most (best_calibrated).
+# Calibrations of a run: the plan made with the costs one measured may cut the model differently, keep a smaller
+# deadline reserve than was served, or promise far more than was calibrated, and its costs are then extrapolated
+# (Overheads.extrapolated_to, the plan's note); a user calibrates the plan they will serve, so that one is calibrated
+# too. tf_efficientdet_d1 at 3x went from a plan whose calibration missed at its promise to another plan promising 786.6
+# req/s that held 529 live; with three rounds, the third's limit sent the re-plan to a plan none had calibrated,
+# promised 594.9 req/s, that held 326. Each round bounds the layout it measured, so the rounds end on a plan calibrated;
+# after this many, on the calibrated plan measured to hold most (best_calibrated).
 CALIBRATION_ROUNDS = 5
 
 
@@ -107,9 +107,11 @@ def calibrate_and_replan(ex, work: Path, log: Callable[[str], None]) -> None:
                 f"to hold, {held:.1f} req/s: serving that one")
             return
         other = ", another plan" if costs.calibrated_on_another(ex.ppipe.layout_key()) else ""
+        reserve = (f" with a {costs.front_us:g} us deadline reserve (calibrated with {costs.calibrated_front_us:g})"
+                   if costs.reserve_unserved() else "")
         log(f"  the plan calibrated makes {costs.rate_calls_per_request:.2f} stage calls per request and served up "
             f"to {costs.calibrated_rps:.1f} req/s, the plan made with its costs {now:.2f}{other}, and promises "
-            f"{promise:.1f}: calibrating that one")
+            f"{promise:.1f}{reserve}: calibrating that one")
 
 
 def best_calibrated(tried: list[Plan], costs: Overheads) -> tuple[int, Plan]:

@@ -22,6 +22,7 @@ from planner.sustained.capacity import predicted_rps
 from planner.sustained.evaluators import evaluator
 from planner.sustained.front_reserve import kept_reserve
 from plans.arrivals import parse_arrivals
+from plans.plan_costs import front_reserve_us
 from poolpipe_common.cost_fit import CostPoint, fit_front, fit_line, fit_runs, fit_stage_costs, leveled
 from poolpipe_common.overheads import MeasuredLimit, Overheads, read_overheads, stage_calls_per_request
 from scheduler.core.topology import with_slowdown, with_stage_overhead
@@ -152,6 +153,12 @@ def test_a_plan_says_where_its_costs_were_calibrated_on_another_plan_or_far_belo
     assert reach_note(plan, mine) == () and Overheads.from_dict(mine.to_dict()) == mine
     elsewhere = reach_note(plan, replace(mine, calibrated_layouts=("0" * 16,)))
     assert len(elsewhere) == 1 and "not this one" in elsewhere[0]
+    # served with a 2 ms deadline reserve: a plan keeping 1 ms rests on a reserve no step measured; 2.3 ms does not
+    served = replace(mine, calibrated_front_us=2000.0)
+    assert all(reach_note(plan, replace(served, front_us=us)) == () for us in (2000.0, 2300.0))
+    smaller = reach_note(plan, replace(served, front_us=1000.0))
+    assert len(smaller) == 1 and "served with a 2.0 ms deadline reserve" in smaller[0] and "keeps 1.0 ms" in smaller[0]
+    assert Overheads.from_dict(served.to_dict()) == served
 
 
 def test_a_calibration_that_saw_its_plan_miss_holds_a_plan_of_that_layout_to_it() -> None:
@@ -257,6 +264,7 @@ def test_calibrate_fits_costs_on_a_live_deployment_and_plan_finds_them(tmp_path)
     assert len(costs.front_quantiles_us) > 0  # the client measured the way outside the sidecar's clock
     assert costs.lead_shape and costs.tail_shape  # how each call's costs spread about their means
     assert costs.calibrated_layouts == (ppipe_plan().layout_key(),)  # and which plan it measured
+    assert costs.calibrated_front_us == front_reserve_us(ppipe_plan())  # with the reserve its serve kept
     assert costs.rate_calls_per_request == pytest.approx(ppipe_plan().stage_calls_per_request())  # whose rates
     assert any(costs.calibrated_rps == pytest.approx(s["served_rps"]) for s in steps)  # how far they reach
     reserve = doc["calibration"]["front_reserve"]  # the deadline's reserve the simulator sustained most with
