@@ -172,11 +172,15 @@ class HttpStageClient:
             conn, _ = await self._connection(timeout_s)
         except StageCallError:
             return False
-        if len(self.idle) < self.max_idle and not self.closed:
-            self.idle.append(conn)
-        else:
-            conn.transport.close()
+        self._give_back(conn)
         return True
+
+    def _give_back(self, conn: _Connection) -> None:
+        """Keep a connection whose exchange is whole for the next call, or close it."""
+        if conn.reusable and not self.closed and len(self.idle) < self.max_idle:
+            self.idle.append(conn)
+        elif conn.transport is not None:
+            conn.transport.close()
 
     async def infer(self, model: str, head: bytes, binary: list[bytes], timeout_s: float,
                     traceparent: str | None = None) -> dict[str, tuple[list[int], bytes]]:
@@ -198,10 +202,7 @@ class HttpStageClient:
             # The server closed a kept connection as this call went out (an idle timeout): once more on a new one.
             conn, _ = await self._connection(end - loop.time())
             status, header_length, body = await self._exchange(conn, request, end - loop.time())
-        if conn.reusable and not self.closed and len(self.idle) < self.max_idle:
-            self.idle.append(conn)
-        elif conn.transport is not None:
-            conn.transport.close()
+        self._give_back(conn)
         if status != 200:
             raise error_of(status, body)
         return decode_answer(body, header_length)
