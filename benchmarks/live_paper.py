@@ -21,6 +21,8 @@ too, through its native front end (`serve --native-grpc-port`, Triton's own gRPC
     python -P benchmarks/live_paper.py --quick             # one model, poisson, 4 s points
     python -P benchmarks/live_paper.py --models all --traces poisson   # every data/ppipe model at 2.5x and 3x
                                                            #   (24 rows, hours: the broad check of the promise)
+    python -P benchmarks/live_paper.py --models all --traces poisson --work DIR --resume
+                                                           #   the same, going on where a run in DIR stopped
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from rich.table import Table
 
 from poolpipe.experiment_cases import all_models, model_entry, native_front_built
 from poolpipe.paper_experiment import PaperRun, run_all
+from poolpipe.paper_rows import ROW_FILE, code_fingerprint, load_row, save_row
 
 # Three families at 3x their batch-1 latency on an L4 (MODEL@FACTOR): a one-stage detector, a classification CNN and
 # a segmentation network. A T4 is 3.5x (convnext_large) and 3.8x (apcnet) slower than an L4 on the whole model, so
@@ -70,8 +73,14 @@ def main() -> None:
     ap.add_argument("--time-scale", type=float, default=1.0,
                     help="1: real time (default); k > 1: slow motion, latencies and SLO x k, request rates / k; "
                          "0 = auto: >= 8 and the fixed-margin plan at <= 50 req/s")
-    ap.add_argument("--work", type=Path, help="keep deployments and logs here (default: a temporary directory)")
+    ap.add_argument("--work", type=Path, help="keep deployments, logs and each finished row (row.json) here "
+                                              "(default: a temporary directory)")
+    ap.add_argument("--resume", action="store_true",
+                    help="with --work: keep the rows an earlier run there finished with the same settings on the same "
+                         "code (tracked files other than docs and tests, uncommitted edits included); measure the rest")
     args = ap.parse_args()
+    if args.resume and args.work is None:
+        ap.error("--resume needs --work DIR: the directory of the run to resume")
     native = args.front == "native" and native_front_built("live_paper")
     listed = all_models() if args.models == "all" else args.models.split(",")
     models = listed[:1] if args.quick else listed
@@ -80,6 +89,7 @@ def main() -> None:
     console = Console(width=200)
     rows = []
     t0 = time.time()
+    code = code_fingerprint(Path(__file__).resolve().parents[1])
     with tempfile.TemporaryDirectory(prefix="live_paper_") as tmp:
         work = args.work or Path(tmp)
         for model, at in (model_entry(ap, e, "--models") for e in models):
@@ -90,27 +100,42 @@ def main() -> None:
                                measured_overheads=not args.default_overheads,
                                native_front=native)
                 console.print(f"[bold]{model}[/bold] at {factor:g}x, {trace} (emulated {args.l4} L4 + {args.t4} T4)")
-                res = run_all(run, work / f"{model}-{factor:g}-{trace.replace(':', '_')}", console.print)
-                rows.append((f"{model} @{factor:g}x", trace, res))
+                res, at = run_row(run, work / f"{model}-{factor:g}-{trace.replace(':', '_')}", code, args.resume,
+                                  console.print)
+                rows.append((f"{model} @{factor:g}x", trace, res, at))
     console.print(results_table(rows, args.time_scale))
     console.print(f"{TARGETS}; total {time.time() - t0:.0f} s")
+
+
+def run_row(run: PaperRun, work: Path, code: str | None, resume: bool, log) -> tuple[dict, str]:
+    """One row and when it finished (UTC): kept from an earlier run when resuming and it matches, else measured
+    and kept in ``work``."""
+    if resume:
+        kept, why = load_row(work, run, code)
+        if kept is not None:
+            log(f"  kept: the row finished at {why} on the same code and settings ({work / ROW_FILE})")
+            return kept, why
+        log(f"  measuring: {why}")
+    t0 = time.time()
+    res = run_all(run, work, log)
+    return res, save_row(work, run, res, code, time.time() - t0)
 
 
 def results_table(rows: list, time_scale: float) -> Table:
     when = "real time" if time_scale == 1 else f"time x{time_scale:g}: rates / {time_scale:g}"
     table = Table(title=f"req/s held at >= 99 % SLO attainment, live, {when} (emulated devices)",
                   caption="(b) '(= a)': np planned the same way chose (a)'s plan, so it was measured once")
-    for col in ("model", "trace", "(a) sustained", "promise", "(a0) margin 0.3", "(b) np", "(c) triton",
-                "sim (a)", "a/a0", "a/c", "a/b", "live/promise"):
-        table.add_column(col, justify="left" if col in ("model", "trace") else "right")
-    for model, trace, r in rows:
+    for col in ("model", "trace", "finished (UTC)", "(a) sustained", "promise", "(a0) margin 0.3", "(b) np",
+                "(c) triton", "sim (a)", "a/a0", "a/c", "a/b", "live/promise"):
+        table.add_column(col, justify="left" if col in ("model", "trace", "finished (UTC)") else "right")
+    for model, trace, r, at in rows:
         rate = r["rate"]
         a, a0, b, c = (r[k].max_lf * rate for k in ("ppipe", "fixed", "np", "triton-native"))
         promise = r["promise"]
         same = " (= a)" if r["np"].same_as == "ppipe" else ""  # np chose (a)'s plan: measured once
-        table.add_row(model, trace, f"{a:.0f}", f"{promise:.0f}", f"{a0:.0f}", f"{b:.0f}{same}", f"{c:.0f}",
-                      f"{r['sim-ppipe'].max_lf * rate:.0f}", _ratio(a, a0), _ratio(a, c), _ratio(a, b),
-                      _ratio(a, promise))
+        table.add_row(model, trace, at.replace("T", " ").rstrip("Z"), f"{a:.0f}", f"{promise:.0f}", f"{a0:.0f}",
+                      f"{b:.0f}{same}", f"{c:.0f}", f"{r['sim-ppipe'].max_lf * rate:.0f}",
+                      _ratio(a, a0), _ratio(a, c), _ratio(a, b), _ratio(a, promise))
     return table
 
 
