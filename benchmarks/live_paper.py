@@ -100,9 +100,9 @@ def main() -> None:
                                measured_overheads=not args.default_overheads,
                                native_front=native)
                 console.print(f"[bold]{model}[/bold] at {factor:g}x, {trace} (emulated {args.l4} L4 + {args.t4} T4)")
-                res, at = run_row(run, work / f"{model}-{factor:g}-{trace.replace(':', '_')}", code, args.resume,
-                                  console.print)
-                rows.append((f"{model} @{factor:g}x", trace, res, at))
+                res, finished = run_row(run, work / f"{model}-{factor:g}-{trace.replace(':', '_')}", code,
+                                        args.resume, console.print)
+                rows.append((f"{model} @{factor:g}x", trace, res, finished))
     console.print(results_table(rows, args.time_scale))
     console.print(f"{TARGETS}; total {time.time() - t0:.0f} s")
 
@@ -111,11 +111,11 @@ def run_row(run: PaperRun, work: Path, code: str | None, resume: bool, log) -> t
     """One row and when it finished (UTC): kept from an earlier run when resuming and it matches, else measured
     and kept in ``work``."""
     if resume:
-        kept, why = load_row(work, run, code)
+        kept, note = load_row(work, run, code)  # note: when it finished, or why it cannot be reused
         if kept is not None:
-            log(f"  kept: the row finished at {why} on the same code and settings ({work / ROW_FILE})")
-            return kept, why
-        log(f"  measuring: {why}")
+            log(f"  kept: the row finished at {note} on the same code and settings ({work / ROW_FILE})")
+            return kept, note
+        log(f"  measuring: {note}")
     t0 = time.time()
     res = run_all(run, work, log)
     return res, save_row(work, run, res, code, time.time() - t0)

@@ -57,7 +57,8 @@ def save_row(work: Path, run: PaperRun, result: dict, fingerprint: str | None, s
 
 
 def load_row(work: Path, run: PaperRun, fingerprint: str | None) -> tuple[dict | None, str]:
-    """The row kept in ``work`` as run_all's result, or None and why it cannot be reused."""
+    """The row kept in ``work`` as run_all's result and when it finished (UTC), or None and why it cannot be
+    reused."""
     path = work / ROW_FILE
     if fingerprint is None:
         return None, "not a git checkout: rows are not reused"
