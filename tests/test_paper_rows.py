@@ -79,3 +79,21 @@ def test_resume_without_a_work_directory_is_a_usage_error():
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert "--resume needs --work DIR" in out.stderr
+
+
+def test_a_run_whose_rows_are_all_kept_measures_nothing_and_counts_the_targets(tmp_path):
+    from backends import native_front
+
+    run = replace(RUN, native_front=native_front.library() is not None)  # as live_paper builds it on this machine
+    row = result()  # (a) 480 req/s; np the same plan; Triton's batcher 640; (a0) held nothing
+    row["np"] = replace(row["np"], max_lf=row["ppipe"].max_lf)
+    row["fixed"] = replace(row["fixed"], max_lf=0.0)
+    row["promise"] = 450.0
+    save_row(tmp_path / "googlenet-v3-pytorch-2.5-poisson", run, row, code_fingerprint(ROOT), 370.0)
+    out = subprocess.run([sys.executable, "-P", "benchmarks/live_paper.py", "--models", "googlenet-v3-pytorch@2.5",
+                          "--traces", "poisson", "--work", str(tmp_path), "--resume"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "kept: the row finished at" in out.stdout and "0 rows measured, 1 kept" in out.stdout
+    assert "live/promise within 0.9-1.1: 1 of 1 rows; a/b >= 0.97: 1 of 1 rows; a/c >= 1.1: 0 of 1 rows" in out.stdout
+    assert "n/a" in out.stdout  # a/a0 where (a0) held nothing
