@@ -9,8 +9,8 @@ as `poolpipe calibrate` does and planned again with those), (b) np planned with 
 prediction of (a) with those costs. Printed: each system's absolute req/s held at >= 99 % SLO attainment (load
 factors in steps of 0.0125 of a0's nominal rate; a point short of it by less than 10 points is measured again, a third
 time where the two tries disagree by more than 2, and counts for their median, as `poolpipe calibrate` judges its
-steps), the ratios a/a0, a/c, a/b, and how the plan's promise (plan.json's sustainable_rps) compares with what (a)
-held live. All devices are emulated (real tritonservers that
+steps), the ratios a/a0, a/c, a/b, how the plan's promise (plan.json's sustainable_rps) compares with what (a)
+held live, and how many rows meet each of issue 49's targets. All devices are emulated (real tritonservers that
 hold each batch for its profiled latency; the sidecar holds each hop between hosts for its profiled bytes over
 the cluster's 10 Gbps links) on 4 L4 + 12 T4, in real time by default (--time-scale 0: the old slow
 motion, where per-request CPU costs of this 2-core machine weigh less). Clients reach each sidecar, in calibration
