@@ -117,10 +117,10 @@ def run_row(run: PaperRun, work: Path, code: str | None, resume: bool, log) -> t
     """One row, when it finished (UTC) and whether it was kept: kept from an earlier run when resuming and it
     matches, else measured and kept in ``work``."""
     if resume:
-        kept, note = load_row(work, run, code)  # note: when it finished, or why it cannot be reused
-        if kept is not None:
+        row, note = load_row(work, run, code)  # note: when it finished, or why it cannot be reused
+        if row is not None:
             log(f"  kept: the row finished at {note} on the same code and settings ({work / ROW_FILE})")
-            return kept, note, True
+            return row, note, True
         log(f"  measuring: {note}")
     t0 = time.time()
     res = run_all(run, work, log)
@@ -147,7 +147,7 @@ def results_table(rows: list, time_scale: float) -> Table:
 def targets_met(rows: list) -> str:
     """How many rows meet each of issue 49's targets, e.g. 'a/c >= 1.1: 9 of 24 rows'."""
     figures = [(_held(r, "ppipe"), r["promise"], _held(r, "np"), _held(r, "triton-native")) for _, _, r, _ in rows]
-    return "; ".join(f"{name}: {sum(bool(ok(*f)) for f in figures)} of {len(figures)} rows" for name, ok in TARGETS)
+    return "; ".join(f"{name}: {sum(ok(*f) for f in figures)} of {len(figures)} rows" for name, ok in TARGETS)
 
 
 def _held(row: dict, system: str) -> float:
