@@ -8,6 +8,7 @@ where np idles the T4s. Planned only (no devices).
     python -P benchmarks/ppipe_ceiling.py                    # nominal, 10 and 100 Gbps (about 30 s on 2 cores)
     python -P benchmarks/ppipe_ceiling.py --sustained        # and sustained at both (about 12 min)
     python -P benchmarks/ppipe_ceiling.py --models gcnet@3 --bandwidths 10,25,100
+    python -P benchmarks/ppipe_ceiling.py --models repvgg@4,convnext@5 --bandwidths 10    # other SLO factors
 """
 
 from __future__ import annotations
@@ -94,6 +95,13 @@ def summary(rows: list[dict], bandwidths: list[float]) -> list[str]:
     return out
 
 
+def _positive(text: str) -> bool:
+    try:
+        return float(text) > 0
+    except ValueError:
+        return False
+
+
 def pick(models: str) -> list[str]:
     names = all_models()
     if models == "all":
@@ -101,7 +109,11 @@ def pick(models: str) -> list[str]:
     chosen = []
     for short in models.split(","):
         s, _, f = short.partition("@")
+        if f and not _positive(f):
+            sys.exit(f"ppipe_ceiling: --models {short!r}: the SLO factor after '@' must be a number > 0")
         found = [n for n in names if n.startswith(s) and (not f or n.endswith("@" + f))]
+        if not found and f:  # another SLO factor of one of its models
+            found = sorted({f"{n.split('@')[0]}@{f}" for n in names if n.startswith(s)})
         if not found:
             sys.exit(f"ppipe_ceiling: no model {short!r} in live_paper's set; try one of {', '.join(names)}")
         chosen += found
@@ -110,7 +122,8 @@ def pick(models: str) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--models", default="all", help="'all' (live_paper's rows) or NAME@FACTOR,... (name prefixes)")
+    ap.add_argument("--models", default="all",
+                    help="'all' (live_paper's rows) or NAME@FACTOR,... (name prefixes of its models, any SLO factor)")
     ap.add_argument("--bandwidths", default="10,100", help="NIC bandwidths in Gbps, the first the reference's")
     ap.add_argument("--sustained", action="store_true",
                     help="also plan both for the rate they sustain, at each bandwidth (slower)")
