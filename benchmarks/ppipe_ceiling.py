@@ -83,6 +83,8 @@ def table(rows: list[dict], bandwidths: list[float], sustained: bool) -> Table:
 def summary(rows: list[dict], bandwidths: list[float]) -> list[str]:
     """Per figure and bandwidth: on the rows where np idles the T4s, how many have ppipe >= GOAL x np."""
     idle = [r for r in rows if not r["t4_whole"]]
+    if not idle:
+        return [f"a T4 runs every model here whole within its SLO: np idles the T4s on none of these {len(rows)} rows"]
     out = []
     for kind in ("nominal", "sustained"):
         for gbps in bandwidths:
