@@ -2,8 +2,8 @@
 ppipe plan simulated with the costs its last calibration measured (those its promise was planned with), without the
 sidecar's stage-call costs (lead and tail: what a native data path would cut), and with no costs at all (nor the way
 outside the sidecar's clock, which Triton's clients pay too; the better of no deadline reserve and the calibrated one),
-beside what (a) and (c) held live. Issue 49 asks a/c
->= 1.1 on every row; this says, row by row, whether costs or the layout stand between. Simulated only, no devices.
+beside what (a) and (c) held live. Issue 49 asks a/c >= 1.1 on every row; this says, row by row, whether costs or
+the layout stand between. Simulated only, no devices.
 
     python -P benchmarks/cost_headroom.py --work DIR                # every finished row of live_paper --work DIR
     python -P benchmarks/cost_headroom.py --work DIR --rows repvgg  # rows whose directory starts so
@@ -72,7 +72,7 @@ def measure(doc: dict, plan: Plan, costs: Overheads, fidelity: float) -> dict:
         return sum(simulated_rps(plan, parse_arrivals("poisson"), c, Precision(fidelity=fidelity)).values())
 
     sims = {name: max(rate(c) for c in each) for name, each in without(costs).items()}
-    return {"a": held(doc, "ppipe"), "c": held(doc, "triton-native"), "promise": doc["promise"], **sims}
+    return {"a": held(doc, "ppipe"), "c": held(doc, "triton-native"), **sims}
 
 
 def ratio(x: float, c: float) -> str:
