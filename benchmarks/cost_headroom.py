@@ -22,7 +22,7 @@ from rich.table import Table
 
 from plans.arrivals import parse_arrivals
 from plans.plan_json import Plan, plan_from_dict
-from poolpipe.paper_rows import ROW_FILE
+from poolpipe.paper_rows import ROW_FILE, held, result_of
 from poolpipe_common.overheads import Overheads, read_overheads
 from scheduler.sim.sustain import Precision, simulated_rps
 
@@ -48,31 +48,27 @@ def last_costs(row: Path) -> Path | None:
 
 
 def read_row(row: Path) -> tuple[dict, Plan, Overheads] | str:
-    """(row.json, the plan (a) served, its calibrated costs), or why the row cannot be read."""
+    """(the row as run_all's result, the plan (a) served, its calibrated costs), or why the row cannot be read."""
     costs = last_costs(row)
     need = [row / ROW_FILE, row / "ppipe" / "manifest.json"]
     missing = [str(p.relative_to(row)) for p in need if not p.is_file()] + ([] if costs else ["calibration costs"])
     if missing:
         return f"no {', '.join(missing)}"
     try:
-        doc = json.loads(need[0].read_text())
+        result = result_of(json.loads(need[0].read_text()))
         plan = plan_from_dict(json.loads(need[1].read_text())["plan"], str(need[1]))
-        return doc, plan, read_overheads(costs)
-    except (OSError, ValueError, KeyError) as e:
+        return result, plan, read_overheads(costs)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         return f"unreadable: {e}"
 
 
-def held(doc: dict, system: str) -> float:
-    return doc["systems"][system]["max_lf"] * doc["rate"]
-
-
-def measure(doc: dict, plan: Plan, costs: Overheads, fidelity: float) -> dict:
+def measure(row: dict, plan: Plan, costs: Overheads, fidelity: float) -> dict:
     """One row's live figures and its plan's simulated rate under each variant of its costs (req/s)."""
     def rate(c: Overheads) -> float:
         return sum(simulated_rps(plan, parse_arrivals("poisson"), c, Precision(fidelity=fidelity)).values())
 
     sims = {name: max(rate(c) for c in each) for name, each in without(costs).items()}
-    return {"a": held(doc, "ppipe"), "c": held(doc, "triton-native"), **sims}
+    return {"a": held(row, "ppipe"), "c": held(row, "triton-native"), **sims}
 
 
 def ratio(x: float, c: float) -> str:

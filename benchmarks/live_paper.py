@@ -37,7 +37,7 @@ from rich.table import Table
 
 from poolpipe.experiment_cases import all_models, model_entry, native_front_built
 from poolpipe.paper_experiment import PaperRun, run_all
-from poolpipe.paper_rows import ROW_FILE, code_fingerprint, load_row, save_row
+from poolpipe.paper_rows import ROW_FILE, code_fingerprint, held, load_row, save_row
 
 # Three families at 3x their batch-1 latency on an L4 (MODEL@FACTOR): a one-stage detector, a classification CNN and
 # a segmentation network. A T4 is 3.5x (convnext_large) and 3.8x (apcnet) slower than an L4 on the whole model, so
@@ -135,24 +135,19 @@ def results_table(rows: list, time_scale: float) -> Table:
                 "(c) triton", "sim (a)", "a/a0", "a/c", "a/b", "live/promise"):
         table.add_column(col, justify="left" if col in ("model", "trace", "finished (UTC)") else "right")
     for model, trace, r, at in rows:
-        a, a0, b, c = (_held(r, k) for k in ("ppipe", "fixed", "np", "triton-native"))
+        a, a0, b, c = (held(r, k) for k in ("ppipe", "fixed", "np", "triton-native"))
         promise = r["promise"]
         same = " (= a)" if r["np"].same_as == "ppipe" else ""  # np chose (a)'s plan: measured once
         table.add_row(model, trace, at.replace("T", " ").rstrip("Z"), f"{a:.0f}", f"{promise:.0f}", f"{a0:.0f}",
-                      f"{b:.0f}{same}", f"{c:.0f}", f"{_held(r, 'sim-ppipe'):.0f}",
+                      f"{b:.0f}{same}", f"{c:.0f}", f"{held(r, 'sim-ppipe'):.0f}",
                       _ratio(a, a0), _ratio(a, c), _ratio(a, b), _ratio(a, promise))
     return table
 
 
 def targets_met(rows: list) -> str:
     """How many rows meet each of issue 49's targets, e.g. 'a/c >= 1.1: 9 of 24 rows'."""
-    figures = [(_held(r, "ppipe"), r["promise"], _held(r, "np"), _held(r, "triton-native")) for _, _, r, _ in rows]
+    figures = [(held(r, "ppipe"), r["promise"], held(r, "np"), held(r, "triton-native")) for _, _, r, _ in rows]
     return "; ".join(f"{name}: {sum(ok(*f) for f in figures)} of {len(figures)} rows" for name, ok in TARGETS)
-
-
-def _held(row: dict, system: str) -> float:
-    """req/s the system held in the row (its knee's load factor x the row's nominal rate)."""
-    return row[system].max_lf * row["rate"]
 
 
 def _ratio(x: float, y: float) -> str:

@@ -72,11 +72,22 @@ def load_row(work: Path, run: PaperRun, fingerprint: str | None) -> tuple[dict |
             return None, f"measured on other code ({doc['measured_at']})"
         if doc["run"] != _settings(run):
             return None, "measured with other settings"
-        systems = {k: SystemResult(k, float(v["max_lf"]), {float(lf): a for lf, a in v["points"].items()},
-                                   same_as=v["same_as"]) for k, v in doc["systems"].items()}
-        if set(systems) != set(SYSTEMS):
-            return None, f"{path}: systems {sorted(systems)}, not {sorted(SYSTEMS)}"
-        promise = None if doc["promise"] is None else float(doc["promise"])
-        return {**systems, "rate": float(doc["rate"]), "promise": promise}, doc["measured_at"]
+        if set(doc["systems"]) != set(SYSTEMS):
+            return None, f"{path}: systems {sorted(doc['systems'])}, not {sorted(SYSTEMS)}"
+        return result_of(doc), doc["measured_at"]
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         return None, f"{path} unreadable ({e}): measuring again"
+
+
+def result_of(doc: dict) -> dict:
+    """A row.json document as run_all's result: SystemResults by name, ``rate`` and ``promise`` (KeyError,
+    ValueError or TypeError where it lacks them)."""
+    systems = {k: SystemResult(k, float(v["max_lf"]), {float(lf): a for lf, a in v["points"].items()},
+                               same_as=v["same_as"]) for k, v in doc["systems"].items()}
+    promise = None if doc["promise"] is None else float(doc["promise"])
+    return {**systems, "rate": float(doc["rate"]), "promise": promise}
+
+
+def held(row: dict, system: str) -> float:
+    """req/s the system held in a row (run_all's result): its knee's load factor x the row's nominal rate."""
+    return row[system].max_lf * row["rate"]

@@ -42,9 +42,9 @@ def _row(work: Path, name: str, a_lf: float, c_lf: float) -> Path:
 def test_the_last_calibration_round_gives_the_costs_and_no_costs_sustain_no_less(tmp_path):
     row = _row(tmp_path, "googlenet-2.5-poisson", 0.55, 0.5)
     assert cost_headroom.last_costs(row).parent.name == "calibration-steps-10"
-    doc, p, costs = cost_headroom.read_row(row)
+    result, p, costs = cost_headroom.read_row(row)
     assert costs.lead_us == 400.0
-    r = cost_headroom.measure(doc, p, costs, fidelity=0.25)
+    r = cost_headroom.measure(result, p, costs, fidelity=0.25)
     assert (r["a"], r["c"]) == (pytest.approx(440.0), pytest.approx(400.0))
     assert 0 < r["calibrated"] <= r["no stage-call costs"] <= r["no costs"]
 
