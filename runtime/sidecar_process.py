@@ -57,9 +57,15 @@ class SidecarProcess:
         of a free port can be the same port, since neither is bound yet), and from the ports the manifest gave its
         servers: those may not be bound yet either (a test that names the sidecar to ``launch`` before it starts
         the servers), and a sidecar picked onto one would have to move where ``launch`` does not look for it."""
-        taken = {getattr(self, k) for k in self._port_fields() if k not in self.picked} | self._server_ports()
+        taken = ({getattr(self, k) for k in self._port_fields() if k not in self.picked} | self._server_ports()
+                 | self._flag_ports())
         for k, port in zip(self.picked, free_ports(len(self.picked), taken)):
             setattr(self, k, port)
+
+    def _flag_ports(self) -> set[int]:
+        """The ports ``extra_args`` name (``--native-grpc-port 23456``): chosen by the caller, not bound yet."""
+        args = self.extra_args
+        return {int(v) for k, v in zip(args, args[1:]) if k.startswith("--") and k.endswith("-port") and v.isdigit()}
 
     def _server_ports(self) -> set[int]:
         if self.manifest is None:

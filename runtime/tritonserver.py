@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from poolpipe_common.errors import InputError
-from poolpipe_common.net import free_port, port_in_use
+from poolpipe_common.net import free_ports, port_in_use
 
 CONTAINER_ROOT = Path("/opt/tritonserver")
 CACHE_DIR = Path(os.environ.get("POOLPIPE_CACHE", Path(tempfile.gettempdir()) / "poolpipe-triton"))
@@ -122,11 +122,16 @@ class TritonProcess:
     # its gRPC and HTTP ports shared with other tritonservers started so (Triton's --reuse-grpc-port and
     # --reuse-http-port: the kernel spreads connections over them), as the workers of serve --workers share theirs
     shared_ports: bool = False
+    # ports not to pick for the ones not given: another server's, chosen but maybe not bound yet (the sidecar's own
+    # ports while its native front end starts first); a pick onto one would take it from its owner
+    avoid: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
-        self.http_port = self.http_port or free_port(self.host)
-        self.grpc_port = self.grpc_port or free_port(self.host)
-        self.metrics_port = self.metrics_port or free_port(self.host)
+        """Free ports for the ones not given, distinct from each other, the given ones and ``avoid``."""
+        unset = [k for k in ("http_port", "grpc_port", "metrics_port") if not getattr(self, k)]
+        given = {self.http_port, self.grpc_port, self.metrics_port} - {0}
+        for k, port in zip(unset, free_ports(len(unset), set(self.avoid) | given, self.host)):
+            setattr(self, k, port)
 
     @property
     def grpc_url(self) -> str:

@@ -125,7 +125,8 @@ class Sidecar:
             from scheduler.server.front.native_front import NativeFront  # noqa: PLC0415
             self._native = NativeFront(self.router, c.bind, c.native_grpc_port, c.native_http_port,
                                        shared=c.group is not None, passthrough_http=c.passthrough_http,
-                                       grpc_tls=c.tls.grpc)
+                                       grpc_tls=c.tls.grpc,
+                                       avoid=frozenset({c.grpc_port, c.http_port, c.metrics_port}))
             await self._native.start(self._planned_configs())
             if self.plans is not None:
                 self.plans.after_reload.append(lambda: self._native.follow(self._planned_configs()))

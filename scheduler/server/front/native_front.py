@@ -194,8 +194,10 @@ class NativeFront:
     MAX_BACKOFF_S = 30.0
 
     def __init__(self, router: Router, bind: str, grpc_port: int, http_port: int = 0, shared: bool = False,
-                 passthrough_http: str | None = None, grpc_tls: ServerTls | None = None) -> None:
+                 passthrough_http: str | None = None, grpc_tls: ServerTls | None = None,
+                 avoid: frozenset[int] = frozenset()) -> None:
         self.router, self.bind, self.grpc_port, self.http_port = router, bind, grpc_port, http_port
+        self.avoid = avoid  # the sidecar's own ports: it binds them after the front starts, so none may be picked
         self.grpc_tls = grpc_tls  # serve --grpc-use-ssl: the front's tritonserver takes the same flags itself
         self.passthrough_http = passthrough_http  # serve --passthrough-http: its models are forwarded from C
         self.shared = shared  # a worker of serve --workers: its siblings' front ends listen on the same ports
@@ -227,7 +229,7 @@ class NativeFront:
             self.triton = TritonProcess(repo, grpc_port=self.grpc_port, http_port=self.http_port, host=self.bind,
                                         env={native_front.SOCKET_ENV: str(sock)},
                                         log_path=self._dir / "tritonserver.log", name="native front end",
-                                        shared_ports=self.shared,
+                                        shared_ports=self.shared, avoid=self.avoid,
                                         extra_args=self.grpc_tls.triton_args() if self.grpc_tls else ())
             await asyncio.to_thread(self.triton.start)
         except BaseException:
