@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]  # the repository root (runtime/..)
 
 PORTS = ("grpc_port", "http_port", "metrics_port")
 PORT_ATTEMPTS = 3
+METRICS_PREFIX = "poolpipe_sidecar_"  # every metric the sidecar exports (scheduler's metrics._P)
 
 
 @dataclass
@@ -140,12 +141,19 @@ class SidecarProcess:
                 scheme = "https" if self.http_ssl is not None else "http"
                 with urllib.request.urlopen(f"{scheme}://{self.http_url}/v2/health/{what}", timeout=call_timeout_s,
                                             context=self.http_ssl) as r:
-                    if r.status == 200:
+                    if r.status == 200 and self._own_metrics(call_timeout_s):
                         return True
             except (urllib.error.URLError, OSError):
                 pass
             time.sleep(0.1)
         return False
+
+    def _own_metrics(self, timeout_s: float) -> bool:
+        """Whether the metrics port serves this sidecar's metrics: it binds that port after its gRPC and HTTP
+        ports, so the health answer came from it, not from another server that holds its HTTP port (that sidecar
+        exits, "already in use", and :meth:`start` picks again)."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=timeout_s) as r:
+            return r.status == 200 and METRICS_PREFIX in r.read().decode(errors="replace")
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 40.0) -> int | None:
         if self.proc is None:
