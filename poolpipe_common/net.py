@@ -35,6 +35,14 @@ def free_ports(n: int, taken: set[int] = frozenset(), host: str = "127.0.0.1") -
     return out
 
 
+def fill_free_ports(ports: dict[str, int], taken: set[int] = frozenset(), host: str = "127.0.0.1") -> dict[str, int]:
+    """``ports`` with each 0 a free port, distinct from each other, from the ones given and from ``taken`` (ports
+    chosen for other servers and not bound yet: a pick onto one would take it from its owner)."""
+    unset = [k for k, port in ports.items() if not port]
+    given = {port for port in ports.values() if port}
+    return {**ports, **dict(zip(unset, free_ports(len(unset), set(taken) | given, host)))}
+
+
 def _kernel_port(host: str) -> int:
     with socket.socket() as s:
         s.bind((host, 0))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from model_repository_gen.manifest import load_manifest
 from poolpipe_common.errors import InputError
-from poolpipe_common.net import free_ports
+from poolpipe_common.net import fill_free_ports
 from runtime.tritonserver import exit_on_sigterm
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository root (runtime/..)
@@ -58,9 +58,8 @@ class SidecarProcess:
         of a free port can be the same port, since neither is bound yet), and from the ports the manifest gave its
         servers: those may not be bound yet either (a test that names the sidecar to ``launch`` before it starts
         the servers), and a sidecar picked onto one would have to move where ``launch`` does not look for it."""
-        taken = ({getattr(self, k) for k in self._port_fields() if k not in self.picked} | self._server_ports()
-                 | self._flag_ports())
-        for k, port in zip(self.picked, free_ports(len(self.picked), taken)):
+        ports = {k: 0 if k in self.picked else getattr(self, k) for k in self._port_fields()}
+        for k, port in fill_free_ports(ports, self._server_ports() | self._flag_ports()).items():
             setattr(self, k, port)
 
     def _flag_ports(self) -> set[int]:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from poolpipe_common.errors import InputError
-from poolpipe_common.net import free_ports, port_in_use
+from poolpipe_common.net import fill_free_ports, port_in_use
 
 CONTAINER_ROOT = Path("/opt/tritonserver")
 CACHE_DIR = Path(os.environ.get("POOLPIPE_CACHE", Path(tempfile.gettempdir()) / "poolpipe-triton"))
@@ -127,10 +127,8 @@ class TritonProcess:
     avoid: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
-        """Free ports for the ones not given, distinct from each other, the given ones and ``avoid``."""
-        unset = [k for k in ("http_port", "grpc_port", "metrics_port") if not getattr(self, k)]
-        given = {self.http_port, self.grpc_port, self.metrics_port} - {0}
-        for k, port in zip(unset, free_ports(len(unset), set(self.avoid) | given, self.host)):
+        ports = {k: getattr(self, k) for k in ("http_port", "grpc_port", "metrics_port")}
+        for k, port in fill_free_ports(ports, self.avoid, self.host).items():
             setattr(self, k, port)
 
     @property

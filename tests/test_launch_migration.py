@@ -118,11 +118,11 @@ def test_a_sidecar_named_to_launch_before_its_servers_run_picks_none_of_their_po
     server_ports = {port for g in m.vgpus for port in g.ports}
     seen: list[set[int]] = []
 
-    def free_ports(n: int, taken: set[int]) -> list[int]:
+    def free_ports(n: int, taken: set[int], host: str = "127.0.0.1") -> list[int]:
         seen.append(set(taken))
         return [40_001 + i for i in range(n)]
 
-    monkeypatch.setattr("runtime.sidecar_process.free_ports", free_ports)
+    monkeypatch.setattr("poolpipe_common.net.free_ports", free_ports)
     sc = SidecarProcess(manifest=deploy)
     # each server's three ports are its own on its address; two hosts at two addresses may share a number
     assert seen and server_ports <= seen[0] and len({(g.host, p) for g in m.vgpus for p in g.ports}) == 3 * len(m.vgpus)

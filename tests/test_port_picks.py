@@ -1,6 +1,7 @@
 """Ports picked for a server before it binds them avoid every port another server was given and has not bound yet:
-a pick onto one takes it from its owner (CI once saw a sidecar's native front end take the sidecar's own HTTP
-port, so the sidecar exited while the front end's Triton answered its health probe)."""
+a pick onto one takes it from its owner. CI once saw a sidecar found live refuse its next gRPC call; the likely cause
+(not reproduced): its native front end's Triton took the sidecar's HTTP port and answered the health probe, and the
+sidecar, which could not bind that port, exited."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def _recording(seen: list[set[int]], first: int = 40_001):
 def test_a_tritonserver_picks_none_of_the_ports_it_is_told_to_avoid(tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[set[int]] = []
-    monkeypatch.setattr("runtime.tritonserver.free_ports", _recording(seen))
+    monkeypatch.setattr("poolpipe_common.net.free_ports", _recording(seen))
     t = TritonProcess(tmp_path, grpc_port=40_002, avoid=frozenset({40_001, 40_003}))
     assert seen == [{40_001, 40_002, 40_003}]  # one call: the picks are distinct from each other too
     assert t.grpc_port == 40_002 and {t.http_port, t.metrics_port} == {40_004, 40_005}
@@ -32,7 +33,7 @@ def test_a_tritonserver_picks_none_of_the_ports_it_is_told_to_avoid(tmp_path: Pa
 
 def test_a_sidecar_picks_none_of_the_ports_its_extra_flags_name(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[set[int]] = []
-    monkeypatch.setattr("runtime.sidecar_process.free_ports", _recording(seen))
+    monkeypatch.setattr("poolpipe_common.net.free_ports", _recording(seen))
     sc = SidecarProcess(extra_args=("--native-grpc-port", "40001", "--native-http-port", "40003", "--workers", "2"))
     assert seen == [{40_001, 40_003}]
     assert {sc.grpc_port, sc.http_port, sc.metrics_port} == {40_002, 40_004, 40_005}
