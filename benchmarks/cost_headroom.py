@@ -3,7 +3,7 @@ ppipe plan simulated with the costs its last calibration measured (those its pro
 sidecar's stage-call costs (lead and tail: what a native data path would cut), and with no costs at all (nor the way
 outside the sidecar's clock, which Triton's clients pay too; the better of no deadline reserve and the calibrated one),
 beside what (a) and (c) held live. Issue 49 asks a/c >= 1.1 on every row; this says, row by row, whether costs or
-the layout stand between. Simulated only, no devices.
+the layout stand between. Each row's arrivals are those its trace was planned for. Simulated only, no devices.
 
     python -P benchmarks/cost_headroom.py --work DIR                # every finished row of live_paper --work DIR
     python -P benchmarks/cost_headroom.py --work DIR --rows repvgg  # rows whose directory starts so
@@ -22,6 +22,7 @@ from rich.table import Table
 
 from plans.arrivals import parse_arrivals
 from plans.plan_json import Plan, plan_from_dict
+from poolpipe.paper_experiment import planner_arrivals
 from poolpipe.paper_rows import ROW_FILE, held, result_of
 from poolpipe_common.overheads import Overheads, read_overheads
 from scheduler.sim.sustain import Precision, simulated_rps
@@ -47,25 +48,27 @@ def last_costs(row: Path) -> Path | None:
     return max(found, key=lambda p: int(p.parent.name.rsplit("-", 1)[1]), default=None)
 
 
-def read_row(row: Path) -> tuple[dict, Plan, Overheads] | str:
-    """(the row as run_all's result, the plan (a) served, its calibrated costs), or why the row cannot be read."""
+def read_row(row: Path) -> tuple[dict, Plan, Overheads, str] | str:
+    """(the row as run_all's result, the plan (a) served, its calibrated costs, the arrivals its trace was planned
+    for), or why the row cannot be read."""
     costs = last_costs(row)
     need = [row / ROW_FILE, row / "ppipe" / "manifest.json"]
     missing = [str(p.relative_to(row)) for p in need if not p.is_file()] + ([] if costs else ["calibration costs"])
     if missing:
         return f"no {', '.join(missing)}"
     try:
-        result = result_of(json.loads(need[0].read_text()))
+        doc = json.loads(need[0].read_text())
         plan = plan_from_dict(json.loads(need[1].read_text())["plan"], str(need[1]))
-        return result, plan, read_overheads(costs)
+        return result_of(doc), plan, read_overheads(costs), planner_arrivals(doc["run"]["trace"])
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         return f"unreadable: {e}"
 
 
-def measure(row: dict, plan: Plan, costs: Overheads, fidelity: float) -> dict:
-    """One row's live figures and its plan's simulated rate under each variant of its costs (req/s)."""
+def measure(row: dict, plan: Plan, costs: Overheads, arrivals: str, fidelity: float) -> dict:
+    """One row's live figures and its plan's simulated rate under each variant of its costs (req/s), with the
+    arrivals its trace was planned for."""
     def rate(c: Overheads) -> float:
-        return sum(simulated_rps(plan, parse_arrivals("poisson"), c, Precision(fidelity=fidelity)).values())
+        return sum(simulated_rps(plan, parse_arrivals(arrivals), c, Precision(fidelity=fidelity)).values())
 
     sims = {name: max(rate(c) for c in each) for name, each in without(costs).items()}
     return {"a": held(row, "ppipe"), "c": held(row, "triton-native"), **sims}

@@ -159,7 +159,7 @@ class PaperExperiment:
         from planner.request import PlanRequest
 
         spec = paper_spec(self.run, slo_margin=0.0)
-        ask = {"time_limit_s": 60, "arrivals": _arrivals_of(self.run.trace), "overheads": overheads}
+        ask = {"time_limit_s": 60, "arrivals": planner_arrivals(self.run.trace), "overheads": overheads}
         self.ppipe = plan(spec, PlanRequest("ppipe", **ask)).plan
         self.np_plan = plan(spec, PlanRequest("np", **ask)).plan
         for name, p in (("ppipe", self.ppipe), ("np", self.np_plan)):
@@ -338,7 +338,7 @@ class FixedPoints(PaperExperiment):
         return 0.0, {}
 
 
-def _arrivals_of(trace: str) -> str:
+def planner_arrivals(trace: str) -> str:
     """The planner's --arrivals for a --trace (bursty's gamma CV and replays carry over; other traces: poisson)."""
     kind = trace.split(":", 1)[0]
     return trace if kind in ("poisson", "bursty", "replay") else "poisson"

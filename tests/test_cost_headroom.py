@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ _SPEC.loader.exec_module(cost_headroom)
 RUN = PaperRun("googlenet-v3-pytorch", 2.5, 4, 12, duration_s=6.0, native_front=True)
 
 
-def _row(work: Path, name: str, a_lf: float, c_lf: float) -> Path:
+def _row(work: Path, name: str, a_lf: float, c_lf: float, trace: str = "poisson") -> Path:
     """A finished row as live_paper leaves it: row.json, (a)'s manifest (its plan) and two calibration rounds."""
     row = work / name
     p = plan(paper_spec(RUN, slo_margin=0.3), PlanRequest("np", objective="throughput", time_limit_s=60)).plan
@@ -35,16 +36,16 @@ def _row(work: Path, name: str, a_lf: float, c_lf: float) -> Path:
         (row / f"calibration-steps-{n}" / "costs.json").write_text(json.dumps(costs.to_dict()))
     lfs = {"ppipe": a_lf, "triton-native": c_lf}
     result = {k: SystemResult(k, lfs.get(k, 0.3), {0.3: 0.995}) for k in SYSTEMS}
-    save_row(row, RUN, {**result, "rate": 800.0, "promise": 400.0}, "abc", 1.0)
+    save_row(row, replace(RUN, trace=trace), {**result, "rate": 800.0, "promise": 400.0}, "abc", 1.0)
     return row
 
 
 def test_the_last_calibration_round_gives_the_costs_and_no_costs_sustain_no_less(tmp_path):
     row = _row(tmp_path, "googlenet-2.5-poisson", 0.55, 0.5)
     assert cost_headroom.last_costs(row).parent.name == "calibration-steps-10"
-    result, p, costs = cost_headroom.read_row(row)
-    assert costs.lead_us == 400.0
-    r = cost_headroom.measure(result, p, costs, fidelity=0.25)
+    result, p, costs, arrivals = cost_headroom.read_row(row)
+    assert costs.lead_us == 400.0 and arrivals == "poisson"
+    r = cost_headroom.measure(result, p, costs, arrivals, fidelity=0.25)
     assert (r["a"], r["c"]) == (pytest.approx(440.0), pytest.approx(400.0))
     assert 0 < r["calibrated"] <= r["no stage-call costs"] <= r["no costs"]
 
@@ -63,3 +64,11 @@ def test_a_folder_without_rows_is_a_usage_error(tmp_path):
     with pytest.raises(SystemExit) as e:
         cost_headroom.main(["--work", str(tmp_path)])
     assert e.value.code == 2
+
+
+def test_a_row_is_simulated_with_the_arrivals_its_trace_was_planned_for(tmp_path):
+    """As run_all planned it: bursty keeps its CV, a trace the planner has no model of is planned as Poisson."""
+    for trace, arrivals in (("bursty:2", "bursty:2"), ("replay:azure-conv", "replay:azure-conv"),
+                            ("maf19:trace.csv", "poisson")):
+        row = _row(tmp_path, f"googlenet-2.5-{trace.replace(':', '_').replace('.', '_')}", 0.55, 0.5, trace=trace)
+        assert cost_headroom.read_row(row)[3] == arrivals
