@@ -339,9 +339,14 @@ class FixedPoints(PaperExperiment):
 
 
 def planner_arrivals(trace: str) -> str:
-    """The planner's --arrivals for a --trace (bursty's gamma CV and replays carry over; other traces: poisson)."""
-    kind = trace.split(":", 1)[0]
-    return trace if kind in ("poisson", "bursty", "replay") else "poisson"
+    """The planner's --arrivals for a --trace (bursty's gamma CV, the trace's default where it names none, and
+    replays carry over; other traces: poisson)."""
+    from workloads.arrivals import TraceSpec
+
+    kind, _, cv = trace.partition(":")
+    if kind == "bursty":
+        return f"bursty:{cv or f'{TraceSpec.cv:g}'}"
+    return trace if kind in ("poisson", "replay") else "poisson"
 
 
 def _wait_ready(url: str, model: str, timeout_s: float = 30.0) -> None:

@@ -67,8 +67,10 @@ def test_a_folder_without_rows_is_a_usage_error(tmp_path):
 
 
 def test_a_row_is_simulated_with_the_arrivals_its_trace_was_planned_for(tmp_path):
-    """As run_all planned it: bursty keeps its CV, a trace the planner has no model of is planned as Poisson."""
-    for trace, arrivals in (("bursty:2", "bursty:2"), ("replay:azure-conv", "replay:azure-conv"),
-                            ("maf19:trace.csv", "poisson")):
+    """As run_all plans it: bursty keeps its CV (the trace's default, 4, where it names none), replays carry over,
+    a trace the planner has no model of is planned as Poisson (a bare "bursty" was refused by the planner before)."""
+    cases = {"bursty:2": "bursty:2", "bursty": "bursty:4", "replay:azure-conv": "replay:azure-conv",
+             "maf19:trace.csv": "poisson"}
+    for trace, arrivals in cases.items():
         row = _row(tmp_path, f"googlenet-2.5-{trace.replace(':', '_').replace('.', '_')}", 0.55, 0.5, trace=trace)
         assert cost_headroom.read_row(row)[3] == arrivals

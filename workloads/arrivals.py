@@ -69,7 +69,7 @@ def parse_trace(text: str) -> TraceSpec:
         return TraceSpec("poisson")
     if kind == "bursty":
         try:
-            cv = float(arg) if arg else 4.0
+            cv = float(arg) if arg else TraceSpec.cv
         except ValueError:
             raise InputError(f"--trace {text!r}: CV must be a number, e.g. bursty:4") from None
         if not cv > 0:
